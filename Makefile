@@ -1,0 +1,41 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up themselves.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.outboxkit-installed
+
+.PHONY: demo test lint typecheck check bench clean system-deps
+
+$(STAMP): pyproject.toml
+	@bash scripts/ensure-system-deps.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=25.1"
+	$(PY) -m pip install -q -e . --group dev
+	touch $(STAMP)
+
+system-deps:
+	bash scripts/ensure-system-deps.sh
+
+## demo: write -> relay -> Kafka -> deduplicating consumer, on a self-started PostgreSQL + Kafka
+demo: $(STAMP)
+	$(VENV)/bin/outboxkit demo
+
+## test: the whole test suite against a self-started PostgreSQL + Kafka
+test: $(STAMP)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict outboxkit
+
+check: lint typecheck
+
+bench: $(STAMP)
+	$(PY) benchmarks/writes.py
+	$(PY) benchmarks/relay.py
+	$(PY) benchmarks/consumer.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,245 @@
+"""A single-node KRaft Apache Kafka broker from the Maven Central jars, run with the machine's Java.
+
+The jars are fetched once with ``mvn`` into the cache directory and reused afterwards. The broker
+is configured so idempotent producers and transactions work on one node, and auto topic creation
+is off, as in production.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+from outboxkit.devstack.process import ServiceProcess, cache_dir, free_port, log_tail
+from outboxkit.errors import DevStackError
+
+KAFKA_VERSION = "4.1.1"
+_LOG4J_VERSION = "2.24.3"
+_SLF4J_VERSION = "2.0.17"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>io.outboxkit.devstack</groupId><artifactId>kafka-runtime</artifactId>
+  <version>1</version><packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId>
+      <version>{slf4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
+      <version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
+      <version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = OUT
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+logger.server.name = kafka.server.KafkaServer
+logger.server.level = INFO
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = INFO
+"""
+
+
+def kafka_libs(version: str = KAFKA_VERSION) -> Path:
+    """The directory holding the broker's jars, fetched with Maven on first use."""
+    target = cache_dir() / f"kafka-{version}"
+    libs = target / "libs"
+    marker = target / "complete"
+    if marker.exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise DevStackError(
+            "Apache Kafka jars are not cached and Maven (mvn) is not installed;"
+            " install Maven (Debian: apt-get install maven) or set OUTBOXKIT_KAFKA_BOOTSTRAP"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="outboxkit-mvn-") as work:
+        pom = Path(work) / "pom.xml"
+        pom.write_text(_POM.format(kafka=version, slf4j=_SLF4J_VERSION, log4j=_LOG4J_VERSION))
+        staging = Path(work) / "libs"
+        result = subprocess.run(
+            [
+                mvn,
+                "-B",
+                "-q",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={staging}",
+                "-DincludeScope=runtime",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        if result.returncode != 0:
+            raise DevStackError(
+                f"fetching Kafka {version} with Maven failed:\n{result.stdout[-3000:]}"
+                f"\n{result.stderr[-3000:]}"
+            )
+        shutil.rmtree(libs, ignore_errors=True)
+        shutil.move(str(staging), str(libs))
+    marker.write_text(version)
+    return libs
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise DevStackError(
+            "Java 17+ is required to run the Kafka broker (apt-get install openjdk-17-jre-headless)"
+        )
+    return java
+
+
+def _metadata_ok(bootstrap: str) -> bool:
+    """A real metadata request, through whichever Kafka client is installed."""
+    try:
+        from confluent_kafka.admin import AdminClient
+    except ImportError:  # pragma: no cover - the dev group installs confluent-kafka
+        host, port = bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.timeout.ms": 2000,
+            "log_level": 0,
+        }
+    )
+    meta = admin.list_topics(timeout=2)
+    return bool(meta.brokers)
+
+
+class KafkaServer:
+    """One combined controller+broker node. ``stop``/``kill``/``start`` keep the log dirs."""
+
+    def __init__(self, base_dir: Path | None = None, *, version: str = KAFKA_VERSION) -> None:
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-kafka-"))
+        self.version = version
+        self.port = free_port()
+        self.controller_port = free_port()
+        self._service: ServiceProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _write_config(self) -> Path:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.base_dir / "data"),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "8",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "min.insync.replicas": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "2000",
+            "log.cleaner.backoff.ms": "1000",
+        }
+        path = self.base_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.base_dir / "log4j2.properties").write_text(_LOG4J2)
+        return path
+
+    def _jvm(self, libs: Path, main: str, *args: str) -> list[str]:
+        return [
+            _java(),
+            "-Xms256m",
+            "-Xmx768m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.properties'}",
+            "-cp",
+            f"{libs}/*",
+            main,
+            *args,
+        ]
+
+    def _format(self, libs: Path, config: Path) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        result = subprocess.run(
+            self._jvm(
+                libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise DevStackError(
+                f"formatting Kafka storage failed:\n{result.stdout[-3000:]}"
+                f"\n{result.stderr[-3000:]}"
+            )
+
+    def start(self, timeout: float = 90.0) -> None:
+        if self._service is None:
+            libs = kafka_libs(self.version)
+            config = self._write_config()
+            if not (self.base_dir / "data" / "meta.properties").exists():
+                self._format(libs, config)
+            self._service = ServiceProcess(
+                "kafka",
+                self._jvm(libs, "kafka.Kafka", str(config)),
+                self.base_dir / "kafka.log",
+                lambda: _metadata_ok(self.bootstrap),
+                start_timeout=timeout,
+            )
+        self._service.start()
+
+    def stop(self) -> None:
+        if self._service is not None:
+            self._service.stop(timeout=60)
+
+    def kill(self) -> None:
+        if self._service is not None:
+            self._service.kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def service(self) -> ServiceProcess | None:
+        return self._service
+
+    def log_tail(self) -> str:
+        return log_tail(self.base_dir / "kafka.log")
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.base_dir, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""A throwaway PostgreSQL cluster: ``initdb`` into a temp directory, ``postgres`` on a free port."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from outboxkit.devstack.process import ServiceProcess, chown_tree, free_port, service_user
+from outboxkit.errors import DevStackError
+
+_DEBIAN_BINDIRS = (
+    "/usr/lib/postgresql/15/bin",
+    "/usr/lib/postgresql/16/bin",
+    "/usr/lib/postgresql/17/bin",
+)
+
+
+def find_bindir() -> Path:
+    """Where ``initdb`` and ``postgres`` live: $OUTBOXKIT_PG_BINDIR, ``pg_config``, Debian paths."""
+    explicit = os.environ.get("OUTBOXKIT_PG_BINDIR")
+    candidates: list[str] = [explicit] if explicit else []
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
+        candidates.append(out.stdout.strip())
+    candidates.extend(_DEBIAN_BINDIRS)
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "postgres").exists():
+            return Path(candidate)
+    raise DevStackError(
+        "PostgreSQL server binaries (initdb, postgres) not found; install them"
+        " (Debian: apt-get install postgresql-15) or set OUTBOXKIT_PG_BINDIR"
+    )
+
+
+class PostgresServer:
+    """One cluster. ``stop``/``kill``/``start`` keep the data, so tests can restart it."""
+
+    def __init__(self, base_dir: Path | None = None, *, durable: bool = False) -> None:
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-pg-"))
+        self.data_dir = self.base_dir / "data"
+        self.socket_dir = self.base_dir / "sock"
+        self.port = free_port()
+        self.user = "outboxkit"
+        self.password = secrets.token_urlsafe(18)
+        self.durable = durable
+        self.bindir = find_bindir()
+        self._os_user = service_user()
+        self._service: ServiceProcess | None = None
+
+    @property
+    def url(self) -> str:
+        """libpq URL of the maintenance database ``postgres``."""
+        return self.url_for("postgres")
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
+
+    def _initdb(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(exist_ok=True)
+        pwfile = self.base_dir / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        os.chmod(self.base_dir, 0o755)
+        chown_tree(self.base_dir, self._os_user)
+        result = subprocess.run(
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                self.user,
+                f"--pwfile={pwfile}",
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            user=self._os_user,
+            check=False,
+        )
+        pwfile.unlink()
+        if result.returncode != 0:
+            raise DevStackError(f"initdb failed:\n{result.stdout}\n{result.stderr}")
+        settings = {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            "max_connections": "200",
+            "wal_level": "logical",
+            "max_replication_slots": "8",
+            "max_wal_senders": "8",
+            "shared_buffers": "256MB",
+            "logging_collector": "off",
+            "log_min_messages": "warning",
+        }
+        if not self.durable:
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        with open(self.data_dir / "postgresql.conf", "a") as conf:
+            conf.write("\n# outboxkit dev stack\n")
+            for key, value in settings.items():
+                conf.write(f"{key} = {value}\n")
+
+    def _ready(self) -> bool:
+        with psycopg.connect(self.url, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+
+    def start(self) -> None:
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb()
+        if self._service is None:
+            self._service = ServiceProcess(
+                "postgresql",
+                [str(self.bindir / "postgres"), "-D", str(self.data_dir)],
+                self.base_dir / "postgres.log",
+                self._ready,
+                user=self._os_user,
+                start_timeout=60,
+                stop_signal=2,  # SIGINT: "fast" shutdown
+            )
+        self._service.start()
+
+    def stop(self) -> None:
+        if self._service is not None:
+            self._service.stop()
+
+    def kill(self) -> None:
+        if self._service is not None:
+            self._service.kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def service(self) -> ServiceProcess | None:
+        return self._service
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+def database_url_with(url: str, database: str) -> str:
+    """The same server and credentials, another database."""
+    base, _, _ = url.rpartition("/")
+    query = ""
+    if "?" in url.rsplit("/", 1)[1]:
+        query = "?" + url.rsplit("?", 1)[1]
+    return f"{base}/{database}{query}"
+
+
+def sqlalchemy_url(url: str, *, driver: str = "psycopg") -> str:
+    """libpq URL to the SQLAlchemy form (``postgresql+psycopg://``)."""
+    scheme, _, rest = url.partition("://")
+    if scheme in ("postgres", "postgresql"):
+        return f"postgresql+{driver}://{rest}"
+    return url

@@ -1,0 +1,236 @@
+"""A child service process that dies with its parent and can be stopped, killed and restarted.
+
+Services are started with ``PR_SET_PDEATHSIG`` so a SIGKILLed test runner leaves no PostgreSQL or
+Kafka behind; a registry of running services lets the next run clean up anything that still
+escaped (another OS, a daemonised grandchild).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from outboxkit.errors import DevStackError
+
+logger = logging.getLogger("outboxkit.devstack")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.setpgrp()
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def cache_dir() -> Path:
+    """Where fetched artefacts (Kafka jars) and the service registry live across runs."""
+    root = os.environ.get("OUTBOXKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "outboxkit"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ServiceProcess:
+    """One long-running service: a command line, a log file, a readiness probe."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        ready: Callable[[], bool],
+        *,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        start_timeout: float = 60.0,
+        stop_signal: int = signal.SIGTERM,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.ready = ready
+        self.env = env
+        self.user = user
+        self.start_timeout = start_timeout
+        self.stop_signal = stop_signal
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        if self.is_running():
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                user=self.user,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+        _registry_add(self)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                raise DevStackError(
+                    f"{self.name} exited during start-up (code {self.proc.returncode});"
+                    f" log tail:\n{log_tail(self.log_path)}"
+                )
+            try:
+                if self.ready():
+                    logger.info("%s ready (pid %s)", self.name, self.pid)
+                    return
+            except Exception as exc:  # readiness probes fail in many ways while starting
+                logger.debug("%s not ready yet: %s", self.name, exc)
+            time.sleep(0.2)
+        self.kill()
+        raise DevStackError(
+            f"{self.name} did not become ready within {self.start_timeout:.0f}s;"
+            f" log tail:\n{log_tail(self.log_path)}"
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful stop; escalates to SIGKILL after ``timeout``."""
+        if not self.is_running():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(self.stop_signal)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s ignored %s for %ss; killing", self.name, self.stop_signal, timeout)
+            self.kill()
+        _registry_remove(self)
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        _registry_remove(self)
+
+    def pause(self) -> None:
+        """SIGSTOP the whole process group (for zombie tests)."""
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+
+
+# --- registry of started services, for cleaning up after a SIGKILLed parent -----------------
+
+
+def _registry_dir() -> Path:
+    path = cache_dir() / "running"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _registry_add(service: ServiceProcess) -> None:
+    entry = {"owner": os.getpid(), "pid": service.pid, "name": service.name}
+    (_registry_dir() / f"{service.pid}.json").write_text(json.dumps(entry))
+
+
+def _registry_remove(service: ServiceProcess) -> None:
+    if service.pid is not None:
+        with contextlib.suppress(FileNotFoundError):
+            (_registry_dir() / f"{service.pid}.json").unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans() -> int:
+    """Kill services whose owning process is gone; returns how many were killed."""
+    killed = 0
+    for entry_path in _registry_dir().glob("*.json"):
+        try:
+            entry = json.loads(entry_path.read_text())
+        except (OSError, ValueError):
+            entry_path.unlink(missing_ok=True)
+            continue
+        if _alive(int(entry["owner"])):
+            continue
+        pid = int(entry["pid"])
+        if _alive(pid):
+            logger.warning("killing orphaned %s (pid %s)", entry.get("name"), pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            killed += 1
+        entry_path.unlink(missing_ok=True)
+    return killed
+
+
+def service_user() -> str | None:
+    """PostgreSQL refuses to run as root; pick an unprivileged account when we are root."""
+    if os.geteuid() != 0:
+        return None
+    for candidate in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(candidate)
+            return candidate
+    raise DevStackError("running as root but no unprivileged user (postgres, nobody) exists")
+
+
+def chown_tree(path: Path, user: str | None) -> None:
+    if user is None:
+        return
+    entry = pwd.getpwnam(user)
+    for root, dirs, files in os.walk(path):
+        shutil.chown(root, entry.pw_uid, entry.pw_gid)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)

@@ -1,0 +1,74 @@
+"""The exception hierarchy: one root, specific leaves.
+
+Every error outboxkit raises derives from :class:`OutboxkitError`, so callers can catch the whole
+family in one clause. A class's docstring is its default message. Driver errors are wrapped with
+``raise ... from exc`` so the original stays in the traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OutboxkitError(Exception):
+    """An outboxkit operation failed."""
+
+    def __init__(self, message: str | None = None, **context: Any) -> None:
+        self.context = context
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(OutboxkitError):
+    """The configuration is invalid."""
+
+
+class DevStackError(OutboxkitError):
+    """The development stack (PostgreSQL or Kafka) could not be started or stopped."""
+
+
+class SchemaError(OutboxkitError):
+    """The database schema is not the one this version of outboxkit expects."""
+
+
+class MigrationError(SchemaError):
+    """A migration could not be applied."""
+
+
+class ValidationError(OutboxkitError):
+    """An outbox message is invalid and was not written."""
+
+
+class PayloadTooLargeError(ValidationError):
+    """The payload is larger than the configured maximum message size."""
+
+
+class InvalidTopicError(ValidationError):
+    """The topic name is not a valid Kafka topic name."""
+
+
+class SerializationError(ValidationError):
+    """The payload could not be serialised."""
+
+
+class IdempotencyKeyConflictError(OutboxkitError):
+    """The idempotency key was already used for different content."""
+
+
+class LeaseLostError(OutboxkitError):
+    """The lease (and its fencing token) is no longer held; stop at once, write nothing more."""
+
+
+class PublishError(OutboxkitError):
+    """A message could not be published to Kafka."""
+
+    retriable: bool = True
+
+
+class PermanentPublishError(PublishError):
+    """Kafka rejected the message for a reason retrying will not fix."""
+
+    retriable = False
+
+
+class DecodeError(OutboxkitError):
+    """A Kafka message could not be decoded into an event."""

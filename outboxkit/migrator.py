@@ -1,0 +1,196 @@
+"""Apply the plain-SQL migrations in ``migrations/`` under a transaction-scoped advisory lock.
+
+The SQL files are the one source of truth for the schema. Each run takes
+``pg_advisory_xact_lock(hashtext('outboxkit.migrate.' || schema))`` inside its transaction, so any
+number of processes can migrate a fresh database at once: one applies, the others wait, then find
+nothing left to do. The lock is released by COMMIT/ROLLBACK, never leaked, and works behind a
+transaction-pooling PgBouncer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from outboxkit.errors import MigrationError, SchemaError
+
+DEFAULT_SCHEMA = "outboxkit"
+_FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    applied: tuple[int, ...]
+    pending: tuple[int, ...]
+    unknown: tuple[int, ...]  # applied in the database, unknown to this version of outboxkit
+    changed: tuple[int, ...]  # applied, but the file's checksum differs
+
+    @property
+    def is_current(self) -> bool:
+        return not (self.pending or self.unknown or self.changed)
+
+
+def migrations_dir() -> Path:
+    """The SQL files: shipped in the wheel as ``outboxkit/_migrations``, or the repo's folder."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_migrations", here.parent / "migrations"):
+        if candidate.is_dir():
+            return candidate
+    raise MigrationError("the outboxkit migrations folder is missing from the installation")
+
+
+@cache
+def load_migrations() -> tuple[Migration, ...]:
+    found = []
+    for path in sorted(migrations_dir().iterdir()):
+        match = _FILE_RE.match(path.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], path.read_text()))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration files must be numbered 0001.. without gaps: {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return load_migrations()[-1].version
+
+
+def validate_schema_name(schema: str) -> str:
+    if not _SCHEMA_RE.match(schema):
+        raise SchemaError(f"invalid schema name {schema!r}: use lower-case letters, digits, _")
+    return schema
+
+
+@contextmanager
+def _connect(target: str | psycopg.Connection) -> Iterator[psycopg.Connection]:
+    if isinstance(target, psycopg.Connection):
+        yield target
+    else:
+        with psycopg.connect(target) as conn:
+            yield conn
+
+
+def _bootstrap(cur: psycopg.Cursor, schema: str) -> None:
+    ident = sql.Identifier(schema)
+    cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"outboxkit.migrate.{schema}",))
+    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    cur.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.schema_migration ("
+            " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(ident)
+    )
+
+
+def _applied(cur: psycopg.Cursor, schema: str) -> dict[int, str]:
+    cur.execute(
+        sql.SQL("SELECT version, checksum FROM {}.schema_migration ORDER BY version").format(
+            sql.Identifier(schema)
+        )
+    )
+    return {int(v): str(c) for v, c in cur.fetchall()}
+
+
+def _status(applied: dict[int, str]) -> MigrationStatus:
+    known = {m.version: m for m in load_migrations()}
+    return MigrationStatus(
+        applied=tuple(sorted(applied)),
+        pending=tuple(v for v in sorted(known) if v not in applied),
+        unknown=tuple(v for v in sorted(applied) if v not in known),
+        changed=tuple(v for v in sorted(applied) if v in known and known[v].checksum != applied[v]),
+    )
+
+
+def upgrade(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """Apply every pending migration in one transaction; returns the versions applied."""
+    validate_schema_name(schema)
+    with _connect(target) as conn, conn.transaction(), conn.cursor() as cur:
+        _bootstrap(cur, schema)
+        status = _status(_applied(cur, schema))
+        if status.unknown or status.changed:
+            raise SchemaError(
+                f"schema {schema!r} has migrations this outboxkit does not know"
+                f" (unknown {list(status.unknown)}, changed {list(status.changed)})"
+            )
+        cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+        for migration in load_migrations():
+            if migration.version not in status.pending:
+                continue
+            try:
+                cur.execute(migration.sql.encode())
+            except psycopg.Error as exc:
+                raise MigrationError(
+                    f"migration {migration.version:04d}_{migration.name} failed: {exc}"
+                ) from exc
+            cur.execute(
+                "INSERT INTO schema_migration (version, name, checksum) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, migration.checksum),
+            )
+        return list(status.pending)
+
+
+def status(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> MigrationStatus:
+    validate_schema_name(schema)
+    with _connect(target) as conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s)", (f"{schema}.schema_migration",))
+        row = cur.fetchone()
+        applied = _applied(cur, schema) if row and row[0] else {}
+        conn.rollback()
+        return _status(applied)
+
+
+def require_current(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> None:
+    """Refuse to run on a schema this version does not know (behind, ahead, or edited)."""
+    current = status(target, schema)
+    if not current.is_current:
+        raise SchemaError(
+            f"schema {schema!r} is not at migration {latest_version()}: pending"
+            f" {list(current.pending)}, unknown {list(current.unknown)}, changed"
+            f" {list(current.changed)}; run `outboxkit migrate up`",
+            status=current,
+        )
+
+
+def render_sql(schema: str = DEFAULT_SCHEMA, after: int = 0) -> str:
+    """The SQL ``upgrade`` would run after version ``after``, for DBAs who apply it by hand."""
+    validate_schema_name(schema)
+    parts = [
+        "BEGIN;",
+        f"SELECT pg_advisory_xact_lock(hashtext('outboxkit.migrate.{schema}'));",
+        f"CREATE SCHEMA IF NOT EXISTS {schema};",
+        f"CREATE TABLE IF NOT EXISTS {schema}.schema_migration (version integer PRIMARY KEY,"
+        " name text NOT NULL, checksum text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now());",
+        f"SET LOCAL search_path TO {schema};",
+    ]
+    for m in load_migrations():
+        if m.version > after:
+            parts.append(f"-- {m.version:04d}_{m.name}\n{m.sql.strip()}")
+            parts.append(
+                "INSERT INTO schema_migration (version, name, checksum)"
+                f" VALUES ({m.version}, '{m.name}', '{m.checksum}');"
+            )
+    parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"

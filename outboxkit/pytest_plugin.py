@@ -1,0 +1,127 @@
+"""pytest fixtures for real PostgreSQL and Kafka (registered through the ``pytest11`` entry point).
+
+Fixtures that need the services never skip: if the stack cannot start, the test errors with the
+reason. Set ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP`` to use external services.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from outboxkit.devstack import DevStack
+from outboxkit.devstack.postgres import database_url_with
+
+TopicFactory = Callable[..., str]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM becomes KeyboardInterrupt so session fixtures (the stack) are torn down.
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+@pytest.fixture(scope="session")
+def outboxkit_stack() -> Iterator[DevStack]:
+    """The running dev stack (self-started unless the environment names external services)."""
+    stack = DevStack().start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def outboxkit_database_url(outboxkit_stack: DevStack) -> str:
+    """libpq URL of the server's maintenance database."""
+    return outboxkit_stack.database_url
+
+
+@pytest.fixture(scope="session")
+def outboxkit_kafka_bootstrap(outboxkit_stack: DevStack) -> str:
+    return outboxkit_stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def outboxkit_template_database(outboxkit_database_url: str) -> Iterator[str]:
+    """A database with every outboxkit migration applied, cloned for each test."""
+    name = f"outboxkit_template_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = database_url_with(outboxkit_database_url, name)
+    from outboxkit.migrator import upgrade
+
+    upgrade(url)
+    try:
+        yield name
+    finally:
+        _drop_database(outboxkit_database_url, name)
+
+
+@pytest.fixture
+def outboxkit_db_url(
+    outboxkit_database_url: str, outboxkit_template_database: str
+) -> Iterator[str]:
+    """A fresh, migrated database for this test (a template clone), dropped afterwards."""
+    name = f"outboxkit_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(outboxkit_template_database)
+            )
+        )
+    try:
+        yield database_url_with(outboxkit_database_url, name)
+    finally:
+        _drop_database(outboxkit_database_url, name)
+
+
+@pytest.fixture
+def outboxkit_empty_db_url(outboxkit_database_url: str) -> Iterator[str]:
+    """A fresh database with nothing in it (for migration tests)."""
+    name = f"outboxkit_empty_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield database_url_with(outboxkit_database_url, name)
+    finally:
+        _drop_database(outboxkit_database_url, name)
+
+
+@pytest.fixture
+def outboxkit_topic(outboxkit_kafka_bootstrap: str) -> TopicFactory:
+    """Factory: ``outboxkit_topic(partitions=3, config={...})`` creates a uniquely named topic."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
+
+    def create(prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
+            operation_timeout=30,
+        )
+        for future in futures.values():
+            future.result(timeout=60)
+        return name
+
+    return create
+
+
+def _drop_database(server_url: str, name: str) -> None:
+    try:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+    except psycopg.OperationalError:
+        pass  # the server was stopped by a fault test; the cluster is thrown away anyway
