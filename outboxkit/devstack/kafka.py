@@ -218,6 +218,7 @@ class KafkaServer:
                 self.base_dir / "kafka.log",
                 lambda: _metadata_ok(self.bootstrap),
                 start_timeout=timeout,
+                owned_dir=self.base_dir,
             )
         self._service.start()
 

@@ -127,6 +127,7 @@ class PostgresServer:
                 user=self._os_user,
                 start_timeout=60,
                 stop_signal=2,  # SIGINT: "fast" shutdown
+                owned_dir=self.base_dir,
             )
         self._service.start()
 

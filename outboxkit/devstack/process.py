@@ -76,6 +76,7 @@ class ServiceProcess:
         user: str | None = None,
         start_timeout: float = 60.0,
         stop_signal: int = signal.SIGTERM,
+        owned_dir: Path | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -85,6 +86,7 @@ class ServiceProcess:
         self.user = user
         self.start_timeout = start_timeout
         self.stop_signal = stop_signal
+        self.owned_dir = owned_dir  # removed by reap_orphans if the owner dies
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -174,7 +176,12 @@ def _registry_dir() -> Path:
 
 
 def _registry_add(service: ServiceProcess) -> None:
-    entry = {"owner": os.getpid(), "pid": service.pid, "name": service.name}
+    entry = {
+        "owner": os.getpid(),
+        "pid": service.pid,
+        "name": service.name,
+        "dir": str(service.owned_dir) if service.owned_dir else None,
+    }
     (_registry_dir() / f"{service.pid}.json").write_text(json.dumps(entry))
 
 
@@ -194,6 +201,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _looks_like(pid: int, owned_dir: str | None) -> bool:
+    """Guards against a recycled pid: the process must still mention its data directory."""
+    if owned_dir is None:
+        return True
+    try:
+        return owned_dir.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the registry
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def reap_orphans() -> int:
     """Kill services whose owning process is gone; returns how many were killed."""
     killed = 0
@@ -206,11 +229,14 @@ def reap_orphans() -> int:
         if _alive(int(entry["owner"])):
             continue
         pid = int(entry["pid"])
-        if _alive(pid):
+        if _alive(pid) and _looks_like(pid, entry.get("dir")):
             logger.warning("killing orphaned %s (pid %s)", entry.get("name"), pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             killed += 1
+            _wait_gone(pid)
+        if entry.get("dir"):
+            shutil.rmtree(entry["dir"], ignore_errors=True)
         entry_path.unlink(missing_ok=True)
     return killed
 
