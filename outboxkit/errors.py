@@ -72,3 +72,21 @@ class PermanentPublishError(PublishError):
 
 class DecodeError(OutboxkitError):
     """A Kafka message could not be decoded into an event."""
+
+
+class UnknownEventTypeError(DecodeError):
+    """The message's event type has no registered model in this consumer."""
+
+
+class MissingEventIdError(DecodeError):
+    """The message carries no event id, so it cannot be deduplicated."""
+
+
+class RetentionWindowError(ConfigurationError):
+    """The dedup retention window is shorter than the topic's retention (replays may re-apply)."""
+
+
+class ProducerFencedError(PublishError):
+    """Another producer took over this transactional.id: this one is a zombie and must stop."""
+
+    retriable = False

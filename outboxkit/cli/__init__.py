@@ -7,6 +7,9 @@ import logging
 import click
 
 from outboxkit.cli.dev import dev
+from outboxkit.cli.migrate import migrate
+from outboxkit.cli.outbox import outbox
+from outboxkit.cli.relay import relay
 
 
 @click.group()
@@ -18,3 +21,6 @@ def main(verbose: int) -> None:
 
 
 main.add_command(dev)
+main.add_command(relay)
+main.add_command(outbox)
+main.add_command(migrate)

@@ -1,0 +1,84 @@
+"""``outboxkit outbox parked|retry|discard``: see and act on parked rows."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import psycopg
+
+from outboxkit.migrator import DEFAULT_SCHEMA
+from outboxkit.queries import query
+
+
+@click.group()
+@click.option("--database-url", envvar="OUTBOXKIT_DATABASE_URL", required=True, show_envvar=True)
+@click.option("--schema", default=DEFAULT_SCHEMA, envvar="OUTBOXKIT_SCHEMA")
+@click.pass_context
+def outbox(ctx: click.Context, database_url: str, schema: str) -> None:
+    """Operate on outbox rows (parked rows: list, retry, discard)."""
+    ctx.obj = {"url": database_url, "schema": schema}
+
+
+@outbox.command()
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def parked(obj: dict[str, str], limit: int, as_json: bool) -> None:
+    """List parked rows with their reason."""
+    with psycopg.connect(obj["url"], autocommit=True) as conn:
+        rows = conn.execute(
+            query("relay", "parked_list", obj["schema"]), {"limit": limit}
+        ).fetchall()
+    items = [
+        {
+            "id": r[0],
+            "event_id": str(r[1]),
+            "topic": r[2],
+            "key": r[3],
+            "shard": r[4],
+            "attempts": r[5],
+            "reason": r[6],
+            "parked_at": r[7].isoformat() if r[7] else None,
+        }
+        for r in rows
+    ]
+    if as_json:
+        click.echo(json.dumps(items))
+        return
+    for item in items:
+        click.echo(
+            f"{item['id']}\t{item['topic']}\tkey={item['key']}\tshard={item['shard']}\t"
+            f"{item['reason']}"
+        )
+    click.echo(f"{len(items)} parked row(s)")
+
+
+def _act(obj: dict[str, str], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
+    if not ids and not all_rows:
+        raise click.UsageError("name row ids, or --all")
+    with psycopg.connect(obj["url"], autocommit=True) as conn:
+        rows = conn.execute(
+            query("relay", name, obj["schema"]), {"ids": list(ids), "all": all_rows}
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+@outbox.command()
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
+@click.pass_obj
+def retry(obj: dict[str, str], ids: tuple[int, ...], all_rows: bool) -> None:
+    """Give parked rows back to the relay (same-key rows behind them follow in order)."""
+    done = _act(obj, "parked_retry", ids, all_rows)
+    click.echo(f"{len(done)} row(s) back to pending: {done}")
+
+
+@outbox.command()
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
+@click.pass_obj
+def discard(obj: dict[str, str], ids: tuple[int, ...], all_rows: bool) -> None:
+    """Give up on parked rows for good (same-key rows behind them flow again)."""
+    done = _act(obj, "parked_discard", ids, all_rows)
+    click.echo(f"{len(done)} row(s) discarded: {done}")

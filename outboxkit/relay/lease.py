@@ -1,0 +1,109 @@
+"""One shard's lease: acquire, renew, release by SQL, judged by the database clock.
+
+The holder trusts its lease only until a *local monotonic* deadline: the moment the renewal was
+sent plus the TTL minus a safety margin. That deadline ends before the database can see the lease
+expire, so by the time a standby may take over, this process has already stopped publishing —
+whatever its wall clock says. Every relay write also re-checks the token in SQL (fencing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from outboxkit.errors import LeaseLostError
+from outboxkit.queries import query
+
+logger = logging.getLogger("outboxkit.relay.lease")
+
+Clock = Callable[[], float]
+
+
+def trust_margin(ttl: float) -> float:
+    """How long before the database expiry the holder stops trusting its lease."""
+    return max(ttl * 0.25, min(1.0, ttl * 0.5))
+
+
+@dataclass
+class LeaseTerm:
+    """A term of office: one token, trusted until ``trusted_until`` on the monotonic clock."""
+
+    group: str
+    shard: int
+    holder: str
+    token: int
+    ttl: float
+    trusted_until: float
+    clock: Clock = field(default=time.monotonic, repr=False)
+    lost_reason: str | None = None
+
+    def extend(self, sent_at: float) -> None:
+        self.trusted_until = sent_at + self.ttl - trust_margin(self.ttl)
+
+    def mark_lost(self, reason: str) -> None:
+        if self.lost_reason is None:
+            self.lost_reason = reason
+
+    @property
+    def held(self) -> bool:
+        return self.lost_reason is None and self.clock() < self.trusted_until
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` unless the term is still trusted."""
+        if self.lost_reason is None and self.clock() >= self.trusted_until:
+            self.mark_lost("local trust deadline passed before a renewal succeeded")
+        if self.lost_reason is not None:
+            raise LeaseLostError(
+                f"lease of shard {self.shard} lost: {self.lost_reason}",
+                shard=self.shard,
+                token=self.token,
+            )
+
+    def sql_params(self) -> dict[str, object]:
+        return {"group": self.group, "shard": self.shard, "token": self.token}
+
+
+class LeaseStore:
+    """The lease SQL, on an autocommit connection of its own."""
+
+    def __init__(self, schema: str, *, clock: Clock = time.monotonic) -> None:
+        self._schema = schema
+        self._clock = clock
+
+    async def acquire(
+        self, conn: psycopg.AsyncConnection, group: str, shard: int, holder: str, ttl: float
+    ) -> LeaseTerm | None:
+        sent_at = self._clock()
+        cur = await conn.execute(
+            query("relay", "lease_acquire", self._schema),
+            {"group": group, "shard": shard, "holder": holder, "ttl": ttl},
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock)
+        term.extend(sent_at)
+        logger.info("acquired lease", extra={"shard": shard, "token": term.token})
+        return term
+
+    async def renew(self, conn: psycopg.AsyncConnection, term: LeaseTerm) -> bool:
+        sent_at = self._clock()
+        cur = await conn.execute(
+            query("relay", "lease_renew", self._schema),
+            {**term.sql_params(), "holder": term.holder, "ttl": term.ttl},
+        )
+        if await cur.fetchone() is None:
+            term.mark_lost("renewal matched no lease row (expired or taken over)")
+            return False
+        term.extend(sent_at)
+        return True
+
+    async def release(self, conn: psycopg.AsyncConnection, term: LeaseTerm) -> bool:
+        cur = await conn.execute(query("relay", "lease_release", self._schema), term.sql_params())
+        released = await cur.fetchone() is not None
+        term.mark_lost("released")
+        return released

@@ -1,0 +1,119 @@
+"""Prometheus metrics of one relay process, and the HTTP endpoint with ``/healthz``.
+
+``/healthz`` answers 503 when a shard this process watches has backlog but no active holder
+anywhere in the group (as last sampled from the database), 200 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.published = Counter(
+            "outboxkit_relay_published", "Rows published to Kafka.", ["shard"], registry=r
+        )
+        self.failed = Counter(
+            "outboxkit_relay_failed_batches",
+            "Batches that failed with a retriable error.",
+            ["shard"],
+            registry=r,
+        )
+        self.parked = Counter(
+            "outboxkit_relay_parked", "Rows parked with a permanent error.", ["shard"], registry=r
+        )
+        self.lease_lost = Counter(
+            "outboxkit_relay_lease_lost", "Leases lost while active.", ["shard"], registry=r
+        )
+        self.batch_seconds = Histogram(
+            "outboxkit_relay_batch_seconds",
+            "Claim-to-mark latency of one batch.",
+            ["shard"],
+            registry=r,
+            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.backlog = Gauge(
+            "outboxkit_relay_backlog", "Pending rows per shard.", ["shard"], registry=r
+        )
+        self.oldest_pending = Gauge(
+            "outboxkit_relay_oldest_pending_seconds",
+            "Age of the oldest pending row per shard.",
+            ["shard"],
+            registry=r,
+        )
+        self.parked_rows = Gauge(
+            "outboxkit_relay_parked_rows", "Parked rows per shard.", ["shard"], registry=r
+        )
+        self.lease_active = Gauge(
+            "outboxkit_relay_lease_active",
+            "1 while this process holds the shard.",
+            ["shard"],
+            registry=r,
+        )
+        self.lease_token = Gauge(
+            "outboxkit_relay_lease_token",
+            "Token of this process's current term.",
+            ["shard"],
+            registry=r,
+        )
+        self.group_active = Gauge(
+            "outboxkit_relay_group_active",
+            "1 when some relay of the group holds the shard.",
+            ["shard"],
+            registry=r,
+        )
+        self._lock = threading.Lock()
+
+    def healthy(self) -> tuple[bool, dict[str, Any]]:
+        """Unhealthy when a shard has backlog but no active holder in the group."""
+        problems = []
+        for metric in self.backlog.collect():
+            for sample in metric.samples:
+                shard = sample.labels["shard"]
+                if sample.value > 0 and self.group_active.labels(shard)._value.get() < 1:
+                    problems.append(shard)
+        return (not problems, {"shards_with_backlog_and_no_holder": problems})
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/healthz"):
+                    ok, detail = metrics.healthy()
+                    body = json.dumps({"ok": ok, **detail}).encode()
+                    self.send_response(200 if ok else 503)
+                    self.send_header("Content-Type", "application/json")
+                elif self.path.startswith("/metrics"):
+                    body = generate_latest(metrics.registry)
+                    self.send_response(200)
+                    self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                else:
+                    body = b"not found\n"
+                    self.send_response(404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="outboxkit-metrics", daemon=True).start()
+        return server

@@ -1,0 +1,64 @@
+"""Which Kafka errors a retry can fix, and which it cannot.
+
+Both clients name their errors differently (librdkafka codes vs aiokafka exception classes); the
+relay decides on one vocabulary: *permanent* (park the row with its reason), *fenced* (another
+producer owns the transactional.id: we are a zombie) or *retriable* (back off, keep order).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    PERMANENT = "permanent"
+    FENCED = "fenced"
+    RETRIABLE = "retriable"
+
+
+_PERMANENT = frozenset(
+    {
+        # librdkafka error names (KafkaError.name())
+        "MSG_SIZE_TOO_LARGE",
+        "_MSG_SIZE_TOO_LARGE",
+        "RECORD_LIST_TOO_LARGE",
+        "UNKNOWN_TOPIC_OR_PART",
+        "_UNKNOWN_TOPIC",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "TOPIC_EXCEPTION",
+        "INVALID_TOPIC_EXCEPTION",
+        "INVALID_RECORD",
+        "CORRUPT_MESSAGE",
+        # aiokafka exception class names
+        "MessageSizeTooLargeError",
+        "RecordListTooLargeError",
+        "UnknownTopicOrPartitionError",
+        "TopicAuthorizationFailedError",
+        "InvalidTopicError",
+        "InvalidRecordError",
+        "CorruptRecordException",
+    }
+)
+
+_FENCED = frozenset(
+    {
+        "_FENCED",
+        "PRODUCER_FENCED",
+        "INVALID_PRODUCER_EPOCH",
+        "INVALID_PRODUCER_ID_MAPPING",
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        "ProducerFenced",
+        "InvalidProducerEpoch",
+        "InvalidProducerIdMapping",
+        "TransactionalIdAuthorizationFailed",
+    }
+)
+
+
+def classify(name: str) -> ErrorKind:
+    """The kind of a Kafka error, by its librdkafka name or aiokafka class name."""
+    if name in _PERMANENT:
+        return ErrorKind.PERMANENT
+    if name in _FENCED:
+        return ErrorKind.FENCED
+    return ErrorKind.RETRIABLE

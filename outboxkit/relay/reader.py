@@ -1,0 +1,160 @@
+"""Commit-safe reading of one shard, and the relay's token-conditional writes.
+
+Rows are selected by *state*, never by an ``id > last_seen`` cursor: a row whose transaction is
+still open is invisible now and is found by a later claim once it commits, so nothing committed
+is skipped, whatever order transactions commit in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from outboxkit import wire
+from outboxkit.errors import LeaseLostError
+from outboxkit.queries import query
+from outboxkit.relay.lease import LeaseTerm
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    id: int
+    event_id: UUID
+    idempotency_key: str
+    topic: str
+    key: str | None
+    payload: bytes
+    content_type: str
+    headers: dict[str, str]
+    event_type: str | None
+    schema_version: int | None
+    aggregate_type: str | None
+    aggregate_id: str | None
+    attempts: int
+
+    def kafka_headers(self) -> list[tuple[str, bytes]]:
+        """Row columns as Kafka headers; the row's own headers (e.g. traceparent) come first."""
+        out: dict[str, str] = dict(self.headers)
+        out[wire.HEADER_EVENT_ID] = str(self.event_id)
+        out[wire.HEADER_IDEMPOTENCY_KEY] = self.idempotency_key
+        out[wire.HEADER_CONTENT_TYPE] = self.content_type
+        for name, value in (
+            (wire.HEADER_EVENT_TYPE, self.event_type),
+            (wire.HEADER_SCHEMA_VERSION, self.schema_version),
+            (wire.HEADER_AGGREGATE_TYPE, self.aggregate_type),
+            (wire.HEADER_AGGREGATE_ID, self.aggregate_id),
+        ):
+            if value is not None:
+                out[name] = str(value)
+        return wire.dict_to_headers(out)
+
+
+def _record(row: Sequence[Any]) -> OutboxRecord:
+    headers = row[7]
+    if isinstance(headers, str):
+        headers = json.loads(headers)
+    return OutboxRecord(
+        id=int(row[0]),
+        event_id=row[1],
+        idempotency_key=row[2],
+        topic=row[3],
+        key=row[4],
+        payload=bytes(row[5]),
+        content_type=row[6],
+        headers={str(k): str(v) for k, v in (headers or {}).items()},
+        event_type=row[8],
+        schema_version=row[9],
+        aggregate_type=row[10],
+        aggregate_id=row[11],
+        attempts=int(row[12]),
+    )
+
+
+class ShardStore:
+    """Claim and fenced writes of one shard, on an autocommit connection."""
+
+    def __init__(self, schema: str, *, skip_parked_keys: bool = False) -> None:
+        self._schema = schema
+        self._skip_parked_keys = skip_parked_keys
+
+    async def claim(
+        self, conn: psycopg.AsyncConnection, shard: int, limit: int
+    ) -> list[OutboxRecord]:
+        cur = await conn.execute(
+            query("relay", "claim_batch", self._schema),
+            {"shard": shard, "limit": limit, "skip_parked_keys": self._skip_parked_keys},
+        )
+        return [_record(row) for row in await cur.fetchall()]
+
+    async def _fenced(
+        self, conn: psycopg.AsyncConnection, name: str, term: LeaseTerm, **params: Any
+    ) -> int:
+        cur = await conn.execute(
+            query("relay", name, self._schema), {**term.sql_params(), **params}
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        held, changed = int(row[0]), int(row[1])
+        if not held:
+            term.mark_lost(f"{name}: the token check failed (lease expired or taken over)")
+            raise LeaseLostError(
+                f"lease of shard {term.shard} lost during {name}", shard=term.shard
+            )
+        return changed
+
+    async def mark_published(
+        self, conn: psycopg.AsyncConnection, term: LeaseTerm, ids: Sequence[int], *, delete: bool
+    ) -> int:
+        name = "delete_published" if delete else "mark_published"
+        return await self._fenced(conn, name, term, ids=list(ids))
+
+    async def reconcile(
+        self,
+        conn: psycopg.AsyncConnection,
+        term: LeaseTerm,
+        carried: Sequence[tuple[int, UUID]],
+        *,
+        delete: bool,
+    ) -> int:
+        """Mark (or delete) the rows a committed Kafka transaction carried."""
+        name = "reconcile_deleted" if delete else "reconcile_published"
+        return await self._fenced(
+            conn,
+            name,
+            term,
+            ids=[row_id for row_id, _ in carried],
+            event_ids=[event_id for _, event_id in carried],
+        )
+
+    async def park(
+        self, conn: psycopg.AsyncConnection, term: LeaseTerm, row_id: int, reason: str
+    ) -> int:
+        return await self._fenced(conn, "park", term, id=row_id, reason=reason[:2000])
+
+    async def record_failure(
+        self, conn: psycopg.AsyncConnection, term: LeaseTerm, ids: Sequence[int], error: str
+    ) -> int:
+        return await self._fenced(conn, "record_failure", term, ids=list(ids), error=error[:2000])
+
+    async def retention(
+        self, conn: psycopg.AsyncConnection, term: LeaseTerm, keep_seconds: float, limit: int
+    ) -> int:
+        return await self._fenced(
+            conn, "retention_delete", term, keep_seconds=keep_seconds, limit=limit
+        )
+
+    async def paused(self, conn: psycopg.AsyncConnection, group: str) -> bool:
+        cur = await conn.execute(query("relay", "control_paused", self._schema), {"group": group})
+        row = await cur.fetchone()
+        return bool(row and row[0])
+
+    async def shard_count(self, conn: psycopg.AsyncConnection) -> int:
+        cur = await conn.execute(query("relay", "shard_count", self._schema))
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])

@@ -1,0 +1,203 @@
+-- The relay's queries. Every write is conditional on the caller's lease token; the lease row is
+-- read FOR SHARE so a write and a takeover's UPDATE of that row serialise.
+
+-- name: shard_count
+SELECT shard_count FROM {schema}.outbox_setting;
+
+-- name: lease_acquire
+-- Take the lease when it is free, expired (by the database clock) or already ours (a restart of
+-- our own session). A fresh token every time; nextval only grows.
+INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
+VALUES (%(group)s, %(shard)s, %(holder)s, nextval('{schema}.relay_fencing_token_seq'),
+        now() + %(ttl)s * interval '1 second')
+ON CONFLICT (relay_group, shard) DO UPDATE
+SET holder = excluded.holder, token = excluded.token, acquired_at = now(), renewed_at = now(),
+    expires_at = excluded.expires_at
+WHERE l.holder IS NULL OR l.expires_at <= now() OR l.holder = excluded.holder
+RETURNING token;
+
+-- name: lease_renew
+UPDATE {schema}.relay_lease
+SET renewed_at = now(), expires_at = now() + %(ttl)s * interval '1 second'
+WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+  AND holder = %(holder)s AND expires_at > now()
+RETURNING token;
+
+-- name: lease_release
+UPDATE {schema}.relay_lease
+SET holder = NULL, expires_at = now()
+WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+RETURNING token;
+
+-- name: claim_batch
+-- Pending rows by state (never an id cursor): a row of a transaction still open is invisible now
+-- and found by a later claim once it commits. Keys with a parked row wait (policy 'wait').
+SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
+       m.headers, m.event_type, m.schema_version, m.aggregate_type, m.aggregate_id, m.attempts
+FROM {schema}.outbox_message m
+WHERE m.shard = %(shard)s AND m.state = 'pending'
+  AND (m.deliver_after IS NULL OR m.deliver_after <= now())
+  AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
+  AND (%(skip_parked_keys)s OR m.message_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.outbox_message p
+        WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
+ORDER BY m.id
+LIMIT %(limit)s;
+
+-- name: mark_published
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), done AS (
+    UPDATE {schema}.outbox_message
+    SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL,
+        next_attempt_at = NULL
+    WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: reconcile_published
+-- Rows a committed Kafka transaction carried (from the checkpoint). Matching on (id, event_id)
+-- makes a checkpoint of another database (a restored or recreated one) harmless.
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), carried AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(event_ids)s::uuid[]) AS c(id, event_id)
+), done AS (
+    UPDATE {schema}.outbox_message m
+    SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL,
+        next_attempt_at = NULL
+    FROM carried c
+    WHERE m.id = c.id AND m.event_id = c.event_id AND m.state = 'pending'
+      AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: reconcile_deleted
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), carried AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(event_ids)s::uuid[]) AS c(id, event_id)
+), done AS (
+    DELETE FROM {schema}.outbox_message m
+    USING carried c
+    WHERE m.id = c.id AND m.event_id = c.event_id AND m.state = 'pending'
+      AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: delete_published
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), done AS (
+    DELETE FROM {schema}.outbox_message
+    WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: park
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), done AS (
+    UPDATE {schema}.outbox_message
+    SET state = 'parked', parked_reason = %(reason)s, parked_at = now(), last_error = %(reason)s,
+        attempts = attempts + 1
+    WHERE id = %(id)s AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: record_failure
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), done AS (
+    UPDATE {schema}.outbox_message
+    SET attempts = attempts + 1, last_error = %(error)s
+    WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: retention_delete
+-- One small batch of published rows older than the window; the holder of the shard repeats it.
+WITH lease AS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+      AND expires_at > now()
+    FOR SHARE
+), victims AS (
+    SELECT id FROM {schema}.outbox_message
+    WHERE state = 'published' AND shard = %(shard)s
+      AND published_at < now() - %(keep_seconds)s * interval '1 second'
+      AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY published_at
+    LIMIT %(limit)s
+), done AS (
+    DELETE FROM {schema}.outbox_message m USING victims v WHERE m.id = v.id RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: control_paused
+SELECT coalesce((SELECT paused FROM {schema}.relay_control WHERE relay_group = %(group)s), false);
+
+-- name: control_set
+INSERT INTO {schema}.relay_control (relay_group, paused, reason, changed_by, changed_at)
+VALUES (%(group)s, %(paused)s, %(reason)s, %(changed_by)s, now())
+ON CONFLICT (relay_group) DO UPDATE
+SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.changed_by,
+    changed_at = now();
+
+-- name: status
+-- One row per shard: its lease (if any), backlog and oldest pending age, parked count.
+SELECT s.shard, l.holder, l.token, l.expires_at, (l.holder IS NOT NULL AND l.expires_at > now())
+       AS active,
+       (SELECT count(*) FROM {schema}.outbox_message m
+        WHERE m.shard = s.shard AND m.state = 'pending') AS backlog,
+       (SELECT extract(epoch FROM now() - min(m.created_at)) FROM {schema}.outbox_message m
+        WHERE m.shard = s.shard AND m.state = 'pending') AS oldest_pending_seconds,
+       (SELECT count(*) FROM {schema}.outbox_message m
+        WHERE m.shard = s.shard AND m.state = 'parked') AS parked
+FROM generate_series(0, (SELECT shard_count FROM {schema}.outbox_setting) - 1) AS s(shard)
+LEFT JOIN {schema}.relay_lease l ON l.relay_group = %(group)s AND l.shard = s.shard
+ORDER BY s.shard;
+
+-- name: parked_list
+SELECT id, event_id, topic, message_key, shard, attempts, parked_reason, parked_at
+FROM {schema}.outbox_message
+WHERE state = 'parked'
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: parked_retry
+-- Operator action: give parked rows back to the relay; same-key rows behind them follow in order.
+UPDATE {schema}.outbox_message
+SET state = 'pending', parked_reason = NULL, parked_at = NULL, next_attempt_at = NULL
+WHERE state = 'parked' AND (%(all)s OR id = ANY(%(ids)s))
+RETURNING id;
+
+-- name: parked_discard
+UPDATE {schema}.outbox_message
+SET state = 'discarded'
+WHERE state = 'parked' AND (%(all)s OR id = ANY(%(ids)s))
+RETURNING id;

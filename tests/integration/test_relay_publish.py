@@ -1,0 +1,73 @@
+"""The relay publishes committed outbox rows to Kafka, in order per key, in both modes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from tests.relay_support import (
+    assert_exactly_once_in_order,
+    consume,
+    insert_rows,
+    payloads,
+    relay_config,
+    row_states,
+    running_relay,
+    set_shard_count,
+    wait_for_async,
+)
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+
+
+@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
+async def test_publishes_every_row_once_in_key_order(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory, mode: str
+) -> None:
+    topic = outboxkit_topic(partitions=3)
+    set_shard_count(outboxkit_db_url, 2)
+    expected = payloads("a", 30) + payloads("b", 30) + payloads("c", 30)
+    insert_rows(outboxkit_db_url, topic, expected, headers={"traceparent": "00-abc-def-01"})
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=7)
+    async with running_relay(config) as relay:
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 90}, what="all published"
+        )
+        more = payloads("a", 5, start=30)
+        insert_rows(outboxkit_db_url, topic, more)
+        expected += more
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 95}, what="late rows published"
+        )
+        assert sorted(relay.workers) == [0, 1]
+    received = consume(outboxkit_kafka_bootstrap, topic, expect=len(expected))
+    assert_exactly_once_in_order(received, expected)
+    first = received[0]
+    assert first.headers["traceparent"] == "00-abc-def-01"
+    assert first.headers["event-type"] == "test.event"
+    assert first.headers["content-type"] == "application/json"
+    assert first.headers["idempotency-key"].startswith("idem-")
+    with psycopg.connect(outboxkit_db_url) as conn:
+        row = conn.execute(
+            "SELECT event_id::text FROM outboxkit.outbox_message WHERE idempotency_key = %s",
+            (first.headers["idempotency-key"],),
+        ).fetchone()
+    assert row is not None and row[0] == first.headers["event-id"]
+
+
+async def test_delete_mode_removes_published_rows(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    topic = outboxkit_topic()
+    expected = payloads("k", 20)
+    insert_rows(outboxkit_db_url, topic, expected)
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, on_publish="delete")
+    async with running_relay(config):
+        await wait_for_async(lambda: row_states(outboxkit_db_url) == {}, what="rows deleted")
+    assert_exactly_once_in_order(
+        consume(outboxkit_kafka_bootstrap, topic, expect=len(expected)), expected
+    )

@@ -1,0 +1,318 @@
+"""Test helpers for the relay: insert outbox rows by SQL, read topics back, run relays.
+
+Rows are inserted directly (not through the outbox write API) so the relay tests depend only on
+the schema. Relays run in-process (``running_relay``) or as real processes (``RelayProcess``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError
+
+from outboxkit.relay.config import RelayConfig, load_config
+from outboxkit.relay.runner import Relay
+from outboxkit.wire import content_digest, headers_to_dict
+
+SCHEMA = "outboxkit"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def set_shard_count(db_url: str, count: int) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"UPDATE {SCHEMA}.outbox_setting SET shard_count = %s", (count,))
+
+
+def insert_rows(
+    conn_or_url: str | psycopg.Connection,
+    topic: str,
+    items: Iterable[tuple[str | None, bytes]],
+    *,
+    headers: dict[str, str] | None = None,
+    event_type: str | None = "test.event",
+) -> list[int]:
+    """Insert (key, payload) rows in order; returns their ids. Commits unless given a connection
+    (then the caller's transaction decides)."""
+    own = isinstance(conn_or_url, str)
+    conn = psycopg.connect(conn_or_url, autocommit=True) if own else conn_or_url
+    assert isinstance(conn, psycopg.Connection)
+    ids = []
+    try:
+        for key, payload in items:
+            event_id = uuid.uuid4()
+            digest = content_digest(
+                topic=topic,
+                key=key,
+                event_type=event_type,
+                content_type="application/json",
+                payload=payload,
+            )
+            row = conn.execute(
+                f"INSERT INTO {SCHEMA}.outbox_message (event_id, idempotency_key, content_digest,"
+                " topic, message_key, payload, headers, event_type, shard)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+                f" {SCHEMA}.outbox_shard(%s, %s,"
+                f" (SELECT shard_count FROM {SCHEMA}.outbox_setting))) RETURNING id",
+                (
+                    event_id,
+                    f"idem-{event_id}",
+                    digest,
+                    topic,
+                    key,
+                    payload,
+                    json.dumps(headers or {}),
+                    event_type,
+                    key,
+                    event_id,
+                ),
+            ).fetchone()
+            assert row is not None
+            ids.append(int(row[0]))
+    finally:
+        if own:
+            conn.close()
+    return ids
+
+
+def payloads(key: str, count: int, start: int = 0) -> list[tuple[str, bytes]]:
+    return [(key, json.dumps({"k": key, "n": n}).encode()) for n in range(start, start + count)]
+
+
+def row_states(db_url: str) -> dict[str, int]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT state, count(*) FROM {SCHEMA}.outbox_message GROUP BY state"
+        ).fetchall()
+    return {str(state): int(n) for state, n in rows}
+
+
+def pending_count(db_url: str) -> int:
+    return row_states(db_url).get("pending", 0)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+async def wait_for_async(
+    predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(predicate)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@dataclass
+class Received:
+    key: str | None
+    value: bytes
+    headers: dict[str, str]
+    partition: int
+    offset: int
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return dict(json.loads(self.value))
+
+
+def consume(
+    bootstrap: str,
+    topic: str,
+    *,
+    expect: int,
+    timeout: float = 60.0,
+    quiet: float = 2.0,
+) -> list[Received]:
+    """Everything a ``read_committed`` consumer sees: until ``expect`` arrived and ``quiet``
+    seconds more passed with nothing new (so duplicates would be caught)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"relay-test-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[Received] = []
+    deadline = time.monotonic() + timeout
+    quiet_until: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None:
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise AssertionError(f"consumer error: {error}")
+                    continue
+                key = msg.key()
+                value = msg.value()
+                assert value is not None
+                got.append(
+                    Received(
+                        key.decode() if key is not None else None,
+                        value,
+                        headers_to_dict(msg.headers()),
+                        msg.partition() or 0,
+                        msg.offset() or 0,
+                    )
+                )
+                quiet_until = None
+            if len(got) >= expect:
+                quiet_until = quiet_until or time.monotonic() + quiet
+                if time.monotonic() > quiet_until:
+                    break
+    finally:
+        consumer.close()
+    return got
+
+
+def assert_exactly_once_in_order(
+    received: list[Received], expected: list[tuple[str, bytes]]
+) -> None:
+    """Each expected message exactly once, and per key in insertion order."""
+    values = [r.value for r in received]
+    assert sorted(values) == sorted(v for _, v in expected), (
+        f"got {len(values)} messages, expected {len(expected)}; "
+        f"duplicates: {len(values) - len(set(values))}"
+    )
+    by_key: dict[str | None, list[bytes]] = {}
+    for r in received:
+        by_key.setdefault(r.key, []).append(r.value)
+    want: dict[str | None, list[bytes]] = {}
+    for k, v in expected:
+        want.setdefault(k, []).append(v)
+    assert by_key == want
+
+
+def relay_config(db_url: str, bootstrap: str, **overrides: Any) -> RelayConfig:
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "kafka_bootstrap": bootstrap,
+        "lease_ttl": 3.0,
+        "poll_interval": 0.5,
+        "backoff_max": 1.0,
+        "kafka_timeout": 15.0,
+        "checkpoint_topic": f"outboxkit.checkpoint.{uuid.uuid4().hex[:8]}",
+    }
+    values.update(overrides)
+    return load_config(env={}, overrides=values)
+
+
+@contextlib.asynccontextmanager
+async def running_relay(config: RelayConfig, **kwargs: Any) -> AsyncIterator[Relay]:
+    relay = Relay(config, **kwargs)
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.wait_for(relay.ready.wait(), 60)
+        yield relay
+    finally:
+        relay.stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+@dataclass
+class RelayProcess:
+    """``python -m outboxkit.relay run`` as a real separate process."""
+
+    db_url: str
+    bootstrap: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    checkpoint_topic: str = field(default_factory=lambda: f"outboxkit.cp.{uuid.uuid4().hex[:8]}")
+
+    def start(self) -> RelayProcess:
+        env = {
+            **os.environ,
+            "OUTBOXKIT_DATABASE_URL": self.db_url,
+            "OUTBOXKIT_KAFKA_BOOTSTRAP": self.bootstrap,
+            "OUTBOXKIT_RELAY_LEASE_TTL": "3",
+            "OUTBOXKIT_RELAY_POLL_INTERVAL": "0.5",
+            "OUTBOXKIT_RELAY_CHECKPOINT_TOPIC": self.checkpoint_topic,
+            **self.env,
+        }
+        if "OUTBOXKIT_FAULT" not in self.env:
+            env.pop("OUTBOXKIT_FAULT", None)
+        handle, name = tempfile.mkstemp(prefix="relay-", suffix=".log")
+        os.close(handle)
+        self.log_path = Path(name)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "outboxkit.relay", "run", *self.args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def holds(self, shard: int = 0, group: str = "default") -> bool:
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            row = conn.execute(
+                f"SELECT holder FROM {SCHEMA}.relay_lease WHERE relay_group = %s AND shard = %s"
+                " AND holder IS NOT NULL AND expires_at > now()",
+                (group, shard),
+            ).fetchone()
+        return row is not None and f":{self.pid}:" in str(row[0])
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.log_path is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
