@@ -1,0 +1,92 @@
+"""A delivered Kafka message, client-neutral, and what the middleware reads from its headers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from outboxkit.errors import MissingEventIdError
+from outboxkit.wire import (
+    HEADER_CONTENT_TYPE,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_IDEMPOTENCY_KEY,
+    JSON_CONTENT_TYPE,
+    KafkaHeaders,
+    content_digest,
+    headers_to_dict,
+)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One delivery as both adapters see it (confluent-kafka ``Message``, aiokafka record)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str] = field(default_factory=dict)
+    raw_headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp_ms: int | None = None
+
+    @classmethod
+    def from_parts(
+        cls,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: KafkaHeaders | None,
+        timestamp_ms: int | None = None,
+    ) -> Envelope:
+        raw = tuple((str(n), v) for n, v in headers or ())
+        return cls(topic, partition, offset, key, value, headers_to_dict(raw), raw, timestamp_ms)
+
+
+EventIdFrom = Callable[[Envelope], str | None]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes a delivery "the same event": its id, idempotency key and content digest."""
+
+    event_id: str
+    idempotency_key: str
+    event_type: str | None
+    content_type: str
+    digest: bytes
+
+
+def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Identity:
+    """Read the event id (header, or the configured callable) and compute the content digest.
+
+    A message without an event id is *not* given one derived from topic/partition/offset: a
+    relay duplicate sits at another offset, so such an id would silently defeat deduplication.
+    It is rejected instead, unless the application supplies ``event_id_from``.
+    """
+    event_id = envelope.headers.get(HEADER_EVENT_ID) or None
+    if event_id is None and event_id_from is not None:
+        event_id = event_id_from(envelope) or None
+    if event_id is None:
+        raise MissingEventIdError("the message has no event-id header")
+    event_type = envelope.headers.get(HEADER_EVENT_TYPE) or None
+    content_type = envelope.headers.get(HEADER_CONTENT_TYPE) or JSON_CONTENT_TYPE
+    key = envelope.key.decode("utf-8", errors="replace") if envelope.key is not None else None
+    digest = content_digest(
+        topic=envelope.topic,
+        key=key,
+        event_type=event_type,
+        content_type=content_type,
+        payload=envelope.value or b"",
+    )
+    return Identity(
+        event_id=event_id,
+        idempotency_key=envelope.headers.get(HEADER_IDEMPOTENCY_KEY) or event_id,
+        event_type=event_type,
+        content_type=content_type,
+        digest=digest,
+    )

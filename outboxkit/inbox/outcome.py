@@ -1,0 +1,30 @@
+"""How one delivery ended, as the adapters act on it (commit the offset, retry, or leave it)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class OutcomeKind(enum.Enum):
+    SUCCEEDED = "succeeded"
+    DUPLICATE = "duplicate"  # already terminal: skipped, duplicate_count + 1
+    REJECTED = "rejected"  # undecodable / unknown type / no event id / reused id: recorded
+    DEAD = "dead"  # retries exhausted: recorded, sent to the dead-letter topic
+    CANCELLED = "cancelled"  # an operator cancelled it; the handler's writes were rolled back
+    RETRY = "retry"  # the handler failed; run it again after ``retry_in`` seconds
+    LEASE_LOST = "lease_lost"  # fenced by a newer claim or the partition was revoked
+
+    @property
+    def advances_offset(self) -> bool:
+        """Whether the offset may be committed past this message."""
+        return self not in (OutcomeKind.RETRY, OutcomeKind.LEASE_LOST)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: OutcomeKind
+    event_id: str | None
+    attempts: int = 0
+    error: str | None = None
+    retry_in: float = 0.0

@@ -1,0 +1,144 @@
+-- Consumer dedup middleware (outboxkit.inbox). Every state change is conditional on
+-- state = 'processing' so a terminal state is never overwritten; handler outcomes are also
+-- conditional on the lease token of the claim that ran the handler.
+
+-- name: claim
+-- A new event gets a processing row; a redelivery of an unfinished one (same content) takes the
+-- lease over with a newer token, which fences any older handler still running for it.
+INSERT INTO {schema}.inbox_message AS m
+    (consumer, event_id, idempotency_key, content_digest, event_type, state, attempts,
+     lease_owner, lease_token, lease_expires_at, topic, kafka_partition, kafka_offset)
+VALUES
+    (:consumer, :event_id, :idempotency_key, :content_digest, :event_type, 'processing', 1,
+     :owner, nextval('{schema}.inbox_lease_token_seq'),
+     now() + make_interval(secs => :lease_seconds), :topic, :kafka_partition, :kafka_offset)
+ON CONFLICT (consumer, event_id) DO UPDATE
+SET attempts = m.attempts + 1,
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = EXCLUDED.lease_token,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    topic = EXCLUDED.topic,
+    kafka_partition = EXCLUDED.kafka_partition,
+    kafka_offset = EXCLUDED.kafka_offset,
+    updated_at = now()
+WHERE m.state = 'processing' AND m.content_digest = EXCLUDED.content_digest
+RETURNING m.lease_token, m.attempts, m.last_error;
+
+-- name: get_state
+SELECT state, content_digest FROM {schema}.inbox_message
+WHERE consumer = :consumer AND event_id = :event_id;
+
+-- name: count_duplicate
+UPDATE {schema}.inbox_message SET duplicate_count = duplicate_count + 1
+WHERE consumer = :consumer AND event_id = :event_id;
+
+-- name: record_rejection
+INSERT INTO {schema}.inbox_rejection
+    (consumer, event_id, reason, content_digest, event_type, topic, kafka_partition, kafka_offset)
+VALUES
+    (:consumer, :event_id, :reason, :content_digest, :event_type, :topic, :kafka_partition,
+     :kafka_offset)
+ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO NOTHING;
+
+-- name: renew_lease
+UPDATE {schema}.inbox_message
+SET lease_expires_at = now() + make_interval(secs => :lease_seconds), updated_at = now()
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
+  AND lease_token = :token;
+
+-- name: mark_succeeded
+UPDATE {schema}.inbox_message
+SET state = 'succeeded', finished_at = now(), updated_at = now(), lease_expires_at = NULL
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
+  AND lease_token = :token;
+
+-- name: record_failure
+UPDATE {schema}.inbox_message
+SET last_error = :error, updated_at = now(), lease_expires_at = now()
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
+  AND lease_token = :token;
+
+-- name: finish
+-- dead or rejected, by the handler run that holds the token.
+UPDATE {schema}.inbox_message
+SET state = :state, last_error = :error, finished_at = now(), updated_at = now(),
+    lease_expires_at = NULL
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
+  AND lease_token = :token;
+
+-- name: record_lease_lost
+UPDATE {schema}.inbox_message
+SET lease_lost_count = lease_lost_count + 1,
+    last_error = CASE WHEN state = 'processing' THEN :error ELSE last_error END,
+    updated_at = now()
+WHERE consumer = :consumer AND event_id = :event_id;
+
+-- name: cancel
+UPDATE {schema}.inbox_message
+SET state = 'cancelled', last_error = :reason, finished_at = now(), updated_at = now(),
+    lease_expires_at = NULL
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing';
+
+-- name: cancel_unseen
+-- Cancel an event before it is delivered: its delivery will then be skipped.
+INSERT INTO {schema}.inbox_message (consumer, event_id, state, last_error, finished_at)
+VALUES (:consumer, :event_id, 'cancelled', :reason, now())
+ON CONFLICT (consumer, event_id) DO NOTHING;
+
+-- name: get_message
+SELECT consumer, event_id, idempotency_key, event_type, state, attempts, last_error,
+       lease_owner, lease_token, lease_expires_at, lease_lost_count, topic, kafka_partition,
+       kafka_offset, duplicate_count, created_at, updated_at, finished_at
+FROM {schema}.inbox_message
+WHERE consumer = :consumer AND event_id = :event_id;
+
+-- name: list_messages
+SELECT consumer, event_id, idempotency_key, event_type, state, attempts, last_error,
+       lease_owner, lease_token, lease_expires_at, lease_lost_count, topic, kafka_partition,
+       kafka_offset, duplicate_count, created_at, updated_at, finished_at
+FROM {schema}.inbox_message
+WHERE (CAST(:consumer AS text) IS NULL OR consumer = :consumer)
+  AND (CAST(:state AS text) IS NULL OR state = :state)
+ORDER BY updated_at DESC
+LIMIT :limit;
+
+-- name: list_rejections
+SELECT id, consumer, event_id, reason, event_type, topic, kafka_partition, kafka_offset,
+       created_at
+FROM {schema}.inbox_rejection
+WHERE (CAST(:consumer AS text) IS NULL OR consumer = :consumer)
+  AND (CAST(:event_id AS text) IS NULL OR event_id = :event_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: stats
+SELECT consumer, state, count(*) AS events, coalesce(sum(duplicate_count), 0) AS duplicates
+FROM {schema}.inbox_message
+GROUP BY consumer, state
+UNION ALL
+SELECT consumer, 'rejection_log', count(*), 0
+FROM {schema}.inbox_rejection
+GROUP BY consumer
+ORDER BY 1, 2;
+
+-- name: delete_finished_batch
+DELETE FROM {schema}.inbox_message AS m
+USING (
+    SELECT consumer, event_id FROM {schema}.inbox_message
+    WHERE state <> 'processing'
+      AND finished_at < now() - make_interval(secs => :window_seconds)
+    ORDER BY finished_at
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+) AS old
+WHERE m.consumer = old.consumer AND m.event_id = old.event_id;
+
+-- name: delete_rejections_batch
+DELETE FROM {schema}.inbox_rejection
+WHERE id IN (
+    SELECT id FROM {schema}.inbox_rejection
+    WHERE created_at < now() - make_interval(secs => :window_seconds)
+    ORDER BY id
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+);

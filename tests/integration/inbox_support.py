@@ -1,0 +1,295 @@
+"""Shared pieces of the inbox tests: the event model, handlers, producing, waiting, harnesses.
+
+A harness runs one adapter's consumer loop in a background thread (the aiokafka one inside its
+own event loop), so every conformance test is written once and run against both adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pydantic
+from confluent_kafka import Consumer, Producer
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
+from outboxkit.inbox.outcome import Outcome
+from outboxkit.wire import (
+    HEADER_CONTENT_TYPE,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_IDEMPOTENCY_KEY,
+)
+
+EVENT_TYPE = "payment.requested"
+
+
+class PaymentRequested(pydantic.BaseModel):
+    order_id: str
+    amount: int
+
+
+REGISTRY = EventRegistry()
+REGISTRY.register(EVENT_TYPE, PaymentRequested)
+
+EFFECT_DDL = (
+    "CREATE TABLE IF NOT EXISTS public.effect ("
+    " id bigserial PRIMARY KEY, event_id text NOT NULL, order_id text NOT NULL,"
+    " amount integer NOT NULL, attempt integer NOT NULL)"
+)
+INSERT_EFFECT = text(
+    "INSERT INTO public.effect (event_id, order_id, amount, attempt)"
+    " VALUES (:event_id, :order_id, :amount, :attempt)"
+)
+
+
+def payload(order_id: str, amount: int) -> bytes:
+    return json.dumps({"order_id": order_id, "amount": amount}).encode()
+
+
+def headers_for(
+    event_id: str, event_type: str | None = EVENT_TYPE, key: str | None = None
+) -> list[tuple[str, bytes]]:
+    out = [
+        (HEADER_EVENT_ID, event_id.encode()),
+        (HEADER_IDEMPOTENCY_KEY, (key or f"idem-{event_id}").encode()),
+        (HEADER_CONTENT_TYPE, b"application/json"),
+        ("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    ]
+    if event_type is not None:
+        out.append((HEADER_EVENT_TYPE, event_type.encode()))
+    return out
+
+
+def produce(
+    bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes, list[Any]]]
+) -> None:
+    """Produce (key, value, headers) messages to partition 0 order, idempotently."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for key, value, headers in messages:
+        producer.produce(topic, value, key=key, headers=headers, partition=0)
+    assert producer.flush(30) == 0
+
+
+def produce_event(
+    bootstrap: str, topic: str, event_id: str, order_id: str, amount: int, key: bytes = b"k"
+) -> None:
+    produce(bootstrap, topic, [(key, payload(order_id, amount), headers_for(event_id))])
+
+
+def read_topic(bootstrap: str, topic: str, *, expect: int, quiet: float = 2.0) -> list[Any]:
+    """All messages of a topic (waits for ``expect`` then ``quiet`` seconds more)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[Any] = []
+    deadline = time.monotonic() + 60
+    quiet_until: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                got.append(msg)
+            if len(got) >= expect:
+                quiet_until = quiet_until or time.monotonic() + quiet
+                if time.monotonic() > quiet_until:
+                    break
+    finally:
+        consumer.close()
+    return got
+
+
+def wait_until(check: Callable[[], Any], *, timeout: float = 90.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+        time.sleep(0.1)
+
+
+def fetch(db_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def inbox_row(db_url: str, consumer: str, event_id: str) -> dict[str, Any] | None:
+    with psycopg.connect(db_url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute(
+            "SELECT * FROM outboxkit.inbox_message WHERE consumer = %s AND event_id = %s",
+            (consumer, event_id),
+        )
+        return cur.fetchone()
+
+
+def effects(db_url: str, event_id: str | None = None) -> list[tuple[Any, ...]]:
+    if event_id is None:
+        return fetch(db_url, "SELECT event_id, order_id, amount FROM public.effect ORDER BY id")
+    return fetch(
+        db_url,
+        "SELECT event_id, order_id, amount FROM public.effect WHERE event_id = %s ORDER BY id",
+        (event_id,),
+    )
+
+
+@dataclass
+class Behaviour:
+    """What the test handler does: write one effect row, then maybe fail or wait."""
+
+    fail_attempts: int = 0  # attempts 1..n raise after writing (use a big number for "always")
+    wait_until_lost: bool = False  # block (cooperatively) until the lease is lost
+    fail_only: str | None = None  # if set, only this event id fails
+    started: threading.Event = field(default_factory=threading.Event)
+    calls: list[tuple[str, int]] = field(default_factory=list)
+
+    def before_return(self, ctx: HandlerContext) -> None:
+        self.calls.append((ctx.event_id, ctx.attempt))
+        failing = self.fail_only is None or self.fail_only == ctx.event_id
+        if failing and ctx.attempt <= self.fail_attempts:
+            raise RuntimeError(f"boom on attempt {ctx.attempt}")
+
+
+def _params(event: PaymentRequested, ctx: HandlerContext) -> dict[str, Any]:
+    return {
+        "event_id": ctx.event_id,
+        "order_id": event.order_id,
+        "amount": event.amount,
+        "attempt": ctx.attempt,
+    }
+
+
+def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]:
+    def handle(event: PaymentRequested, ctx: HandlerContext, session: Session) -> None:
+        session.execute(INSERT_EFFECT, _params(event, ctx))
+        b.started.set()
+        if b.wait_until_lost:
+            deadline = time.monotonic() + 60
+            while not ctx.lease_lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+        b.before_return(ctx)
+
+    return handle
+
+
+def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession], Any]:
+    async def handle(event: PaymentRequested, ctx: HandlerContext, session: AsyncSession) -> None:
+        await session.execute(INSERT_EFFECT, _params(event, ctx))
+        b.started.set()
+        if b.wait_until_lost:
+            for _ in range(1200):  # at most ~60 s
+                if ctx.lease_lost:
+                    break
+                await asyncio.sleep(0.05)
+        b.before_return(ctx)
+
+    return handle
+
+
+class Harness:
+    """One consumer (either adapter) running in a background thread until :meth:`stop`."""
+
+    def __init__(
+        self,
+        adapter: str,
+        *,
+        sa_url: str,
+        bootstrap: str,
+        topics: list[str],
+        settings: InboxSettings,
+        behaviour: Behaviour,
+        group_id: str | None = None,
+        dead_letter: str | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.sa_url = sa_url
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.settings = settings
+        self.behaviour = behaviour
+        self.group_id = group_id or f"g-{uuid.uuid4().hex[:8]}"
+        self.dead_letter = dead_letter or "{topic}.dlq"
+        self.outcomes: list[Outcome] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def start(self) -> Harness:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "consumer thread did not stop"
+        if self.error is not None:
+            raise self.error
+
+    def _main(self) -> None:
+        try:
+            if self.adapter == "confluent":
+                self._run_confluent()
+            else:
+                asyncio.run(self._run_aiokafka())
+        except BaseException as exc:
+            self.error = exc
+
+    def _run_confluent(self) -> None:
+        from outboxkit.inbox.confluent import ConfluentInboxConsumer
+
+        engine = create_engine(self.sa_url)
+        try:
+            inbox = Inbox(engine, sync_handler(self.behaviour), self.settings)
+            consumer = ConfluentInboxConsumer(
+                inbox,
+                bootstrap_servers=self.bootstrap,
+                group_id=self.group_id,
+                topics=self.topics,
+                dead_letter=self.dead_letter,
+            )
+            with consumer:
+                while not self._stop.is_set():
+                    outcome = consumer.poll_once(0.2)
+                    if outcome is not None:
+                        self.outcomes.append(outcome)
+        finally:
+            engine.dispose()
+
+    async def _run_aiokafka(self) -> None:
+        from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+
+        engine = create_async_engine(self.sa_url)
+        try:
+            inbox = AsyncInbox(engine, async_handler(self.behaviour), self.settings)
+            consumer = AiokafkaInboxConsumer(
+                inbox,
+                bootstrap_servers=self.bootstrap,
+                group_id=self.group_id,
+                topics=self.topics,
+                dead_letter=self.dead_letter,
+            )
+            async with consumer:
+                while not self._stop.is_set():
+                    outcome = await consumer.poll_once(0.2)
+                    if outcome is not None:
+                        self.outcomes.append(outcome)
+        finally:
+            await engine.dispose()

@@ -1,0 +1,279 @@
+"""One conformance suite, run against both adapters (confluent-kafka sync, aiokafka async).
+
+Messages are produced straight to Kafka with the outboxkit headers; each test checks the
+effect rows, the inbox row and the rejection log in the real database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+
+from outboxkit.inbox import InboxSettings, OutcomeKind, RetryPolicy
+from outboxkit.inbox.readback import cancel_event
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    REGISTRY,
+    Behaviour,
+    Harness,
+    effects,
+    fetch,
+    headers_for,
+    inbox_row,
+    payload,
+    produce,
+    produce_event,
+    read_topic,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+Start = Callable[..., Harness]
+
+
+@pytest.fixture(params=["confluent", "aiokafka"])
+def adapter(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def start(
+    adapter: str, outboxkit_db_url: str, sa_url: str, outboxkit_kafka_bootstrap: str
+) -> Iterator[Start]:
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    running: list[Harness] = []
+
+    def start_harness(
+        topics: list[str], behaviour: Behaviour | None = None, **settings: Any
+    ) -> Harness:
+        dead_letter = settings.pop("dead_letter", None)
+        harness = Harness(
+            adapter,
+            sa_url=sa_url,
+            bootstrap=outboxkit_kafka_bootstrap,
+            topics=topics,
+            settings=InboxSettings(consumer="billing", registry=REGISTRY, **settings),
+            behaviour=behaviour or Behaviour(),
+            dead_letter=dead_letter,
+        )
+        running.append(harness.start())
+        return harness
+
+    yield start_harness
+    for harness in running:
+        harness.stop()
+
+
+def _state(db_url: str, event_id: str) -> str | None:
+    row = inbox_row(db_url, "billing", event_id)
+    return None if row is None else str(row["state"])
+
+
+def test_each_event_applied_once_and_succeeded(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for n, event_id in enumerate(ids):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o{n}", 10 * n)
+    harness = start([topic])
+    for event_id in ids:
+        wait_until(lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded", what=event_id)
+    assert [e[0] for e in effects(outboxkit_db_url)] == ids
+    row = inbox_row(outboxkit_db_url, "billing", ids[0])
+    assert row is not None
+    assert row["attempts"] == 1
+    assert row["duplicate_count"] == 0
+    assert row["idempotency_key"] == f"idem-{ids[0]}"
+    assert row["topic"] == topic
+    assert row["kafka_offset"] == 0
+    assert row["finished_at"] is not None
+    assert [o.kind for o in harness.outcomes] == [OutcomeKind.SUCCEEDED] * 3
+
+
+def test_same_event_twice_one_effect_one_duplicate(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    event_id = str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 5)
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 5)
+    start([topic])
+    wait_until(
+        lambda: (inbox_row(outboxkit_db_url, "billing", event_id) or {}).get("duplicate_count"),
+        what="duplicate counted",
+    )
+    assert len(effects(outboxkit_db_url, event_id)) == 1
+    row = inbox_row(outboxkit_db_url, "billing", event_id)
+    assert row is not None
+    assert (row["state"], row["duplicate_count"], row["attempts"]) == ("succeeded", 1, 1)
+
+
+def test_same_id_different_content_rejected_original_untouched(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    event_id = str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 5)
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 999)
+    start([topic])
+    rejections = wait_until(
+        lambda: fetch(
+            outboxkit_db_url,
+            "SELECT reason, kafka_offset FROM outboxkit.inbox_rejection WHERE event_id = %s",
+            (event_id,),
+        ),
+        what="rejection recorded",
+    )
+    assert len(rejections) == 1
+    assert "different content" in rejections[0][0]
+    assert rejections[0][1] == 1
+    assert effects(outboxkit_db_url, event_id) == [(event_id, "o1", 5)]
+    row = inbox_row(outboxkit_db_url, "billing", event_id)
+    assert row is not None
+    assert (row["state"], row["kafka_offset"], row["duplicate_count"]) == ("succeeded", 0, 0)
+
+
+def test_garbage_and_unknown_types_rejected_consumer_keeps_going(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    bad_json, unknown, good = (str(uuid.uuid4()) for _ in range(3))
+    produce(
+        outboxkit_kafka_bootstrap,
+        topic,
+        [
+            (None, b"\x00\xff garbage \xfe", []),  # no headers at all
+            (b"k", b"{not json", headers_for(bad_json)),
+            (b"k", payload("o", 1), headers_for(unknown, event_type="no.such.type")),
+            (b"k", payload("o-good", 7), headers_for(good)),
+        ],
+    )
+    start([topic])
+    wait_until(lambda: _state(outboxkit_db_url, good) == "succeeded", what="good event")
+    assert effects(outboxkit_db_url) == [(good, "o-good", 7)]
+    for event_id, reason in ((bad_json, "not a valid"), (unknown, "unknown event type")):
+        row = inbox_row(outboxkit_db_url, "billing", event_id)
+        assert row is not None
+        assert row["state"] == "rejected"
+        assert reason in row["last_error"]
+    no_id = fetch(
+        outboxkit_db_url,
+        "SELECT reason, kafka_offset FROM outboxkit.inbox_rejection WHERE event_id IS NULL",
+    )
+    assert no_id == [("the message has no event-id header", 0)]
+
+
+def test_always_failing_handler_goes_dead_with_one_dead_letter(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    dlq = outboxkit_topic(prefix="dlq")
+    doomed, later = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, doomed, "o-doomed", 1)
+    produce_event(outboxkit_kafka_bootstrap, topic, later, "o-later", 2)
+    behaviour = Behaviour(fail_attempts=10**6, fail_only=doomed)
+    harness = start(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=3, initial_delay=0.1),
+        dead_letter=dlq,
+    )
+    wait_until(lambda: _state(outboxkit_db_url, doomed) == "dead", what="dead")
+    row = inbox_row(outboxkit_db_url, "billing", doomed)
+    assert row is not None
+    assert row["attempts"] == 3
+    assert "boom on attempt 3" in row["last_error"]
+    assert effects(outboxkit_db_url, doomed) == []  # every failed attempt rolled back
+    # The later event of the same partition runs only after the doomed one ended.
+    wait_until(lambda: behaviour.calls and behaviour.calls[-1][0] == later, what="later event ran")
+    assert [c for c in behaviour.calls if c[0] == doomed] == [(doomed, 1), (doomed, 2), (doomed, 3)]
+    assert behaviour.calls.index((later, 1)) > behaviour.calls.index((doomed, 3))
+    records = read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)
+    assert len(records) == 1
+    headers = dict(records[0].headers())
+    assert headers["dlq-event-id"] == doomed.encode()
+    assert b"boom on attempt 3" in headers["dlq-error"]
+    assert headers["dlq-attempts"] == b"3"
+    assert headers["event-id"] == doomed.encode()
+    assert records[0].value() == payload("o-doomed", 1)
+    kinds = [o.kind for o in harness.outcomes if o.event_id == doomed]
+    assert kinds == [OutcomeKind.RETRY, OutcomeKind.RETRY, OutcomeKind.DEAD]
+
+
+def test_transient_failure_retried_in_partition_order(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, first, "o1", 1)
+    produce_event(outboxkit_kafka_bootstrap, topic, second, "o2", 2)
+    start([topic], Behaviour(fail_attempts=2), policy=RetryPolicy(initial_delay=0.1))
+    wait_until(lambda: _state(outboxkit_db_url, second) == "succeeded", what="second event")
+    # The first event succeeded on its third run, before the second event: order kept.
+    assert [e[0] for e in effects(outboxkit_db_url)] == [first, second]
+    row = inbox_row(outboxkit_db_url, "billing", first)
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("succeeded", 3)
+    assert "boom on attempt 2" in row["last_error"]
+
+
+def test_cancel_during_processing_sticks_and_rolls_back(
+    start: Start,
+    outboxkit_db_url: str,
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    slow, after = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, slow, "o-slow", 1)
+    behaviour = Behaviour(wait_until_lost=True)
+    harness = start([topic], behaviour, lease_seconds=0.6)
+    assert behaviour.started.wait(60), "handler did not start"
+    engine = create_engine(sa_url)
+    try:
+        result = cancel_event(engine, "billing", slow, reason="operator said so")
+    finally:
+        engine.dispose()
+    assert (result.cancelled, result.state) == (True, "cancelled")
+    wait_until(
+        lambda: any(o.kind is OutcomeKind.CANCELLED for o in harness.outcomes), what="outcome"
+    )
+    row = inbox_row(outboxkit_db_url, "billing", slow)
+    assert row is not None
+    assert (row["state"], row["last_error"]) == ("cancelled", "operator said so")
+    assert row["lease_lost_count"] == 1
+    assert effects(outboxkit_db_url, slow) == []  # the handler's insert was rolled back
+    # The offset moved on: a later event is processed, and the cancelled one never reruns.
+    behaviour.wait_until_lost = False
+    produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 2)
+    wait_until(lambda: _state(outboxkit_db_url, after) == "succeeded", what="later event")
+    assert [c for c in behaviour.calls if c[0] == slow] == [(slow, 1)]
+    assert _state(outboxkit_db_url, slow) == "cancelled"
