@@ -1,0 +1,215 @@
+"""What an application hands to the outbox: typed events (pydantic) or raw messages.
+
+A typed event declares where it goes and what it is once, on the class::
+
+    class OrderPlaced(Event, topic="orders", key="order_id", event_type="order.placed"):
+        order_id: str
+        total_cents: int
+
+Raw messages (:class:`Message`) carry bytes, text or JSON-able data for anything else. Both are
+turned into the same row by :mod:`outboxkit.outbox`; this module only knows how to describe and
+serialise them, and which topic names Kafka accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
+
+from outboxkit.errors import ConfigurationError, InvalidTopicError, SerializationError
+from outboxkit.wire import JSON_CONTENT_TYPE
+
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
+BYTES_CONTENT_TYPE = "application/octet-stream"
+
+_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_LENGTH = 249
+
+
+def validate_topic(topic: object) -> str:
+    """The topic name if Kafka would accept it, else :class:`InvalidTopicError` saying why."""
+    if not isinstance(topic, str) or not topic:
+        raise InvalidTopicError(f"topic must be a non-empty string, got {topic!r}", topic=topic)
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicError(
+            f"topic name is {len(topic)} characters long; Kafka allows {MAX_TOPIC_LENGTH}",
+            topic=topic,
+        )
+    if topic in (".", ".."):
+        raise InvalidTopicError(f"topic name {topic!r} is reserved by Kafka", topic=topic)
+    if not _TOPIC_RE.match(topic):
+        raise InvalidTopicError(
+            f"topic name {topic!r} has characters Kafka does not allow (use a-z A-Z 0-9 . _ -)",
+            topic=topic,
+        )
+    return topic
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """The routing facts a typed event class declares."""
+
+    topic: str
+    event_type: str
+    schema_version: int
+    key_field: str | None
+    aggregate_type: str | None
+
+
+class Event(BaseModel):
+    """Base class for typed events, serialised as JSON.
+
+    Class keywords: ``topic`` (required on concrete classes), ``key`` (name of the field whose
+    value is the Kafka message key; or override :meth:`outbox_key`), ``event_type`` (default: the
+    class name), ``schema_version`` (default 1), ``aggregate_type`` (default ``None``).
+    Override :meth:`outbox_idempotency_key` to derive the key from content (so a retried request
+    is recognised as a duplicate), and :meth:`outbox_aggregate_id` when it is not the message key.
+    """
+
+    __outbox__: ClassVar[EventSpec | None] = None
+
+    def __init_subclass__(
+        cls,
+        *,
+        topic: str | None = None,
+        key: str | None = None,
+        event_type: str | None = None,
+        schema_version: int | None = None,
+        aggregate_type: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        parent = cls.__outbox__
+        topic = topic if topic is not None else (parent.topic if parent else None)
+        if topic is None:
+            return  # an abstract intermediate class; its subclasses name the topic
+        validate_topic(topic)
+        if schema_version is not None and (
+            not isinstance(schema_version, int) or schema_version < 1
+        ):
+            raise ConfigurationError(f"{cls.__name__}: schema_version must be a positive int")
+        cls.__outbox__ = EventSpec(
+            topic=topic,
+            event_type=event_type or cls.__name__,
+            schema_version=schema_version or 1,
+            key_field=key if key is not None else (parent.key_field if parent else None),
+            aggregate_type=aggregate_type
+            if aggregate_type is not None
+            else (parent.aggregate_type if parent else None),
+        )
+
+    @classmethod
+    def outbox_spec(cls) -> EventSpec:
+        spec = cls.__outbox__
+        if spec is None:
+            raise ConfigurationError(
+                f"{cls.__name__} declares no topic: `class {cls.__name__}(Event, topic=...)`"
+            )
+        return spec
+
+    def outbox_key(self) -> str | None:
+        """The Kafka message key: the declared key field's value, as text."""
+        key_field = self.outbox_spec().key_field
+        if key_field is None:
+            return None
+        value = getattr(self, key_field)
+        return None if value is None else str(value)
+
+    def outbox_aggregate_id(self) -> str | None:
+        return self.outbox_key()
+
+    def outbox_idempotency_key(self) -> str | None:
+        """``None`` means "use the event id" (every add is a new event)."""
+        return None
+
+    def outbox_payload(self) -> bytes:
+        try:
+            return self.model_dump_json().encode()
+        except (PydanticSerializationError, ValueError, TypeError) as exc:
+            raise SerializationError(
+                f"{type(self).__name__} could not be serialised: {exc}"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class Message:
+    """A raw outbox message.
+
+    ``payload``: ``bytes`` (sent as is), ``str`` (UTF-8), a pydantic model, or JSON-able data
+    (dict, list, ...). ``content_type`` defaults from the payload's kind.
+    """
+
+    topic: str
+    payload: Any
+    key: str | None = None
+    event_type: str | None = None
+    schema_version: int | None = None
+    content_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    aggregate_type: str | None = None
+    aggregate_id: str | None = None
+    idempotency_key: str | None = None
+    event_id: uuid.UUID | None = None
+    deliver_after: datetime | None = None
+
+    @classmethod
+    def from_event(
+        cls,
+        event: Event,
+        *,
+        idempotency_key: str | None = None,
+        event_id: uuid.UUID | None = None,
+        headers: dict[str, str] | None = None,
+        deliver_after: datetime | None = None,
+    ) -> Message:
+        """A typed event as a message, with per-write options (idempotency key, headers, ...)."""
+        spec = event.outbox_spec()
+        return cls(
+            topic=spec.topic,
+            payload=event,
+            key=event.outbox_key(),
+            event_type=spec.event_type,
+            schema_version=spec.schema_version,
+            content_type=JSON_CONTENT_TYPE,
+            headers=dict(headers or {}),
+            aggregate_type=spec.aggregate_type,
+            aggregate_id=event.outbox_aggregate_id(),
+            idempotency_key=idempotency_key
+            if idempotency_key is not None
+            else event.outbox_idempotency_key(),
+            event_id=event_id,
+            deliver_after=deliver_after,
+        )
+
+
+def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes, str]:
+    """Serialise a payload to bytes and pick its content type (or raise SerializationError)."""
+    if isinstance(payload, Event):
+        return payload.outbox_payload(), content_type or JSON_CONTENT_TYPE
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload), content_type or BYTES_CONTENT_TYPE
+    if isinstance(payload, str):
+        try:
+            return payload.encode(), content_type or TEXT_CONTENT_TYPE
+        except UnicodeEncodeError as exc:
+            raise SerializationError(f"payload is not valid UTF-8 text: {exc}") from exc
+    if isinstance(payload, BaseModel):
+        try:
+            return payload.model_dump_json().encode(), content_type or JSON_CONTENT_TYPE
+        except (PydanticSerializationError, ValueError, TypeError) as exc:
+            raise SerializationError(f"payload could not be serialised: {exc}") from exc
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"payload is not JSON-serialisable: {exc}") from exc
+    try:
+        return text.encode(), content_type or JSON_CONTENT_TYPE
+    except UnicodeEncodeError as exc:
+        raise SerializationError(f"payload has text that is not valid UTF-8: {exc}") from exc

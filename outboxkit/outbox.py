@@ -1,0 +1,495 @@
+"""The writer: put events in the outbox on the caller's transaction, never committing.
+
+The idempotency key is claimed by the table's UNIQUE constraint inside the caller's transaction
+(``INSERT .. ON CONFLICT (idempotency_key) DO NOTHING``). A conflicting key is then compared by
+its stored content digest: same content is a duplicate (the existing ``event_id`` is returned,
+nothing is written), other content raises :class:`IdempotencyKeyConflictError`. A concurrent
+transaction holding the same key makes the insert wait until it commits (then we re-read its row)
+or rolls back (then our insert goes through), so there is no race window.
+
+Everything that can be checked before writing (topic name, size, serialisation) is checked in
+Python first: when validation fails nothing was sent to the database and the caller's
+transaction is still usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from hashlib import sha256
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from outboxkit.errors import (
+    ConfigurationError,
+    IdempotencyKeyConflictError,
+    PayloadTooLargeError,
+    SerializationError,
+    ValidationError,
+)
+from outboxkit.events import Event, Message, encode_payload, validate_topic
+from outboxkit.ids import uuid7
+from outboxkit.migrator import DEFAULT_SCHEMA, validate_schema_name
+from outboxkit.queries import query
+from outboxkit.tracing import current_trace_headers
+from outboxkit.wire import (
+    HEADER_AGGREGATE_ID,
+    HEADER_AGGREGATE_TYPE,
+    HEADER_CONTENT_TYPE,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_SCHEMA_VERSION,
+    content_digest,
+)
+
+logger = logging.getLogger("outboxkit.outbox")
+
+#: The producer's default ``max.request.size`` (the broker's ``message.max.bytes`` is 1048588).
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+_MAX_CHANNEL_LENGTH = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
+_NOTIFY_INFO_KEY = "outboxkit.notified"
+_MAX_REREADS = 5
+
+SyncTarget = Session | Connection
+AsyncTarget = AsyncSession | AsyncConnection
+Writable = Event | Message
+
+
+def notify_channel(schema: str = DEFAULT_SCHEMA) -> str:
+    """The LISTEN/NOTIFY channel writers notify for ``schema``; the payload is the shard number."""
+    validate_schema_name(schema)
+    channel = f"{schema}.outbox"
+    if len(channel) > _MAX_CHANNEL_LENGTH:  # pg_notify refuses longer names
+        channel = f"{schema[:40]}_{sha256(schema.encode()).hexdigest()[:12]}.outbox"
+    return channel
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    """How the writer writes.
+
+    ``notify``: send a transactional ``pg_notify`` (delivered on commit) so relays wake early;
+    at most one per transaction and shard. Each notifying transaction takes PostgreSQL's global
+    notify-queue lock at commit; switch it off when relays poll often enough.
+    """
+
+    schema: str = DEFAULT_SCHEMA
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    notify: bool = True
+
+    def __post_init__(self) -> None:
+        validate_schema_name(self.schema)
+        if self.max_message_bytes < 1:
+            raise ConfigurationError("max_message_bytes must be positive")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """The outcome of one add: ``duplicate`` means the key existed with the same content and
+    nothing was written; ``event_id`` is then the existing event's id. ``id`` is the new row's id
+    (``None`` for duplicates)."""
+
+    event_id: uuid.UUID
+    duplicate: bool
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A validated, serialised message, ready for the INSERT."""
+
+    event_id: uuid.UUID
+    idempotency_key: str
+    content_digest: bytes
+    topic: str
+    message_key: str | None
+    payload: bytes
+    content_type: str
+    headers: str  # JSON text
+    event_type: str | None
+    schema_version: int | None
+    aggregate_type: str | None
+    aggregate_id: str | None
+    deliver_after: datetime | None
+
+
+def _record_size(msg: Message, row: _Row, headers: Mapping[str, str]) -> int:
+    """Bytes the Kafka record will carry: payload, key, user headers and the relay's headers."""
+    relay_headers = {
+        HEADER_EVENT_ID: str(row.event_id),
+        HEADER_IDEMPOTENCY_KEY: row.idempotency_key,
+        HEADER_CONTENT_TYPE: row.content_type,
+        HEADER_EVENT_TYPE: row.event_type or "",
+        HEADER_SCHEMA_VERSION: "" if row.schema_version is None else str(row.schema_version),
+        HEADER_AGGREGATE_TYPE: row.aggregate_type or "",
+        HEADER_AGGREGATE_ID: row.aggregate_id or "",
+    }
+    size = len(row.payload) + len((row.message_key or "").encode())
+    for name, value in (*headers.items(), *relay_headers.items()):
+        if value:
+            size += len(name.encode()) + len(value.encode())
+    return size
+
+
+def _prepare(item: Writable, config: OutboxConfig, **overrides: Any) -> _Row:
+    if isinstance(item, Event):
+        msg = Message.from_event(item, **overrides)
+    elif isinstance(item, Message):
+        msg = dataclasses.replace(item, **{k: v for k, v in overrides.items() if v is not None})
+    else:
+        raise ValidationError(
+            f"expected an outboxkit Event or Message, got {type(item).__name__}"
+            " (wrap raw payloads in outboxkit.Message(topic=..., payload=...))"
+        )
+    topic = validate_topic(msg.topic)
+    for label, value in (("key", msg.key), ("event_type", msg.event_type)):
+        if value is not None and not isinstance(value, str):
+            raise ValidationError(f"message {label} must be a str or None, got {value!r}")
+    payload, content_type = encode_payload(msg.payload, msg.content_type)
+    headers = {**current_trace_headers(), **msg.headers}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
+    try:
+        headers_json = json.dumps(headers, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - str to str always serialises
+        raise SerializationError(f"headers could not be serialised: {exc}") from exc
+    event_id = msg.event_id or uuid7()
+    idempotency_key = msg.idempotency_key if msg.idempotency_key is not None else str(event_id)
+    if not idempotency_key:
+        raise ValidationError("the idempotency key must not be empty")
+    row = _Row(
+        event_id=event_id,
+        idempotency_key=idempotency_key,
+        content_digest=content_digest(
+            topic=topic,
+            key=msg.key,
+            event_type=msg.event_type,
+            content_type=content_type,
+            payload=payload,
+        ),
+        topic=topic,
+        message_key=msg.key,
+        payload=payload,
+        content_type=content_type,
+        headers=headers_json,
+        event_type=msg.event_type,
+        schema_version=msg.schema_version,
+        aggregate_type=msg.aggregate_type,
+        aggregate_id=msg.aggregate_id,
+        deliver_after=msg.deliver_after,
+    )
+    size = _record_size(msg, row, headers)
+    if size > config.max_message_bytes:
+        raise PayloadTooLargeError(
+            f"message for topic {topic!r} is {size} bytes (payload, key and headers);"
+            f" the configured maximum is {config.max_message_bytes}",
+            size=size,
+            max_message_bytes=config.max_message_bytes,
+        )
+    return row
+
+
+class _Plan:
+    """One add/add_many call: the prepared rows, their results, and the SQL still to run.
+
+    The sync and async entry points drive the same plan; only the ``execute`` differs.
+    """
+
+    def __init__(self, config: OutboxConfig, rows: Sequence[_Row]) -> None:
+        self.config = config
+        self.rows = rows
+        # Repeats of a key within the call are folded onto its first occurrence.
+        self.first_of: list[int] = []
+        self.unique: list[int] = []
+        seen: dict[str, int] = {}
+        event_ids: set[uuid.UUID] = set()
+        for index, row in enumerate(rows):
+            first = seen.get(row.idempotency_key)
+            if first is None:
+                if row.event_id in event_ids:
+                    raise ValidationError(f"event id {row.event_id} appears twice in one call")
+                event_ids.add(row.event_id)
+                seen[row.idempotency_key] = index
+                self.unique.append(index)
+                self.first_of.append(index)
+            elif rows[first].content_digest != row.content_digest:
+                raise IdempotencyKeyConflictError(
+                    f"idempotency key {row.idempotency_key!r} is used twice in one call"
+                    " with different content",
+                    idempotency_key=row.idempotency_key,
+                )
+            else:
+                self.first_of.append(first)
+        self.results: dict[int, WriteResult] = {}
+        self.written_ids: list[int] = []
+        self.conflict: IdempotencyKeyConflictError | None = None
+        self.rereads = 0
+
+    def pending(self) -> list[int]:
+        return [i for i in self.unique if i not in self.results]
+
+    def insert_statement(
+        self, notified: tuple[str | None, list[int]]
+    ) -> tuple[str, dict[str, Any]]:
+        channel = notify_channel(self.config.schema) if self.config.notify else None
+        common = {"channel": channel, "notified_xact": notified[0], "notified_shards": notified[1]}
+        todo = [self.rows[i] for i in self.pending()]
+        if len(todo) == 1:
+            row = todo[0]
+            return query("outbox", "insert_one", self.config.schema), {
+                **common,
+                **{f.name: getattr(row, f.name) for f in dataclasses.fields(_Row)},
+            }
+        return query("outbox", "insert_many", self.config.schema), {
+            **common,
+            "event_ids": [r.event_id for r in todo],
+            "idempotency_keys": [r.idempotency_key for r in todo],
+            "content_digests": [r.content_digest for r in todo],
+            "topics": [r.topic for r in todo],
+            "message_keys": [r.message_key for r in todo],
+            "payloads": [r.payload for r in todo],
+            "content_types": [r.content_type for r in todo],
+            "headers": [r.headers for r in todo],
+            "event_types": [r.event_type for r in todo],
+            "schema_versions": [r.schema_version for r in todo],
+            "aggregate_types": [r.aggregate_type for r in todo],
+            "aggregate_ids": [r.aggregate_id for r in todo],
+            "deliver_afters": [r.deliver_after for r in todo],
+        }
+
+    def take_inserted(self, result_rows: Sequence[Any]) -> tuple[str | None, set[int]]:
+        """Record the outcome of an insert statement; returns (xact id, shards notified)."""
+        todo = self.pending()
+        single = len(todo) == 1
+        xact: str | None = None
+        shards: set[int] = set()
+        for position, result in enumerate(result_rows):
+            if single:
+                index = todo[0]
+                row_id, event_id, digest, shard, xact_id, notified = result
+            else:
+                _, row_id, event_id, digest, shard, xact_id, notified = result
+                index = todo[position]
+            if row_id is not None:
+                self.results[index] = WriteResult(event_id=event_id, duplicate=False, id=row_id)
+                self.written_ids.append(row_id)
+                xact = xact_id
+                if notified:
+                    shards.add(shard)
+            elif digest is not None:
+                self._existing(index, event_id, bytes(digest))
+        return xact, shards
+
+    def reread_statement(self) -> tuple[str, dict[str, Any]] | None:
+        todo = self.pending()
+        if not todo or self.conflict is not None:
+            return None
+        self.rereads += 1
+        return query("outbox", "select_by_idempotency_keys", self.config.schema), {
+            "idempotency_keys": [self.rows[i].idempotency_key for i in todo]
+        }
+
+    def take_reread(self, result_rows: Sequence[Any]) -> None:
+        by_key = {self.rows[i].idempotency_key: i for i in self.pending()}
+        for key, event_id, digest in result_rows:
+            self._existing(by_key[key], event_id, bytes(digest))
+
+    def needs_retry(self) -> bool:
+        """Rows whose conflicting row vanished (deleted) between insert and re-read."""
+        if self.conflict is not None or not self.pending():
+            return False
+        if self.rereads >= _MAX_REREADS:
+            raise IdempotencyKeyConflictError(
+                "could not settle the idempotency keys of this call (rows keep disappearing)"
+            )
+        return True
+
+    def undo_statement(self) -> tuple[str, dict[str, Any]] | None:
+        if self.conflict is None or not self.written_ids:
+            return None
+        return query("outbox", "delete_written", self.config.schema), {"ids": self.written_ids}
+
+    def outcome(self) -> list[WriteResult]:
+        if self.conflict is not None:
+            raise self.conflict
+        out = []
+        for index, first in enumerate(self.first_of):
+            result = self.results[first]
+            if index != first:
+                result = dataclasses.replace(result, duplicate=True, id=None)
+            out.append(result)
+        return out
+
+    def _existing(self, index: int, event_id: uuid.UUID, digest: bytes) -> None:
+        row = self.rows[index]
+        if digest == row.content_digest:
+            self.results[index] = WriteResult(event_id=event_id, duplicate=True)
+        elif self.conflict is None:
+            self.conflict = IdempotencyKeyConflictError(
+                f"idempotency key {row.idempotency_key!r} was already used for different"
+                f" content (event {event_id})",
+                idempotency_key=row.idempotency_key,
+                existing_event_id=event_id,
+            )
+
+
+def _notified_get(info: dict[Any, Any], schema: str) -> tuple[str | None, list[int]]:
+    entry = info.get(_NOTIFY_INFO_KEY, {}).get(schema)
+    if entry is None:
+        return None, []
+    return entry[0], sorted(entry[1])
+
+
+def _notified_put(info: dict[Any, Any], schema: str, xact: str | None, shards: set[int]) -> None:
+    if xact is None or not shards:
+        return
+    per_schema = info.setdefault(_NOTIFY_INFO_KEY, {})
+    old = per_schema.get(schema)
+    if old is not None and old[0] == xact:
+        shards = shards | old[1]
+    per_schema[schema] = (xact, frozenset(shards))
+
+
+class Outbox:
+    """Writes messages to the outbox on the caller's transaction (sync and async)."""
+
+    def __init__(self, config: OutboxConfig | None = None, **options: Any) -> None:
+        if config is not None and options:
+            raise ConfigurationError("pass either an OutboxConfig or keyword options, not both")
+        self.config = config or OutboxConfig(**options)
+
+    # -- preparing -----------------------------------------------------------------------
+    def _plan_one(
+        self,
+        item: Writable,
+        idempotency_key: str | None,
+        event_id: uuid.UUID | None,
+        headers: Mapping[str, str] | None,
+        deliver_after: datetime | None,
+    ) -> _Plan:
+        row = _prepare(
+            item,
+            self.config,
+            idempotency_key=idempotency_key,
+            event_id=event_id,
+            headers=dict(headers) if headers is not None else None,
+            deliver_after=deliver_after,
+        )
+        return _Plan(self.config, [row])
+
+    def _plan_many(self, items: Iterable[Writable]) -> _Plan:
+        return _Plan(self.config, [_prepare(item, self.config) for item in items])
+
+    # -- sync ----------------------------------------------------------------------------
+    def add(
+        self,
+        target: SyncTarget,
+        item: Writable,
+        *,
+        idempotency_key: str | None = None,
+        event_id: uuid.UUID | None = None,
+        headers: Mapping[str, str] | None = None,
+        deliver_after: datetime | None = None,
+    ) -> WriteResult:
+        """Add one event in the transaction of ``target`` (a Session or Connection)."""
+        plan = self._plan_one(item, idempotency_key, event_id, headers, deliver_after)
+        return self._run(target, plan)[0]
+
+    def add_many(self, target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
+        """Add many events in one round trip; results in input order. All or nothing: on a
+        conflict no row of this call stays written."""
+        plan = self._plan_many(items)
+        if not plan.rows:
+            return []
+        return self._run(target, plan)
+
+    def _run(self, target: SyncTarget, plan: _Plan) -> list[WriteResult]:
+        conn = target.connection() if isinstance(target, Session) else target
+        info = conn.info
+        while True:
+            sql, params = plan.insert_statement(_notified_get(info, self.config.schema))
+            rows = conn.execute(sa.text(sql), params).all()
+            xact, shards = plan.take_inserted(rows)
+            _notified_put(info, self.config.schema, xact, shards)
+            reread = plan.reread_statement()
+            if reread is not None:
+                plan.take_reread(conn.execute(sa.text(reread[0]), reread[1]).all())
+            if not plan.needs_retry():
+                break
+        undo = plan.undo_statement()
+        if undo is not None:
+            conn.execute(sa.text(undo[0]), undo[1])
+        return plan.outcome()
+
+    # -- async ---------------------------------------------------------------------------
+    async def add_async(
+        self,
+        target: AsyncTarget,
+        item: Writable,
+        *,
+        idempotency_key: str | None = None,
+        event_id: uuid.UUID | None = None,
+        headers: Mapping[str, str] | None = None,
+        deliver_after: datetime | None = None,
+    ) -> WriteResult:
+        """:meth:`add` for an AsyncSession or AsyncConnection."""
+        plan = self._plan_one(item, idempotency_key, event_id, headers, deliver_after)
+        return (await self._run_async(target, plan))[0]
+
+    async def add_many_async(
+        self, target: AsyncTarget, items: Iterable[Writable]
+    ) -> list[WriteResult]:
+        """:meth:`add_many` for an AsyncSession or AsyncConnection."""
+        plan = self._plan_many(items)
+        if not plan.rows:
+            return []
+        return await self._run_async(target, plan)
+
+    async def _run_async(self, target: AsyncTarget, plan: _Plan) -> list[WriteResult]:
+        conn = await target.connection() if isinstance(target, AsyncSession) else target
+        info = conn.info
+        while True:
+            sql, params = plan.insert_statement(_notified_get(info, self.config.schema))
+            rows = (await conn.execute(sa.text(sql), params)).all()
+            xact, shards = plan.take_inserted(rows)
+            _notified_put(info, self.config.schema, xact, shards)
+            reread = plan.reread_statement()
+            if reread is not None:
+                plan.take_reread((await conn.execute(sa.text(reread[0]), reread[1])).all())
+            if not plan.needs_retry():
+                break
+        undo = plan.undo_statement()
+        if undo is not None:
+            await conn.execute(sa.text(undo[0]), undo[1])
+        return plan.outcome()
+
+
+_default = Outbox()
+
+
+def add(target: SyncTarget, item: Writable, **options: Any) -> WriteResult:
+    """:meth:`Outbox.add` with the default configuration (schema ``outboxkit``)."""
+    return _default.add(target, item, **options)
+
+
+def add_many(target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
+    return _default.add_many(target, items)
+
+
+async def add_async(target: AsyncTarget, item: Writable, **options: Any) -> WriteResult:
+    return await _default.add_async(target, item, **options)
+
+
+async def add_many_async(target: AsyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
+    return await _default.add_many_async(target, items)

@@ -1,0 +1,220 @@
+"""Typed events, raw messages, validation and ids: the pure logic of the writer."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+from outboxkit.errors import (
+    ConfigurationError,
+    IdempotencyKeyConflictError,
+    InvalidTopicError,
+    OutboxkitError,
+    PayloadTooLargeError,
+    SerializationError,
+    ValidationError,
+)
+from outboxkit.events import Event, Message, encode_payload, validate_topic
+from outboxkit.ids import uuid7, uuid7_time_ms
+from outboxkit.outbox import OutboxConfig, _Plan, _prepare, notify_channel
+from outboxkit.tracing import current_trace_headers
+from outboxkit.wire import content_digest
+
+pytestmark = pytest.mark.unit
+
+
+class OrderPlaced(Event, topic="orders", key="order_id", event_type="order.placed"):
+    order_id: str
+    total_cents: int
+
+
+class OrderV2(OrderPlaced, schema_version=2, aggregate_type="order"):
+    note: str = ""
+
+
+class Untyped(Event):
+    value: int
+
+
+class Keyed(Event, topic="things"):
+    id: int
+
+    def outbox_key(self) -> str | None:
+        return f"thing-{self.id}"
+
+    def outbox_idempotency_key(self) -> str | None:
+        return f"create-thing-{self.id}"
+
+
+def test_event_class_declares_routing() -> None:
+    spec = OrderPlaced.outbox_spec()
+    assert (spec.topic, spec.event_type, spec.schema_version, spec.key_field) == (
+        "orders",
+        "order.placed",
+        1,
+        "order_id",
+    )
+    event = OrderPlaced(order_id="o-1", total_cents=5)
+    assert event.outbox_key() == "o-1"
+    assert json.loads(event.outbox_payload()) == {"order_id": "o-1", "total_cents": 5}
+
+
+def test_subclass_inherits_and_overrides() -> None:
+    spec = OrderV2.outbox_spec()
+    assert spec.topic == "orders"
+    assert spec.key_field == "order_id"
+    assert spec.schema_version == 2
+    assert spec.aggregate_type == "order"
+    assert spec.event_type == "OrderV2"  # the class name when not given
+
+
+def test_event_without_topic_cannot_be_written() -> None:
+    with pytest.raises(ConfigurationError):
+        Untyped.outbox_spec()
+    with pytest.raises(ValidationError, match="expected an outboxkit Event or Message"):
+        _prepare({"topic": "x"}, OutboxConfig())  # type: ignore[arg-type]
+
+
+def test_bad_topic_on_the_class_fails_at_definition() -> None:
+    with pytest.raises(InvalidTopicError):
+
+        class Bad(Event, topic="no spaces"):
+            x: int
+
+
+def test_bad_schema_version_fails_at_definition() -> None:
+    with pytest.raises(ConfigurationError):
+
+        class Bad(Event, topic="t", schema_version=0):
+            x: int
+
+
+def test_overridden_key_and_idempotency_key() -> None:
+    msg = Message.from_event(Keyed(id=3))
+    assert msg.key == "thing-3"
+    assert msg.aggregate_id == "thing-3"
+    assert msg.idempotency_key == "create-thing-3"
+    assert Message.from_event(Keyed(id=3), idempotency_key="given").idempotency_key == "given"
+
+
+@pytest.mark.parametrize("name", ["a", "orders.v1", "A-b_c.9", "x" * 249])
+def test_valid_topics(name: str) -> None:
+    assert validate_topic(name) == name
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "x" * 250, "a b", "ü", "a/b", "a:b", None, 3])
+def test_invalid_topics(name: Any) -> None:
+    with pytest.raises(InvalidTopicError):
+        validate_topic(name)
+
+
+def test_payload_kinds_and_content_types() -> None:
+    assert encode_payload(b"\x00\x01") == (b"\x00\x01", "application/octet-stream")
+    assert encode_payload("héllo") == ("héllo".encode(), "text/plain; charset=utf-8")
+    assert encode_payload({"a": [1, None]}) == (b'{"a":[1,null]}', "application/json")
+    assert encode_payload(b"x", "application/avro")[1] == "application/avro"
+    assert encode_payload(OrderPlaced(order_id="1", total_cents=1))[1] == "application/json"
+
+
+@pytest.mark.parametrize("payload", [{"a": object()}, {"a": float("nan")}, {1j}, "\ud800"])
+def test_unserialisable_payloads(payload: Any) -> None:
+    with pytest.raises(SerializationError):
+        encode_payload(payload)
+
+
+def test_unserialisable_event_field() -> None:
+    class Weird(Event, topic="t"):
+        thing: Any
+
+    with pytest.raises(SerializationError):
+        _prepare(Weird(thing=object()), OutboxConfig())
+
+
+def test_prepare_fills_ids_digest_and_headers() -> None:
+    row = _prepare(OrderPlaced(order_id="o-1", total_cents=5), OutboxConfig())
+    assert row.event_id.version == 7
+    assert row.idempotency_key == str(row.event_id)  # default key: the event id
+    assert row.content_digest == content_digest(
+        topic="orders",
+        key="o-1",
+        event_type="order.placed",
+        content_type="application/json",
+        payload=row.payload,
+    )
+    assert json.loads(row.headers) == {}
+
+
+def test_size_counts_payload_key_and_headers() -> None:
+    config = OutboxConfig(max_message_bytes=400)
+    _prepare(Message("t", b"x" * 200), config)
+    with pytest.raises(PayloadTooLargeError) as info:
+        _prepare(Message("t", b"x" * 401), config)
+    assert isinstance(info.value, ValidationError)
+    assert isinstance(info.value, OutboxkitError)
+    with pytest.raises(PayloadTooLargeError):
+        _prepare(Message("t", b"x" * 200, key="k" * 200), config)
+    with pytest.raises(PayloadTooLargeError):
+        _prepare(Message("t", b"x" * 200, headers={"h": "v" * 200}), config)
+
+
+def test_default_max_matches_kafka() -> None:
+    assert OutboxConfig().max_message_bytes == 1_048_576
+    _prepare(Message("t", b"x" * 1_000_000), OutboxConfig())
+    with pytest.raises(PayloadTooLargeError):
+        _prepare(Message("t", b"x" * 1_048_577), OutboxConfig())
+
+
+def test_headers_must_be_strings() -> None:
+    with pytest.raises(SerializationError):
+        _prepare(Message("t", b"x", headers={"h": 1}), OutboxConfig())  # type: ignore[dict-item]
+
+
+def test_repeated_key_in_one_call_folds_or_conflicts() -> None:
+    same = [_prepare(Message("t", b"x", idempotency_key="k"), OutboxConfig()) for _ in range(2)]
+    plan = _Plan(OutboxConfig(), same)
+    assert plan.unique == [0]
+    assert plan.first_of == [0, 0]
+    other = _prepare(Message("t", b"y", idempotency_key="k"), OutboxConfig())
+    with pytest.raises(IdempotencyKeyConflictError):
+        _Plan(OutboxConfig(), [same[0], other])
+
+
+def test_uuid7_is_time_ordered_and_unique() -> None:
+    ids = [uuid7() for _ in range(20_000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids[:100])
+    import time
+
+    assert abs(uuid7_time_ms(ids[-1]) - time.time() * 1000) < 5_000
+
+
+def test_notify_channel() -> None:
+    assert notify_channel("outboxkit") == "outboxkit.outbox"
+    long = notify_channel("s" * 63)
+    assert len(long) <= 63
+    assert long != notify_channel("s" * 62)
+
+
+def test_traceparent_from_the_current_span() -> None:
+    assert current_trace_headers() == {}
+    ctx = SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=False,
+        trace_flags=TraceFlags(1),
+        trace_state=TraceState([("vendor", "v1")]),
+    )
+    with trace.use_span(NonRecordingSpan(ctx)):
+        headers = current_trace_headers()
+        row = _prepare(Message("t", b"x", headers={"user": "h"}), OutboxConfig())
+    assert headers == {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "vendor=v1",
+    }
+    assert json.loads(row.headers) == {**headers, "user": "h"}
