@@ -7,6 +7,7 @@ import logging
 import click
 
 from outboxkit.cli.dev import dev
+from outboxkit.cli.inbox import inbox
 from outboxkit.cli.migrate import migrate
 from outboxkit.cli.outbox import outbox
 from outboxkit.cli.relay import relay
@@ -24,3 +25,4 @@ main.add_command(dev)
 main.add_command(relay)
 main.add_command(outbox)
 main.add_command(migrate)
+main.add_command(inbox)

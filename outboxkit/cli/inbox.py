@@ -1,0 +1,181 @@
+"""``outboxkit inbox``: read consumer outcomes back, count them, cancel an event, purge old rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine
+
+from outboxkit.devstack.postgres import sqlalchemy_url
+from outboxkit.inbox.readback import (
+    cancel_event,
+    get_event,
+    list_events,
+    list_rejections,
+    stats,
+)
+from outboxkit.inbox.retention import purge_finished
+from outboxkit.migrator import DEFAULT_SCHEMA
+
+_database = click.option(
+    "--database-url",
+    envvar="OUTBOXKIT_DATABASE_URL",
+    required=True,
+    help="PostgreSQL URL (default: $OUTBOXKIT_DATABASE_URL).",
+)
+_schema = click.option("--schema", default=DEFAULT_SCHEMA, show_default=True)
+_json = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@contextmanager
+def _engine(database_url: str) -> Iterator[Engine]:
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return value
+
+
+def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
+    dicts = [{k: _jsonable(v) for k, v in dataclasses.asdict(r).items()} for r in rows]
+    if as_json:
+        click.echo(json.dumps(dicts, indent=2))
+        return
+    if not dicts:
+        click.echo("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(d[c])) for d in dicts)) for c in columns}
+    click.echo("  ".join(c.ljust(widths[c]) for c in columns))
+    for d in dicts:
+        click.echo("  ".join(str(d[c]).ljust(widths[c]) for c in columns))
+
+
+@click.group()
+def inbox() -> None:
+    """Consumer dedup rows: how each event ended for each consumer."""
+
+
+@inbox.command()
+@_database
+@_schema
+@_json
+@click.option("--consumer", help="Only this consumer.")
+@click.option("--event-id", help="One event (requires --consumer): full detail.")
+@click.option(
+    "--state",
+    type=click.Choice(["processing", "succeeded", "dead", "rejected", "cancelled"]),
+)
+@click.option("--rejections", is_flag=True, help="Show the rejection log instead.")
+@click.option("--limit", default=50, show_default=True)
+def show(
+    database_url: str,
+    schema: str,
+    as_json: bool,
+    consumer: str | None,
+    event_id: str | None,
+    state: str | None,
+    rejections: bool,
+    limit: int,
+) -> None:
+    """Show inbox rows (newest first), one event in detail, or the rejection log."""
+    with _engine(database_url) as engine:
+        if rejections:
+            found = list_rejections(
+                engine, consumer=consumer, event_id=event_id, limit=limit, schema=schema
+            )
+            cols = ["id", "consumer", "event_id", "reason", "topic", "kafka_partition"]
+            _emit(found, as_json, [*cols, "kafka_offset", "created_at"])
+            return
+        if event_id is not None:
+            if consumer is None:
+                raise click.UsageError("--event-id needs --consumer")
+            record = get_event(engine, consumer, event_id, schema=schema)
+            if record is None:
+                raise click.ClickException(f"no inbox row for {consumer}/{event_id}")
+            detail = {k: _jsonable(v) for k, v in dataclasses.asdict(record).items()}
+            if as_json:
+                click.echo(json.dumps(detail, indent=2))
+            else:
+                for key, value in detail.items():
+                    click.echo(f"{key:17} {value}")
+            return
+        records = list_events(engine, consumer=consumer, state=state, limit=limit, schema=schema)
+        columns = ["consumer", "event_id", "state", "attempts", "duplicate_count", "last_error"]
+        _emit(records, as_json, [*columns, "updated_at"])
+
+
+@inbox.command(name="stats")
+@_database
+@_schema
+@_json
+def stats_command(database_url: str, schema: str, as_json: bool) -> None:
+    """Counts per state per consumer (plus the rejection log)."""
+    with _engine(database_url) as engine:
+        _emit(stats(engine, schema=schema), as_json, ["consumer", "state", "events", "duplicates"])
+
+
+@inbox.command()
+@_database
+@_schema
+@click.option("--consumer", required=True)
+@click.option("--event-id", required=True)
+@click.option("--reason", default="cancelled by operator", show_default=True)
+@click.option(
+    "--before-delivery", is_flag=True, help="Also cancel an event this consumer has not seen yet."
+)
+def cancel(
+    database_url: str,
+    schema: str,
+    consumer: str,
+    event_id: str,
+    reason: str,
+    before_delivery: bool,
+) -> None:
+    """Make an event cancelled; a running handler's late success is refused and rolled back."""
+    with _engine(database_url) as engine:
+        result = cancel_event(
+            engine,
+            consumer,
+            event_id,
+            reason=reason,
+            before_delivery=before_delivery,
+            schema=schema,
+        )
+    if result.cancelled:
+        click.echo(f"{consumer}/{event_id}: cancelled")
+        return
+    if result.state is None:
+        raise click.ClickException(
+            f"{consumer}/{event_id} not seen yet (use --before-delivery to cancel it anyway)"
+        )
+    raise click.ClickException(f"{consumer}/{event_id} already ended: {result.state}")
+
+
+@inbox.command()
+@_database
+@_schema
+@click.option("--older-than", type=float, required=True, help="Window in seconds.")
+@click.option("--batch-size", default=1000, show_default=True)
+def purge(database_url: str, schema: str, older_than: float, batch_size: int) -> None:
+    """Delete terminal rows finished before the window, in small batches."""
+    with _engine(database_url) as engine:
+        result = purge_finished(
+            engine, window_seconds=older_than, batch_size=batch_size, schema=schema
+        )
+    click.echo(
+        f"deleted {result.messages} inbox rows and {result.rejections} rejections"
+        f" in {result.batches} batches"
+    )
