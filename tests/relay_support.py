@@ -116,8 +116,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "c
 
 
 async def wait_for_async(
-    predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition"
+    predicate: Callable[[], Any], within: float = 60.0, what: str = "condition"
 ) -> Any:
+    timeout = within
     deadline = time.monotonic() + timeout
     while True:
         value = await asyncio.to_thread(predicate)

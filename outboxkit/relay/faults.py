@@ -1,7 +1,8 @@
-"""Fault points for the acceptance tests: SIGKILL this process at a named instruction.
+"""Fault points for the acceptance tests: SIGKILL (or SIGSTOP) this process at an instruction.
 
-Enabled only by ``OUTBOXKIT_FAULT=<point>[:<n>]`` (kill at the n-th time the point is reached,
-default 1). Points: ``after_claim``, ``after_produce``, ``after_kafka_commit``, ``after_mark``.
+Enabled only by ``OUTBOXKIT_FAULT=<point>[:<n>][:stop]``: act the n-th time the point is reached
+(default 1); ``stop`` freezes the process with SIGSTOP instead of killing it (a zombie to resume
+with SIGCONT). Points: ``after_claim``, ``after_produce``, ``after_kafka_commit``, ``after_mark``.
 """
 
 from __future__ import annotations
@@ -9,30 +10,47 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 FAULT_ENV = "OUTBOXKIT_FAULT"
 POINTS = ("after_claim", "after_produce", "after_kafka_commit", "after_mark")
 
 
-def _parse(spec: str | None) -> tuple[str, int] | None:
+@dataclass(frozen=True)
+class FaultSpec:
+    point: str
+    nth: int = 1
+    stop: bool = False
+
+
+def parse_fault(spec: str | None) -> FaultSpec | None:
     if not spec:
         return None
-    point, _, count = spec.partition(":")
+    point, *rest = spec.split(":")
     if point not in POINTS:
         raise ValueError(f"unknown fault point {point!r}; known: {', '.join(POINTS)}")
-    return point, int(count or 1)
+    nth, stop = 1, False
+    for part in rest:
+        if part == "stop":
+            stop = True
+        elif part:
+            nth = int(part)
+    return FaultSpec(point, nth, stop)
 
 
 class FaultPoints:
     def __init__(self, spec: str | None = None) -> None:
-        self._armed = _parse(spec if spec is not None else os.environ.get(FAULT_ENV))
+        self._armed = parse_fault(spec if spec is not None else os.environ.get(FAULT_ENV))
         self._hits = 0
 
     def reach(self, point: str) -> None:
-        if self._armed is None or self._armed[0] != point:
+        armed = self._armed
+        if armed is None or armed.point != point:
             return
         self._hits += 1
-        if self._hits >= self._armed[1]:
-            sys.stderr.write(f"outboxkit fault point {point}: SIGKILL\n")
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self._hits != armed.nth:
+            return
+        how = signal.SIGSTOP if armed.stop else signal.SIGKILL
+        sys.stderr.write(f"outboxkit fault point {point}: {how.name}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), how)

@@ -56,7 +56,8 @@ async def test_publishes_every_row_once_in_key_order(
             "SELECT event_id::text FROM outboxkit.outbox_message WHERE idempotency_key = %s",
             (first.headers["idempotency-key"],),
         ).fetchone()
-    assert row is not None and row[0] == first.headers["event-id"]
+    assert row is not None
+    assert row[0] == first.headers["event-id"]
 
 
 async def test_delete_mode_removes_published_rows(

@@ -1,0 +1,134 @@
+"""Fencing on both sides, and exactly one active holder per shard.
+
+Zombie: relay A freezes itself (SIGSTOP at a fault point) in the middle of a batch, past its
+lease; relay B takes over and publishes everything; A is resumed (SIGCONT). A must get no write
+through: its Kafka commit is fenced by B's ``init_transactions``, its database writes fail the
+token check, and it reports *lease lost* and goes back to standby.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from tests.relay_support import (
+    RelayProcess,
+    assert_exactly_once_in_order,
+    consume,
+    insert_rows,
+    payloads,
+    row_states,
+    set_shard_count,
+    wait_for,
+)
+
+pytestmark = pytest.mark.fault
+
+TopicFactory = Callable[..., str]
+
+
+@pytest.fixture
+def processes() -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("point", "fenced_by"),
+    [("after_produce", "fenced"), ("after_kafka_commit", "lost during mark_published")],
+)
+def test_zombie_gets_nothing_through(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+    point: str,
+    fenced_by: str,
+) -> None:
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 1)
+    expected = payloads("k", 30) + payloads("j", 30)
+    insert_rows(outboxkit_db_url, topic, expected)
+    common = ["--batch-size", "10"]
+    zombie = RelayProcess(
+        outboxkit_db_url,
+        outboxkit_kafka_bootstrap,
+        common,
+        env={"OUTBOXKIT_FAULT": f"{point}:2:stop"},
+    ).start()
+    processes.append(zombie)
+    wait_for(lambda: f"fault point {point}: SIGSTOP" in zombie.log(), timeout=120, what="freeze")
+    assert zombie.proc is not None and zombie.proc.poll() is None
+    successor = RelayProcess(
+        outboxkit_db_url,
+        outboxkit_kafka_bootstrap,
+        common,
+        checkpoint_topic=zombie.checkpoint_topic,
+    ).start()
+    processes.append(successor)
+    wait_for(
+        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
+        timeout=120,
+        what="the successor publishes everything",
+    )
+    assert successor.holds()
+    with psycopg.connect(outboxkit_db_url) as conn:
+        before = conn.execute(
+            "SELECT id, published_at FROM outboxkit.outbox_message ORDER BY id"
+        ).fetchall()
+
+    zombie.signal(signal.SIGCONT)
+    wait_for(lambda: "lease lost" in zombie.log(), timeout=60, what="zombie reports lease lost")
+    log = zombie.log()
+    assert fenced_by in log, log
+    time.sleep(1.0)  # give a zombie that wrongly went on the chance to write
+    with psycopg.connect(outboxkit_db_url) as conn:
+        after = conn.execute(
+            "SELECT id, published_at FROM outboxkit.outbox_message ORDER BY id"
+        ).fetchall()
+    assert after == before  # not one database write from the zombie
+    assert successor.holds()
+    received = consume(outboxkit_kafka_bootstrap, topic, expect=len(expected))
+    assert_exactly_once_in_order(received, expected)  # not one Kafka write from the zombie
+
+
+def test_two_relays_started_at_once_share_shards_with_one_active_each(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+) -> None:
+    topic = outboxkit_topic(partitions=2)
+    set_shard_count(outboxkit_db_url, 4)
+    expected = [item for key in "abcdefgh" for item in payloads(key, 15)]
+    insert_rows(outboxkit_db_url, topic, expected)
+    first = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, ["--batch-size", "5"])
+    second = RelayProcess(
+        outboxkit_db_url,
+        outboxkit_kafka_bootstrap,
+        ["--batch-size", "5"],
+        checkpoint_topic=first.checkpoint_topic,
+    )
+    processes.extend([first.start(), second.start()])
+    wait_for(
+        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
+        timeout=120,
+        what="everything published",
+    )
+    time.sleep(2 * 3.0)  # two lease TTLs of steady state: no flapping, no second holder
+    activations: dict[int, list[int]] = {}
+    for proc in (first, second):
+        for shard in re.findall(r"shard (\d+) active with token", proc.log()):
+            activations.setdefault(int(shard), []).append(proc.pid)
+    assert sorted(activations) == [0, 1, 2, 3], activations
+    assert all(len(pids) == 1 for pids in activations.values()), activations
+    assert all(any(p.holds(shard) for p in (first, second)) for shard in range(4))
+    received = consume(outboxkit_kafka_bootstrap, topic, expect=len(expected))
+    assert_exactly_once_in_order(received, expected)
