@@ -65,7 +65,8 @@ def test_zombie_gets_nothing_through(
     ).start()
     processes.append(zombie)
     wait_for(lambda: f"fault point {point}: SIGSTOP" in zombie.log(), timeout=120, what="freeze")
-    assert zombie.proc is not None and zombie.proc.poll() is None
+    assert zombie.proc is not None
+    assert zombie.proc.poll() is None
     successor = RelayProcess(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,

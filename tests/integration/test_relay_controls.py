@@ -1,0 +1,75 @@
+"""Cross-process controls: the pause flag, and ``relay status``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.cli import main
+from tests.relay_support import (
+    insert_rows,
+    payloads,
+    relay_config,
+    row_states,
+    running_relay,
+    set_shard_count,
+    wait_for_async,
+)
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+
+
+def _cli(db_url: str, *args: str) -> str:
+    result = CliRunner().invoke(main, list(args), env={"OUTBOXKIT_DATABASE_URL": db_url})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def test_pause_flag_is_obeyed_and_resume_continues(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 2)
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=0.5)
+    async with running_relay(config):
+        insert_rows(outboxkit_db_url, topic, payloads("a", 5))
+        await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 5})
+        assert "paused" in _cli(outboxkit_db_url, "relay", "pause", "--reason", "incident 42")
+        # One poll interval for every relay to see the flag, plus slack for a loaded machine.
+        await asyncio.sleep(config.poll_interval + 1.5)
+        insert_rows(outboxkit_db_url, topic, payloads("b", 5))
+        await asyncio.sleep(config.poll_interval * 4)
+        assert row_states(outboxkit_db_url) == {"published": 5, "pending": 5}
+        status = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
+        assert status["paused"] is True
+        assert sum(s["backlog"] for s in status["shards"]) == 5
+        assert "resumed" in _cli(outboxkit_db_url, "relay", "resume")
+        await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 10})
+
+
+async def test_status_shows_holder_token_backlog_and_age(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 3)
+    insert_rows(outboxkit_db_url, topic, payloads("a", 4))
+    before = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
+    assert [s["shard"] for s in before["shards"]] == [0, 1, 2]
+    assert all(s["holder"] is None and not s["active"] for s in before["shards"])
+    assert sum(s["backlog"] for s in before["shards"]) == 4
+    busy = [s for s in before["shards"] if s["backlog"]]
+    assert busy[0]["oldest_pending_seconds"] >= 0
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, owned_shards=(0, 1, 2))
+    async with running_relay(config) as relay:
+        await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 4})
+        after = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
+        assert all(s["active"] and s["holder"] == relay.holder for s in after["shards"])
+        assert all(s["backlog"] == 0 and s["token"] for s in after["shards"])
+        text = _cli(outboxkit_db_url, "relay", "status")
+        assert relay.holder in text

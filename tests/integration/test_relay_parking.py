@@ -1,0 +1,170 @@
+"""Permanent errors park the row with its reason; same-key rows wait; other keys flow; retry
+after the fix publishes them in order. Also the operator CLI: parked, retry, discard."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from outboxkit.cli import main
+from tests.relay_support import (
+    assert_exactly_once_in_order,
+    consume,
+    insert_rows,
+    payloads,
+    relay_config,
+    row_states,
+    running_relay,
+    set_shard_count,
+    wait_for_async,
+)
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+
+
+def _states_by_key(db_url: str) -> dict[str, list[str]]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT message_key, state FROM outboxkit.outbox_message ORDER BY id"
+        ).fetchall()
+    out: dict[str, list[str]] = {}
+    for key, state in rows:
+        out.setdefault(key, []).append(state)
+    return out
+
+
+def _cli(db_url: str, *args: str) -> str:
+    result = CliRunner().invoke(main, list(args), env={"OUTBOXKIT_DATABASE_URL": db_url})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
+async def test_oversized_and_unknown_topic_park_and_retry_in_order(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    mode: str,
+) -> None:
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic(config={"max.message.bytes": "4000"})
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    big = [("big", json.dumps({"k": "big", "n": 0, "pad": "x" * 6000}).encode())]
+    rows_big = big + payloads("big", 3, start=1)
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 5))
+    insert_rows(outboxkit_db_url, topic, rows_big[:1])
+    insert_rows(outboxkit_db_url, missing, payloads("lost", 1))
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 5, start=5))
+    insert_rows(outboxkit_db_url, topic, rows_big[1:])
+    insert_rows(outboxkit_db_url, topic, payloads("lost", 2, start=1))  # behind the parked one
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 5, start=10))
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=50)
+    async with running_relay(config):
+        await wait_for_async(
+            lambda: (
+                _states_by_key(outboxkit_db_url)
+                == {
+                    "ok": ["published"] * 15,
+                    "big": ["parked", "pending", "pending", "pending"],
+                    "lost": ["parked", "pending", "pending"],
+                }
+            ),
+            what="bad rows parked, their keys waiting, other keys published",
+        )
+        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        reasons = {item["key"]: item["reason"] for item in listing}
+        assert "MSG_SIZE_TOO_LARGE" in reasons["big"]
+        assert "UNKNOWN_TOPIC" in reasons["lost"]
+
+        # The fix: a larger limit on the topic, and the missing topic created.
+        admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            topic,
+            incremental_configs=[
+                ConfigEntry(
+                    "max.message.bytes", "100000", incremental_operation=AlterConfigOpType.SET
+                )
+            ],
+        )
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=30)
+        for future in admin.create_topics([NewTopic(missing, 1, 1)]).values():
+            future.result(timeout=30)
+        assert "2 row(s) back to pending" in _cli(outboxkit_db_url, "outbox", "retry", "--all")
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 22},
+            what="retried rows and the rows behind them published",
+        )
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=21)
+    want = payloads("ok", 15) + rows_big + payloads("lost", 2, start=1)
+    if mode == "exactly_once":
+        assert_exactly_once_in_order(got, want)
+    else:
+        assert {r.value for r in got} == {v for _, v in want}
+        for key in ("big", "lost"):  # the waiting keys: first delivery after the retry, in order
+            seen = [r.value for r in got if r.key == key]
+            assert seen == [v for k, v in want if k == key]
+    assert [r.value for r in consume(outboxkit_kafka_bootstrap, missing, expect=1)] == [
+        payloads("lost", 1)[0][1]
+    ]
+
+
+async def test_skip_policy_lets_same_key_rows_pass_and_discard_unblocks(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic()
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    insert_rows(outboxkit_db_url, missing, payloads("k", 1))
+    insert_rows(outboxkit_db_url, topic, payloads("k", 2, start=1))
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, parked_key_policy="skip")
+    async with running_relay(config):
+        await wait_for_async(
+            lambda: _states_by_key(outboxkit_db_url) == {"k": ["parked", "published", "published"]},
+            what="skip policy publishes behind the parked row",
+        )
+    with psycopg.connect(outboxkit_db_url) as conn:
+        parked_id = conn.execute(
+            "SELECT id FROM outboxkit.outbox_message WHERE state = 'parked'"
+        ).fetchone()
+    assert parked_id is not None
+    assert "1 row(s) discarded" in _cli(outboxkit_db_url, "outbox", "discard", str(parked_id[0]))
+    assert row_states(outboxkit_db_url) == {"discarded": 1, "published": 2}
+
+
+async def test_discard_unblocks_waiting_key(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic()
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    insert_rows(outboxkit_db_url, missing, payloads("k", 1))
+    insert_rows(outboxkit_db_url, topic, payloads("k", 2, start=1))
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap)
+    async with running_relay(config):
+        await wait_for_async(
+            lambda: _states_by_key(outboxkit_db_url) == {"k": ["parked", "pending", "pending"]},
+            what="waiting behind the parked row",
+        )
+        assert "1 row(s) discarded" in _cli(outboxkit_db_url, "outbox", "discard", "--all")
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"discarded": 1, "published": 2},
+            what="the rest of the key flows after discard",
+        )
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=2)
+    assert [r.value for r in got] == [v for _, v in payloads("k", 2, start=1)]
