@@ -1,0 +1,76 @@
+"""The handler the process-level consumer tests run (``python -m outboxkit.inbox.worker``).
+
+What it does depends on the order id's prefix, so one worker can mix behaviours:
+``slow-`` sleeps ``APP_SLOW_SECONDS`` on the first attempt (checking its lease), ``fail-`` always
+raises, ``wait-`` blocks until its lease is lost (cancel), ``pay-`` charges the fake payment
+server at ``APP_PAYMENT_URL`` with the idempotency key. Every handler writes one effect row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outboxkit.inbox import HandlerContext
+from tests.integration.inbox_support import INSERT_EFFECT, REGISTRY
+
+__all__ = ["REGISTRY", "handle", "handle_async"]
+
+
+def _charge(ctx: HandlerContext, order_id: str, amount: int) -> str:
+    request = urllib.request.Request(
+        os.environ["APP_PAYMENT_URL"] + "/charges",
+        data=json.dumps({"order_id": order_id, "amount": amount}).encode(),
+        headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return str(json.loads(response.read())["charge_id"])
+
+
+def _params(event: Any, ctx: HandlerContext) -> dict[str, Any]:
+    return {
+        "event_id": ctx.event_id,
+        "order_id": event.order_id,
+        "amount": event.amount,
+        "attempt": ctx.attempt,
+    }
+
+
+def _slow_seconds(event: Any, ctx: HandlerContext) -> float:
+    if event.order_id.startswith("slow-") and ctx.attempt == 1:
+        return float(os.environ.get("APP_SLOW_SECONDS", "20"))
+    if event.order_id.startswith("wait-"):
+        return 60.0
+    return 0.0
+
+
+def handle(event: Any, ctx: HandlerContext, session: Session) -> None:
+    if event.order_id.startswith("fail-"):
+        raise RuntimeError(f"payment provider said no (attempt {ctx.attempt})")
+    if event.order_id.startswith("pay-"):
+        _charge(ctx, event.order_id, event.amount)
+    session.execute(INSERT_EFFECT, _params(event, ctx))
+    deadline = time.monotonic() + _slow_seconds(event, ctx)
+    while time.monotonic() < deadline:
+        ctx.check()  # raises LeaseLostError once the lease is gone
+        time.sleep(0.1)
+
+
+async def handle_async(event: Any, ctx: HandlerContext, session: AsyncSession) -> None:
+    if event.order_id.startswith("fail-"):
+        raise RuntimeError(f"payment provider said no (attempt {ctx.attempt})")
+    if event.order_id.startswith("pay-"):
+        await asyncio.to_thread(_charge, ctx, event.order_id, event.amount)
+    await session.execute(INSERT_EFFECT, _params(event, ctx))
+    deadline = time.monotonic() + _slow_seconds(event, ctx)
+    while time.monotonic() < deadline:
+        ctx.check()
+        await asyncio.sleep(0.1)

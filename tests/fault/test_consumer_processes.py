@@ -1,0 +1,370 @@
+"""The consumer acceptance cases with consumers as real processes (both adapters).
+
+Each test starts ``python -m outboxkit.inbox.worker`` subprocesses against the self-started
+PostgreSQL and Kafka, produces messages straight to Kafka with the outboxkit headers, and judges
+the outcome in the database: effect rows, inbox rows, rejection log, dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    effects,
+    fetch,
+    inbox_row,
+    produce,
+    produce_event,
+    read_topic,
+    wait_until,
+)
+
+pytestmark = pytest.mark.fault
+
+ROOT = Path(__file__).resolve().parents[2]
+TopicFactory = Callable[..., str]
+CANCEL = [str(ROOT / ".venv/bin/outboxkit"), "inbox", "cancel", "--consumer", "billing"]
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def wait_exit(self, timeout: float = 90) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"worker did not exit; log:\n{self.output()}") from exc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+@pytest.fixture(params=["confluent", "aiokafka"])
+def adapter(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def spawn(
+    adapter: str,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    tmp_path: Path,
+) -> Iterator[Callable[..., Worker]]:
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    workers: list[Worker] = []
+
+    def start(
+        topic: str,
+        *,
+        group: str,
+        fault: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> Worker:
+        env = {
+            **os.environ,
+            "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
+            "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
+            "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
+        }
+        env.pop("OUTBOXKIT_FAULT", None)
+        if fault:
+            env["OUTBOXKIT_FAULT"] = fault
+        handler = "handle" if adapter == "confluent" else "handle_async"
+        log = tmp_path / f"worker-{len(workers)}.log"
+        command = [
+            sys.executable,
+            "-m",
+            "outboxkit.inbox.worker",
+            "--handler",
+            f"tests.fault.consumer_app:{handler}",
+            "--registry",
+            "tests.fault.consumer_app:REGISTRY",
+            "--consumer",
+            "billing",
+            "--group",
+            group,
+            "--topic",
+            topic,
+            "--adapter",
+            adapter,
+            *args,
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
+        worker = Worker(proc, log)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+def _row(db_url: str, event_id: str) -> dict[str, Any]:
+    return inbox_row(db_url, "billing", event_id) or {}
+
+
+def test_sigkill_after_db_commit_before_offset_commit_applies_once(
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    event_id = str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o-1", 10)
+    doomed = spawn(topic, group=group, fault="after_db_commit")
+    assert doomed.wait_exit() == -signal.SIGKILL, doomed.output()
+    assert _row(outboxkit_db_url, event_id)["state"] == "succeeded"  # committed before the kill
+    spawn(topic, group=group)  # offset was never committed: the event comes again
+    wait_until(lambda: _row(outboxkit_db_url, event_id).get("duplicate_count") == 1, what="dup")
+    assert effects(outboxkit_db_url) == [(event_id, "o-1", 10)]
+    row = _row(outboxkit_db_url, event_id)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+
+
+def test_duplicates_reused_ids_and_garbage(
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    first, last = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, first, "o-1", 10)
+    produce_event(outboxkit_kafka_bootstrap, topic, first, "o-1", 10)  # a relay duplicate
+    produce_event(outboxkit_kafka_bootstrap, topic, first, "o-1", 99999)  # same id, other content
+    produce(outboxkit_kafka_bootstrap, topic, [(None, b"\x89PNG garbage \x00\xff", [])])
+    produce_event(outboxkit_kafka_bootstrap, topic, last, "o-2", 20)
+    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}")
+    wait_until(lambda: _row(outboxkit_db_url, last).get("state") == "succeeded", what="last")
+    assert effects(outboxkit_db_url) == [(first, "o-1", 10), (last, "o-2", 20)]
+    row = _row(outboxkit_db_url, first)
+    assert (row["state"], row["duplicate_count"], row["kafka_offset"]) == ("succeeded", 1, 0)
+    rejections = fetch(
+        outboxkit_db_url,
+        "SELECT event_id, kafka_offset, reason FROM outboxkit.inbox_rejection"
+        " ORDER BY kafka_offset",
+    )
+    assert [(r[0], r[1]) for r in rejections] == [(first, 2), (None, 3)]
+    assert "different content" in rejections[0][2]
+    assert "no event-id" in rejections[1][2]
+    assert worker.proc.poll() is None, worker.output()  # still running: no crash loop
+
+
+def test_always_failing_handler_dead_letter_then_partition_proceeds(
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    dlq = outboxkit_topic(prefix="dlq")
+    doomed, later = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, doomed, "fail-1", 1)
+    produce_event(outboxkit_kafka_bootstrap, topic, later, "o-later", 2)
+    spawn(
+        topic,
+        group=f"g-{uuid.uuid4().hex[:8]}",
+        args=("--max-attempts", "3", "--retry-delay", "0.2", "--dead-letter", dlq),
+    )
+    wait_until(lambda: _row(outboxkit_db_url, later).get("state") == "succeeded", what="later")
+    row = _row(outboxkit_db_url, doomed)
+    assert (row["state"], row["attempts"]) == ("dead", 3)
+    assert "payment provider said no (attempt 3)" in row["last_error"]
+    assert row["finished_at"] < _row(outboxkit_db_url, later)["finished_at"]
+    assert effects(outboxkit_db_url) == [(later, "o-later", 2)]
+    records = read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)
+    assert len(records) == 1
+    headers = dict(records[0].headers())
+    assert headers["dlq-event-id"] == doomed.encode()
+    assert b"payment provider said no (attempt 3)" in headers["dlq-error"]
+    assert headers["dlq-attempts"] == b"3"
+
+
+def test_rebalance_mid_handler_one_effect(
+    adapter: str,
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    event_id = str(uuid.uuid4())
+    if adapter == "confluent":
+        config = ["session.timeout.ms=6000", "max.poll.interval.ms=6000"]
+        config += ["heartbeat.interval.ms=1000"]
+    else:
+        config = ["session_timeout_ms=6000", "max_poll_interval_ms=6000"]
+        config += ["heartbeat_interval_ms=1000"]
+    args: list[str] = ["--lease-seconds", "1.5"]
+    for item in config:
+        args += ["--config", item]
+    env = {"APP_SLOW_SECONDS": "25"}
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "slow-1", 10)
+    first = spawn(topic, group=group, extra_env=env, args=tuple(args))
+    wait_until(lambda: _row(outboxkit_db_url, event_id).get("attempts") == 1, what="first claim")
+    second = spawn(topic, group=group, extra_env=env, args=tuple(args))
+    wait_until(
+        lambda: _row(outboxkit_db_url, event_id).get("state") == "succeeded",
+        timeout=120,
+        what="succeeded",
+    )
+    # Whichever member finished it, the slow first run was fenced or finished alone: one effect.
+    # Wait until the first run is over (it aborts on lease loss, or it was the one that won).
+    wait_until(
+        lambda: (
+            _row(outboxkit_db_url, event_id)["lease_lost_count"] >= 1
+            or _row(outboxkit_db_url, event_id)["attempts"] == 1
+        ),
+        timeout=60,
+        what="first run settled",
+    )
+    assert len(effects(outboxkit_db_url, event_id)) == 1
+    assert first.proc.poll() is None, first.output()
+    assert second.proc.poll() is None, second.output()
+
+
+def test_cancel_during_processing_via_cli_sticks(
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    waiting, after = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, waiting, "wait-1", 10)
+    spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", args=("--lease-seconds", "0.6"))
+    wait_until(lambda: _row(outboxkit_db_url, waiting).get("state") == "processing", what="claim")
+    result = subprocess.run(
+        [*CANCEL, "--event-id", waiting, "--reason", "customer withdrew"],
+        env={**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_db_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "cancelled" in result.stdout
+    wait_until(lambda: _row(outboxkit_db_url, waiting)["lease_lost_count"] == 1, what="refused")
+    row = _row(outboxkit_db_url, waiting)
+    assert (row["state"], row["last_error"]) == ("cancelled", "customer withdrew")
+    assert effects(outboxkit_db_url, waiting) == []
+    produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 1)
+    wait_until(lambda: _row(outboxkit_db_url, after).get("state") == "succeeded", what="after")
+    assert _row(outboxkit_db_url, waiting)["state"] == "cancelled"
+    again = subprocess.run(
+        [*CANCEL, "--event-id", after],
+        env={**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_db_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 1
+    assert "already ended: succeeded" in again.stderr
+
+
+class _PaymentServer(ThreadingHTTPServer):
+    """A fake payment provider: applies a charge once per idempotency key."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _PaymentHandler)
+        self.lock = threading.Lock()
+        self.charges: dict[str, dict[str, Any]] = {}
+        self.requests = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _PaymentHandler(BaseHTTPRequestHandler):
+    server: _PaymentServer
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        key = self.headers["Idempotency-Key"]
+        with self.server.lock:
+            self.server.requests += 1
+            charge = self.server.charges.setdefault(
+                key, {"charge_id": f"ch_{len(self.server.charges) + 1}", **body}
+            )
+        data = json.dumps(charge).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def payment_server() -> Iterator[_PaymentServer]:
+    server = _PaymentServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_external_charge_applied_once_when_killed_between_call_and_commit(
+    spawn: Callable[..., Worker],
+    payment_server: _PaymentServer,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    event_id = str(uuid.uuid4())
+    env = {"APP_PAYMENT_URL": payment_server.url}
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "pay-1", 4200)
+    doomed = spawn(topic, group=group, fault="before_db_commit", extra_env=env)
+    assert doomed.wait_exit() == -signal.SIGKILL, doomed.output()
+    assert payment_server.requests == 1  # the call happened, the DB commit did not
+    assert effects(outboxkit_db_url) == []
+    assert _row(outboxkit_db_url, event_id)["state"] == "processing"
+    spawn(topic, group=group, extra_env=env)
+    wait_until(lambda: _row(outboxkit_db_url, event_id).get("state") == "succeeded", what="done")
+    assert payment_server.requests == 2  # called again with the same idempotency key ...
+    assert list(payment_server.charges) == [f"idem-{event_id}"]  # ... charged once
+    assert effects(outboxkit_db_url) == [(event_id, "pay-1", 4200)]
+    assert _row(outboxkit_db_url, event_id)["attempts"] == 2
