@@ -99,6 +99,8 @@ _ENV_FIELDS = {
     "RELAY_RETENTION_SECONDS": "retention_seconds",
     "RELAY_METRICS_PORT": "metrics_port",
     "RELAY_LISTEN": "listen",
+    "RELAY_KAFKA_TIMEOUT": "kafka_timeout",
+    "RELAY_BACKOFF_MAX": "backoff_max",
 }
 
 

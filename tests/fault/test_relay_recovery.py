@@ -1,0 +1,153 @@
+"""The relay recovers by itself from a broker outage, a PostgreSQL restart and a terminated
+database session; nothing is lost and (exactly-once mode) nothing is duplicated."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from outboxkit.devstack import DevStack
+from tests.relay_support import (
+    RelayProcess,
+    assert_exactly_once_in_order,
+    consume,
+    insert_rows,
+    payloads,
+    row_states,
+    set_shard_count,
+    wait_for,
+)
+
+pytestmark = pytest.mark.fault
+
+TopicFactory = Callable[..., str]
+ENV = {"OUTBOXKIT_RELAY_KAFKA_TIMEOUT": "10", "OUTBOXKIT_RELAY_BACKOFF_MAX": "2"}
+
+
+@pytest.fixture
+def processes() -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+def _insert_retrying(db_url: str, topic: str, rows: list[tuple[str, bytes]]) -> None:
+    """The application's write, retried while PostgreSQL is coming back."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            insert_rows(db_url, topic, rows)
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_broker_outage_of_20_seconds(
+    outboxkit_stack: DevStack,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+) -> None:
+    if outboxkit_stack.kafka is None:
+        pytest.skip("external Kafka: cannot stop it")
+    topic = outboxkit_topic(partitions=2)
+    set_shard_count(outboxkit_db_url, 2)
+    relay = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV).start()
+    processes.append(relay)
+    expected = payloads("a", 20) + payloads("b", 20)
+    insert_rows(outboxkit_db_url, topic, expected)
+    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 40}, timeout=60)
+
+    outboxkit_stack.kafka.stop()
+    try:
+        during = payloads("a", 20, start=20) + payloads("c", 20)
+        insert_rows(outboxkit_db_url, topic, during)
+        expected += during
+        time.sleep(20)  # the outage itself (the scenario, not a synchronisation)
+        assert row_states(outboxkit_db_url).get("pending") == 40
+    finally:
+        outboxkit_stack.kafka.start()
+    after = payloads("b", 10, start=20)
+    insert_rows(outboxkit_db_url, topic, after)
+    expected += after
+    wait_for(
+        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
+        timeout=180,
+        what="relay catches up after the broker is back",
+    )
+    assert relay.proc is not None
+    assert relay.proc.poll() is None  # recovered by itself, never exited
+    assert_exactly_once_in_order(
+        consume(outboxkit_kafka_bootstrap, topic, expect=len(expected), timeout=120), expected
+    )
+
+
+def test_postgres_restart(
+    outboxkit_stack: DevStack,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+) -> None:
+    if outboxkit_stack.postgres is None:
+        pytest.skip("external PostgreSQL: cannot restart it")
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 1)
+    relay = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV).start()
+    processes.append(relay)
+    expected = payloads("a", 30)
+    insert_rows(outboxkit_db_url, topic, expected)
+    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 30}, timeout=60)
+    outboxkit_stack.postgres.restart()
+    more = payloads("a", 30, start=30)
+    _insert_retrying(outboxkit_db_url, topic, more)
+    expected += more
+    wait_for(
+        lambda: row_states(outboxkit_db_url) == {"published": 60},
+        timeout=120,
+        what="relay recovers after the PostgreSQL restart",
+    )
+    assert relay.proc is not None
+    assert relay.proc.poll() is None
+    assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=60), expected)
+
+
+def test_relay_backends_terminated(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+) -> None:
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 1)
+    relay = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV).start()
+    processes.append(relay)
+    expected = payloads("k", 20)
+    insert_rows(outboxkit_db_url, topic, expected)
+    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 20}, timeout=60)
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        killed = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay%'"
+        ).fetchone()
+    assert killed is not None
+    assert killed[0] >= 2  # the lease and the data session (and the listener)
+    more = payloads("k", 20, start=20)
+    insert_rows(outboxkit_db_url, topic, more)
+    expected += more
+    wait_for(
+        lambda: row_states(outboxkit_db_url) == {"published": 40},
+        timeout=120,
+        what="relay recovers from terminated sessions",
+    )
+    assert relay.proc is not None
+    assert relay.proc.poll() is None
+    assert "AdminShutdown" in relay.log() or "terminat" in relay.log()
+    assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=40), expected)
