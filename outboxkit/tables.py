@@ -14,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.dialects.postgresql import base as pg_base
 from sqlalchemy.types import UserDefinedType
 
 from outboxkit.migrator import DEFAULT_SCHEMA, validate_schema_name
@@ -26,6 +27,10 @@ class Xid8(UserDefinedType[str]):
 
     def get_col_spec(self, **kw: Any) -> str:
         return "XID8"
+
+
+# Let reflection (Alembic autogenerate) recognise xid8 instead of warning about an unknown type.
+pg_base.ischema_names.setdefault("xid8", Xid8)
 
 
 def _tstz() -> sa.DateTime:

@@ -1,0 +1,242 @@
+"""The schema: concurrent `migrate up`, the CLI, the exposed Tables, and the Alembic helper."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy.dialects import postgresql
+
+from outboxkit import alembic_ops, migrator
+from outboxkit.devstack.postgres import sqlalchemy_url
+from outboxkit.tables import metadata_for
+
+pytestmark = pytest.mark.integration
+
+CLI = str(Path(sys.executable).parent / "outboxkit")
+
+
+def cli(*args: str, url: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "OUTBOXKIT_DATABASE_URL"}
+    if url is not None:
+        environ["OUTBOXKIT_DATABASE_URL"] = url
+    environ.update(env)
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, env=environ, timeout=120, check=False
+    )
+
+
+def test_four_concurrent_migrate_up_on_an_empty_database(outboxkit_empty_db_url: str) -> None:
+    environ = {**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_empty_db_url}
+    procs = [
+        subprocess.Popen(
+            [CLI, "migrate", "up"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environ,
+        )
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    applied_lines = [out for out, _ in outputs if out.startswith("applied")]
+    assert len(applied_lines) == 1  # exactly one process did the work, the rest found it done
+    current = migrator.status(outboxkit_empty_db_url)
+    assert current.is_current
+    assert current.applied == tuple(m.version for m in migrator.load_migrations())
+    assert_schema_matches_tables(outboxkit_empty_db_url, "outboxkit")
+
+
+def _live_schema(url: str, schema: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn:
+        tables = {
+            name: {}
+            for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relkind IN ('r', 'p')",
+                (schema,),
+            )
+        }
+        for table, column, type_, notnull in conn.execute(
+            "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND a.attnum > 0"
+            " AND NOT a.attisdropped ORDER BY a.attnum",
+            (schema,),
+        ):
+            tables[table][column] = (type_, not notnull)
+        pkeys = {
+            table: sorted(cols)
+            for table, cols in conn.execute(
+                "SELECT c.relname, array_agg(a.attname::text) FROM pg_index i"
+                " JOIN pg_class c ON c.oid = i.indrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey)"
+                " WHERE n.nspname = %s AND i.indisprimary GROUP BY c.relname",
+                (schema,),
+            )
+        }
+        sequences = sorted(
+            name
+            for (name,) in conn.execute(
+                "SELECT sequencename FROM pg_sequences WHERE schemaname = %s",
+                (schema,),
+            )
+        )
+        identity_sequences = {
+            name
+            for (name,) in conn.execute(
+                "SELECT s.relname FROM pg_depend d JOIN pg_class s ON s.oid = d.objid"
+                " WHERE s.relkind = 'S' AND d.deptype = 'i'"
+            )
+        }
+    return {
+        "tables": tables,
+        "pkeys": pkeys,
+        "sequences": [s for s in sequences if s not in identity_sequences],
+    }
+
+
+def _declared_schema(schema: str) -> dict[str, Any]:
+    md = metadata_for(schema)
+    dialect = postgresql.dialect()
+    tables: dict[str, dict[str, tuple[str, bool]]] = {}
+    pkeys = {}
+    for table in md.tables.values():
+        tables[table.name] = {
+            col.name: (col.type.compile(dialect=dialect).lower(), bool(col.nullable))
+            for col in table.columns
+        }
+        pkeys[table.name] = sorted(col.name for col in table.primary_key.columns)
+    return {"tables": tables, "pkeys": pkeys, "sequences": sorted(md._sequences.keys())}
+
+
+def assert_schema_matches_tables(url: str, schema: str) -> None:
+    live = _live_schema(url, schema)
+    declared = _declared_schema(schema)
+    assert sorted(live["tables"]) == sorted(declared["tables"]), (
+        "tables in the migrations and in outboxkit.tables differ: add the new table to"
+        " outboxkit/tables.py"
+    )
+    for name, columns in live["tables"].items():
+        assert columns == declared["tables"][name], f"columns of {name} differ"
+    assert live["pkeys"] == declared["pkeys"]
+    assert [s.split(".")[-1] for s in declared["sequences"]] == live["sequences"]
+
+
+@pytest.mark.parametrize("schema", ["outboxkit", "tenant_42"])
+def test_all_migrations_equal_the_exposed_tables(outboxkit_empty_db_url: str, schema: str) -> None:
+    migrator.upgrade(outboxkit_empty_db_url, schema)
+    assert_schema_matches_tables(outboxkit_empty_db_url, schema)
+
+
+def test_schema_comparison_catches_drift(outboxkit_empty_db_url: str) -> None:
+    migrator.upgrade(outboxkit_empty_db_url)
+    with psycopg.connect(outboxkit_empty_db_url) as conn:
+        conn.execute("CREATE TABLE outboxkit.surprise (id int PRIMARY KEY)")
+    with pytest.raises(AssertionError, match="add the new table"):
+        assert_schema_matches_tables(outboxkit_empty_db_url, "outboxkit")
+    with psycopg.connect(outboxkit_empty_db_url) as conn:
+        conn.execute("DROP TABLE outboxkit.surprise")
+        conn.execute("ALTER TABLE outboxkit.outbox_message ALTER COLUMN topic DROP NOT NULL")
+    with pytest.raises(AssertionError, match="columns of outbox_message differ"):
+        assert_schema_matches_tables(outboxkit_empty_db_url, "outboxkit")
+
+
+def test_cli_check_status_and_sql(outboxkit_empty_db_url: str) -> None:
+    url = outboxkit_empty_db_url
+    behind = cli("migrate", "check", url=url)
+    assert behind.returncode == 1
+    assert "pending" in behind.stderr
+    full_sql = cli("migrate", "sql")
+    assert full_sql.returncode == 0
+    assert full_sql.stdout == migrator.render_sql("outboxkit")
+    assert "CREATE TABLE outbox_message" in full_sql.stdout
+
+    up = cli("migrate", "up", "--database-url", url)
+    assert up.returncode == 0, up.stderr
+    assert cli("migrate", "up", url=url).stdout.startswith("schema outboxkit is up to date")
+    assert cli("migrate", "check", url=url).returncode == 0
+    status = cli("migrate", "status", url=url)
+    assert status.returncode == 0
+    assert "pending" not in status.stdout
+    nothing_left = cli("migrate", "sql", url=url).stdout
+    assert "CREATE TABLE outbox_message" not in nothing_left
+    assert "-- 0001" not in nothing_left
+
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO outboxkit.schema_migration VALUES (9999, 'from_the_future', 'x')")
+    ahead = cli("migrate", "check", url=url)
+    assert ahead.returncode == 1
+    assert "ahead" in ahead.stderr
+    assert cli("migrate", "up", url=url).returncode != 0  # refuses an unknown schema
+
+    other = cli("migrate", "check", "--schema", "elsewhere", url=url)
+    assert other.returncode == 1
+    missing = cli("migrate", "check")
+    assert missing.returncode == 2
+    assert "database-url" in missing.stderr
+
+
+def test_sql_output_applies_with_psql_semantics(outboxkit_empty_db_url: str) -> None:
+    script = cli("migrate", "sql", "--schema", "by_hand").stdout
+    with psycopg.connect(outboxkit_empty_db_url, autocommit=True) as conn:
+        conn.execute(script.encode())
+    assert migrator.status(outboxkit_empty_db_url, "by_hand").is_current
+
+
+def test_alembic_helper_runs_migrations_and_keeps_search_path(outboxkit_empty_db_url: str) -> None:
+    engine = sa.create_engine(sqlalchemy_url(outboxkit_empty_db_url))
+    try:
+        with engine.begin() as conn:
+            ops = Operations(MigrationContext.configure(conn))
+            # Not the default "$user", public: the dev stack's user is called outboxkit too.
+            conn.execute(sa.text("SET search_path TO public"))
+            before = conn.execute(sa.text("SHOW search_path")).scalar()
+            applied = alembic_ops.upgrade(ops)
+            assert applied == [m.version for m in migrator.load_migrations()]
+            assert conn.execute(sa.text("SHOW search_path")).scalar() == before
+            ops.create_table("app_thing", sa.Column("id", sa.Integer, primary_key=True))
+            assert alembic_ops.upgrade(ops) == []
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT to_regclass('public.app_thing')")).scalar()
+        assert migrator.status(outboxkit_empty_db_url).is_current
+    finally:
+        engine.dispose()
+
+
+def test_alembic_autogenerate_filter(outboxkit_empty_db_url: str) -> None:
+    migrator.upgrade(outboxkit_empty_db_url)
+    # search_path: not the default "$user", public (the dev stack's user is called outboxkit).
+    engine = sa.create_engine(
+        sqlalchemy_url(outboxkit_empty_db_url),
+        connect_args={"options": "-c search_path=public"},
+    )
+    app = sa.MetaData()
+    sa.Table("app_thing", app, sa.Column("id", sa.Integer, primary_key=True))
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("CREATE TABLE app_thing (id integer PRIMARY KEY)"))
+
+            def diff(**options: Any) -> list[Any]:
+                ctx = MigrationContext.configure(conn, opts={"include_schemas": True, **options})
+                return compare_metadata(ctx, app)
+
+            unfiltered = diff()
+            assert any("outbox_message" in repr(d) for d in unfiltered)
+            assert diff(include_object=alembic_ops.include_object) == []
+            assert diff(include_name=alembic_ops.include_name) == []
+            conn.rollback()
+    finally:
+        engine.dispose()
