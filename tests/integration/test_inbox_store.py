@@ -1,0 +1,276 @@
+"""The inbox row's state machine against the real PostgreSQL (no Kafka: envelopes are built)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from outboxkit.errors import RetentionWindowError
+from outboxkit.inbox import Envelope, HandlerContext, Inbox, InboxSettings, OutcomeKind, RetryPolicy
+from outboxkit.inbox.envelope import identify
+from outboxkit.inbox.readback import (
+    CancelResult,
+    cancel_event,
+    get_event,
+    list_events,
+    list_rejections,
+    stats,
+)
+from outboxkit.inbox.retention import check_window, purge_finished
+from outboxkit.inbox.store import InboxStore
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    INSERT_EFFECT,
+    REGISTRY,
+    effects,
+    headers_for,
+    payload,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def engine(sa_url: str, outboxkit_db_url: str) -> Iterator[Engine]:
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    # A lock wait longer than 5 s fails the statement instead of hanging the test.
+    eng = create_engine(sa_url, connect_args={"options": "-c lock_timeout=5000"})
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def _env(
+    event_id: str, amount: int = 1, offset: int = 0, timestamp_ms: int | None = None
+) -> Envelope:
+    return Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=offset,
+        key=b"k",
+        value=payload("o1", amount),
+        headers=headers_for(event_id),
+        timestamp_ms=timestamp_ms,
+    )
+
+
+def _store(engine: Engine, owner: str) -> InboxStore:
+    return InboxStore(engine, "billing", owner=owner, lease_seconds=30)
+
+
+def _effect_handler(event: Any, ctx: HandlerContext, session: Session) -> None:
+    session.execute(
+        INSERT_EFFECT,
+        {
+            "event_id": ctx.event_id,
+            "order_id": event.order_id,
+            "amount": event.amount,
+            "attempt": ctx.attempt,
+        },
+    )
+
+
+def test_a_newer_claim_fences_the_older_handler(engine: Engine) -> None:
+    event_id = str(uuid.uuid4())
+    env = _env(event_id)
+    ident = identify(env)
+    old, new = _store(engine, "zombie"), _store(engine, "successor")
+    first = old.claim(ident, env)
+    second = new.claim(ident, env)
+    assert (first.kind, second.kind) == ("claimed", "claimed")
+    assert second.token > first.token
+    assert second.attempts == 2
+    assert not old.renew(event_id, first.token)
+    with engine.begin() as conn:  # the zombie's late success matches nothing
+        assert conn.execute(*old.succeeded_statement(event_id, first.token)).rowcount == 0
+    with engine.begin() as conn:
+        assert conn.execute(*new.succeeded_statement(event_id, second.token)).rowcount == 1
+    assert new.claim(ident, env).kind == "duplicate"
+
+
+def test_terminal_states_are_never_overwritten(engine: Engine, outboxkit_db_url: str) -> None:
+    event_id = str(uuid.uuid4())
+    env = _env(event_id)
+    store = _store(engine, "me")
+    claim = store.claim(identify(env), env)
+    assert store.finish(event_id, claim.token, "dead", "gave up")
+    assert not store.finish(event_id, claim.token, "rejected", "again")
+    assert not store.record_failure(event_id, claim.token, "late failure")
+    assert not store.renew(event_id, claim.token)
+    result = cancel_event(engine, "billing", event_id)
+    assert (result.cancelled, result.state) == (False, "dead")
+    assert store.claim(identify(env), env).kind == "duplicate"
+    record = get_event(engine, "billing", event_id)
+    assert record is not None
+    assert (record.state, record.last_error, record.duplicate_count) == ("dead", "gave up", 1)
+    with psycopg.connect(outboxkit_db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "UPDATE outboxkit.inbox_message SET state = 'finished' WHERE event_id = %s", (event_id,)
+        )
+
+
+def test_cancel_does_not_wait_for_a_running_handler(engine: Engine, outboxkit_db_url: str) -> None:
+    event_id = str(uuid.uuid4())
+    env = _env(event_id)
+    store = _store(engine, "me")
+    claim = store.claim(identify(env), env)
+    with Session(engine) as handler_tx:  # the handler's open transaction with its effects
+        _effect_handler(
+            REGISTRY.decode("payment.requested", "application/json", env.value),
+            _ctx(event_id, claim.token),
+            handler_tx,
+        )
+        started = time.monotonic()
+        result = cancel_event(engine, "billing", event_id, reason="stop")
+        assert time.monotonic() - started < 5  # lock_timeout would have raised anyway
+        assert (result.cancelled, result.state) == (True, "cancelled")
+        stmt = store.succeeded_statement(event_id, claim.token)
+        assert handler_tx.connection().execute(*stmt).rowcount == 0
+        handler_tx.rollback()
+    assert effects(outboxkit_db_url) == []
+    record = get_event(engine, "billing", event_id)
+    assert record is not None
+    assert (record.state, record.last_error) == ("cancelled", "stop")
+
+
+def _ctx(event_id: str, token: int) -> HandlerContext:
+    return HandlerContext(
+        consumer="billing",
+        event_id=event_id,
+        idempotency_key="k",
+        event_type="payment.requested",
+        headers={},
+        attempt=1,
+        topic="orders",
+        partition=0,
+        offset=0,
+        lease_token=token,
+    )
+
+
+def test_cancel_before_delivery_makes_the_delivery_a_skip(
+    engine: Engine, outboxkit_db_url: str
+) -> None:
+    event_id = str(uuid.uuid4())
+    assert cancel_event(engine, "billing", event_id) == CancelResult(False, None)
+    assert cancel_event(engine, "billing", event_id, before_delivery=True).cancelled
+    inbox = Inbox(engine, _effect_handler, InboxSettings(consumer="billing", registry=REGISTRY))
+    outcome = inbox.process(_env(event_id))
+    assert outcome.kind is OutcomeKind.DUPLICATE
+    assert effects(outboxkit_db_url) == []
+
+
+def test_inbox_process_runs_once_and_reads_back(engine: Engine) -> None:
+    inbox = Inbox(engine, _effect_handler, InboxSettings(consumer="billing", registry=REGISTRY))
+    event_id = str(uuid.uuid4())
+    assert inbox.process(_env(event_id)).kind is OutcomeKind.SUCCEEDED
+    assert inbox.process(_env(event_id, offset=1)).kind is OutcomeKind.DUPLICATE
+    conflict = inbox.process(_env(event_id, amount=2, offset=2))
+    assert conflict.kind is OutcomeKind.REJECTED
+    no_id = Envelope.from_parts(
+        topic="orders", partition=0, offset=3, key=None, value=b"x", headers=[]
+    )
+    assert inbox.process(no_id).kind is OutcomeKind.REJECTED
+    counts = {(s.consumer, s.state): (s.events, s.duplicates) for s in stats(engine)}
+    assert counts == {("billing", "succeeded"): (1, 1), ("billing", "rejection_log"): (2, 0)}
+    assert [r.state for r in list_events(engine, consumer="billing")] == ["succeeded"]
+    assert list_events(engine, state="dead") == []
+    assert [r.kafka_offset for r in list_rejections(engine, consumer="billing")] == [3, 2]
+    assert [r.kafka_offset for r in list_rejections(engine, event_id=event_id)] == [2]
+
+
+def test_crash_looping_event_goes_dead_without_running_again(engine: Engine) -> None:
+    calls: list[int] = []
+    dead_letters: list[tuple[str, str, int]] = []
+
+    def handler(event: Any, ctx: HandlerContext, session: Session) -> None:
+        calls.append(ctx.attempt)
+
+    settings = InboxSettings(
+        consumer="billing", registry=REGISTRY, policy=RetryPolicy(max_attempts=2)
+    )
+    inbox = Inbox(engine, handler, settings)
+    event_id = str(uuid.uuid4())
+    env = _env(event_id)
+    for _ in range(2):  # two runs that "crashed" after claiming (never settled)
+        inbox.store.claim(identify(env), env)
+    outcome = inbox.process(env, dead_letter=lambda e, i, err, n: dead_letters.append((i, err, n)))
+    assert outcome.kind is OutcomeKind.DEAD
+    assert calls == []
+    assert dead_letters == [(event_id, "attempts exhausted; last error: None", 3)]
+
+
+def test_replay_older_than_the_window_is_refused_unless_known(
+    engine: Engine, outboxkit_db_url: str
+) -> None:
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, replay_window=3600)
+    inbox = Inbox(engine, _effect_handler, settings)
+    old_ms = int((time.time() - 7200) * 1000)
+    known, forgotten = str(uuid.uuid4()), str(uuid.uuid4())
+    assert inbox.process(_env(known)).kind is OutcomeKind.SUCCEEDED
+    assert inbox.process(_env(known, offset=1, timestamp_ms=old_ms)).kind is OutcomeKind.DUPLICATE
+    refused = inbox.process(_env(forgotten, offset=2, timestamp_ms=old_ms))
+    assert refused.kind is OutcomeKind.REJECTED
+    assert "older than the dedup retention window" in (refused.error or "")
+    assert [e[0] for e in effects(outboxkit_db_url)] == [known]
+
+
+def test_purge_removes_old_terminal_rows_in_small_batches(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO outboxkit.inbox_message (consumer, event_id, state, finished_at)"
+                " SELECT 'c', 'old-' || g, 'succeeded', now() - interval '2 days'"
+                " FROM generate_series(1, 5) g"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO outboxkit.inbox_message (consumer, event_id, state, finished_at)"
+                " VALUES ('c', 'recent', 'dead', now()), ('c', 'running', 'processing', NULL)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO outboxkit.inbox_rejection"
+                " (consumer, reason, topic, kafka_partition, kafka_offset, created_at)"
+                " VALUES ('c', 'x', 't', 0, 1, now() - interval '2 days'),"
+                " ('c', 'y', 't', 0, 2, now())"
+            )
+        )
+    result = purge_finished(engine, window_seconds=86400, batch_size=2)
+    assert (result.messages, result.rejections) == (5, 1)
+    assert result.batches == 3 + 1
+    with engine.begin() as conn:
+        left = conn.execute(text("SELECT event_id FROM outboxkit.inbox_message ORDER BY 1"))
+        assert [r[0] for r in left] == ["recent", "running"]
+        assert conn.execute(text("SELECT count(*) FROM outboxkit.inbox_rejection")).scalar() == 1
+
+
+def test_window_is_checked_against_topic_retention(
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = outboxkit_topic(config={"retention.ms": str(3_600_000)})
+    admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
+    assert check_window(admin, [topic], window_seconds=7200) == []
+    with caplog.at_level(logging.WARNING, logger="outboxkit.inbox.retention"):
+        problems = check_window(admin, [topic], window_seconds=60)
+    assert len(problems) == 1
+    assert "3600 s" in problems[0]
+    assert problems[0] in caplog.text
+    with pytest.raises(RetentionWindowError):
+        check_window(admin, [topic], window_seconds=60, strict=True)
