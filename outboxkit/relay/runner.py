@@ -40,7 +40,10 @@ def make_producer_factory(config: RelayConfig) -> Callable[[int], RelayProducer]
             from outboxkit.relay.producer.aiokafka import AiokafkaProducer
 
             return AiokafkaProducer(
-                config.kafka_bootstrap, transactional_id=txn_id, timeout=config.kafka_timeout
+                config.kafka_bootstrap,
+                transactional_id=txn_id,
+                timeout=config.kafka_timeout,
+                options=dict(config.producer_options),
             )
         from outboxkit.relay.producer.confluent import ConfluentProducer
 

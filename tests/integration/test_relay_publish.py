@@ -24,15 +24,22 @@ pytestmark = pytest.mark.integration
 TopicFactory = Callable[..., str]
 
 
+@pytest.mark.parametrize("producer", ["confluent", "aiokafka"])
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
 async def test_publishes_every_row_once_in_key_order(
-    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory, mode: str
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    mode: str,
+    producer: str,
 ) -> None:
     topic = outboxkit_topic(partitions=3)
     set_shard_count(outboxkit_db_url, 2)
     expected = payloads("a", 30) + payloads("b", 30) + payloads("c", 30)
     insert_rows(outboxkit_db_url, topic, expected, headers={"traceparent": "00-abc-def-01"})
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=7)
+    config = relay_config(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=7, producer=producer
+    )
     async with running_relay(config) as relay:
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"published": 90}, what="all published"

@@ -38,6 +38,9 @@ class ConfluentProducer(RelayProducer):
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 2,
+            # The Java-compatible partitioner, as aiokafka uses: a key maps to the same
+            # partition whichever producer implementation the relay runs.
+            "partitioner": "murmur2_random",
             "message.timeout.ms": int(timeout * 1000),
             "socket.connection.setup.timeout.ms": 5000,
             "reconnect.backoff.max.ms": 1000,

@@ -31,6 +31,7 @@ _PERMANENT = frozenset(
         "CORRUPT_MESSAGE",
         # aiokafka exception class names
         "MessageSizeTooLargeError",
+        "RecordTooLargeError",
         "RecordListTooLargeError",
         "UnknownTopicOrPartitionError",
         "TopicAuthorizationFailedError",

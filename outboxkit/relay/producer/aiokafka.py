@@ -1,0 +1,139 @@
+"""The aiokafka producer: natively asyncio. Same contract as the confluent one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from outboxkit.errors import ProducerFencedError, PublishError
+from outboxkit.relay.producer.base import Delivery, ProduceRequest, RecordError, RelayProducer
+from outboxkit.relay.producer.errors import ErrorKind, classify
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _raise_for(exc: BaseException, what: str) -> None:
+    if classify(_name(exc)) is ErrorKind.FENCED:
+        raise ProducerFencedError(f"{what}: {_name(exc)}: {exc}") from exc
+    raise PublishError(f"{what}: {_name(exc)}: {exc}") from exc
+
+
+class AiokafkaProducer(RelayProducer):
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        transactional_id: str | None,
+        timeout: float = 30.0,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        self.transactional = transactional_id is not None
+        self._timeout = timeout
+        self._kwargs: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "enable_idempotence": True,
+            "acks": "all",
+            "linger_ms": 2,
+            "request_timeout_ms": int(timeout * 1000),
+            "transactional_id": transactional_id,
+        }
+        if transactional_id is not None:
+            self._kwargs["transaction_timeout_ms"] = int(max(timeout * 2, 60) * 1000)
+        self._kwargs.update(options or {})
+        self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def _p(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise PublishError("producer not started or already closed")
+        return self._producer
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(**self._kwargs)
+        try:
+            # For a transactional producer this obtains the producer id and epoch, which fences
+            # an older producer with the same transactional.id.
+            await asyncio.wait_for(self._producer.start(), self._timeout)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            await self.close()
+            _raise_for(exc, "producer start failed")
+
+    async def topic_problem(self, topic: str) -> RecordError | None:
+        try:
+            metadata = await asyncio.wait_for(
+                self._p.client.fetch_all_metadata(), min(self._timeout, 10)
+            )
+        except (KafkaError, TimeoutError, OSError) as exc:
+            raise PublishError(f"metadata for topic {topic!r} unavailable: {exc}") from exc
+        if topic in getattr(metadata, "unauthorized_topics", set()):
+            return RecordError("TopicAuthorizationFailedError", f"topic {topic!r} not authorised")
+        if topic not in metadata.topics():
+            return RecordError("UnknownTopicOrPartitionError", f"topic {topic!r} does not exist")
+        return None
+
+    async def begin(self) -> None:
+        try:
+            await asyncio.wait_for(self._p.begin_transaction(), self._timeout)
+        except (KafkaError, TimeoutError) as exc:
+            _raise_for(exc, "begin_transaction failed")
+
+    async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
+        producer = self._p
+        pending: list[asyncio.Future[Any] | RecordError] = []
+        for request in requests:
+            try:
+                future = await producer.send(
+                    request.topic,
+                    value=request.value,
+                    key=request.key,
+                    partition=request.partition,
+                    headers=list(request.headers),
+                )
+                pending.append(future)
+            except KafkaError as exc:
+                if classify(_name(exc)) is ErrorKind.FENCED:
+                    _raise_for(exc, "send failed")
+                pending.append(RecordError(_name(exc), str(exc)))
+        results: list[Delivery] = []
+        try:
+            async with asyncio.timeout(self._timeout):
+                for item in pending:
+                    if isinstance(item, RecordError):
+                        results.append(Delivery(error=item))
+                        continue
+                    try:
+                        meta = await item
+                        results.append(Delivery(meta.partition, meta.offset))
+                    except KafkaError as exc:
+                        if classify(_name(exc)) is ErrorKind.FENCED:
+                            _raise_for(exc, "delivery failed")
+                        results.append(Delivery(error=RecordError(_name(exc), str(exc))))
+        except TimeoutError as exc:
+            raise PublishError("delivery not acknowledged in time") from exc
+        return results
+
+    async def commit(self) -> None:
+        try:
+            await asyncio.wait_for(self._p.commit_transaction(), self._timeout)
+        except (KafkaError, TimeoutError) as exc:
+            _raise_for(exc, "commit_transaction failed")
+
+    async def abort(self) -> None:
+        try:
+            await asyncio.wait_for(self._p.abort_transaction(), self._timeout)
+        except (KafkaError, TimeoutError) as exc:
+            _raise_for(exc, "abort_transaction failed")
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.stop(), self._timeout)
+            except (KafkaError, TimeoutError, OSError):
+                pass
