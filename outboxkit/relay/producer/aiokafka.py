@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -133,7 +134,5 @@ class AiokafkaProducer(RelayProducer):
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            try:
+            with contextlib.suppress(KafkaError, TimeoutError, OSError):
                 await asyncio.wait_for(producer.stop(), self._timeout)
-            except (KafkaError, TimeoutError, OSError):
-                pass
