@@ -169,7 +169,7 @@ class Relay:
                             self.metrics.backlog.labels(label).set(row[5])
                             self.metrics.oldest_pending.labels(label).set(float(row[6] or 0))
                             self.metrics.parked_rows.labels(label).set(row[7])
-                        await wait_any([self.stop], max(self.config.poll_interval, 1.0) * 5)
+                        await wait_any([self.stop], max(1.0, self.config.poll_interval * 2))
             except (psycopg.Error, OSError) as exc:
                 logger.info("status sampling failed: %s", exc)
                 await wait_any([self.stop], 2.0)

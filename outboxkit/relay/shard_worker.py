@@ -87,6 +87,9 @@ class ShardWorker:
         )
         self._rng = random.Random()
         self._label = str(shard)
+        for counter in (metrics.published, metrics.failed, metrics.parked, metrics.lease_lost):
+            counter.labels(self._label)  # every series exists from the start, at 0
+        metrics.lease_active.labels(self._label).set(0)
         self._isolate_remaining = 0
         self._known_topics: set[str] = set()
 
@@ -403,10 +406,15 @@ class ShardWorker:
         keep = self.config.retention_seconds
         if keep is None or self.config.on_publish is OnPublish.DELETE:
             return
-        deleted = await self._store.retention(conn, term, keep, self.config.retention_batch)
-        term.check()
-        if deleted:
-            logger.info("shard %s: retention removed %d published row(s)", self.shard, deleted)
+        total = 0
+        while not self.stop.is_set():  # small batches, each its own short transaction
+            deleted = await self._store.retention(conn, term, keep, self.config.retention_batch)
+            term.check()
+            total += deleted
+            if deleted < self.config.retention_batch:
+                break
+        if total:
+            logger.info("shard %s: retention removed %d published row(s)", self.shard, total)
 
     def describe(self) -> dict[str, object]:
         return {
