@@ -138,13 +138,26 @@ def test_same_key_other_content_conflicts_and_transaction_stays_usable(
 
 
 def test_add_many_one_round_trip_in_order(engine: sa.Engine) -> None:
-    statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    statements: list[object] = []
+
+    class CountingCursor(psycopg.Cursor[Any]):
+        """Counts what reaches the driver, whichever way it is sent."""
+
+        def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+            statements.append(query)
+            return super().execute(query, params, **kw)
+
     events = [OrderPlaced(order_id=f"o-{i % 7}", total_cents=i) for i in range(300)]
     with engine.begin() as conn:
-        n_before = len(statements)
-        results = add_many(conn, events)
-        assert len(statements) - n_before == 1
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        original = raw.cursor_factory
+        raw.cursor_factory = CountingCursor
+        try:
+            results = add_many(conn, events)
+            assert len(statements) == 1
+        finally:
+            raw.cursor_factory = original
     assert [r.duplicate for r in results] == [False] * 300
     found = rows(engine)
     assert [r["event_id"] for r in found] == [r.event_id for r in results]
@@ -330,3 +343,11 @@ def test_testing_helpers(engine: sa.Engine) -> None:
             assert_outboxed(session, topic="orders", count=3)
         with pytest.raises(AssertionError, match="found none"):
             assert_outboxed(session, event_type="order.cancelled")
+
+
+def test_driver_errors_surface_as_sqlalchemy_errors(engine: sa.Engine) -> None:
+    event_id = uuid.uuid4()
+    with engine.begin() as conn:
+        add(conn, Message("t", b"1"), event_id=event_id)
+    with engine.connect() as conn, pytest.raises(sa.exc.IntegrityError):
+        add(conn, Message("t", b"2"), event_id=event_id, idempotency_key="another")
