@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -163,6 +164,7 @@ def part_a(dsn: str, url: str, seconds: float, rounds: int) -> dict[tuple[str, i
             Variant(f"+ outbox row, notify off, {TRIGGER} trigger on", True, False, True)
         )
     best: dict[tuple[str, int], float] = {}
+    per_round: dict[tuple[str, int], list[float]] = {}
     for round_ in range(rounds):
         for workers in (1, 8):
             for variant in variants:
@@ -171,16 +173,20 @@ def part_a(dsn: str, url: str, seconds: float, rounds: int) -> dict[tuple[str, i
                 tps = measure_tps(url, variant, workers, seconds)
                 key = (variant.name, workers)
                 best[key] = max(best.get(key, 0.0), tps)
+                per_round.setdefault(key, []).append(tps)
                 print(f"  round {round_ + 1} {workers} conn  {variant.name:<48} {tps:8.0f} tx/s")
     set_trigger(dsn, enabled=True)
-    print("\n(a) application transaction, best of rounds")
+    print("\n(a) application transaction: best tx/s of the rounds; cost = median over rounds of")
+    print("    (baseline tx/s / variant tx/s) measured back to back in the same round")
+    ratios: dict[tuple[str, int], float] = {}
     for workers in (1, 8):
-        base = best[(VARIANTS[0].name, workers)]
+        base_runs = per_round[(VARIANTS[0].name, workers)]
         for variant in variants:
-            tps = best[(variant.name, workers)]
-            ratio = base / tps
-            print(f"  {workers} conn  {variant.name:<48} {tps:8.0f} tx/s   cost {ratio:.2f}x")
-    return best
+            key = (variant.name, workers)
+            ratio = statistics.median(b / v for b, v in zip(base_runs, per_round[key], strict=True))
+            ratios[key] = ratio
+            print(f"  {workers} conn  {variant.name:<48} {best[key]:8.0f} tx/s   cost {ratio:.2f}x")
+    return ratios
 
 
 def part_b(dsn: str, url: str, rows: int, batch: int, rounds: int) -> tuple[float, float, float]:
@@ -233,18 +239,47 @@ def part_b(dsn: str, url: str, rows: int, batch: int, rounds: int) -> tuple[floa
                         )
         return rows / (time.perf_counter() - started)
 
+    def run_copy_from_messages() -> float:
+        """A hand-written COPY that also builds its rows (ids, JSON) from the same messages."""
+        reset(dsn)
+        copy_sql = (
+            "COPY outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
+            " message_key, payload, content_type, event_type, shard) FROM STDIN"
+        )
+        started = time.perf_counter()
+        with psycopg.connect(dsn) as conn:
+            for i in range(0, rows, batch):
+                with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                    for m in messages[i : i + batch]:
+                        event_id = uuid.uuid4()
+                        copy.write_row(
+                            (
+                                event_id,
+                                str(event_id),
+                                b"",
+                                m.topic,
+                                m.key,
+                                json.dumps(m.payload).encode(),
+                                "application/json",
+                                m.event_type,
+                                0,
+                            )
+                        )
+        return rows / (time.perf_counter() - started)
+
     def run_prepare() -> float:
         started = time.perf_counter()
         for m in messages:
             _prepare(m, outbox.config)
         return rows / (time.perf_counter() - started)
 
-    results: dict[str, list[float]] = {"add_many": [], "copy": [], "prepare": []}
     runs: dict[str, Callable[[], float]] = {
         "add_many": run_add_many,
         "copy": run_copy,
+        "copy_e2e": run_copy_from_messages,
         "prepare": run_prepare,
     }
+    results: dict[str, list[float]] = {name: [] for name in runs}
     for round_ in range(rounds):
         for name, fn in runs.items():
             rate = fn()
@@ -252,20 +287,26 @@ def part_b(dsn: str, url: str, rows: int, batch: int, rounds: int) -> tuple[floa
             print(f"  round {round_ + 1} {name:<9} {rate:9.0f} rows/s")
     engine.dispose()
     set_trigger(dsn, enabled=True)
-    add_many_rate, copy_rate, prep_rate = (max(results[k]) for k in ("add_many", "copy", "prepare"))
+    add_many_rate, copy_rate, e2e_rate, prep_rate = (
+        max(results[k]) for k in ("add_many", "copy", "copy_e2e", "prepare")
+    )
     print(f"\n(b) bulk, {rows} rows in transactions of {batch}, best of {rounds}")
     label = "add_many (validation, serialisation, digest, INSERT..unnest)"
     print(f"  {label} {add_many_rate:9.0f} rows/s")
     print(f"  raw psycopg COPY of the same prepared rows                  {copy_rate:9.0f} rows/s")
-    print(f"  add_many / COPY = {add_many_rate / copy_rate:.2f}")
+    print(f"  raw COPY that also builds its rows (uuid4, json.dumps)     {e2e_rate:9.0f} rows/s")
+    print(
+        f"  add_many / COPY = {add_many_rate / copy_rate:.2f} (prepared rows),"
+        f" {add_many_rate / e2e_rate:.2f} (COPY building its rows)"
+    )
     print(f"  (Python-side preparation alone: {prep_rate:.0f} rows/s)")
-    return add_many_rate, copy_rate, prep_rate
+    return add_many_rate, copy_rate, e2e_rate
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.5, help="per throughput measurement")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per throughput measurement")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bulk-rows", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1_000)
     args = parser.parse_args()
@@ -304,18 +345,22 @@ def main() -> int:
         started = time.monotonic()
         best = part_a(dsn, url, args.seconds, args.rounds)
         print()
-        add_many_rate, copy_rate, _ = part_b(dsn, url, args.bulk_rows, args.batch, args.rounds + 1)
+        add_many_rate, copy_rate, e2e_rate = part_b(
+            dsn, url, args.bulk_rows, args.batch, args.rounds
+        )
         print("\nsummary")
         for workers, goal in ((1, 1.25), (8, 1.5)):
-            base = best[(VARIANTS[0].name, workers)]
-            plain = base / best[(VARIANTS[1].name, workers)]
-            off = base / best[(VARIANTS[2].name, workers)]
-            on = base / best[(VARIANTS[3].name, workers)]
+            plain = best[(VARIANTS[1].name, workers)]
+            off = best[(VARIANTS[2].name, workers)]
+            on = best[(VARIANTS[3].name, workers)]
             print(
                 f"  {workers} conn: outbox row costs {off:.2f}x (notify off),"
                 f" {on:.2f}x (notify on); plain INSERT {plain:.2f}x; goal <= {goal}x"
             )
-        print(f"  add_many / COPY: {add_many_rate / copy_rate:.2f} (goal >= 0.8)")
+        print(
+            f"  add_many / COPY: {add_many_rate / copy_rate:.2f} of a COPY of prepared rows,"
+            f" {add_many_rate / e2e_rate:.2f} of a COPY building its rows (goal >= 0.8)"
+        )
         print(f"  total {time.monotonic() - started:.0f}s")
     return 0
 

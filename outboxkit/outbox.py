@@ -127,6 +127,7 @@ async def _execute_async(
     return list(await conn.execute(_sql(name, schema), params))
 
 
+@cache
 def notify_channel(schema: str = DEFAULT_SCHEMA) -> str:
     """The LISTEN/NOTIFY channel writers notify for ``schema``; the payload is the shard number."""
     validate_schema_name(schema)
@@ -332,7 +333,7 @@ class _Plan:
             row = todo[0]
             return "insert_one", {
                 **common,
-                **{f.name: getattr(row, f.name) for f in dataclasses.fields(_Row)},
+                **vars(row),
             }
         return "insert_many", {
             **common,
