@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -98,6 +99,7 @@ def test_raw_messages_and_options(engine: sa.Engine) -> None:
             event_id=event_id,
             idempotency_key="raw-1",
             headers={"x-tenant": "acme"},
+            deliver_after=datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
         )
         add(conn, Message("text", "héllo", content_type="text/x-custom"))
     first, second = rows(engine)
@@ -107,6 +109,8 @@ def test_raw_messages_and_options(engine: sa.Engine) -> None:
     assert first["content_type"] == "application/octet-stream"
     assert first["headers"] == {"x-tenant": "acme"}
     assert first["aggregate_type"] == "thing"
+    assert first["deliver_after"] == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert second["deliver_after"] is None
     assert bytes(second["payload"]) == "héllo".encode()
     assert second["content_type"] == "text/x-custom"
 
