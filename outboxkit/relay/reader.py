@@ -83,11 +83,20 @@ class ShardStore:
         self._skip_parked_keys = skip_parked_keys
 
     async def claim(
-        self, conn: psycopg.AsyncConnection, shard: int, limit: int
+        self,
+        conn: psycopg.AsyncConnection,
+        shard: int,
+        limit: int,
+        in_flight: Sequence[int] = (),
     ) -> list[OutboxRecord]:
         cur = await conn.execute(
             query("relay", "claim_batch", self._schema),
-            {"shard": shard, "limit": limit, "skip_parked_keys": self._skip_parked_keys},
+            {
+                "shard": shard,
+                "limit": limit,
+                "skip_parked_keys": self._skip_parked_keys,
+                "in_flight": list(in_flight),
+            },
         )
         return [_record(row) for row in await cur.fetchall()]
 

@@ -92,6 +92,7 @@ class ShardWorker:
         metrics.lease_active.labels(self._label).set(0)
         self._isolate_remaining = 0
         self._known_topics: set[str] = set()
+        self._pending_mark: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- outer loop (standby)
 
@@ -188,6 +189,8 @@ class ShardWorker:
         next_pause_check = 0.0
         paused = False
         next_retention = time.monotonic() + self.config.poll_interval
+        prefetched: list[OutboxRecord] = []
+        self._pending_mark = None
         self.active.set()
         self._metrics.lease_active.labels(self._label).set(1)
         self._metrics.lease_token.labels(self._label).set(term.token)
@@ -197,18 +200,25 @@ class ShardWorker:
                 term.check()
                 if renewer.done() and term.lost_reason is None:
                     raise PublishError("lease renewal connection failed")
+                if not prefetched:
+                    await self._settle_mark()
                 if time.monotonic() >= next_pause_check:
+                    await self._settle_mark()
                     paused = await self._store.paused(conn, self.config.relay_group)
                     term.check()
                     next_pause_check = time.monotonic() + self.config.poll_interval / 2
                 if paused:
+                    prefetched = []
                     await wait_any([self.stop], self.config.poll_interval / 2)
                     continue
                 if producer is None:
+                    prefetched = []
                     producer = await self._start_producer(term, conn)
-                limit = 1 if self._isolate_remaining > 0 else self.config.batch_size
-                batch = await self._store.claim(conn, self.shard, limit)
-                term.check()
+                if prefetched:
+                    batch, prefetched = prefetched, []
+                else:
+                    batch = await self._store.claim(conn, self.shard, self._limit)
+                    term.check()
                 if not batch:
                     if time.monotonic() >= next_retention:
                         await self._retention(term, conn)
@@ -220,13 +230,13 @@ class ShardWorker:
                 idle_wait = self._min_wait
                 self._faults.reach("after_claim")
                 try:
-                    outcome = await self._publish(term, conn, producer, batch)
+                    outcome, prefetched = await self._publish(term, conn, producer, batch)
                 except ProducerFencedError as exc:
                     term.mark_lost(f"Kafka fenced our producer: {exc}")
                     raise LeaseLostError(str(exc), shard=self.shard) from exc
                 except PublishError as exc:
                     logger.warning("shard %s: publishing failed: %s", self.shard, exc)
-                    outcome = Outcome.RETRY_LATER
+                    outcome, prefetched = Outcome.RETRY_LATER, []
                 if outcome is Outcome.PUBLISHED:
                     failures = 0
                     continue
@@ -239,12 +249,35 @@ class ShardWorker:
                         failures, self.config.backoff_initial, self.config.backoff_max, self._rng
                     )
                     await wait_any([self.stop], delay)
+            # Stopping: the rows of the last Kafka commit are marked before the lease goes.
+            await self._settle_mark()
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer
+            pending, self._pending_mark = self._pending_mark, None
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
             if producer is not None:
                 await producer.close()
+
+    @property
+    def _limit(self) -> int:
+        return 1 if self._isolate_remaining > 0 else self.config.batch_size
+
+    async def _settle_mark(self) -> None:
+        """Wait for the database mark of the last committed batch (raises lease lost)."""
+        pending, self._pending_mark = self._pending_mark, None
+        if pending is not None:
+            await pending
+
+    async def _mark(self, term: LeaseTerm, conn: psycopg.AsyncConnection, ids: list[int]) -> None:
+        await self._store.mark_published(
+            conn, term, ids, delete=self.config.on_publish is OnPublish.DELETE
+        )
+        self._faults.reach("after_mark")
 
     @property
     def _min_wait(self) -> float:
@@ -306,7 +339,8 @@ class ShardWorker:
         conn: psycopg.AsyncConnection,
         producer: RelayProducer,
         batch: list[OutboxRecord],
-    ) -> Outcome:
+    ) -> tuple[Outcome, list[OutboxRecord]]:
+        """Send one batch (one Kafka transaction); returns the outcome and the next batch."""
         started = time.monotonic()
         wait_behind_parked = self.config.parked_key_policy is ParkedKeyPolicy.WAIT
         parked_keys: set[str] = set()
@@ -323,7 +357,7 @@ class ShardWorker:
                 continue
             to_send.append(record)
         if not to_send:
-            return Outcome.PUBLISHED
+            return Outcome.PUBLISHED, []
         requests = [
             ProduceRequest(
                 topic=r.topic,
@@ -342,7 +376,20 @@ class ShardWorker:
                 tuple((r.id, r.event_id) for r in to_send),
             )
             requests.append(self._checkpoints.request(checkpoint))
-        deliveries = await producer.send(requests)
+        # While Kafka takes this batch, the database side settles the previous batch's mark and
+        # claims the next batch (excluding this one's rows): one batch in flight, order kept.
+        in_flight = [r.id for r in batch]
+        limit = self._limit
+
+        async def database_side() -> list[OutboxRecord]:
+            await self._settle_mark()
+            return await self._store.claim(conn, self.shard, limit, in_flight)
+
+        next_batch = asyncio.create_task(database_side())
+        try:
+            deliveries = await producer.send(requests)
+        finally:
+            prefetched = await next_batch  # a lease lost while marking surfaces here
         term.check()
         failed = [
             (record, delivery.error)
@@ -352,22 +399,23 @@ class ShardWorker:
         if not failed and len(deliveries) > len(to_send) and deliveries[-1].error is not None:
             raise PublishError(f"checkpoint record failed: {deliveries[-1].error}")
         if failed:
-            return await self._handle_failures(term, conn, producer, to_send, failed)
+            outcome = await self._handle_failures(term, conn, producer, to_send, failed)
+            return outcome, []
         self._faults.reach("after_produce")
         if producer.transactional:
             await producer.commit()
             term.check()
         self._faults.reach("after_kafka_commit")
         ids = [r.id for r in to_send]
-        await self._store.mark_published(
-            conn, term, ids, delete=self.config.on_publish is OnPublish.DELETE
-        )
-        self._faults.reach("after_mark")
+        # The mark runs while the next batch goes to Kafka; it is awaited before that batch's
+        # commit (exactly-once: if we die first, the checkpoint of this batch is the last
+        # committed one, and the successor marks it).
+        self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
         if self._isolate_remaining > 0:
             self._isolate_remaining -= len(to_send)
         self._metrics.published.labels(self._label).inc(len(ids))
         self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)
-        return Outcome.PUBLISHED
+        return Outcome.PUBLISHED, prefetched
 
     async def _handle_failures(
         self,

@@ -32,6 +32,7 @@ RETURNING token;
 -- name: claim_batch
 -- Pending rows by state (never an id cursor): a row of a transaction still open is invisible now
 -- and found by a later claim once it commits. Keys with a parked row wait (policy 'wait').
+-- in_flight: rows of the batch being sent right now (the next batch is claimed meanwhile).
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
        m.headers, m.event_type, m.schema_version, m.aggregate_type, m.aggregate_id, m.attempts
 FROM {schema}.outbox_message m
@@ -41,6 +42,7 @@ WHERE m.shard = %(shard)s AND m.state = 'pending'
   AND (%(skip_parked_keys)s OR m.message_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
+  AND m.id <> ALL(%(in_flight)s::bigint[])
 ORDER BY m.id
 LIMIT %(limit)s;
 

@@ -56,7 +56,9 @@ def test_kill_point_loses_and_duplicates_nothing(
     assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
     assert f"fault point {point}" in victim.log()
     states = row_states(outboxkit_db_url)
-    assert states.get("published", 0) == 20, states  # two batches fully done before the kill
+    # Two batches went through before the kill; the second one's mark may still have been
+    # running (it overlaps the next send), in which case the successor reconciles it.
+    assert states.get("published", 0) in (10, 20), states
     successor = RelayProcess(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,

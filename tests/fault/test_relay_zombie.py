@@ -42,7 +42,13 @@ def processes() -> Iterator[list[RelayProcess]]:
 
 @pytest.mark.parametrize(
     ("point", "fenced_by"),
-    [("after_produce", "fenced"), ("after_kafka_commit", "lost during mark_published")],
+    [
+        ("after_produce", r"fenced"),
+        # Resumed before its mark: either the local trust deadline stops it first, or the mark
+        # is refused by the token check in SQL (tests/integration/test_relay_lease.py proves
+        # that refusal directly).
+        ("after_kafka_commit", r"lost during mark_published|local trust deadline passed"),
+    ],
 )
 def test_zombie_gets_nothing_through(
     outboxkit_db_url: str,
@@ -88,7 +94,7 @@ def test_zombie_gets_nothing_through(
     zombie.signal(signal.SIGCONT)
     wait_for(lambda: "lease lost" in zombie.log(), timeout=60, what="zombie reports lease lost")
     log = zombie.log()
-    assert fenced_by in log, log
+    assert re.search(fenced_by, log), log
     time.sleep(1.0)  # give a zombie that wrongly went on the chance to write
     with psycopg.connect(outboxkit_db_url) as conn:
         after = conn.execute(

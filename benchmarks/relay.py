@@ -1,0 +1,321 @@
+"""Relay benchmark: throughput against the raw database drain and a bare producer; latency.
+
+Run: ``python benchmarks/relay.py`` (starts its own PostgreSQL with fsync on and Kafka unless
+OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP are set). ``BENCH_ROWS`` (default 200000)
+sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each latency run.
+
+Measured, each on a fresh database:
+- raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards);
+- relay: ``outboxkit relay run`` as a separate process, exactly-once mode (1 and 4 shards),
+  rate = rows / (last published_at - first published_at), the same clock as the raw drain;
+- bare producer: confluent-kafka, idempotent, acks=all, the same 500-byte messages;
+- latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
+  consumer timestamps arrival; p50/p99 of commit -> visible, in both modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from outboxkit.devstack import DevStack  # noqa: E402
+from outboxkit.devstack.postgres import database_url_with  # noqa: E402
+from outboxkit.migrator import upgrade  # noqa: E402
+from outboxkit.queries import query  # noqa: E402
+
+ROWS = int(os.environ.get("BENCH_ROWS", "200000"))
+LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
+BATCH = 500
+KEYS = 1000
+PAYLOAD_SQL = "convert_to(json_build_object('n', g, 'pad', repeat('x', 480))::text, 'UTF8')"
+
+
+def fresh_database(server_url: str, shards: int) -> str:
+    name = f"relay_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = database_url_with(server_url, name)
+    upgrade(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE outboxkit.outbox_setting SET shard_count = %s", (shards,))
+    return url
+
+
+def drop_database(server_url: str, url: str) -> None:
+    name = url.rsplit("/", 1)[1].split("?")[0]
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def fill(url: str, topic: str, rows: int) -> None:
+    """The backlog: ``rows`` pending rows with 500-byte JSON payloads over 1,000 keys."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"""
+            INSERT INTO outboxkit.outbox_message
+                (event_id, idempotency_key, content_digest, topic, message_key, payload, shard)
+            SELECT e, 'bench-' || e, sha256(p), %(topic)s, k,  p,
+                   outboxkit.outbox_shard(k, e, (SELECT shard_count FROM outboxkit.outbox_setting))
+            FROM (SELECT gen_random_uuid() AS e, 'key-' || (g %% {KEYS}) AS k, {PAYLOAD_SQL} AS p
+                  FROM generate_series(1, %(rows)s) AS g) s
+            """,
+            {"topic": topic, "rows": rows},
+        )
+        conn.execute("VACUUM ANALYZE outboxkit.outbox_message")
+
+
+def published_span(url: str) -> tuple[int, float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), extract(epoch FROM max(published_at) - min(published_at))"
+            " FROM outboxkit.outbox_message WHERE state = 'published'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1] or 0.0)
+
+
+def wait_drained(url: str, rows: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        count, _ = published_span(url)
+        if count >= rows:
+            return
+        time.sleep(0.5)
+    raise RuntimeError("drain did not finish in time")
+
+
+async def raw_drain_shard(url: str, shard: int) -> None:
+    """The relay's claim + mark statements, with a lease, and nothing else."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            query("relay", "lease_acquire", "outboxkit"),
+            {"group": "raw", "shard": shard, "holder": "bench", "ttl": 600},
+        )
+        token_row = await cur.fetchone()
+        assert token_row is not None
+        params = {"group": "raw", "shard": shard, "token": token_row[0]}
+        while True:
+            cur = await conn.execute(
+                query("relay", "claim_batch", "outboxkit"),
+                {"shard": shard, "limit": BATCH, "skip_parked_keys": False},
+            )
+            ids = [row[0] for row in await cur.fetchall()]
+            if not ids:
+                return
+            await conn.execute(
+                query("relay", "mark_published", "outboxkit"), {**params, "ids": ids}
+            )
+
+
+def raw_drain(server_url: str, topic: str, shards: int) -> float:
+    url = fresh_database(server_url, shards)
+    try:
+        fill(url, topic, ROWS)
+
+        async def run() -> None:
+            await asyncio.gather(*(raw_drain_shard(url, s) for s in range(shards)))
+
+        asyncio.run(run())
+        count, span = published_span(url)
+        return count / span
+    finally:
+        drop_database(server_url, url)
+
+
+def relay_process(
+    url: str, bootstrap: str, mode: str, extra_env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "OUTBOXKIT_DATABASE_URL": url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP": bootstrap,
+        "OUTBOXKIT_RELAY_MODE": mode,
+        "OUTBOXKIT_RELAY_BATCH_SIZE": str(BATCH),
+        "OUTBOXKIT_RELAY_POLL_INTERVAL": "0.5",
+        "OUTBOXKIT_RELAY_CHECKPOINT_TOPIC": f"bench.checkpoint.{uuid.uuid4().hex[:8]}",
+        **extra_env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "outboxkit.relay", "run"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def relay_throughput(server_url: str, bootstrap: str, topic: str, shards: int) -> float:
+    url = fresh_database(server_url, shards)
+    try:
+        fill(url, topic, ROWS)
+        proc = relay_process(url, bootstrap, "exactly_once", {})
+        try:
+            wait_drained(url, ROWS)
+        finally:
+            stop(proc)
+        count, span = published_span(url)
+        return count / span
+    finally:
+        drop_database(server_url, url)
+
+
+def bare_producer(bootstrap: str, topic: str) -> float:
+    payload = ('{"n": 1, "pad": "' + "x" * 480 + '"}').encode()
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
+    started = time.perf_counter()
+    for n in range(ROWS):
+        while True:
+            try:
+                producer.produce(topic, payload, key=f"key-{n % KEYS}".encode())
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(120)
+    return ROWS / (time.perf_counter() - started)
+
+
+def latency(server_url: str, bootstrap: str, mode: str) -> tuple[float, float, int]:
+    topic = f"bench-latency-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 4)
+    url = fresh_database(server_url, 1)
+    committed: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    stopping = threading.Event()
+
+    def consume() -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 20,
+            }
+        )
+        consumer.subscribe([topic])
+        try:
+            while not stopping.is_set():
+                msg = consumer.poll(0.05)
+                if msg is not None and msg.error() is None:
+                    arrived = time.monotonic()
+                    for name, value in msg.headers() or []:
+                        if name == "event-id" and value is not None:
+                            seen[value.decode()] = arrived
+        finally:
+            consumer.close()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    proc = relay_process(url, bootstrap, mode, {})
+    try:
+        time.sleep(5)  # relay up, consumer assigned
+        with psycopg.connect(url, autocommit=False) as conn:
+            tick = time.monotonic()
+            end = tick + LATENCY_SECONDS
+            while tick < end:
+                ids = [str(uuid.uuid4()) for _ in range(10)]
+                conn.execute(
+                    f"""
+                    INSERT INTO outboxkit.outbox_message
+                        (event_id, idempotency_key, content_digest, topic, message_key, payload,
+                         shard)
+                    SELECT e::uuid, 'lat-' || e, sha256(p), %(topic)s, 'key-' || g, p, 0
+                    FROM unnest(%(ids)s::text[]) WITH ORDINALITY AS u(e, g),
+                         LATERAL (SELECT {PAYLOAD_SQL} AS p) x
+                    """,
+                    {"topic": topic, "ids": ids},
+                )
+                conn.commit()
+                done = time.monotonic()
+                for event_id in ids:
+                    committed[event_id] = done
+                tick += 0.01
+                pause = tick - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+        deadline = time.monotonic() + 30
+        while len(seen) < len(committed) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stopping.set()
+        reader.join(10)
+        stop(proc)
+        drop_database(server_url, url)
+    samples = sorted((seen[e] - c) * 1000 for e, c in committed.items() if e in seen)
+    if not samples:
+        raise RuntimeError("no event reached the consumer")
+    p50 = statistics.median(samples)
+    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+    return p50, p99, len(committed) - len(samples)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(timeout=60)
+
+
+def main() -> None:
+    started = time.monotonic()
+    with DevStack(durable=True) as stack:
+        server_url, bootstrap = stack.database_url, stack.kafka_bootstrap
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, 4)
+        print(f"backlog {ROWS} rows, 500-byte JSON payloads, {KEYS} keys, batch {BATCH}")
+        results: dict[str, float] = {}
+        for shards in (1, 4):
+            results[f"raw{shards}"] = raw_drain(server_url, topic, shards)
+            results[f"relay{shards}"] = relay_throughput(server_url, bootstrap, topic, shards)
+            print(
+                f"{shards} shard(s): relay (exactly-once, mark) {results[f'relay{shards}']:,.0f}"
+                f" rows/s | raw drain (claim+mark) {results[f'raw{shards}']:,.0f} rows/s"
+                f" | ratio {results[f'relay{shards}'] / results[f'raw{shards}']:.2f}",
+                flush=True,
+            )
+        bare = bare_producer(bootstrap, topic)
+        print(
+            f"bare confluent producer {bare:,.0f} msg/s | relay/bare: 1 shard"
+            f" {results['relay1'] / bare:.2f}, 4 shards {results['relay4'] / bare:.2f}",
+            flush=True,
+        )
+        for mode in ("at_least_once", "exactly_once"):
+            p50, p99, missing = latency(server_url, bootstrap, mode)
+            print(
+                f"latency {mode} at 1,000 events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+                f" (commit -> read_committed consumer; {missing} not seen)",
+                flush=True,
+            )
+    print(f"benchmark total {time.monotonic() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
