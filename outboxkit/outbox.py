@@ -385,10 +385,11 @@ class _Plan:
         """Rows whose conflicting row vanished (deleted) between insert and re-read."""
         if self.conflict is not None or not self.pending():
             return False
-        if self.rereads >= _MAX_REREADS:
-            raise IdempotencyKeyConflictError(
+        if self.rereads >= _MAX_REREADS:  # give up, but undo this call's rows first
+            self.conflict = IdempotencyKeyConflictError(
                 "could not settle the idempotency keys of this call (rows keep disappearing)"
             )
+            return False
         return True
 
     def undo_statement(self) -> tuple[str, dict[str, Any]] | None:
