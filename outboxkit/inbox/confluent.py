@@ -94,6 +94,7 @@ class ConfluentInboxConsumer:
     def close(self) -> None:
         try:
             self._consumer.close()
+            self.inbox.close()
         finally:
             if self._producer is not None:
                 self._producer.flush(10)

@@ -13,6 +13,10 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from outboxkit.inbox.store import AsyncInboxStore, InboxStore
@@ -34,42 +38,81 @@ class _LostFlag:
         return self._reason
 
 
-class LeaseKeeper:
-    """Background thread renewing one event's lease (sync adapter)."""
+@dataclass
+class _Lease:
+    event_id: str
+    token: int
+    due: float
+    lost: _LostFlag = field(default_factory=_LostFlag)
 
-    def __init__(self, store: InboxStore, event_id: str, token: int) -> None:
+
+class LeaseRenewer:
+    """One long-lived thread per sync inbox renewing the lease of the handler running now.
+
+    A thread per message would cost more than a short handler; this one sleeps until the
+    current lease is a third of its time old, so fast handlers never cause a renewal at all.
+    """
+
+    def __init__(self, store: InboxStore) -> None:
         self.store = store
-        self.event_id = event_id
-        self.token = token
-        self.lost = _LostFlag()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="outboxkit-inbox-lease", daemon=True)
+        self.interval = max(store.lease_seconds / 3, 0.05)
+        self._cond = threading.Condition()
+        self._current: _Lease | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
+    @contextmanager
+    def keep(self, event_id: str, token: int) -> Iterator[_LostFlag]:
+        lease = _Lease(event_id, token, time.monotonic() + self.interval)
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="outboxkit-inbox-lease", daemon=True
+                )
+                self._thread.start()
+            self._current = lease
+            self._cond.notify()
+        try:
+            yield lease.lost
+        finally:
+            with self._cond:
+                self._current = None
+                self._cond.notify()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
 
     def _run(self) -> None:
-        interval = max(self.store.lease_seconds / 3, 0.05)
-        while not self._stop.wait(interval):
-            try:
-                renewed = self.store.renew(self.event_id, self.token)
-            except Exception as exc:
-                logger.warning("lease renewal for %s failed: %s", self.event_id, exc)
-                self.lost.mark(f"renewal failed: {exc}")
-                return
-            if not renewed:
-                self.lost.mark("renewal refused (cancelled or claimed by a newer delivery)")
-                return
+        with self._cond:
+            while not self._closed:
+                lease = self._current
+                if lease is None or lease.lost.reason() is not None:
+                    self._cond.wait()  # until the next lease (or close)
+                    continue
+                wait = lease.due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                lease.due = time.monotonic() + self.interval
+                self._cond.release()
+                try:
+                    problem = self._renew(lease)
+                finally:
+                    self._cond.acquire()
+                if problem is not None:
+                    lease.lost.mark(problem)  # nothing more to renew for this lease
+
+    def _renew(self, lease: _Lease) -> str | None:
+        try:
+            renewed = self.store.renew(lease.event_id, lease.token)
+        except Exception as exc:
+            logger.warning("lease renewal for %s failed: %s", lease.event_id, exc)
+            return f"renewal failed: {exc}"
+        return None if renewed else "renewal refused (cancelled or claimed by a newer delivery)"
 
 
 class AsyncLeaseKeeper:

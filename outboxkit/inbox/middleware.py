@@ -36,7 +36,7 @@ from outboxkit.errors import DecodeError, LeaseLostError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.faults import fault_point
-from outboxkit.inbox.lease import AsyncLeaseKeeper, LeaseKeeper
+from outboxkit.inbox.lease import AsyncLeaseKeeper, LeaseRenewer
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
@@ -131,6 +131,11 @@ class Inbox:
             schema=settings.schema,
             lease_seconds=settings.lease_seconds,
         )
+        self._renewer = LeaseRenewer(self.store)
+
+    def close(self) -> None:
+        """Stop the lease renewal thread (the adapter calls this on close)."""
+        self._renewer.close()
 
     def process(
         self,
@@ -163,10 +168,10 @@ class Inbox:
         except DecodeError as exc:
             self.store.finish(ident.event_id, claim.token, "rejected", str(exc))
             return Outcome(OutcomeKind.REJECTED, ident.event_id, claim.attempts, str(exc))
-        with LeaseKeeper(self.store, ident.event_id, claim.token) as keeper:
+        with self._renewer.keep(ident.event_id, claim.token) as lease_lost:
 
             def lost() -> str | None:
-                return _lost_reason(keeper.lost.reason(), revoked)
+                return _lost_reason(lease_lost.reason(), revoked)
 
             ctx = _context(self.settings, env, ident, claim, lost)
             try:

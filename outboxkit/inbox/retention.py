@@ -60,10 +60,12 @@ def purge_finished(
 
 def topic_retention_ms(admin: Any, topic: str, timeout: float = 30.0) -> int | None:
     """``retention.ms`` of a topic via confluent-kafka ``AdminClient.describe_configs``."""
-    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
-    from confluent_kafka.admin import ResourceType  # type: ignore[attr-defined]
+    from confluent_kafka import admin as kafka_admin
 
-    resource = ConfigResource(ResourceType.TOPIC, topic)
+    config_resource: Any = kafka_admin.ConfigResource  # type: ignore[attr-defined]
+    resource_type: Any = kafka_admin.ResourceType  # type: ignore[attr-defined]
+
+    resource = config_resource(resource_type.TOPIC, topic)
     futures = admin.describe_configs([resource], request_timeout=timeout)
     configs = next(iter(futures.values())).result(timeout=timeout)
     entry = configs.get("retention.ms")

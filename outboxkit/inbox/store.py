@@ -2,7 +2,8 @@
 
 Sync (:class:`InboxStore`, SQLAlchemy ``Engine``) and async (:class:`AsyncInboxStore`,
 ``AsyncEngine``) twins share the statement builders, so both adapters run the very same SQL.
-Each method runs in its own short transaction, except :meth:`succeeded_statement`, which the
+Each method runs single statements in autocommit mode (one round trip each: every transition is
+one statement, so no wider transaction is needed), except :meth:`succeeded_statement`, which the
 middleware runs inside the handler's transaction.
 """
 
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy import TextClause, text
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.inbox.envelope import Envelope, Identity
 from outboxkit.migrator import DEFAULT_SCHEMA
@@ -81,6 +82,9 @@ class _Statements:
     def succeeded_statement(self, event_id: str, token: int) -> Stmt:
         return self.token_stmt("mark_succeeded", event_id, token)
 
+    def state_stmt(self, event_id: str) -> Stmt:
+        return self._q("get_state"), self._key(event_id)
+
     def renew_stmt(self, event_id: str, token: int) -> Stmt:
         return self.token_stmt("renew_lease", event_id, token, lease_seconds=self.lease_seconds)
 
@@ -94,6 +98,8 @@ class _Statements:
 
 
 class InboxStore(_Statements):
+    """Sync twin. Every method is one or two single-statement autocommit round trips."""
+
     def __init__(
         self,
         engine: Engine,
@@ -105,35 +111,35 @@ class InboxStore(_Statements):
     ) -> None:
         super().__init__(consumer, owner, schema, lease_seconds)
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def _run(self, stmt: Stmt) -> int:
-        with self.engine.begin() as conn:
+        with self._autocommit.connect() as conn:
             return conn.execute(*stmt).rowcount
 
+    def _first(self, stmt: Stmt) -> Any:
+        with self._autocommit.connect() as conn:
+            return conn.execute(*stmt).first()
+
     def claim(self, ident: Identity, env: Envelope) -> Claim:
-        with self.engine.begin() as conn:
-            row = conn.execute(*self.claim_stmt(ident, env)).first()
+        while True:
+            row = self._first(self.claim_stmt(ident, env))
             if row is not None:
                 return Claim("claimed", token=row[0], attempts=row[1], previous_error=row[2])
-            existing = conn.execute(self._q("get_state"), self._key(ident.event_id)).first()
-            if existing is None:  # deleted by retention between the two statements: retry
-                return self._claim_again(conn, ident, env)
+            existing = self._first(self.state_stmt(ident.event_id))
+            if existing is None:  # deleted by retention between the two statements: again
+                continue
             claim = self.classify(existing, ident)
             if claim.kind == "duplicate":
-                conn.execute(self._q("count_duplicate"), self._key(ident.event_id))
+                self._run((self._q("count_duplicate"), self._key(ident.event_id)))
             return claim
-
-    def _claim_again(self, conn: Connection, ident: Identity, env: Envelope) -> Claim:
-        row = conn.execute(*self.claim_stmt(ident, env)).one()
-        return Claim("claimed", token=row[0], attempts=row[1], previous_error=row[2])
 
     def reject(self, env: Envelope, reason: str, ident: Identity | None = None) -> None:
         self._run(self.rejection_stmt(env, reason, ident))
 
     def state_of(self, event_id: str) -> str | None:
-        with self.engine.begin() as conn:
-            row = conn.execute(self._q("get_state"), self._key(event_id)).first()
-            return None if row is None else str(row[0])
+        row = self._first(self.state_stmt(event_id))
+        return None if row is None else str(row[0])
 
     def renew(self, event_id: str, token: int) -> bool:
         return self._run(self.renew_stmt(event_id, token)) == 1
@@ -147,13 +153,13 @@ class InboxStore(_Statements):
 
     def record_lease_lost(self, event_id: str, error: str) -> str | None:
         """Count the lost lease; returns the row's current state (e.g. ``cancelled``)."""
-        with self.engine.begin() as conn:
-            conn.execute(self._q("record_lease_lost"), {**self._key(event_id), "error": error})
-            row = conn.execute(self._q("get_state"), self._key(event_id)).first()
-            return None if row is None else str(row[0])
+        self._run((self._q("record_lease_lost"), {**self._key(event_id), "error": error}))
+        return self.state_of(event_id)
 
 
 class AsyncInboxStore(_Statements):
+    """Async twin of :class:`InboxStore`, same statements."""
+
     def __init__(
         self,
         engine: AsyncEngine,
@@ -165,35 +171,35 @@ class AsyncInboxStore(_Statements):
     ) -> None:
         super().__init__(consumer, owner, schema, lease_seconds)
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def _run(self, stmt: Stmt) -> int:
-        async with self.engine.begin() as conn:
+        async with self._autocommit.connect() as conn:
             return (await conn.execute(*stmt)).rowcount
 
+    async def _first(self, stmt: Stmt) -> Any:
+        async with self._autocommit.connect() as conn:
+            return (await conn.execute(*stmt)).first()
+
     async def claim(self, ident: Identity, env: Envelope) -> Claim:
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(*self.claim_stmt(ident, env))).first()
+        while True:
+            row = await self._first(self.claim_stmt(ident, env))
             if row is not None:
                 return Claim("claimed", token=row[0], attempts=row[1], previous_error=row[2])
-            existing = (await conn.execute(self._q("get_state"), self._key(ident.event_id))).first()
+            existing = await self._first(self.state_stmt(ident.event_id))
             if existing is None:
-                return await self._claim_again(conn, ident, env)
+                continue
             claim = self.classify(existing, ident)
             if claim.kind == "duplicate":
-                await conn.execute(self._q("count_duplicate"), self._key(ident.event_id))
+                await self._run((self._q("count_duplicate"), self._key(ident.event_id)))
             return claim
-
-    async def _claim_again(self, conn: AsyncConnection, ident: Identity, env: Envelope) -> Claim:
-        row = (await conn.execute(*self.claim_stmt(ident, env))).one()
-        return Claim("claimed", token=row[0], attempts=row[1], previous_error=row[2])
 
     async def reject(self, env: Envelope, reason: str, ident: Identity | None = None) -> None:
         await self._run(self.rejection_stmt(env, reason, ident))
 
     async def state_of(self, event_id: str) -> str | None:
-        async with self.engine.begin() as conn:
-            row = (await conn.execute(self._q("get_state"), self._key(event_id))).first()
-            return None if row is None else str(row[0])
+        row = await self._first(self.state_stmt(event_id))
+        return None if row is None else str(row[0])
 
     async def renew(self, event_id: str, token: int) -> bool:
         return await self._run(self.renew_stmt(event_id, token)) == 1
@@ -207,9 +213,5 @@ class AsyncInboxStore(_Statements):
         return await self._run(stmt) == 1
 
     async def record_lease_lost(self, event_id: str, error: str) -> str | None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                self._q("record_lease_lost"), {**self._key(event_id), "error": error}
-            )
-            row = (await conn.execute(self._q("get_state"), self._key(event_id))).first()
-            return None if row is None else str(row[0])
+        await self._run((self._q("record_lease_lost"), {**self._key(event_id), "error": error}))
+        return await self.state_of(event_id)

@@ -1,0 +1,248 @@
+"""What the dedup middleware costs a consumer: events/s with it vs a bare consumer.
+
+Run: ``python benchmarks/consumer.py`` (starts its own durable PostgreSQL and a Kafka broker
+unless ``OUTBOXKIT_DATABASE_URL`` and ``OUTBOXKIT_KAFKA_BOOTSTRAP`` name running ones; a scratch
+database is created and dropped either way).
+
+Both sides consume the same topic (``read_committed``, auto-commit off) and, per event, commit
+one effect row in PostgreSQL and then the Kafka offset synchronously. The bare consumer does only
+that; the middleware also claims the inbox row (its own short transaction), runs the handler with
+the lease keeper, and marks ``succeeded`` conditionally on the token in the handler's
+transaction. Variants run interleaved, best of the rounds is kept. Nothing asserts on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pydantic
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from psycopg import sql
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from outboxkit import migrator
+from outboxkit.devstack import DevStack
+from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
+from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
+from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+from outboxkit.inbox.confluent import ConfluentInboxConsumer
+from outboxkit.wire import dict_to_headers
+
+EFFECT_DDL = (
+    "CREATE TABLE public.effect (id bigserial PRIMARY KEY, event_id text NOT NULL,"
+    " amount integer NOT NULL)"
+)
+INSERT = text("INSERT INTO public.effect (event_id, amount) VALUES (:event_id, :amount)")
+
+
+class Charged(pydantic.BaseModel):
+    amount: int
+
+
+REGISTRY = EventRegistry()
+REGISTRY.register("charged", Charged)
+
+
+def _conf(bootstrap: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+    }
+
+
+def bare_confluent(url: str, bootstrap: str, topic: str, events: int) -> float:
+    engine = create_engine(url)
+    consumer = Consumer(_conf(bootstrap))
+    consumer.subscribe([topic])
+    done, started = 0, 0.0
+    try:
+        while done < events:
+            msg = consumer.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            if done == 0:
+                started = time.perf_counter()
+            body = json.loads(msg.value())
+            with engine.begin() as conn:
+                conn.execute(INSERT, {"event_id": msg.key().decode(), "amount": body["amount"]})
+            consumer.commit(message=msg, asynchronous=False)
+            done += 1
+        return events / (time.perf_counter() - started)
+    finally:
+        consumer.close()
+        engine.dispose()
+
+
+def middleware_confluent(url: str, bootstrap: str, topic: str, events: int) -> float:
+    engine = create_engine(url)
+
+    def handle(event: Charged, ctx: HandlerContext, session: Session) -> None:
+        session.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+
+    settings = InboxSettings(consumer=f"bench-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
+    consumer = ConfluentInboxConsumer(
+        Inbox(engine, handle, settings),
+        bootstrap_servers=bootstrap,
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        poll_timeout=1.0,
+    )
+    done, started = 0, 0.0
+    try:
+        with consumer:
+            while done < events:
+                if consumer.poll_once() is not None:
+                    if done == 0:
+                        started = time.perf_counter()
+                    done += 1
+        return events / (time.perf_counter() - started)
+    finally:
+        engine.dispose()
+
+
+async def _bare_aiokafka(url: str, bootstrap: str, topic: str, events: int) -> float:
+    engine = create_async_engine(url)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    done, started = 0, 0.0
+    try:
+        while done < events:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=100)
+            for records in batches.values():
+                for msg in records:
+                    if done == 0:
+                        started = time.perf_counter()
+                    body = json.loads(msg.value)
+                    async with engine.begin() as conn:
+                        await conn.execute(
+                            INSERT, {"event_id": msg.key.decode(), "amount": body["amount"]}
+                        )
+                    tp = TopicPartition(msg.topic, msg.partition)
+                    await consumer.commit({tp: msg.offset + 1})
+                    done += 1
+        return events / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+        await engine.dispose()
+
+
+async def _middleware_aiokafka(url: str, bootstrap: str, topic: str, events: int) -> float:
+    engine = create_async_engine(url)
+
+    async def handle(event: Charged, ctx: HandlerContext, session: AsyncSession) -> None:
+        await session.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+
+    settings = InboxSettings(consumer=f"bench-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
+    consumer = AiokafkaInboxConsumer(
+        AsyncInbox(engine, handle, settings),
+        bootstrap_servers=bootstrap,
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        poll_timeout=1.0,
+    )
+    done, started = 0, 0.0
+    try:
+        async with consumer:
+            while done < events:
+                if await consumer.poll_once() is not None:
+                    if done == 0:
+                        started = time.perf_counter()
+                    done += 1
+        return events / (time.perf_counter() - started)
+    finally:
+        await engine.dispose()
+
+
+def bare_aiokafka(url: str, bootstrap: str, topic: str, events: int) -> float:
+    return asyncio.run(_bare_aiokafka(url, bootstrap, topic, events))
+
+
+def middleware_aiokafka(url: str, bootstrap: str, topic: str, events: int) -> float:
+    return asyncio.run(_middleware_aiokafka(url, bootstrap, topic, events))
+
+
+Runner = Callable[[str, str, str, int], float]
+VARIANTS: list[tuple[str, str, Runner]] = [
+    ("confluent", "bare", bare_confluent),
+    ("confluent", "middleware", middleware_confluent),
+    ("aiokafka", "bare", bare_aiokafka),
+    ("aiokafka", "middleware", middleware_aiokafka),
+]
+
+
+def _produce(bootstrap: str, events: int) -> str:
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(60)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for n in range(events):
+        event_id = str(uuid.uuid4())
+        headers = {"event-id": event_id, "event-type": "charged", "idempotency-key": event_id}
+        value = json.dumps({"amount": n}).encode()
+        producer.produce(topic, value, key=event_id.encode(), headers=dict_to_headers(headers))
+        producer.poll(0)
+    producer.flush(60)
+    return topic
+
+
+def run(server_url: str, bootstrap: str, events: int, rounds: int) -> None:
+    name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    db_url = database_url_with(server_url, name)
+    try:
+        migrator.upgrade(db_url)
+        with psycopg.connect(db_url) as conn:
+            conn.execute(EFFECT_DDL)
+        topic = _produce(bootstrap, events)
+        best: dict[tuple[str, str], float] = {}
+        for round_no in range(1, rounds + 1):
+            for client, variant, runner in VARIANTS:
+                rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events)
+                best[(client, variant)] = max(best.get((client, variant), 0.0), rate)
+                print(f"round {round_no}  {client:9} {variant:10} {rate:8.0f} events/s", flush=True)
+        print(f"\n{events} events, best of {rounds} rounds (one effect row + offset commit each)")
+        print(f"{'client':10} {'bare':>10} {'middleware':>11} {'ratio':>6}")
+        for client in ("confluent", "aiokafka"):
+            bare, mid = best[(client, "bare")], best[(client, "middleware")]
+            print(f"{client:10} {bare:10.0f} {mid:11.0f} {mid / bare:6.2f}")
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    with DevStack(durable=True) as stack:
+        run(stack.database_url, stack.kafka_bootstrap, args.events, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
