@@ -355,3 +355,22 @@ def test_driver_errors_surface_as_sqlalchemy_errors(engine: sa.Engine) -> None:
         add(conn, Message("t", b"1"), event_id=event_id)
     with engine.connect() as conn, pytest.raises(sa.exc.IntegrityError):
         add(conn, Message("t", b"2"), event_id=event_id, idempotency_key="another")
+
+
+def test_trace_context_is_stored_with_the_row(engine: sa.Engine) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    ctx = SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=False,
+        trace_flags=TraceFlags(1),
+    )
+    with trace.use_span(NonRecordingSpan(ctx)), engine.begin() as conn:
+        add(conn, Message("t", b"x", headers={"x-tenant": "acme"}))
+        add_many(conn, [Message("t", b"y")])
+    first, second = rows(engine)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert first["headers"] == {"traceparent": traceparent, "x-tenant": "acme"}
+    assert second["headers"] == {"traceparent": traceparent}
