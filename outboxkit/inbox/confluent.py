@@ -153,8 +153,12 @@ class ConfluentInboxConsumer:
             return
         if self._revoked.is_set():
             return
-        self._consumer.seek(tp)
-        self._consumer.pause([TopicPartition(env.topic, env.partition)])
+        try:
+            self._consumer.seek(tp)
+            self._consumer.pause([TopicPartition(env.topic, env.partition)])
+        except KafkaException as exc:  # no longer assigned: its new owner takes it from here
+            logger.info("not retrying %s/%d here: %s", env.topic, env.partition, exc)
+            return
         self._gate.hold((env.topic, env.partition), env.offset, time.monotonic() + outcome.retry_in)
 
     def _resume_due(self) -> None:

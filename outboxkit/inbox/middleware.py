@@ -51,6 +51,10 @@ DeadLetterSink = Callable[[Envelope, str, str, int], None]
 AsyncDeadLetterSink = Callable[[Envelope, str, str, int], Awaitable[None]]
 Revoked = Callable[[], bool]
 
+# A lost lease is retried from the same offset if the partition is still ours (a failed renewal
+# when the database blipped); a short pause keeps that from spinning.
+_LEASE_LOST_RETRY_SECONDS = 1.0
+
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -243,7 +247,9 @@ def _lease_outcome(ident: Identity, claim: Claim, reason: str, state: str | None
     if state == "cancelled":
         return Outcome(OutcomeKind.CANCELLED, ident.event_id, claim.attempts, reason)
     logger.warning("lease on %s lost (%s); effects rolled back", ident.event_id, reason)
-    return Outcome(OutcomeKind.LEASE_LOST, ident.event_id, claim.attempts, reason)
+    return Outcome(
+        OutcomeKind.LEASE_LOST, ident.event_id, claim.attempts, reason, _LEASE_LOST_RETRY_SECONDS
+    )
 
 
 class AsyncInbox:

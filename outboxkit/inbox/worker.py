@@ -60,6 +60,13 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--lease-seconds", default=30.0, show_default=True)
 @click.option("--dead-letter", default="{topic}.dlq", show_default=True)
 @click.option("--config", "config_items", multiple=True, help="Kafka consumer option key=value.")
+@click.option(
+    "--dedup-window",
+    type=float,
+    default=None,
+    help="Seconds dedup rows are kept: checked against the topics' retention.ms (warns), and"
+    " older replays of forgotten events are refused.",
+)
 @click.option("-v", "--verbose", count=True)
 def main(
     handler_spec: str,
@@ -76,6 +83,7 @@ def main(
     lease_seconds: float,
     dead_letter: str,
     config_items: tuple[str, ...],
+    dedup_window: float | None,
     verbose: int,
 ) -> None:
     """Consume TOPIC(s) through the dedup middleware until SIGTERM."""
@@ -92,7 +100,10 @@ def main(
         policy=RetryPolicy(max_attempts=max_attempts, initial_delay=retry_delay),
         schema=schema,
         lease_seconds=lease_seconds,
+        replay_window=dedup_window,
     )
+    if dedup_window is not None:
+        _check_window(bootstrap, list(topics), dedup_window)
     options = {
         "handler": load_object(handler_spec),
         "settings": settings,
@@ -107,6 +118,15 @@ def main(
         _run_confluent(**options)
     else:
         asyncio.run(_run_aiokafka(**options))
+
+
+def _check_window(bootstrap: str, topics: list[str], window: float) -> None:
+    from confluent_kafka import admin as kafka_admin
+
+    from outboxkit.inbox.retention import check_window
+
+    client = kafka_admin.AdminClient({"bootstrap.servers": bootstrap})
+    check_window(client, topics, window)
 
 
 def _run_confluent(

@@ -1,0 +1,121 @@
+"""``outboxkit inbox show|stats|cancel|purge`` against a real database."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import create_engine
+
+from outboxkit.cli import main
+from outboxkit.inbox import Envelope, Inbox, InboxSettings
+from outboxkit.inbox.envelope import identify
+from tests.integration.inbox_support import EFFECT_DDL, REGISTRY, headers_for, payload
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def seeded(outboxkit_db_url: str, sa_url: str) -> dict[str, str]:
+    """One succeeded event (seen twice), one processing, one rejection, for consumer billing."""
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    engine = create_engine(sa_url)
+    done, running = str(uuid.uuid4()), str(uuid.uuid4())
+    inbox = Inbox(
+        engine, lambda e, c, s: None, InboxSettings(consumer="billing", registry=REGISTRY)
+    )
+    try:
+        for offset, (event_id, amount) in enumerate([(done, 1), (done, 1), (done, 2)]):
+            env = Envelope.from_parts(
+                topic="orders",
+                partition=0,
+                offset=offset,
+                key=b"k",
+                value=payload("o", amount),
+                headers=headers_for(event_id),
+            )
+            inbox.process(env)
+        running_env = Envelope.from_parts(
+            topic="orders",
+            partition=0,
+            offset=9,
+            key=b"k",
+            value=payload("o", 3),
+            headers=headers_for(running),
+        )
+        inbox.store.claim(identify(running_env), running_env)
+    finally:
+        inbox.close()
+        engine.dispose()
+    return {"done": done, "running": running, "url": outboxkit_db_url}
+
+
+def _run(args: list[str], url: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["inbox", *args], env={"OUTBOXKIT_DATABASE_URL": url})
+    return result.exit_code, result.output
+
+
+def test_stats_counts_states_per_consumer(seeded: dict[str, str]) -> None:
+    code, out = _run(["stats", "--json"], seeded["url"])
+    assert code == 0, out
+    rows = {(r["consumer"], r["state"]): (r["events"], r["duplicates"]) for r in json.loads(out)}
+    assert rows == {
+        ("billing", "processing"): (1, 0),
+        ("billing", "succeeded"): (1, 1),
+        ("billing", "rejection_log"): (1, 0),
+    }
+    code, text_out = _run(["stats"], seeded["url"])
+    assert code == 0
+    assert "succeeded" in text_out
+    assert "rejection_log" in text_out
+
+
+def test_show_lists_details_and_rejections(seeded: dict[str, str]) -> None:
+    code, out = _run(
+        ["show", "--json", "--consumer", "billing", "--state", "succeeded"], seeded["url"]
+    )
+    assert code == 0, out
+    assert [r["event_id"] for r in json.loads(out)] == [seeded["done"]]
+    code, out = _run(["show", "--consumer", "billing", "--event-id", seeded["done"]], seeded["url"])
+    assert code == 0, out
+    assert "succeeded" in out
+    assert "duplicate_count   1" in out
+    code, out = _run(["show", "--rejections", "--json"], seeded["url"])
+    assert code == 0, out
+    [rejection] = json.loads(out)
+    assert rejection["event_id"] == seeded["done"]
+    assert "different content" in rejection["reason"]
+    code, out = _run(["show", "--consumer", "billing", "--event-id", "nope"], seeded["url"])
+    assert code == 1
+    assert "no inbox row" in out
+
+
+def test_cancel_makes_a_processing_event_cancelled_once(seeded: dict[str, str]) -> None:
+    args = ["cancel", "--consumer", "billing", "--event-id", seeded["running"]]
+    code, out = _run(args, seeded["url"])
+    assert (code, out.strip()) == (0, f"billing/{seeded['running']}: cancelled")
+    code, out = _run(args, seeded["url"])
+    assert code == 1
+    assert "already ended: cancelled" in out
+    unseen = ["cancel", "--consumer", "billing", "--event-id", "future-1"]
+    code, out = _run(unseen, seeded["url"])
+    assert code == 1
+    assert "not seen yet" in out
+    code, out = _run([*unseen, "--before-delivery"], seeded["url"])
+    assert code == 0, out
+
+
+def test_purge_keeps_recent_rows(seeded: dict[str, str]) -> None:
+    code, out = _run(["purge", "--older-than", "3600"], seeded["url"])
+    assert code == 0, out
+    assert "deleted 0 inbox rows and 0 rejections" in out
+    code, out = _run(["purge", "--older-than", "0", "--batch-size", "1"], seeded["url"])
+    assert code == 0, out
+    assert "deleted 1 inbox rows and 1 rejections" in out
+    with psycopg.connect(seeded["url"]) as conn:
+        left = conn.execute("SELECT state FROM outboxkit.inbox_message").fetchall()
+    assert left == [("processing",)]
