@@ -90,3 +90,7 @@ class ProducerFencedError(PublishError):
     """Another producer took over this transactional.id: this one is a zombie and must stop."""
 
     retriable = False
+
+
+class HandlerCommitError(OutboxkitError):
+    """An inbox handler tried to commit its session; the middleware commits it with the dedup row."""

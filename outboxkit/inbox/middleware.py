@@ -28,11 +28,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from outboxkit.errors import DecodeError, LeaseLostError
+from outboxkit.errors import DecodeError, HandlerCommitError, LeaseLostError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.faults import fault_point
@@ -121,6 +122,22 @@ def _never() -> bool:
     return False
 
 
+class _CommitGuard:
+    """Refuses a commit issued by the handler itself.
+
+    The handler's writes must commit together with the ``succeeded`` mark; a commit inside the
+    handler would make them durable before the token check and break exactly-once.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.allowed = False
+        sa_event.listen(session, "before_commit", self._check)
+
+    def _check(self, session: Session) -> None:
+        if not self.allowed:
+            raise HandlerCommitError()
+
+
 class Inbox:
     """Sync middleware (confluent-kafka adapter): handlers get a SQLAlchemy ``Session``."""
 
@@ -191,6 +208,7 @@ class Inbox:
 
     def _run_handler(self, event: Any, ctx: HandlerContext) -> bool:
         with Session(self.engine) as session:
+            guard = _CommitGuard(session)
             try:
                 self.handler(event, ctx, session)
                 ctx.check()
@@ -199,6 +217,7 @@ class Inbox:
                     session.rollback()
                     return False
                 fault_point("before_db_commit")
+                guard.allowed = True
                 session.commit()
                 return True
             except BaseException:
@@ -317,6 +336,7 @@ class AsyncInbox:
 
     async def _run_handler(self, event: Any, ctx: HandlerContext) -> bool:
         async with AsyncSession(self.engine) as session:
+            guard = _CommitGuard(session.sync_session)
             try:
                 await self.handler(event, ctx, session)
                 ctx.check()
@@ -326,6 +346,7 @@ class AsyncInbox:
                     await session.rollback()
                     return False
                 fault_point("before_db_commit")
+                guard.allowed = True
                 await session.commit()
                 return True
             except BaseException:

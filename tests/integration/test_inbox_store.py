@@ -274,3 +274,19 @@ def test_window_is_checked_against_topic_retention(
     assert problems[0] in caplog.text
     with pytest.raises(RetentionWindowError):
         check_window(admin, [topic], window_seconds=60, strict=True)
+
+
+def test_a_handler_cannot_commit_its_own_session(engine: Engine, outboxkit_db_url: str) -> None:
+    def committing(event: Any, ctx: HandlerContext, session: Session) -> None:
+        _effect_handler(event, ctx, session)
+        session.commit()
+
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, policy=RetryPolicy(3))
+    inbox = Inbox(engine, committing, settings)
+    try:
+        outcome = inbox.process(_env(str(uuid.uuid4())))
+    finally:
+        inbox.close()
+    assert outcome.kind is OutcomeKind.RETRY
+    assert "HandlerCommitError" in (outcome.error or "")
+    assert effects(outboxkit_db_url) == []
