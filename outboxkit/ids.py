@@ -24,18 +24,19 @@ def uuid7() -> uuid.UUID:
     wall clock steps back (the last timestamp is reused and the counter carries on).
     """
     global _last_ms, _counter
+    random_bits = int.from_bytes(os.urandom(10), "big")  # 62 for rand_b, 9 for a fresh counter
     with _lock:
         now_ms = time.time_ns() // 1_000_000
         if now_ms > _last_ms:
             _last_ms = now_ms
-            _counter = int.from_bytes(os.urandom(2), "big") & 0x1FF  # random start, room to grow
+            _counter = (random_bits >> 62) & 0x1FF  # random start, room to grow
         else:
             _counter += 1
             if _counter > _COUNTER_MAX:
                 _last_ms += 1
                 _counter = 0
         ms, counter = _last_ms, _counter
-    rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    rand_b = random_bits & ((1 << 62) - 1)
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76
     value |= counter << 64
