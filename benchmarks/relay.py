@@ -6,8 +6,9 @@ sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each
 
 Measured, each on a fresh database:
 - raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards);
-- relay: ``outboxkit relay run`` as a separate process, exactly-once mode (1 and 4 shards),
-  rate = rows / (last published_at - first published_at), the same clock as the raw drain;
+- relay: ``outboxkit relay run`` as separate processes, exactly-once mode (1 shard with batches
+  of 500 and 2000; 4 shards shared by 2 processes), rate = rows / (last published_at - first
+  published_at), the same clock as the raw drain;
 - bare producer: confluent-kafka, idempotent, acks=all, the same 500-byte messages;
 - latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
   consumer timestamps arrival; p50/p99 of commit -> visible, in both modes.
@@ -114,7 +115,7 @@ async def raw_drain_shard(url: str, shard: int) -> None:
         while True:
             cur = await conn.execute(
                 query("relay", "claim_batch", "outboxkit"),
-                {"shard": shard, "limit": BATCH, "skip_parked_keys": False},
+                {"shard": shard, "limit": BATCH, "skip_parked_keys": False, "in_flight": []},
             )
             ids = [row[0] for row in await cur.fetchall()]
             if not ids:
@@ -170,15 +171,29 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def relay_throughput(server_url: str, bootstrap: str, topic: str, shards: int) -> float:
+def relay_throughput(
+    server_url: str, bootstrap: str, topic: str, shards: int, batch: int, processes: int
+) -> float:
+    """``processes`` relay processes share the shards (each a separate Python interpreter)."""
     url = fresh_database(server_url, shards)
     try:
         fill(url, topic, ROWS)
-        proc = relay_process(url, bootstrap, "exactly_once", {})
+        procs = []
+        for n in range(processes):
+            owned = ",".join(str(s) for s in range(shards) if s % processes == n)
+            procs.append(
+                relay_process(
+                    url,
+                    bootstrap,
+                    "exactly_once",
+                    {"OUTBOXKIT_RELAY_BATCH_SIZE": str(batch), "OUTBOXKIT_RELAY_SHARDS": owned},
+                )
+            )
         try:
             wait_drained(url, ROWS)
         finally:
-            stop(proc)
+            for proc in procs:
+                stop(proc)
         count, span = published_span(url)
         return count / span
     finally:
@@ -292,21 +307,31 @@ def main() -> None:
         create_topic(bootstrap, topic, 4)
         print(f"backlog {ROWS} rows, 500-byte JSON payloads, {KEYS} keys, batch {BATCH}")
         results: dict[str, float] = {}
-        for shards in (1, 4):
-            results[f"raw{shards}"] = raw_drain(server_url, topic, shards)
-            results[f"relay{shards}"] = relay_throughput(server_url, bootstrap, topic, shards)
+        runs = [  # (label, shards, relay batch, relay processes)
+            ("1 shard, batch 500, 1 process", 1, 500, 1),
+            ("1 shard, batch 2000, 1 process", 1, 2000, 1),
+            ("4 shards, batch 500, 2 processes", 4, 500, 2),
+        ]
+        for label, shards, batch, processes in runs:
+            raw_key = f"raw{shards}"
+            if raw_key not in results:
+                results[raw_key] = raw_drain(server_url, topic, shards)
+                print(
+                    f"raw drain (claim + mark, batches of {BATCH}), {shards} shard(s):"
+                    f" {results[raw_key]:,.0f} rows/s",
+                    flush=True,
+                )
+            rate = relay_throughput(server_url, bootstrap, topic, shards, batch, processes)
+            results[label] = rate
             print(
-                f"{shards} shard(s): relay (exactly-once, mark) {results[f'relay{shards}']:,.0f}"
-                f" rows/s | raw drain (claim+mark) {results[f'raw{shards}']:,.0f} rows/s"
-                f" | ratio {results[f'relay{shards}'] / results[f'raw{shards}']:.2f}",
+                f"relay exactly-once (mark), {label}: {rate:,.0f} rows/s"
+                f" = {rate / results[raw_key]:.2f} x raw drain",
                 flush=True,
             )
         bare = bare_producer(bootstrap, topic)
-        print(
-            f"bare confluent producer {bare:,.0f} msg/s | relay/bare: 1 shard"
-            f" {results['relay1'] / bare:.2f}, 4 shards {results['relay4'] / bare:.2f}",
-            flush=True,
-        )
+        print(f"bare confluent producer (idempotent, acks=all): {bare:,.0f} msg/s", flush=True)
+        for label, *_ in runs:
+            print(f"  relay {label}: {results[label] / bare:.2f} x bare producer", flush=True)
         for mode in ("at_least_once", "exactly_once"):
             p50, p99, missing = latency(server_url, bootstrap, mode)
             print(
