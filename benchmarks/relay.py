@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from outboxkit.devstack import DevStack  # noqa: E402
 from outboxkit.devstack.postgres import database_url_with  # noqa: E402
 from outboxkit.migrator import upgrade  # noqa: E402
+from outboxkit.outbox import notify_channel  # noqa: E402
 from outboxkit.queries import query  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_ROWS", "200000"))
@@ -269,6 +270,8 @@ def latency(server_url: str, bootstrap: str, mode: str) -> tuple[float, float, i
                     """,
                     {"topic": topic, "ids": ids},
                 )
+                # As the outbox writer does: a transactional hint for listening relays.
+                conn.execute("SELECT pg_notify(%s, '0')", (notify_channel("outboxkit"),))
                 conn.commit()
                 done = time.monotonic()
                 for event_id in ids:

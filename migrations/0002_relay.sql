@@ -26,16 +26,3 @@ CREATE TABLE relay_control (
     changed_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- A wake-up hint for listening relays: one NOTIFY per inserting statement (PostgreSQL folds
--- identical notifications of one transaction into one). The relay polls anyway; this only makes
--- it early. Channel: '<schema>.outbox'.
-CREATE FUNCTION outbox_message_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '.outbox', '');
-    RETURN NULL;
-END;
-$$;
-
-CREATE TRIGGER outbox_message_notify AFTER INSERT ON outbox_message
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox_message_notify();

@@ -10,29 +10,40 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
+from outboxkit.outbox import notify_channel
+
 logger = logging.getLogger("outboxkit.relay.notify")
 
 
-def channel(schema: str) -> str:
-    return f"{schema}.outbox"
-
-
 async def listen_forever(
-    database_url: str, schema: str, on_notify: Callable[[], None], stop: asyncio.Event
+    database_url: str, schema: str, on_notify: Callable[[int | None], None], stop: asyncio.Event
 ) -> None:
-    """Keep a LISTEN connection; reconnect after errors (missed hints are found by polling)."""
+    """Keep a LISTEN connection; reconnect after errors (missed hints are found by polling).
+
+    Writers notify ``notify_channel(schema)`` with the shard number as payload; ``on_notify``
+    gets that shard, or None for "maybe any shard".
+    """
     while not stop.is_set():
         try:
             async with await psycopg.AsyncConnection.connect(
                 database_url, autocommit=True, application_name="outboxkit-relay-listen"
             ) as conn:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema))))
-                on_notify()  # anything committed while we were not listening
-                async for _ in conn.notifies():
-                    on_notify()
+                await conn.execute(
+                    sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(schema)))
+                )
+                on_notify(None)  # anything committed while we were not listening
+                async for notification in conn.notifies():
+                    on_notify(_shard(notification.payload))
                     if stop.is_set():
                         break
         except (psycopg.Error, OSError) as exc:
             logger.info("listen connection lost (%s); polling meanwhile", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
+def _shard(payload: str) -> int | None:
+    try:
+        return int(payload)
+    except ValueError:
+        return None

@@ -128,7 +128,7 @@ class Relay:
                     listen_forever(
                         self.config.database_url.get_secret_value(),
                         self.config.schema_name,
-                        self._wake_all,
+                        self._wake,
                         self.stop,
                     )
                 )
@@ -148,9 +148,14 @@ class Relay:
                 server.server_close()
             logger.info("relay %s stopped", self.holder)
 
-    def _wake_all(self) -> None:
-        for worker in self.workers.values():
+    def _wake(self, shard: int | None) -> None:
+        worker = self.workers.get(shard) if shard is not None else None
+        if worker is not None:
+            worker.notifications += 1
             worker.wake.set()
+        elif shard is None:
+            for each in self.workers.values():
+                each.wake.set()
 
     async def _sample_forever(self) -> None:
         """Backlog, oldest pending age, parked rows, group holders: for metrics and /healthz."""

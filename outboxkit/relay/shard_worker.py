@@ -76,6 +76,7 @@ class ShardWorker:
         self.active = asyncio.Event()  # set while this worker holds a trusted term (tests wait)
         self.term: LeaseTerm | None = None
         self.lease_lost_count = 0
+        self.notifications = 0  # NOTIFY hints addressed to this shard (observability, tests)
         self._producer_factory = producer_factory
         self._checkpoints = checkpoints
         self._metrics = metrics

@@ -1,0 +1,60 @@
+"""LISTEN/NOTIFY is a hint that wakes the right shard early; polling alone finds everything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from outboxkit.outbox import notify_channel
+from tests.relay_support import (
+    insert_rows,
+    payloads,
+    relay_config,
+    row_states,
+    running_relay,
+    set_shard_count,
+    wait_for_async,
+)
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+
+
+def _insert_and_notify(db_url: str, topic: str, key: str) -> int:
+    with psycopg.connect(db_url) as conn:  # one transaction: rows and the hint commit together
+        (row_id,) = insert_rows(conn, topic, payloads(key, 1))
+        shard = conn.execute(
+            "SELECT shard FROM outboxkit.outbox_message WHERE id = %s", (row_id,)
+        ).fetchone()
+        assert shard is not None
+        conn.execute("SELECT pg_notify(%s, %s)", (notify_channel("outboxkit"), str(shard[0])))
+    return int(shard[0])
+
+
+async def test_notify_wakes_the_shard_worker(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 2)
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=60.0)
+    async with running_relay(config) as relay:
+        await wait_for_async(lambda: all(w.active.is_set() for w in relay.workers.values()))
+        shard = _insert_and_notify(outboxkit_db_url, topic, "k")
+        await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 1})
+        assert relay.workers[shard].notifications >= 1
+        assert relay.workers[1 - shard].notifications == 0
+
+
+async def test_no_listen_mode_publishes_by_polling(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    topic = outboxkit_topic()
+    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, listen=False)
+    async with running_relay(config) as relay:
+        _insert_and_notify(outboxkit_db_url, topic, "k")
+        insert_rows(outboxkit_db_url, topic, payloads("j", 3))
+        await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 4})
+        assert all(w.notifications == 0 for w in relay.workers.values())
