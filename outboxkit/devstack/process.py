@@ -192,13 +192,18 @@ def _registry_remove(service: ServiceProcess) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _looks_like(pid: int, owned_dir: str | None) -> bool:
