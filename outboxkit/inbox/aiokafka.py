@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from outboxkit.errors import PublishError
+from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.deadletter import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DeadLetterTopic,
@@ -59,10 +60,12 @@ class AiokafkaInboxConsumer:
         topics: list[str],
         config: Mapping[str, Any] | None = None,
         dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC,
+        acks_topic: str | None = None,
         poll_timeout: float = 0.5,
         max_records: int = 100,
     ) -> None:
         self.inbox = inbox
+        self.acks_topic = acks_topic
         self.topics = list(topics)
         self.bootstrap_servers = bootstrap_servers
         self.dead_letter = dead_letter
@@ -163,6 +166,7 @@ class AiokafkaInboxConsumer:
     async def _settle(self, env: Envelope, outcome: Outcome) -> None:
         tp = TopicPartition(env.topic, env.partition)
         if outcome.kind.advances_offset:
+            await self._acknowledge(env, outcome)
             try:
                 await self._consumer.commit({tp: env.offset + 1})
             except KafkaError as exc:
@@ -188,17 +192,23 @@ class AiokafkaInboxConsumer:
         self._gate.forget(revoked)
         self._buffer = deque(m for m in self._buffer if (m.topic, m.partition) not in revoked)
 
+    async def _acknowledge(self, env: Envelope, outcome: Outcome) -> None:
+        if self.acks_topic is None:
+            return
+        record = ack_record(self.inbox.settings.consumer, env, outcome)
+        if record is None:
+            return
+        key, value, headers = record
+        try:
+            await self._publish(self.acks_topic, key, value, headers)
+        except PublishError as exc:
+            logger.warning("acknowledgement for %s not published: %s", outcome.event_id, exc)
+
     async def _publish_dead_letter(
         self, env: Envelope, event_id: str, error: str, attempts: int
     ) -> None:
         if self.dead_letter is None:
             return
-        if self._producer is None:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, enable_idempotence=True, acks="all"
-            )
-            await producer.start()
-            self._producer = producer
         topic = dead_letter_topic(self.dead_letter, env.topic)
         headers = dead_letter_headers(
             env,
@@ -207,7 +217,19 @@ class AiokafkaInboxConsumer:
             error=error,
             attempts=attempts,
         )
+        await self._publish(topic, env.key, env.value, headers)
+
+    async def _publish(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[Any]
+    ) -> None:
+        """Send one record and wait for its acknowledgement (idempotent producer)."""
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers, enable_idempotence=True, acks="all"
+            )
+            await producer.start()
+            self._producer = producer
         try:
-            await self._producer.send_and_wait(topic, env.value, key=env.key, headers=headers)
+            await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         except KafkaError as exc:
-            raise PublishError(f"dead-letter publish to {topic!r} failed: {exc}") from exc
+            raise PublishError(f"publish to {topic!r} failed: {exc}") from exc

@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from outboxkit.errors import PublishError
+from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.deadletter import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DeadLetterTopic,
@@ -51,9 +52,11 @@ class ConfluentInboxConsumer:
         topics: list[str],
         config: Mapping[str, Any] | None = None,
         dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC,
+        acks_topic: str | None = None,
         poll_timeout: float = 0.5,
     ) -> None:
         self.inbox = inbox
+        self.acks_topic = acks_topic
         self.topics = list(topics)
         self.poll_timeout = poll_timeout
         self.bootstrap_servers = bootstrap_servers
@@ -144,6 +147,7 @@ class ConfluentInboxConsumer:
     def _settle(self, env: Envelope, outcome: Outcome) -> None:
         tp = TopicPartition(env.topic, env.partition, env.offset)
         if outcome.kind.advances_offset:
+            self._acknowledge(env, outcome)
             tp.offset = env.offset + 1
             try:
                 self._consumer.commit(offsets=[tp], asynchronous=False)
@@ -175,9 +179,36 @@ class ConfluentInboxConsumer:
             self._revoked.set()
         self._gate.forget(revoked)
 
+    def _acknowledge(self, env: Envelope, outcome: Outcome) -> None:
+        if self.acks_topic is None:
+            return
+        record = ack_record(self.inbox.settings.consumer, env, outcome)
+        if record is None:
+            return
+        key, value, headers = record
+        try:
+            self._publish(self.acks_topic, key, value, headers)
+        except PublishError as exc:
+            # The outcome is durable in the database (readable with `outboxkit inbox show`).
+            logger.warning("acknowledgement for %s not published: %s", outcome.event_id, exc)
+
     def _publish_dead_letter(self, env: Envelope, event_id: str, error: str, attempts: int) -> None:
         if self.dead_letter is None:
             return
+        topic = dead_letter_topic(self.dead_letter, env.topic)
+        headers = dead_letter_headers(
+            env,
+            consumer=self.inbox.settings.consumer,
+            event_id=event_id,
+            error=error,
+            attempts=attempts,
+        )
+        self._publish(topic, env.key, env.value, headers)
+
+    def _publish(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[Any]
+    ) -> None:
+        """Produce one record and wait for its acknowledgement (idempotent producer)."""
         if self._producer is None:
             self._producer = Producer(
                 {
@@ -192,23 +223,13 @@ class ConfluentInboxConsumer:
             if err is not None:
                 failures.append(str(err))
 
-        topic = dead_letter_topic(self.dead_letter, env.topic)
-        headers: list[Any] = dead_letter_headers(
-            env,
-            consumer=self.inbox.settings.consumer,
-            event_id=event_id,
-            error=error,
-            attempts=attempts,
-        )
         try:
-            self._producer.produce(
-                topic, env.value, key=env.key, headers=headers, on_delivery=delivered
-            )
+            self._producer.produce(topic, value, key=key, headers=headers, on_delivery=delivered)
             remaining = self._producer.flush(30)
         except (KafkaException, BufferError) as exc:
-            raise PublishError(f"dead-letter publish to {topic!r} failed: {exc}") from exc
+            raise PublishError(f"publish to {topic!r} failed: {exc}") from exc
         if remaining or failures:
-            raise PublishError(f"dead-letter publish to {topic!r} failed: {failures or 'timeout'}")
+            raise PublishError(f"publish to {topic!r} failed: {failures or 'timeout'}")
 
 
 def _envelope(msg: Any) -> Envelope:

@@ -59,6 +59,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--retry-delay", default=0.5, show_default=True, help="First back-off, seconds.")
 @click.option("--lease-seconds", default=30.0, show_default=True)
 @click.option("--dead-letter", default="{topic}.dlq", show_default=True)
+@click.option("--acks-topic", default=None, help="Publish an acknowledgement per outcome here.")
 @click.option("--config", "config_items", multiple=True, help="Kafka consumer option key=value.")
 @click.option(
     "--dedup-window",
@@ -82,6 +83,7 @@ def main(
     retry_delay: float,
     lease_seconds: float,
     dead_letter: str,
+    acks_topic: str | None,
     config_items: tuple[str, ...],
     dedup_window: float | None,
     verbose: int,
@@ -112,6 +114,7 @@ def main(
         "group_id": group_id,
         "topics": list(topics),
         "dead_letter": dead_letter,
+        "acks_topic": acks_topic,
         "config": _parse_config(config_items),
     }
     if adapter == "confluent":
@@ -138,6 +141,7 @@ def _run_confluent(
     group_id: str,
     topics: list[str],
     dead_letter: str,
+    acks_topic: str | None,
     config: dict[str, Any],
 ) -> None:
     from outboxkit.inbox.confluent import ConfluentInboxConsumer
@@ -154,6 +158,7 @@ def _run_confluent(
             topics=topics,
             config=config,
             dead_letter=dead_letter,
+            acks_topic=acks_topic,
         )
         with consumer:
             consumer.run(stop)
@@ -170,6 +175,7 @@ async def _run_aiokafka(
     group_id: str,
     topics: list[str],
     dead_letter: str,
+    acks_topic: str | None,
     config: dict[str, Any],
 ) -> None:
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
@@ -187,6 +193,7 @@ async def _run_aiokafka(
             topics=topics,
             config=config,
             dead_letter=dead_letter,
+            acks_topic=acks_topic,
         )
         async with consumer:
             await consumer.run(stop)

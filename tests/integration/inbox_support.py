@@ -218,7 +218,9 @@ class Harness:
         behaviour: Behaviour,
         group_id: str | None = None,
         dead_letter: str | None = None,
+        acks_topic: str | None = None,
     ) -> None:
+        self.acks_topic = acks_topic
         self.adapter = adapter
         self.sa_url = sa_url
         self.bootstrap = bootstrap
@@ -264,6 +266,7 @@ class Harness:
                 group_id=self.group_id,
                 topics=self.topics,
                 dead_letter=self.dead_letter,
+                acks_topic=self.acks_topic,
             )
             with consumer:
                 while not self._stop.is_set():
@@ -285,6 +288,7 @@ class Harness:
                 group_id=self.group_id,
                 topics=self.topics,
                 dead_letter=self.dead_letter,
+                acks_topic=self.acks_topic,
             )
             async with consumer:
                 while not self._stop.is_set():

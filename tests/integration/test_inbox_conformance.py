@@ -6,6 +6,7 @@ effect rows, the inbox row and the rejection log in the real database.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,6 +56,7 @@ def start(
         topics: list[str], behaviour: Behaviour | None = None, **settings: Any
     ) -> Harness:
         dead_letter = settings.pop("dead_letter", None)
+        acks_topic = settings.pop("acks_topic", None)
         harness = Harness(
             adapter,
             sa_url=sa_url,
@@ -63,6 +65,7 @@ def start(
             settings=InboxSettings(consumer="billing", registry=REGISTRY, **settings),
             behaviour=behaviour or Behaviour(),
             dead_letter=dead_letter,
+            acks_topic=acks_topic,
         )
         running.append(harness.start())
         return harness
@@ -277,3 +280,27 @@ def test_cancel_during_processing_sticks_and_rolls_back(
     wait_until(lambda: _state(outboxkit_db_url, after) == "succeeded", what="later event")
     assert [c for c in behaviour.calls if c[0] == slow] == [(slow, 1)]
     assert _state(outboxkit_db_url, slow) == "cancelled"
+
+
+def test_outcomes_are_acknowledged_on_the_acks_topic(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    acks = outboxkit_topic(prefix="acks")
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, good, "o1", 5)
+    produce_event(outboxkit_kafka_bootstrap, topic, good, "o1", 5)  # duplicate: not re-acked
+    produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"{broken", headers_for(bad))])
+    start([topic], acks_topic=acks)
+    wait_until(lambda: _state(outboxkit_db_url, bad) == "rejected", what="rejected")
+    records = read_topic(outboxkit_kafka_bootstrap, acks, expect=2)
+    bodies = [json.loads(r.value()) for r in records]
+    assert [(b["event_id"], b["state"], b["consumer"]) for b in bodies] == [
+        (good, "succeeded", "billing"),
+        (bad, "rejected", "billing"),
+    ]
+    assert [r.key() for r in records] == [good.encode(), bad.encode()]
+    assert "not a valid" in bodies[1]["error"]

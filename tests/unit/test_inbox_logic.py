@@ -9,10 +9,12 @@ import pytest
 
 from outboxkit.errors import DecodeError, LeaseLostError, MissingEventIdError, UnknownEventTypeError
 from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind, RetryPolicy
+from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.deadletter import dead_letter_headers, dead_letter_topic
 from outboxkit.inbox.envelope import identify
 from outboxkit.inbox.gate import PartitionGate
+from outboxkit.inbox.outcome import Outcome
 
 pytestmark = pytest.mark.unit
 
@@ -184,3 +186,25 @@ def test_context_check_raises_once_the_lease_is_lost() -> None:
     assert ctx.lease_lost
     with pytest.raises(LeaseLostError, match="partition revoked"):
         ctx.check()
+
+
+def test_ack_records_only_for_outcomes_this_delivery_decided() -> None:
+    env = _env()
+    key, value, headers = ack_record(
+        "billing", env, Outcome(OutcomeKind.DEAD, "e1", attempts=3, error="boom")
+    ) or (b"", b"", [])
+    assert key == b"e1"
+    assert json.loads(value) == {
+        "consumer": "billing",
+        "event_id": "e1",
+        "state": "dead",
+        "attempts": 3,
+        "error": "boom",
+        "topic": "orders",
+        "partition": 0,
+        "offset": 7,
+    }
+    assert ("event-id", b"e1") in headers
+    assert ack_record("billing", env, Outcome(OutcomeKind.DUPLICATE, "e1")) is None
+    assert ack_record("billing", env, Outcome(OutcomeKind.RETRY, "e1")) is None
+    assert ack_record("billing", env, Outcome(OutcomeKind.REJECTED, None, error="no id")) is None

@@ -1,0 +1,44 @@
+"""Acknowledgement records: how an event ended for a consumer, published for its producer.
+
+Optional (``acks_topic=`` on an adapter). One JSON record per terminal outcome reached by this
+delivery (duplicates are not re-acknowledged), keyed by event id, published and flushed before
+the offset commit — so at least once; readers deduplicate by ``(consumer, event_id)``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.wire import HEADER_CONTENT_TYPE, HEADER_EVENT_ID, JSON_CONTENT_TYPE
+
+_ACKED = {
+    OutcomeKind.SUCCEEDED,
+    OutcomeKind.DEAD,
+    OutcomeKind.REJECTED,
+    OutcomeKind.CANCELLED,
+}
+
+AckRecord = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+def ack_record(consumer: str, env: Envelope, outcome: Outcome) -> AckRecord | None:
+    """``(key, value, headers)`` for the acks topic, or ``None`` if nothing is acknowledged."""
+    if outcome.kind not in _ACKED or outcome.event_id is None:
+        return None
+    body = {
+        "consumer": consumer,
+        "event_id": outcome.event_id,
+        "state": outcome.kind.value,
+        "attempts": outcome.attempts,
+        "error": outcome.error,
+        "topic": env.topic,
+        "partition": env.partition,
+        "offset": env.offset,
+    }
+    headers = [
+        (HEADER_EVENT_ID, outcome.event_id.encode()),
+        (HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE.encode()),
+    ]
+    return outcome.event_id.encode(), json.dumps(body).encode(), headers
