@@ -30,6 +30,7 @@ from outboxkit.inbox.deadletter import (
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.middleware import AsyncInbox
+from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 
 logger = logging.getLogger("outboxkit.inbox.aiokafka")
@@ -42,7 +43,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        self.owner._on_revoke([(tp.topic, tp.partition) for tp in revoked])
+        await self.owner._on_revoke([(tp.topic, tp.partition) for tp in revoked])
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         return None
@@ -61,10 +62,16 @@ class AiokafkaInboxConsumer:
         config: Mapping[str, Any] | None = None,
         dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC,
         acks_topic: str | None = None,
+        offset_commit_interval: float = 0.0,
         poll_timeout: float = 0.5,
         max_records: int = 100,
     ) -> None:
         self.inbox = inbox
+        self._pending = (
+            PendingOffsets(offset_commit_interval, time.monotonic())
+            if offset_commit_interval > 0
+            else None
+        )
         self.acks_topic = acks_topic
         self.topics = list(topics)
         self.bootstrap_servers = bootstrap_servers
@@ -103,6 +110,8 @@ class AiokafkaInboxConsumer:
 
     async def stop(self) -> None:
         try:
+            if self._pending is not None and self._started:
+                await self._commit(self._pending.take())
             await self._consumer.stop()
         finally:
             if self._producer is not None:
@@ -122,6 +131,8 @@ class AiokafkaInboxConsumer:
     async def poll_once(self, wait: float | None = None) -> Outcome | None:
         """Process one buffered or fetched message; ``None`` if nothing was processed."""
         self._resume_due()
+        if self._pending is not None:
+            await self._commit(self._pending.due(time.monotonic()))
         if not self._buffer:
             wait = self.poll_timeout if wait is None else wait
             batches = await self._consumer.getmany(
@@ -167,10 +178,10 @@ class AiokafkaInboxConsumer:
         tp = TopicPartition(env.topic, env.partition)
         if outcome.kind.advances_offset:
             await self._acknowledge(env, outcome)
-            try:
-                await self._consumer.commit({tp: env.offset + 1})
-            except KafkaError as exc:
-                logger.warning("offset commit failed (redelivery will be deduplicated): %s", exc)
+            if self._pending is not None:
+                self._pending.settle((env.topic, env.partition), env.offset + 1)
+            else:
+                await self._commit({(env.topic, env.partition): env.offset + 1})
             return
         if self._revoked or tp not in self._consumer.assignment():
             return
@@ -179,6 +190,14 @@ class AiokafkaInboxConsumer:
         self._buffer = deque(m for m in self._buffer if (m.topic, m.partition) != tp)
         self._gate.hold((env.topic, env.partition), env.offset, time.monotonic() + outcome.retry_in)
 
+    async def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit({TopicPartition(t, p): o for (t, p), o in offsets.items()})
+        except KafkaError as exc:
+            logger.warning("offset commit failed (redelivery will be deduplicated): %s", exc)
+
     def _resume_due(self) -> None:
         for (topic, partition), offset in self._gate.due(time.monotonic()):
             tp = TopicPartition(topic, partition)
@@ -186,11 +205,13 @@ class AiokafkaInboxConsumer:
                 self._consumer.seek(tp, offset)
                 self._consumer.resume(tp)
 
-    def _on_revoke(self, revoked: list[tuple[str, int]]) -> None:
+    async def _on_revoke(self, revoked: list[tuple[str, int]]) -> None:
         if self._current in revoked:
             self._revoked = True
         self._gate.forget(revoked)
         self._buffer = deque(m for m in self._buffer if (m.topic, m.partition) not in revoked)
+        if self._pending is not None:
+            await self._commit(self._pending.take(revoked))
 
     async def _acknowledge(self, env: Envelope, outcome: Outcome) -> None:
         if self.acks_topic is None:

@@ -60,6 +60,12 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--lease-seconds", default=30.0, show_default=True)
 @click.option("--dead-letter", default="{topic}.dlq", show_default=True)
 @click.option("--acks-topic", default=None, help="Publish an acknowledgement per outcome here.")
+@click.option(
+    "--offset-commit-interval",
+    default=0.0,
+    show_default=True,
+    help="Seconds between offset commits (0: commit after every message).",
+)
 @click.option("--config", "config_items", multiple=True, help="Kafka consumer option key=value.")
 @click.option(
     "--dedup-window",
@@ -84,6 +90,7 @@ def main(
     lease_seconds: float,
     dead_letter: str,
     acks_topic: str | None,
+    offset_commit_interval: float,
     config_items: tuple[str, ...],
     dedup_window: float | None,
     verbose: int,
@@ -115,6 +122,7 @@ def main(
         "topics": list(topics),
         "dead_letter": dead_letter,
         "acks_topic": acks_topic,
+        "offset_commit_interval": offset_commit_interval,
         "config": _parse_config(config_items),
     }
     if adapter == "confluent":
@@ -142,6 +150,7 @@ def _run_confluent(
     topics: list[str],
     dead_letter: str,
     acks_topic: str | None,
+    offset_commit_interval: float,
     config: dict[str, Any],
 ) -> None:
     from outboxkit.inbox.confluent import ConfluentInboxConsumer
@@ -159,6 +168,7 @@ def _run_confluent(
             config=config,
             dead_letter=dead_letter,
             acks_topic=acks_topic,
+            offset_commit_interval=offset_commit_interval,
         )
         with consumer:
             consumer.run(stop)
@@ -176,6 +186,7 @@ async def _run_aiokafka(
     topics: list[str],
     dead_letter: str,
     acks_topic: str | None,
+    offset_commit_interval: float,
     config: dict[str, Any],
 ) -> None:
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
@@ -194,6 +205,7 @@ async def _run_aiokafka(
             config=config,
             dead_letter=dead_letter,
             acks_topic=acks_topic,
+            offset_commit_interval=offset_commit_interval,
         )
         async with consumer:
             await consumer.run(stop)

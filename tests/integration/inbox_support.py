@@ -219,8 +219,10 @@ class Harness:
         group_id: str | None = None,
         dead_letter: str | None = None,
         acks_topic: str | None = None,
+        offset_commit_interval: float = 0.0,
     ) -> None:
         self.acks_topic = acks_topic
+        self.offset_commit_interval = offset_commit_interval
         self.adapter = adapter
         self.sa_url = sa_url
         self.bootstrap = bootstrap
@@ -267,6 +269,7 @@ class Harness:
                 topics=self.topics,
                 dead_letter=self.dead_letter,
                 acks_topic=self.acks_topic,
+                offset_commit_interval=self.offset_commit_interval,
             )
             with consumer:
                 while not self._stop.is_set():
@@ -289,6 +292,7 @@ class Harness:
                 topics=self.topics,
                 dead_letter=self.dead_letter,
                 acks_topic=self.acks_topic,
+                offset_commit_interval=self.offset_commit_interval,
             )
             async with consumer:
                 while not self._stop.is_set():

@@ -57,6 +57,8 @@ def start(
     ) -> Harness:
         dead_letter = settings.pop("dead_letter", None)
         acks_topic = settings.pop("acks_topic", None)
+        interval = settings.pop("offset_commit_interval", 0.0)
+        group_id = settings.pop("group_id", None)
         harness = Harness(
             adapter,
             sa_url=sa_url,
@@ -66,6 +68,8 @@ def start(
             behaviour=behaviour or Behaviour(),
             dead_letter=dead_letter,
             acks_topic=acks_topic,
+            offset_commit_interval=interval,
+            group_id=group_id,
         )
         running.append(harness.start())
         return harness
@@ -304,3 +308,25 @@ def test_outcomes_are_acknowledged_on_the_acks_topic(
     ]
     assert [r.key() for r in records] == [good.encode(), bad.encode()]
     assert "not a valid" in bodies[1]["error"]
+
+
+def test_interval_offset_commits_are_flushed_on_close(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    first = [str(uuid.uuid4()) for _ in range(3)]
+    for event_id in first:
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    harness = start([topic], offset_commit_interval=600.0, group_id=group)
+    wait_until(lambda: _state(outboxkit_db_url, first[-1]) == "succeeded", what="first batch")
+    harness.stop()  # nothing was due yet: close commits the settled offsets
+    later = str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, later, "o", 2)
+    second = start([topic], offset_commit_interval=600.0, group_id=group)
+    wait_until(lambda: _state(outboxkit_db_url, later) == "succeeded", what="later event")
+    assert [(o.kind, o.event_id) for o in second.outcomes] == [(OutcomeKind.SUCCEEDED, later)]
+    assert len(effects(outboxkit_db_url)) == 4

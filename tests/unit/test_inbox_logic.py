@@ -14,6 +14,7 @@ from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.deadletter import dead_letter_headers, dead_letter_topic
 from outboxkit.inbox.envelope import identify
 from outboxkit.inbox.gate import PartitionGate
+from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome
 
 pytestmark = pytest.mark.unit
@@ -208,3 +209,17 @@ def test_ack_records_only_for_outcomes_this_delivery_decided() -> None:
     assert ack_record("billing", env, Outcome(OutcomeKind.DUPLICATE, "e1")) is None
     assert ack_record("billing", env, Outcome(OutcomeKind.RETRY, "e1")) is None
     assert ack_record("billing", env, Outcome(OutcomeKind.REJECTED, None, error="no id")) is None
+
+
+def test_pending_offsets_commit_on_interval_and_per_partition() -> None:
+    pending = PendingOffsets(interval=5.0, now=100.0)
+    pending.settle(("t", 0), 4)
+    pending.settle(("t", 0), 3)  # never moves backwards
+    pending.settle(("t", 1), 9)
+    assert pending.due(104.0) == {}
+    assert pending.take([("t", 1), ("t", 7)]) == {("t", 1): 9}
+    assert pending.due(105.0) == {("t", 0): 4}
+    assert pending.due(106.0) == {}
+    pending.settle(("t", 0), 5)
+    assert pending.due(109.0) == {}
+    assert pending.due(110.0) == {("t", 0): 5}
