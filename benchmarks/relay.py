@@ -234,7 +234,7 @@ def latency(server_url: str, bootstrap: str, mode: str) -> tuple[float, float, i
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
-                "fetch.wait.max.ms": 20,
+                "fetch.wait.max.ms": 5,
             }
         )
         consumer.subscribe([topic])

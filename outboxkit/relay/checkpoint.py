@@ -96,8 +96,15 @@ class CheckpointTopic:
                 except KafkaException as exc:
                     if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                         raise PublishError(f"cannot create {self.topic}: {exc}") from exc
-            metadata = admin.list_topics(topic=self.topic, timeout=self._timeout)
-            found = metadata.topics[self.topic]
+        deadline = time.monotonic() + self._timeout
+        while found is None or found.error is not None or not found.partitions:
+            # A topic just created may show up without partitions for a moment.
+            if time.monotonic() > deadline:
+                raise PublishError(f"checkpoint topic {self.topic} has no partitions")
+            time.sleep(0.1)
+            found = admin.list_topics(topic=self.topic, timeout=self._timeout).topics.get(
+                self.topic
+            )
         return len(found.partitions)
 
     async def last_committed(self, group: str, shard: int) -> Checkpoint | None:

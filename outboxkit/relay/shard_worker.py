@@ -107,8 +107,10 @@ class ShardWorker:
                 self.lease_lost_count += 1
                 self._metrics.lease_lost.labels(self._label).inc()
                 logger.warning("lease lost on shard %s: %s; back to standby", self.shard, exc)
-            except (psycopg.Error, OSError, PublishError) as exc:
+            except Exception as exc:  # a worker must never die silently: log, back off, retry
                 failures += 1
+                if not isinstance(exc, psycopg.Error | OSError | PublishError):
+                    logger.exception("shard %s: unexpected error", self.shard)
                 delay = backoff_delay(
                     failures, self.config.backoff_initial, self.config.backoff_max, self._rng
                 )
@@ -220,10 +222,11 @@ class ShardWorker:
                 else:
                     batch = await self._store.claim(conn, self.shard, self._limit)
                     term.check()
+                if time.monotonic() >= next_retention:  # idle or not: tables stay bounded
+                    await self._settle_mark()
+                    await self._retention(term, conn)
+                    next_retention = time.monotonic() + self.config.poll_interval * 5
                 if not batch:
-                    if time.monotonic() >= next_retention:
-                        await self._retention(term, conn)
-                        next_retention = time.monotonic() + self.config.poll_interval * 5
                     self.wake.clear()
                     await wait_any([self.wake, self.stop], idle_wait)
                     idle_wait = min(self.config.poll_interval, idle_wait * 2)

@@ -40,7 +40,7 @@ class AiokafkaProducer(RelayProducer):
             "bootstrap_servers": bootstrap,
             "enable_idempotence": True,
             "acks": "all",
-            "linger_ms": 2,
+            "linger_ms": 0,
             "request_timeout_ms": int(timeout * 1000),
             "transactional_id": transactional_id,
         }
