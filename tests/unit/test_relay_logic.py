@@ -182,3 +182,11 @@ def test_record_headers_carry_identity_and_trace_context() -> None:
     assert headers["schema-version"] == b"2"
     assert headers["traceparent"] == b"00-a-b-01"
     assert "aggregate-id" not in headers
+
+
+def test_the_shipped_example_configuration_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "relay" / "relay.example.toml"
+    env = {"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_KAFKA_BOOTSTRAP": "kafka:9092"}
+    config = load_config(example, env=env)
+    assert config.mode is Mode.EXACTLY_ONCE
+    assert config.metrics_port == 9400
