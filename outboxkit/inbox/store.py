@@ -42,9 +42,13 @@ class _Statements:
         self.owner = owner
         self.schema = schema
         self.lease_seconds = lease_seconds
+        self._texts: dict[str, TextClause] = {}
 
     def _q(self, name: str) -> TextClause:
-        return text(query("inbox", name, self.schema))
+        clause = self._texts.get(name)
+        if clause is None:
+            clause = self._texts[name] = text(query("inbox", name, self.schema))
+        return clause
 
     def _key(self, event_id: str) -> dict[str, Any]:
         return {"consumer": self.consumer, "event_id": event_id}

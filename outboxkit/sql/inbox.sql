@@ -5,13 +5,18 @@
 -- name: claim
 -- A new event gets a processing row; a redelivery of an unfinished one (same content) takes the
 -- lease over with a newer token, which fences any older handler still running for it.
+-- The claim alone need not wait for its WAL flush (synchronous_commit off, for this statement's
+-- own transaction only): if a crash loses it, the redelivery simply claims again, and every
+-- later synchronous commit (the handler's, a cancel) flushes the WAL past it.
+WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting)
 INSERT INTO {schema}.inbox_message AS m
     (consumer, event_id, idempotency_key, content_digest, event_type, state, attempts,
      lease_owner, lease_token, lease_expires_at, topic, kafka_partition, kafka_offset)
-VALUES
-    (:consumer, :event_id, :idempotency_key, :content_digest, :event_type, 'processing', 1,
-     :owner, nextval('{schema}.inbox_lease_token_seq'),
-     now() + make_interval(secs => :lease_seconds), :topic, :kafka_partition, :kafka_offset)
+SELECT
+    :consumer, :event_id, :idempotency_key, :content_digest, :event_type, 'processing', 1,
+    :owner, nextval('{schema}.inbox_lease_token_seq'),
+    now() + make_interval(secs => :lease_seconds), :topic, :kafka_partition, :kafka_offset
+FROM relaxed
 ON CONFLICT (consumer, event_id) DO UPDATE
 SET attempts = m.attempts + 1,
     lease_owner = EXCLUDED.lease_owner,
