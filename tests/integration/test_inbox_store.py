@@ -290,3 +290,30 @@ def test_a_handler_cannot_commit_its_own_session(engine: Engine, outboxkit_db_ur
     assert outcome.kind is OutcomeKind.RETRY
     assert "HandlerCommitError" in (outcome.error or "")
     assert effects(outboxkit_db_url) == []
+
+
+def test_a_long_handler_keeps_its_lease_renewed(engine: Engine, outboxkit_db_url: str) -> None:
+    seen: list[Any] = []
+
+    def slow(event: Any, ctx: HandlerContext, session: Session) -> None:
+        _effect_handler(event, ctx, session)
+        for _ in range(80):  # ~4 s, far beyond the 1.5 s lease
+            ctx.check()
+            with psycopg.connect(outboxkit_db_url) as conn:
+                row = conn.execute(
+                    "SELECT lease_expires_at > now(), lease_expires_at"
+                    " FROM outboxkit.inbox_message WHERE event_id = %s",
+                    (ctx.event_id,),
+                ).fetchone()
+            seen.append(row)
+            time.sleep(0.05)
+
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, lease_seconds=1.5)
+    inbox = Inbox(engine, slow, settings)
+    try:
+        outcome = inbox.process(_env(str(uuid.uuid4())))
+    finally:
+        inbox.close()
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert all(alive for alive, _ in seen)  # never expired while the handler ran
+    assert len({expires for _, expires in seen}) >= 3  # renewed several times
