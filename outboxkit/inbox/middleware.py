@@ -187,7 +187,8 @@ class Inbox:
         try:
             event = self.settings.registry.decode(ident.event_type, ident.content_type, env.value)
         except DecodeError as exc:
-            self.store.finish(ident.event_id, claim.token, "rejected", str(exc))
+            if not self.store.finish(ident.event_id, claim.token, "rejected", str(exc)):
+                return self._lease_lost(ident, claim, f"rejection refused: {exc}")
             return Outcome(OutcomeKind.REJECTED, ident.event_id, claim.attempts, str(exc))
         with self._renewer.keep(ident.event_id, claim.token) as lease_lost:
 
@@ -249,7 +250,10 @@ class Inbox:
         dead_letter: DeadLetterSink | None,
     ) -> Outcome:
         # Dead-letter record first, then the row: a crash in between repeats the record
-        # (at-least-once, carrying the event id) rather than losing it.
+        # (at-least-once, carrying the event id) rather than losing it. A cancelled or
+        # taken-over event gets no dead letter (checked by renewing the lease by token).
+        if not self.store.renew(ident.event_id, claim.token):
+            return self._lease_lost(ident, claim, f"not dead-lettered: {error}")
         if dead_letter is not None:
             dead_letter(env, ident.event_id, error, claim.attempts)
         if not self.store.finish(ident.event_id, claim.token, "dead", error):
@@ -315,7 +319,8 @@ class AsyncInbox:
         try:
             event = self.settings.registry.decode(ident.event_type, ident.content_type, env.value)
         except DecodeError as exc:
-            await self.store.finish(ident.event_id, claim.token, "rejected", str(exc))
+            if not await self.store.finish(ident.event_id, claim.token, "rejected", str(exc)):
+                return await self._lease_lost(ident, claim, f"rejection refused: {exc}")
             return Outcome(OutcomeKind.REJECTED, ident.event_id, claim.attempts, str(exc))
         async with AsyncLeaseKeeper(self.store, ident.event_id, claim.token) as keeper:
 
@@ -377,6 +382,8 @@ class AsyncInbox:
         error: str,
         dead_letter: AsyncDeadLetterSink | None,
     ) -> Outcome:
+        if not await self.store.renew(ident.event_id, claim.token):
+            return await self._lease_lost(ident, claim, f"not dead-lettered: {error}")
         if dead_letter is not None:
             await dead_letter(env, ident.event_id, error, claim.attempts)
         if not await self.store.finish(ident.event_id, claim.token, "dead", error):

@@ -317,3 +317,33 @@ def test_a_long_handler_keeps_its_lease_renewed(engine: Engine, outboxkit_db_url
     assert outcome.kind is OutcomeKind.SUCCEEDED
     assert all(alive for alive, _ in seen)  # never expired while the handler ran
     assert len({expires for _, expires in seen}) >= 3  # renewed several times
+
+
+def test_a_cancelled_event_is_not_dead_lettered(engine: Engine, outboxkit_db_url: str) -> None:
+    dead_letters: list[str] = []
+
+    def fail_after_cancel(event: Any, ctx: HandlerContext, session: Session) -> None:
+        cancel_event(engine, "billing", ctx.event_id)
+        raise RuntimeError("gave up")
+
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, policy=RetryPolicy(1))
+    inbox = Inbox(engine, fail_after_cancel, settings)
+    event_id = str(uuid.uuid4())
+    try:
+        outcome = inbox.process(
+            _env(event_id), dead_letter=lambda e, i, err, n: dead_letters.append(i)
+        )
+    finally:
+        inbox.close()
+    assert outcome.kind is OutcomeKind.CANCELLED
+    assert dead_letters == []
+    assert _state_of(outboxkit_db_url, event_id) == "cancelled"
+
+
+def _state_of(db_url: str, event_id: str) -> str:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT state FROM outboxkit.inbox_message WHERE event_id = %s", (event_id,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
