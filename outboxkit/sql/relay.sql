@@ -36,14 +36,18 @@ RETURNING token;
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
        m.headers, m.event_type, m.schema_version, m.aggregate_type, m.aggregate_id, m.attempts
 FROM {schema}.outbox_message m
-WHERE m.shard = %(shard)s AND m.state = 'pending'
+-- "shard BETWEEN x AND x" and "ORDER BY shard, id" (not "shard = x", "ORDER BY id") on purpose:
+-- only the partial pending index (shard, id) can deliver that order, so the planner never walks
+-- the primary key past every already-published row (with stale statistics after a large
+-- backlog it would, and each claim would cost O(table) instead of O(batch)).
+WHERE m.shard BETWEEN %(shard)s AND %(shard)s AND m.state = 'pending'
   AND (m.deliver_after IS NULL OR m.deliver_after <= now())
   AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
   AND (%(skip_parked_keys)s OR m.message_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
   AND m.id <> ALL(%(in_flight)s::bigint[])
-ORDER BY m.id
+ORDER BY m.shard, m.id
 LIMIT %(limit)s;
 
 -- name: mark_published
