@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -32,6 +32,9 @@ from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.middleware import AsyncInbox
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.metrics import InboxMetrics
 
 logger = logging.getLogger("outboxkit.inbox.aiokafka")
 
@@ -63,10 +66,12 @@ class AiokafkaInboxConsumer:
         dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC,
         acks_topic: str | None = None,
         offset_commit_interval: float = 0.0,
+        metrics: InboxMetrics | None = None,
         poll_timeout: float = 0.5,
         max_records: int = 100,
     ) -> None:
         self.inbox = inbox
+        self.metrics = metrics
         self._pending = (
             PendingOffsets(offset_commit_interval, time.monotonic())
             if offset_commit_interval > 0
@@ -158,6 +163,7 @@ class AiokafkaInboxConsumer:
             timestamp_ms=msg.timestamp,
         )
         self._current = tp
+        began = time.monotonic()
         self._revoked = False
         try:
             outcome = await self.inbox.process(
@@ -168,6 +174,8 @@ class AiokafkaInboxConsumer:
             outcome = Outcome(OutcomeKind.RETRY, None, retry_in=_ERROR_RETRY_SECONDS)
         finally:
             self._current = None
+        if self.metrics is not None:
+            self.metrics.observe(self.inbox.settings.consumer, outcome, time.monotonic() - began)
         await self._settle(env, outcome)
         return outcome
 

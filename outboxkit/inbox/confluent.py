@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
@@ -33,6 +33,9 @@ from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.middleware import Inbox
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.metrics import InboxMetrics
 
 logger = logging.getLogger("outboxkit.inbox.confluent")
 
@@ -58,9 +61,11 @@ class ConfluentInboxConsumer:
         dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC,
         acks_topic: str | None = None,
         offset_commit_interval: float = 0.0,
+        metrics: InboxMetrics | None = None,
         poll_timeout: float = 0.5,
     ) -> None:
         self.inbox = inbox
+        self.metrics = metrics
         self._pending = (
             PendingOffsets(offset_commit_interval, time.monotonic())
             if offset_commit_interval > 0
@@ -145,6 +150,7 @@ class ConfluentInboxConsumer:
         if not self._gate.accept(tp, env.offset):
             return None
         self._current = tp
+        began = time.monotonic()
         self._revoked.clear()
         try:
             outcome = self.inbox.process(
@@ -155,6 +161,8 @@ class ConfluentInboxConsumer:
             outcome = Outcome(OutcomeKind.RETRY, None, retry_in=_ERROR_RETRY_SECONDS)
         finally:
             self._current = None
+        if self.metrics is not None:
+            self.metrics.observe(self.inbox.settings.consumer, outcome, time.monotonic() - began)
         self._settle(env, outcome)
         return outcome
 

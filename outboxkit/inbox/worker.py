@@ -67,6 +67,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, Any]:
     help="Seconds between offset commits (0: commit after every message).",
 )
 @click.option("--config", "config_items", multiple=True, help="Kafka consumer option key=value.")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics here.")
 @click.option(
     "--dedup-window",
     type=float,
@@ -93,6 +94,7 @@ def main(
     offset_commit_interval: float,
     config_items: tuple[str, ...],
     dedup_window: float | None,
+    metrics_port: int | None,
     verbose: int,
 ) -> None:
     """Consume TOPIC(s) through the dedup middleware until SIGTERM."""
@@ -113,7 +115,16 @@ def main(
     )
     if dedup_window is not None:
         _check_window(bootstrap, list(topics), dedup_window)
+    metrics = None
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from outboxkit.inbox.metrics import InboxMetrics
+
+        metrics = InboxMetrics()
+        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
     options = {
+        "metrics": metrics,
         "handler": load_object(handler_spec),
         "settings": settings,
         "url": sqlalchemy_url(database_url),
@@ -152,6 +163,7 @@ def _run_confluent(
     acks_topic: str | None,
     offset_commit_interval: float,
     config: dict[str, Any],
+    metrics: Any,
 ) -> None:
     from outboxkit.inbox.confluent import ConfluentInboxConsumer
 
@@ -169,6 +181,7 @@ def _run_confluent(
             dead_letter=dead_letter,
             acks_topic=acks_topic,
             offset_commit_interval=offset_commit_interval,
+            metrics=metrics,
         )
         with consumer:
             consumer.run(stop)
@@ -188,6 +201,7 @@ async def _run_aiokafka(
     acks_topic: str | None,
     offset_commit_interval: float,
     config: dict[str, Any],
+    metrics: Any,
 ) -> None:
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
 
@@ -206,6 +220,7 @@ async def _run_aiokafka(
             dead_letter=dead_letter,
             acks_topic=acks_topic,
             offset_commit_interval=offset_commit_interval,
+            metrics=metrics,
         )
         async with consumer:
             await consumer.run(stop)

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
+from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.wire import (
     HEADER_CONTENT_TYPE,
@@ -221,6 +222,7 @@ class Harness:
         acks_topic: str | None = None,
         offset_commit_interval: float = 0.0,
     ) -> None:
+        self.metrics = InboxMetrics()
         self.acks_topic = acks_topic
         self.offset_commit_interval = offset_commit_interval
         self.adapter = adapter
@@ -270,6 +272,7 @@ class Harness:
                 dead_letter=self.dead_letter,
                 acks_topic=self.acks_topic,
                 offset_commit_interval=self.offset_commit_interval,
+                metrics=self.metrics,
             )
             with consumer:
                 while not self._stop.is_set():
@@ -293,6 +296,7 @@ class Harness:
                 dead_letter=self.dead_letter,
                 acks_topic=self.acks_topic,
                 offset_commit_interval=self.offset_commit_interval,
+                metrics=self.metrics,
             )
             async with consumer:
                 while not self._stop.is_set():

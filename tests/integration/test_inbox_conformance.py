@@ -107,6 +107,13 @@ def test_each_event_applied_once_and_succeeded(
     assert row["kafka_offset"] == 0
     assert row["finished_at"] is not None
     assert [o.kind for o in harness.outcomes] == [OutcomeKind.SUCCEEDED] * 3
+    registry = harness.metrics.registry
+    labels = {"consumer": "billing", "outcome": "succeeded"}
+    assert registry.get_sample_value("outboxkit_inbox_outcomes_total", labels) == 3
+    count = registry.get_sample_value(
+        "outboxkit_inbox_process_seconds_count", {"consumer": "billing"}
+    )
+    assert count == 3
 
 
 def test_same_event_twice_one_effect_one_duplicate(

@@ -1,0 +1,33 @@
+"""Prometheus metrics of consumer outcomes (needs the ``metrics`` extra: prometheus-client).
+
+Pass an :class:`InboxMetrics` to an adapter (``metrics=``); the worker exposes it with
+``--metrics-port``. Outcome labels are the :class:`OutcomeKind` values.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from outboxkit.inbox.outcome import Outcome
+
+
+class InboxMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.outcomes = Counter(
+            "outboxkit_inbox_outcomes",
+            "Deliveries settled, by consumer and outcome.",
+            ["consumer", "outcome"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "outboxkit_inbox_process_seconds",
+            "Claim-to-outcome latency of one delivery.",
+            ["consumer"],
+            registry=self.registry,
+            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+
+    def observe(self, consumer: str, outcome: Outcome, seconds: float) -> None:
+        self.outcomes.labels(consumer, outcome.kind.value).inc()
+        self.seconds.labels(consumer).observe(seconds)
