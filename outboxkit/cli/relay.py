@@ -46,8 +46,9 @@ def _setup_logging(json_logs: bool) -> None:
 
 
 def _config(ctx_obj: dict[str, Any], **overrides: Any) -> RelayConfig:
+    options = {k: v for k, v in ctx_obj.items() if k != "config_path"}
     try:
-        return load_config(ctx_obj.get("config_path"), overrides={**ctx_obj, **overrides})
+        return load_config(ctx_obj.get("config_path"), overrides={**options, **overrides})
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -62,8 +63,6 @@ def _config(ctx_obj: dict[str, Any], **overrides: Any) -> RelayConfig:
 def relay(ctx: click.Context, /, config_path: str | None, **options: Any) -> None:
     """The fenced relay: outbox rows to Kafka."""
     ctx.obj = {"config_path": config_path, **{k: v for k, v in options.items() if v is not None}}
-    # kafka_bootstrap is required by the model; the control commands do not need it.
-    ctx.obj.setdefault("kafka_bootstrap", "")
 
 
 @relay.command()

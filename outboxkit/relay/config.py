@@ -46,7 +46,7 @@ class RelayConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     database_url: SecretStr
-    kafka_bootstrap: str
+    kafka_bootstrap: str = ""  # required by `relay run`; the control commands do without
     schema_name: str = DEFAULT_SCHEMA
     relay_group: str = "default"
     owned_shards: tuple[int, ...] | None = None  # None: every shard of outbox_setting

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -73,3 +74,17 @@ async def test_status_shows_holder_token_backlog_and_age(
         assert all(s["backlog"] == 0 and s["token"] for s in after["shards"])
         text = _cli(outboxkit_db_url, "relay", "status")
         assert relay.holder in text
+
+
+def test_control_commands_read_a_toml_file(outboxkit_db_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "relay.toml"
+    config.write_text('[relay]\nrelay_group = "blue"\nkafka_bootstrap = "unused:9092"\n')
+    _cli(outboxkit_db_url, "relay", "--config", str(config), "pause", "--reason", "drill")
+    status = json.loads(
+        _cli(outboxkit_db_url, "relay", "--config", str(config), "status", "--json")
+    )
+    assert status["group"] == "blue"
+    assert status["paused"] is True
+    other = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
+    assert other["group"] == "default"
+    assert other["paused"] is False
