@@ -6,9 +6,9 @@ sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each
 
 Measured, each on a fresh database:
 - raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards);
-- relay: ``outboxkit relay run`` as separate processes, exactly-once mode (1 shard with batches
-  of 500 and 2000; 4 shards shared by 2 processes), rate = rows / (last published_at - first
-  published_at), the same clock as the raw drain;
+- relay: ``outboxkit relay run`` as separate processes (exactly-once with batches of 500 and
+  2000, at-least-once with 500, on 1 shard; exactly-once on 4 shards shared by 2 processes),
+  rate = rows / (last published_at - first published_at), the same clock as the raw drain;
 - bare producer: confluent-kafka, idempotent, acks=all, the same 500-byte messages;
 - latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
   consumer timestamps arrival; p50/p99 of commit -> visible, in both modes.
@@ -173,7 +173,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def relay_throughput(
-    server_url: str, bootstrap: str, topic: str, shards: int, batch: int, processes: int
+    server_url: str,
+    bootstrap: str,
+    topic: str,
+    shards: int,
+    batch: int,
+    processes: int,
+    mode: str = "exactly_once",
 ) -> float:
     """``processes`` relay processes share the shards (each a separate Python interpreter)."""
     url = fresh_database(server_url, shards)
@@ -186,7 +192,7 @@ def relay_throughput(
                 relay_process(
                     url,
                     bootstrap,
-                    "exactly_once",
+                    mode,
                     {"OUTBOXKIT_RELAY_BATCH_SIZE": str(batch), "OUTBOXKIT_RELAY_SHARDS": owned},
                 )
             )
@@ -310,12 +316,13 @@ def main() -> None:
         create_topic(bootstrap, topic, 4)
         print(f"backlog {ROWS} rows, 500-byte JSON payloads, {KEYS} keys, batch {BATCH}")
         results: dict[str, float] = {}
-        runs = [  # (label, shards, relay batch, relay processes)
-            ("1 shard, batch 500, 1 process", 1, 500, 1),
-            ("1 shard, batch 2000, 1 process", 1, 2000, 1),
-            ("4 shards, batch 500, 2 processes", 4, 500, 2),
+        runs = [  # (label, shards, relay batch, relay processes, mode)
+            ("exactly-once, 1 shard, batch 500, 1 process", 1, 500, 1, "exactly_once"),
+            ("exactly-once, 1 shard, batch 2000, 1 process", 1, 2000, 1, "exactly_once"),
+            ("at-least-once, 1 shard, batch 500, 1 process", 1, 500, 1, "at_least_once"),
+            ("exactly-once, 4 shards, batch 500, 2 processes", 4, 500, 2, "exactly_once"),
         ]
-        for label, shards, batch, processes in runs:
+        for label, shards, batch, processes, mode in runs:
             raw_key = f"raw{shards}"
             if raw_key not in results:
                 results[raw_key] = raw_drain(server_url, topic, shards)
@@ -324,10 +331,10 @@ def main() -> None:
                     f" {results[raw_key]:,.0f} rows/s",
                     flush=True,
                 )
-            rate = relay_throughput(server_url, bootstrap, topic, shards, batch, processes)
+            rate = relay_throughput(server_url, bootstrap, topic, shards, batch, processes, mode)
             results[label] = rate
             print(
-                f"relay exactly-once (mark), {label}: {rate:,.0f} rows/s"
+                f"relay (mark), {label}: {rate:,.0f} rows/s"
                 f" = {rate / results[raw_key]:.2f} x raw drain",
                 flush=True,
             )
