@@ -93,4 +93,4 @@ class ProducerFencedError(PublishError):
 
 
 class HandlerCommitError(OutboxkitError):
-    """An inbox handler tried to commit its session; the middleware commits it with the dedup row."""
+    """A handler tried to commit its session; the middleware commits it with the dedup row."""
