@@ -30,14 +30,44 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _terminate)
 
 
+_started_stacks: list[str] = []
+
+
 @pytest.fixture(scope="session")
 def outboxkit_stack() -> Iterator[DevStack]:
     """The running dev stack (self-started unless the environment names external services)."""
     stack = DevStack().start()
+    _started_stacks.append(_describe(stack))
     try:
         yield stack
     finally:
         stack.stop()
+
+
+def _describe(stack: DevStack) -> str:
+    parts = []
+    if stack.postgres is not None:
+        seconds = stack.startup_seconds.get("postgresql", 0.0)
+        parts.append(
+            f"PostgreSQL self-started at 127.0.0.1:{stack.postgres.port} in {seconds:.1f}s"
+            f" (pid {stack.postgres.service.pid if stack.postgres.service else '?'})"
+        )
+    else:
+        parts.append("PostgreSQL external (OUTBOXKIT_DATABASE_URL)")
+    if stack.kafka is not None:
+        seconds = stack.startup_seconds.get("kafka", 0.0)
+        parts.append(
+            f"Apache Kafka {stack.kafka.version} (KRaft) self-started at {stack.kafka.bootstrap}"
+            f" in {seconds:.1f}s (pid {stack.kafka.service.pid if stack.kafka.service else '?'})"
+        )
+    else:
+        parts.append(f"Kafka external at {stack.kafka_bootstrap} (OUTBOXKIT_KAFKA_BOOTSTRAP)")
+    return "; ".join(parts)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _started_stacks:
+        terminalreporter.write_line(f"outboxkit dev stack: {line}")
 
 
 @pytest.fixture(scope="session")
