@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict outboxkit
+	$(VENV)/bin/mypy --strict outboxkit examples
 
 check: lint typecheck
 
