@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from outboxkit.devstack.process import ServiceProcess, cache_dir, free_port, log_tail
+from outboxkit.devstack.process import ManagedServer, ServiceProcess, cache_dir, free_port
 from outboxkit.errors import DevStackError
 
 KAFKA_VERSION = "4.1.1"
@@ -129,8 +129,11 @@ def _metadata_ok(bootstrap: str) -> bool:
     return bool(meta.brokers)
 
 
-class KafkaServer:
+class KafkaServer(ManagedServer):
     """One combined controller+broker node. ``stop``/``kill``/``start`` keep the log dirs."""
+
+    log_name = "kafka.log"
+    stop_timeout = 60.0
 
     def __init__(self, base_dir: Path | None = None, *, version: str = KAFKA_VERSION) -> None:
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-kafka-"))
@@ -221,26 +224,3 @@ class KafkaServer:
                 owned_dir=self.base_dir,
             )
         self._service.start()
-
-    def stop(self) -> None:
-        if self._service is not None:
-            self._service.stop(timeout=60)
-
-    def kill(self) -> None:
-        if self._service is not None:
-            self._service.kill()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    @property
-    def service(self) -> ServiceProcess | None:
-        return self._service
-
-    def log_tail(self) -> str:
-        return log_tail(self.base_dir / "kafka.log")
-
-    def destroy(self) -> None:
-        self.kill()
-        shutil.rmtree(self.base_dir, ignore_errors=True)

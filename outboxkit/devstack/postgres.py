@@ -11,7 +11,13 @@ from pathlib import Path
 
 import psycopg
 
-from outboxkit.devstack.process import ServiceProcess, chown_tree, free_port, service_user
+from outboxkit.devstack.process import (
+    ManagedServer,
+    ServiceProcess,
+    chown_tree,
+    free_port,
+    service_user,
+)
 from outboxkit.errors import DevStackError
 
 _DEBIAN_BINDIRS = (
@@ -39,8 +45,10 @@ def find_bindir() -> Path:
     )
 
 
-class PostgresServer:
+class PostgresServer(ManagedServer):
     """One cluster. ``stop``/``kill``/``start`` keep the data, so tests can restart it."""
+
+    log_name = "postgres.log"
 
     def __init__(self, base_dir: Path | None = None, *, durable: bool = False) -> None:
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-pg-"))
@@ -130,26 +138,6 @@ class PostgresServer:
                 owned_dir=self.base_dir,
             )
         self._service.start()
-
-    def stop(self) -> None:
-        if self._service is not None:
-            self._service.stop()
-
-    def kill(self) -> None:
-        if self._service is not None:
-            self._service.kill()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    @property
-    def service(self) -> ServiceProcess | None:
-        return self._service
-
-    def destroy(self) -> None:
-        self.kill()
-        shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
 def database_url_with(url: str, database: str) -> str:

@@ -265,3 +265,42 @@ def chown_tree(path: Path, user: str | None) -> None:
         shutil.chown(root, entry.pw_uid, entry.pw_gid)
         for name in dirs + files:
             os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+
+
+class ManagedServer:
+    """Lifecycle shared by the dev stack's servers; subclasses build ``_service`` in ``start``.
+
+    ``stop``/``kill``/``start`` keep the data directory, so tests can restart a server;
+    ``destroy`` removes it.
+    """
+
+    base_dir: Path
+    log_name: str
+    stop_timeout: float = 30.0
+    _service: ServiceProcess | None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self._service is not None:
+            self._service.stop(timeout=self.stop_timeout)
+
+    def kill(self) -> None:
+        if self._service is not None:
+            self._service.kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def service(self) -> ServiceProcess | None:
+        return self._service
+
+    def log_tail(self) -> str:
+        return log_tail(self.base_dir / self.log_name)
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
