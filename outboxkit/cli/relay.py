@@ -80,7 +80,13 @@ def relay(ctx: click.Context, /, config_path: str | None, **options: Any) -> Non
 @click.pass_obj
 def run(obj: dict[str, Any], /, shards: str | None, json_logs: bool, **options: Any) -> None:
     """Run the relay until SIGTERM/SIGINT."""
-    from outboxkit.relay.runner import Relay
+    try:
+        from outboxkit.relay.runner import Relay
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the relay needs a Kafka client ({exc.name} is not installed):"
+            " pip install 'outboxkit[confluent]' (or 'outboxkit[aiokafka]')"
+        ) from exc
 
     if shards:
         options["owned_shards"] = tuple(int(s) for s in shards.split(","))
