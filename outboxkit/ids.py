@@ -17,15 +17,33 @@ _counter = 0
 _COUNTER_MAX = 0xFFF  # 12 bits of rand_a used as a sub-millisecond counter (RFC 9562, method 1)
 
 
+_POOL_BYTES = 4_000  # os.urandom once per 400 ids instead of one system call per id
+_pool = b""
+_pool_pos = 0
+
+
+def _drop_pool() -> None:
+    """A forked child must not hand out the random bits its parent also uses."""
+    global _pool, _pool_pos
+    _pool, _pool_pos = b"", 0
+
+
+os.register_at_fork(after_in_child=_drop_pool)
+
+
 def uuid7() -> uuid.UUID:
     """A UUIDv7: 48-bit Unix milliseconds, then a counter, then 62 random bits.
 
     Ids from one process are strictly increasing, even within one millisecond and when the
     wall clock steps back (the last timestamp is reused and the counter carries on).
     """
-    global _last_ms, _counter
-    random_bits = int.from_bytes(os.urandom(10), "big")  # 62 for rand_b, 9 for a fresh counter
+    global _last_ms, _counter, _pool, _pool_pos
     with _lock:
+        if _pool_pos + 10 > len(_pool):
+            _pool, _pool_pos = os.urandom(_POOL_BYTES), 0
+        # 62 bits for rand_b, 9 for a fresh counter
+        random_bits = int.from_bytes(_pool[_pool_pos : _pool_pos + 10], "big")
+        _pool_pos += 10
         now_ms = time.time_ns() // 1_000_000
         if now_ms > _last_ms:
             _last_ms = now_ms

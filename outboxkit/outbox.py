@@ -222,7 +222,14 @@ def _record_size(row: _Row, headers: Mapping[str, str]) -> int:
 _topic_ok = lru_cache(maxsize=4096)(validate_topic)
 
 
-def _prepare(item: Writable, config: OutboxConfig, **overrides: Any) -> _Row:
+def _prepare(
+    item: Writable,
+    config: OutboxConfig,
+    trace_headers: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> _Row:
+    """Validate and serialise one item. ``trace_headers``: the current trace context, when the
+    caller already read it once for a whole batch (the context cannot change within one call)."""
     if isinstance(item, Event):
         msg = Message.from_event(item, **overrides)
     elif isinstance(item, Message):
@@ -238,11 +245,13 @@ def _prepare(item: Writable, config: OutboxConfig, **overrides: Any) -> _Row:
         _topic_ok(topic)
     else:
         validate_topic(topic)  # raises
-    for label, value in (("key", msg.key), ("event_type", msg.event_type)):
-        if value is not None and not isinstance(value, str):
-            raise ValidationError(f"message {label} must be a str or None, got {value!r}")
+    if msg.key is not None and not isinstance(msg.key, str):
+        raise ValidationError(f"message key must be a str or None, got {msg.key!r}")
+    if msg.event_type is not None and not isinstance(msg.event_type, str):
+        raise ValidationError(f"message event_type must be a str or None, got {msg.event_type!r}")
     payload, content_type = encode_payload(msg.payload, msg.content_type)
-    trace_headers = current_trace_headers()
+    if trace_headers is None:
+        trace_headers = current_trace_headers()
     headers = {**trace_headers, **msg.headers} if trace_headers else msg.headers
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
@@ -466,7 +475,9 @@ class Outbox:
         return _Plan(self.config, [row])
 
     def _plan_many(self, items: Iterable[Writable]) -> _Plan:
-        return _Plan(self.config, [_prepare(item, self.config) for item in items])
+        trace_headers = current_trace_headers()  # once per call, not once per row
+        config = self.config
+        return _Plan(config, [_prepare(item, config, trace_headers) for item in items])
 
     # -- sync ----------------------------------------------------------------------------
     def add(

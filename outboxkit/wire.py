@@ -7,6 +7,7 @@ into Kafka headers) and the consumer middleware (which reads them back and compa
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 
 HEADER_EVENT_ID = "event-id"
@@ -20,6 +21,8 @@ HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
 
 JSON_CONTENT_TYPE = "application/json"
+
+_LEN = struct.Struct(">Q")  # the 8-byte big-endian length prefix of each digested part
 
 KafkaHeaders = Sequence[tuple[str, bytes | None]]
 
@@ -37,11 +40,27 @@ def content_digest(
     Length-prefixed so that no two different tuples hash alike. Headers such as trace context
     are deliberately left out: a retry from another trace is still the same event.
     """
-    digest = hashlib.sha256()
-    for part in (topic.encode(), _opt(key), _opt(event_type), content_type.encode(), payload):
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return digest.digest()
+    topic_b = topic.encode()
+    key_b = _opt(key)
+    type_b = _opt(event_type)
+    content_type_b = content_type.encode()
+    # One buffer, one update: the same bytes as updating part by part, for less Python work.
+    return hashlib.sha256(
+        b"".join(
+            (
+                _LEN.pack(len(topic_b)),
+                topic_b,
+                _LEN.pack(len(key_b)),
+                key_b,
+                _LEN.pack(len(type_b)),
+                type_b,
+                _LEN.pack(len(content_type_b)),
+                content_type_b,
+                _LEN.pack(len(payload)),
+                payload,
+            )
+        )
+    ).digest()
 
 
 def _opt(value: str | None) -> bytes:

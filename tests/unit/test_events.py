@@ -194,6 +194,31 @@ def test_uuid7_is_time_ordered_and_unique() -> None:
     assert abs(uuid7_time_ms(ids[-1]) - time.time() * 1000) < 5_000
 
 
+def test_uuid7_of_a_forked_child_differs_from_its_parent() -> None:
+    """The random pool must not be shared with a forked child (same millisecond and counter
+    plus the same random bits would repeat an id)."""
+    import os
+
+    uuid7()  # the parent has a filled pool
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        os.write(write_end, b"".join(uuid7().bytes for _ in range(50)))
+        os._exit(0)
+    os.close(write_end)
+    parent_ids = {uuid7().bytes for _ in range(50)}
+    data = b""
+    while chunk := os.read(read_end, 4096):
+        data += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    child_ids = {data[i : i + 16] for i in range(0, len(data), 16)}
+    assert len(child_ids) == 50
+    assert not (child_ids & parent_ids)
+    assert {i[6:] for i in child_ids}.isdisjoint({i[6:] for i in parent_ids})
+
+
 def test_notify_channel() -> None:
     assert notify_channel("outboxkit") == "outboxkit.outbox"
     long = notify_channel("s" * 63)

@@ -57,3 +57,22 @@ def test_headers_round_trip_and_later_duplicates_win() -> None:
         "traceparent": "00-x",
     }
     assert headers_to_dict(None) == {}
+
+
+def test_digest_format_is_pinned() -> None:
+    """Stored digests outlive releases (idempotency, consumer checks): the bytes hashed must
+    never change. Reference: each part length-prefixed (8 bytes, big-endian), optional parts
+    tagged 0x00 (absent) / 0x01 (present)."""
+    import hashlib
+
+    expected = hashlib.sha256()
+    for part in (b"orders", b"\x01o-1", b"\x01order.placed", b"application/json", b'{"a":1}'):
+        expected.update(len(part).to_bytes(8, "big") + part)
+    assert content_digest(**BASE) == expected.digest()
+    assert content_digest(**BASE).hex() == (
+        "db3394a2d17026c7cbc9c6652156883d22290717c4b9134d6a69675782b5fa13"
+    )
+    bare = content_digest(
+        topic="t", key=None, event_type=None, content_type="application/octet-stream", payload=b""
+    )
+    assert bare.hex() == "2879cc45d2f47caf0e17b6d4910c5ad0daef3dd9c15ebdadec8e664adb333020"
