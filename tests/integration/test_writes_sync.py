@@ -369,8 +369,14 @@ def test_trace_context_is_stored_with_the_row(engine: sa.Engine) -> None:
     )
     with trace.use_span(NonRecordingSpan(ctx)), engine.begin() as conn:
         add(conn, Message("t", b"x", headers={"x-tenant": "acme"}))
-        add_many(conn, [Message("t", b"y")])
-    first, second = rows(engine)
+        add_many(conn, [Message("t", b"y"), Message("t", b"z", headers={"x-tenant": "b"})])
+    first, second, third = rows(engine)
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     assert first["headers"] == {"traceparent": traceparent, "x-tenant": "acme"}
+    # add_many reads the trace context once per call: every row carries it, each with its own
+    # headers.
     assert second["headers"] == {"traceparent": traceparent}
+    assert third["headers"] == {"traceparent": traceparent, "x-tenant": "b"}
+    with engine.begin() as conn:  # outside the span: no trace context
+        add_many(conn, [Message("t", b"w")])
+    assert rows(engine)[-1]["headers"] == {}
