@@ -337,6 +337,30 @@ class ShardWorker:
             "shard %s: parked row %s (topic %s): %s", self.shard, record.id, record.topic, why
         )
 
+    async def _park_unsendable(
+        self,
+        term: LeaseTerm,
+        conn: psycopg.AsyncConnection,
+        batch: list[OutboxRecord],
+        problems: dict[str, RecordError],
+        wait_behind_parked: bool,
+    ) -> list[OutboxRecord]:
+        """Park the rows whose topic cannot take records; the rest of the batch, in order."""
+        parked_keys: set[str] = set()
+        to_send: list[OutboxRecord] = []
+        for record in batch:
+            if wait_behind_parked and record.key is not None and record.key in parked_keys:
+                continue  # waits behind its parked predecessor; the next claim excludes it
+            problem = problems.get(record.topic)
+            if problem is not None:
+                await self._park(term, conn, record, str(problem))
+                term.check()
+                if record.key is not None:
+                    parked_keys.add(record.key)
+                continue
+            to_send.append(record)
+        return to_send
+
     async def _publish(
         self,
         term: LeaseTerm,
@@ -347,27 +371,25 @@ class ShardWorker:
         """Send one batch (one Kafka transaction); returns the outcome and the next batch."""
         started = time.monotonic()
         wait_behind_parked = self.config.parked_key_policy is ParkedKeyPolicy.WAIT
-        parked_keys: set[str] = set()
-        to_send: list[OutboxRecord] = []
-        for record in batch:
-            if wait_behind_parked and record.key is not None and record.key in parked_keys:
-                continue  # waits behind its parked predecessor; the next claim excludes it
-            problem = await self._topic_problem(producer, record.topic)
+        # Each topic is checked once per batch (and known-good topics not at all), not per row.
+        problems: dict[str, RecordError] = {}
+        for topic in {r.topic for r in batch} - self._known_topics:
+            problem = await self._topic_problem(producer, topic)
             term.check()
             if problem is not None:
-                await self._park(term, conn, record, str(problem))
-                if record.key is not None:
-                    parked_keys.add(record.key)
-                continue
-            to_send.append(record)
-        if not to_send:
-            return Outcome.PUBLISHED, []
+                problems[topic] = problem
+        if problems:
+            to_send = await self._park_unsendable(term, conn, batch, problems, wait_behind_parked)
+            if not to_send:
+                return Outcome.PUBLISHED, []
+        else:
+            to_send = batch
         requests = [
             ProduceRequest(
-                topic=r.topic,
-                key=r.key.encode() if r.key is not None else None,
-                value=r.payload,
-                headers=r.kafka_headers(),
+                r.topic,
+                r.key.encode() if r.key is not None else None,
+                r.payload,
+                r.kafka_headers(),
             )
             for r in to_send
         ]
@@ -384,37 +406,54 @@ class ShardWorker:
         # claims the next batch (excluding this one's rows): one batch in flight, order kept.
         in_flight = [r.id for r in batch]
         limit = self._limit
+        previous_mark, self._pending_mark = self._pending_mark, None
 
-        async def database_side() -> list[OutboxRecord]:
-            await self._settle_mark()
+        async def claim_next() -> list[OutboxRecord]:
+            if previous_mark is not None:
+                await previous_mark
             return await self._store.claim(conn, self.shard, limit, in_flight)
 
-        next_batch = asyncio.create_task(database_side())
+        next_batch = asyncio.create_task(claim_next())
         try:
-            deliveries = await producer.send(requests)
-        finally:
-            prefetched = await next_batch  # a lease lost while marking surfaces here
-        term.check()
-        failed = [
-            (record, delivery.error)
-            for record, delivery in zip(to_send, deliveries, strict=False)
-            if delivery.error is not None
-        ]
-        if not failed and len(deliveries) > len(to_send) and deliveries[-1].error is not None:
-            raise PublishError(f"checkpoint record failed: {deliveries[-1].error}")
-        if failed:
-            outcome = await self._handle_failures(term, conn, producer, to_send, failed)
-            return outcome, []
-        self._faults.reach("after_produce")
-        if producer.transactional:
-            await producer.commit()
+            try:
+                deliveries = await producer.send(requests)
+            finally:
+                if previous_mark is not None:
+                    await previous_mark  # a lease lost while marking surfaces here
             term.check()
-        self._faults.reach("after_kafka_commit")
+            failed = [
+                (record, delivery.error)
+                for record, delivery in zip(to_send, deliveries, strict=False)
+                if delivery.error is not None
+            ]
+            if not failed and len(deliveries) > len(to_send) and deliveries[-1].error is not None:
+                raise PublishError(f"checkpoint record failed: {deliveries[-1].error}")
+            if failed:
+                await next_batch  # not used, but the connection is ours again
+                outcome = await self._handle_failures(term, conn, producer, to_send, failed)
+                return outcome, []
+            self._faults.reach("after_produce")
+            # The previous batch's mark is settled (above): only now may this batch commit
+            # (exactly-once: if we die after it, this batch's checkpoint is the last committed
+            # one, and the successor marks only its rows). The claim may still be running.
+            if producer.transactional:
+                await producer.commit()
+                term.check()
+            self._faults.reach("after_kafka_commit")
+            prefetched = await next_batch
+            term.check()
+        except BaseException:
+            if not next_batch.done():
+                with contextlib.suppress(Exception):
+                    await next_batch
+            elif not next_batch.cancelled():
+                next_batch.exception()  # retrieved: a lease lost is raised once, above
+            raise
         ids = [r.id for r in to_send]
         # The mark runs while the next batch goes to Kafka; it is awaited before that batch's
-        # commit (exactly-once: if we die first, the checkpoint of this batch is the last
-        # committed one, and the successor marks it).
+        # commit. Yield once so its statement is on the wire before the next batch's CPU work.
         self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
+        await asyncio.sleep(0)
         if self._isolate_remaining > 0:
             self._isolate_remaining -= len(to_send)
         self._metrics.published.labels(self._label).inc(len(ids))

@@ -33,8 +33,10 @@ RETURNING token;
 -- Pending rows by state (never an id cursor): a row of a transaction still open is invisible now
 -- and found by a later claim once it commits. Keys with a parked row wait (policy 'wait').
 -- in_flight: rows of the batch being sent right now (the next batch is claimed meanwhile).
+-- Empty headers come back as NULL: the relay then has no JSON to decode for the usual row.
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
-       m.headers, m.event_type, m.schema_version, m.aggregate_type, m.aggregate_id, m.attempts
+       nullif(m.headers, '{}'::jsonb), m.event_type, m.schema_version, m.aggregate_type,
+       m.aggregate_id, m.attempts
 FROM {schema}.outbox_message m
 -- "shard BETWEEN x AND x" and "ORDER BY shard, id" (not "shard = x", "ORDER BY id") on purpose:
 -- only the partial pending index (shard, id) can deliver that order, so the planner never walks

@@ -12,12 +12,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from outboxkit.relay.producer.errors import ErrorKind, classify
 
 
-@dataclass(frozen=True)
-class ProduceRequest:
+class ProduceRequest(NamedTuple):
+    """One record to produce (a named tuple: one per outbox row, built on the hot path)."""
+
     topic: str
     key: bytes | None
     value: bytes
@@ -40,8 +42,9 @@ class RecordError:
         return f"{self.name}: {self.message}"
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
+    """One record's outcome (a named tuple: one per record, built in delivery callbacks)."""
+
     partition: int | None = None
     offset: int | None = None
     error: RecordError | None = None

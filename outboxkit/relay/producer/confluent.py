@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -12,6 +13,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.relay.producer.base import Delivery, ProduceRequest, RecordError, RelayProducer
 from outboxkit.relay.producer.errors import ErrorKind, classify
+
+_UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
 
 
 def _raise_for(exc: KafkaException, what: str) -> None:
@@ -94,24 +97,26 @@ class ConfluentProducer(RelayProducer):
     async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
         results: list[Delivery | None] = [None] * len(requests)
 
-        def on_delivery(index: int) -> Any:
-            def callback(err: KafkaError | None, msg: Any) -> None:
-                if err is not None:
-                    results[index] = Delivery(error=RecordError(err.name(), err.str()))
-                else:
-                    results[index] = Delivery(msg.partition(), msg.offset())
-
-            return callback
+        def deliver(index: int, err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                results[index] = Delivery(error=RecordError(err.name(), err.str()))
+            else:
+                results[index] = Delivery(msg.partition(), msg.offset())
 
         producer = self._p
+        produce = producer.produce
         for index, request in enumerate(requests):
-            kwargs: dict[str, Any] = {"key": request.key, "headers": list(request.headers)}
-            if request.partition is not None:
-                kwargs["partition"] = request.partition
+            topic, key, value, given_headers, partition = request
+            headers: Any = given_headers if type(given_headers) is list else list(given_headers)
             while True:
                 try:
-                    producer.produce(
-                        request.topic, request.value, on_delivery=on_delivery(index), **kwargs
+                    produce(
+                        topic,
+                        value,
+                        key,
+                        _UNASSIGNED if partition is None else partition,
+                        on_delivery=partial(deliver, index),
+                        headers=headers,
                     )
                     break
                 except BufferError:
@@ -125,7 +130,7 @@ class ConfluentProducer(RelayProducer):
                     results[index] = Delivery(error=RecordError(name, text))
                     break
         deadline = time.monotonic() + self._timeout
-        while any(r is None for r in results):
+        while None in results:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PublishError("delivery not acknowledged in time")
