@@ -11,3 +11,11 @@ from outboxkit.devstack.postgres import sqlalchemy_url
 def sa_url(outboxkit_db_url: str) -> str:
     """The fresh test database as a SQLAlchemy URL (psycopg 3 driver)."""
     return sqlalchemy_url(outboxkit_db_url)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by its folder, so ``pytest -m unit`` (or ``-m "not fault"``) selects."""
+    for item in items:
+        for kind in ("unit", "integration", "fault"):
+            if f"/tests/{kind}/" in str(item.path):
+                item.add_marker(getattr(pytest.mark, kind))
