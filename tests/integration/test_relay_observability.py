@@ -63,8 +63,13 @@ async def test_metrics_and_health(
             return code == 503 and problems == ["1"]
 
         await wait_for_async(shard_1_unhealthy, what="unhealthy for shard 1 only")
+
+        def shard_0_active() -> bool:
+            # The lease row (read by /healthz) is taken before the worker reports itself active.
+            return 'outboxkit_relay_lease_active{shard="0"} 1.0' in _get(f"{base}/metrics")[1]
+
+        await wait_for_async(shard_0_active, what="shard 0 reported active")
         _, metrics = await asyncio.to_thread(_get, f"{base}/metrics")
-        assert 'outboxkit_relay_lease_active{shard="0"} 1.0' in metrics
         assert 'outboxkit_relay_published_total{shard="0"}' in metrics
         assert 'outboxkit_relay_backlog{shard="1"}' in metrics
         assert "outboxkit_relay_oldest_pending_seconds" in metrics
