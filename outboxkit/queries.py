@@ -29,9 +29,22 @@ def _raw(area: str) -> dict[str, str]:
 
 @cache
 def queries(area: str, schema: str) -> dict[str, str]:
-    """The queries of one area (``outbox``, ``relay``, ``inbox``) for a given schema."""
+    """The queries of one area (``outbox``, ``relay``, ``inbox``) for a given schema.
+
+    A block whose name starts with ``_`` is a fragment: it is written once and inserted wherever
+    another block of the same area says ``{_name}`` (e.g. the relay's fencing check).
+    """
     quoted = '"' + validate_schema_name(schema) + '"'
-    return {name: body.replace("{schema}", quoted) for name, body in _raw(area).items()}
+    raw = _raw(area)
+    fragments = {name: body for name, body in raw.items() if name.startswith("_")}
+    out = {}
+    for name, body in raw.items():
+        if name in fragments:
+            continue
+        for fragment, text in fragments.items():
+            body = body.replace("{" + fragment + "}", text)
+        out[name] = body.replace("{schema}", quoted)
+    return out
 
 
 def query(area: str, name: str, schema: str) -> str:

@@ -52,13 +52,19 @@ WHERE m.shard BETWEEN %(shard)s AND %(shard)s AND m.state = 'pending'
 ORDER BY m.shard, m.id
 LIMIT %(limit)s;
 
--- name: mark_published
-WITH lease AS (
+-- name: _lease_held
+-- A fragment: the fencing check every relay write starts with (WITH <fragment>, ...). The
+-- caller's token is the current one and unexpired by the database clock. FOR SHARE makes the
+-- write and a takeover's UPDATE of the lease row serialise.
+lease AS (
     SELECT 1 FROM {schema}.relay_lease
     WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
       AND expires_at > now()
     FOR SHARE
-), done AS (
+)
+
+-- name: mark_published
+WITH {_lease_held}, done AS (
     UPDATE {schema}.outbox_message
     SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL,
         next_attempt_at = NULL
@@ -70,12 +76,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- name: reconcile_published
 -- Rows a committed Kafka transaction carried (from the checkpoint). Matching on (id, event_id)
 -- makes a checkpoint of another database (a restored or recreated one) harmless.
-WITH lease AS (
-    SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-      AND expires_at > now()
-    FOR SHARE
-), carried AS (
+WITH {_lease_held}, carried AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(event_ids)s::uuid[]) AS c(id, event_id)
 ), done AS (
     UPDATE {schema}.outbox_message m
@@ -89,12 +90,7 @@ WITH lease AS (
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: reconcile_deleted
-WITH lease AS (
-    SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-      AND expires_at > now()
-    FOR SHARE
-), carried AS (
+WITH {_lease_held}, carried AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(event_ids)s::uuid[]) AS c(id, event_id)
 ), done AS (
     DELETE FROM {schema}.outbox_message m
@@ -106,12 +102,7 @@ WITH lease AS (
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: delete_published
-WITH lease AS (
-    SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-      AND expires_at > now()
-    FOR SHARE
-), done AS (
+WITH {_lease_held}, done AS (
     DELETE FROM {schema}.outbox_message
     WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
@@ -119,12 +110,7 @@ WITH lease AS (
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: park
-WITH lease AS (
-    SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-      AND expires_at > now()
-    FOR SHARE
-), done AS (
+WITH {_lease_held}, done AS (
     UPDATE {schema}.outbox_message
     SET state = 'parked', parked_reason = %(reason)s, parked_at = now(), last_error = %(reason)s,
         attempts = attempts + 1
@@ -134,12 +120,7 @@ WITH lease AS (
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: record_failure
-WITH lease AS (
-    SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-      AND expires_at > now()
-    FOR SHARE
-), done AS (
+WITH {_lease_held}, done AS (
     UPDATE {schema}.outbox_message
     SET attempts = attempts + 1, last_error = %(error)s
     WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
@@ -149,12 +130,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 
 -- name: retention_delete
 -- One small batch of published rows older than the window; the holder of the shard repeats it.
-WITH lease AS (
-    SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-      AND expires_at > now()
-    FOR SHARE
-), victims AS (
+WITH {_lease_held}, victims AS (
     SELECT id FROM {schema}.outbox_message
     WHERE state = 'published' AND shard = %(shard)s
       AND published_at < now() - %(keep_seconds)s * interval '1 second'
