@@ -30,7 +30,6 @@ from outboxkit.outbox import (
     add_async,
     add_many,
     add_many_async,
-    notify_channel,
 )
 
 __version__ = "0.1.0.dev0"
@@ -60,6 +59,5 @@ __all__ = [
     "add_many",
     "add_many_async",
     "install_flush_hook",
-    "notify_channel",
     "uuid7",
 ]

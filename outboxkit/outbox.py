@@ -17,21 +17,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache, lru_cache
-from hashlib import sha256
+from functools import lru_cache
 from typing import Any
 
-import psycopg
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outboxkit import db
 from outboxkit.errors import (
     ConfigurationError,
     IdempotencyKeyConflictError,
@@ -41,8 +38,7 @@ from outboxkit.errors import (
 )
 from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7
-from outboxkit.migrator import DEFAULT_SCHEMA, validate_schema_name
-from outboxkit.queries import query
+from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
 from outboxkit.tracing import current_trace_headers
 from outboxkit.wire import (
     HEADER_AGGREGATE_ID,
@@ -59,7 +55,6 @@ logger = logging.getLogger("outboxkit.outbox")
 
 #: The producer's default ``max.request.size`` (the broker's ``message.max.bytes`` is 1048588).
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
-_MAX_CHANNEL_LENGTH = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
 _NOTIFY_INFO_KEY = "outboxkit.notified"
 _MAX_REREADS = 5
 
@@ -68,73 +63,15 @@ AsyncTarget = AsyncSession | AsyncConnection
 Writable = Event | Message
 
 
-@cache
-def _sql(name: str, schema: str) -> sa.TextClause:
-    return sa.text(query("outbox", name, schema))
-
-
-_BIND_RE = re.compile(r"(?<![:\w]):(\w+)")
-
-
-@cache
-def _psycopg_sql(name: str, schema: str) -> bytes:
-    """The query with psycopg binary placeholders: arrays of bytes and uuids travel far
-    cheaper in binary than as escaped text (about 2x for add_many)."""
-    text = query("outbox", name, schema).replace("%", "%%")
-    return _BIND_RE.sub(r"%(\1)b", text).encode()
-
-
-def _wrap(exc: psycopg.Error, name: str) -> sa.exc.StatementError:
-    """Driver errors surface as SQLAlchemy's (IntegrityError, OperationalError, ...), as if the
-    statement had gone through SQLAlchemy."""
-    return sa.exc.DBAPIError.instance(
-        f"outboxkit {name}", None, exc, psycopg.Error, hide_parameters=True
-    )
-
-
 def _execute(conn: Connection, schema: str, name: str, params: dict[str, Any]) -> list[Any]:
-    """Run one statement on the caller's connection (and so in its transaction).
-
-    With psycopg (the driver outboxkit requires) the statement goes straight to the driver
-    connection SQLAlchemy holds, with binary parameters; any other driver goes via SQLAlchemy.
-    """
-    if not conn.in_transaction():
-        conn.begin()  # what conn.execute would do (autobegin); the caller commits
-    driver = conn.connection.driver_connection
-    if isinstance(driver, psycopg.Connection):
-        try:
-            with driver.cursor() as cur:
-                cur.execute(_psycopg_sql(name, schema), params)
-                return cur.fetchall() if cur.description else []
-        except psycopg.Error as exc:
-            raise _wrap(exc, name) from exc
-    return list(conn.execute(_sql(name, schema), params))
+    """One statement on the caller's connection (binary parameters: cheaper arrays)."""
+    return db.run(conn, db.query("outbox", name, schema), params, binary=True).rows
 
 
 async def _execute_async(
     conn: AsyncConnection, schema: str, name: str, params: dict[str, Any]
 ) -> list[Any]:
-    if not conn.in_transaction():
-        await conn.begin()
-    driver = (await conn.get_raw_connection()).driver_connection
-    if isinstance(driver, psycopg.AsyncConnection):
-        try:
-            async with driver.cursor() as cur:
-                await cur.execute(_psycopg_sql(name, schema), params)
-                return await cur.fetchall() if cur.description else []
-        except psycopg.Error as exc:
-            raise _wrap(exc, name) from exc
-    return list(await conn.execute(_sql(name, schema), params))
-
-
-@cache
-def notify_channel(schema: str = DEFAULT_SCHEMA) -> str:
-    """The LISTEN/NOTIFY channel writers notify for ``schema``; the payload is the shard number."""
-    validate_schema_name(schema)
-    channel = f"{schema}.outbox"
-    if len(channel) > _MAX_CHANNEL_LENGTH:  # pg_notify refuses longer names
-        channel = f"{schema[:40]}_{sha256(schema.encode()).hexdigest()[:12]}.outbox"
-    return channel
+    return (await db.run_async(conn, db.query("outbox", name, schema), params, binary=True)).rows
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from outboxkit.outbox import notify_channel
+from outboxkit.schema import notify_channel
 
 logger = logging.getLogger("outboxkit.relay.notify")
 

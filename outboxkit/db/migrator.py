@@ -21,10 +21,9 @@ import psycopg
 from psycopg import sql
 
 from outboxkit.errors import MigrationError, SchemaError
+from outboxkit.schema import DEFAULT_SCHEMA, validate_schema_name
 
-DEFAULT_SCHEMA = "outboxkit"
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,8 @@ class MigrationStatus:
 
 def migrations_dir() -> Path:
     """The SQL files: shipped in the wheel as ``outboxkit/_migrations``, or the repo's folder."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_migrations", here.parent / "migrations"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_migrations", package.parent / "migrations"):
         if candidate.is_dir():
             return candidate
     raise MigrationError("the outboxkit migrations folder is missing from the installation")
@@ -74,12 +73,6 @@ def load_migrations() -> tuple[Migration, ...]:
 
 def latest_version() -> int:
     return load_migrations()[-1].version
-
-
-def validate_schema_name(schema: str) -> str:
-    if not _SCHEMA_RE.match(schema):
-        raise SchemaError(f"invalid schema name {schema!r}: use lower-case letters, digits, _")
-    return schema
 
 
 @contextmanager

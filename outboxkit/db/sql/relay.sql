@@ -8,8 +8,8 @@ SELECT shard_count FROM {schema}.outbox_setting;
 -- Take the lease when it is free, expired (by the database clock) or already ours (a restart of
 -- our own session). A fresh token every time; nextval only grows.
 INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
-VALUES (%(group)s, %(shard)s, %(holder)s, nextval('{schema}.relay_fencing_token_seq'),
-        now() + %(ttl)s * interval '1 second')
+VALUES (:group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
+        now() + :ttl * interval '1 second')
 ON CONFLICT (relay_group, shard) DO UPDATE
 SET holder = excluded.holder, token = excluded.token, acquired_at = now(), renewed_at = now(),
     expires_at = excluded.expires_at
@@ -18,15 +18,15 @@ RETURNING token;
 
 -- name: lease_renew
 UPDATE {schema}.relay_lease
-SET renewed_at = now(), expires_at = now() + %(ttl)s * interval '1 second'
-WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
-  AND holder = %(holder)s AND expires_at > now()
+SET renewed_at = now(), expires_at = now() + :ttl * interval '1 second'
+WHERE relay_group = :group AND shard = :shard AND token = :token
+  AND holder = :holder AND expires_at > now()
 RETURNING token;
 
 -- name: lease_release
 UPDATE {schema}.relay_lease
 SET holder = NULL, expires_at = now()
-WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+WHERE relay_group = :group AND shard = :shard AND token = :token
 RETURNING token;
 
 -- name: claim_batch
@@ -42,15 +42,15 @@ FROM {schema}.outbox_message m
 -- only the partial pending index (shard, id) can deliver that order, so the planner never walks
 -- the primary key past every already-published row (with stale statistics after a large
 -- backlog it would, and each claim would cost O(table) instead of O(batch)).
-WHERE m.shard BETWEEN %(shard)s AND %(shard)s AND m.state = 'pending'
+WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
   AND (m.deliver_after IS NULL OR m.deliver_after <= now())
   AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
-  AND (%(skip_parked_keys)s OR m.message_key IS NULL OR NOT EXISTS (
+  AND (:skip_parked_keys OR m.message_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
-  AND m.id <> ALL(%(in_flight)s::bigint[])
+  AND m.id <> ALL(CAST(:in_flight AS bigint[]))
 ORDER BY m.shard, m.id
-LIMIT %(limit)s;
+LIMIT :limit;
 
 -- name: _lease_held
 -- A fragment: the fencing check every relay write starts with (WITH <fragment>, ...). The
@@ -58,7 +58,7 @@ LIMIT %(limit)s;
 -- write and a takeover's UPDATE of the lease row serialise.
 lease AS (
     SELECT 1 FROM {schema}.relay_lease
-    WHERE relay_group = %(group)s AND shard = %(shard)s AND token = %(token)s
+    WHERE relay_group = :group AND shard = :shard AND token = :token
       AND expires_at > now()
     FOR SHARE
 )
@@ -68,7 +68,7 @@ WITH {_lease_held}, done AS (
     UPDATE {schema}.outbox_message
     SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL,
         next_attempt_at = NULL
-    WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    WHERE id = ANY(:ids) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
@@ -77,7 +77,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- Rows a committed Kafka transaction carried (from the checkpoint). Matching on (id, event_id)
 -- makes a checkpoint of another database (a restored or recreated one) harmless.
 WITH {_lease_held}, carried AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(event_ids)s::uuid[]) AS c(id, event_id)
+    SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:event_ids AS uuid[])) AS c(id, event_id)
 ), done AS (
     UPDATE {schema}.outbox_message m
     SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL,
@@ -91,7 +91,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 
 -- name: reconcile_deleted
 WITH {_lease_held}, carried AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(event_ids)s::uuid[]) AS c(id, event_id)
+    SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:event_ids AS uuid[])) AS c(id, event_id)
 ), done AS (
     DELETE FROM {schema}.outbox_message m
     USING carried c
@@ -104,7 +104,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- name: delete_published
 WITH {_lease_held}, done AS (
     DELETE FROM {schema}.outbox_message
-    WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    WHERE id = ANY(:ids) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
@@ -112,9 +112,9 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- name: park
 WITH {_lease_held}, done AS (
     UPDATE {schema}.outbox_message
-    SET state = 'parked', parked_reason = %(reason)s, parked_at = now(), last_error = %(reason)s,
+    SET state = 'parked', parked_reason = :reason, parked_at = now(), last_error = :reason,
         attempts = attempts + 1
-    WHERE id = %(id)s AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    WHERE id = :id AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
@@ -122,8 +122,8 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- name: record_failure
 WITH {_lease_held}, done AS (
     UPDATE {schema}.outbox_message
-    SET attempts = attempts + 1, last_error = %(error)s
-    WHERE id = ANY(%(ids)s) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+    SET attempts = attempts + 1, last_error = :error
+    WHERE id = ANY(:ids) AND state = 'pending' AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
@@ -132,22 +132,22 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- One small batch of published rows older than the window; the holder of the shard repeats it.
 WITH {_lease_held}, victims AS (
     SELECT id FROM {schema}.outbox_message
-    WHERE state = 'published' AND shard = %(shard)s
-      AND published_at < now() - %(keep_seconds)s * interval '1 second'
+    WHERE state = 'published' AND shard = :shard
+      AND published_at < now() - :keep_seconds * interval '1 second'
       AND EXISTS (SELECT 1 FROM lease)
     ORDER BY published_at
-    LIMIT %(limit)s
+    LIMIT :limit
 ), done AS (
     DELETE FROM {schema}.outbox_message m USING victims v WHERE m.id = v.id RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: control_paused
-SELECT coalesce((SELECT paused FROM {schema}.relay_control WHERE relay_group = %(group)s), false);
+SELECT coalesce((SELECT paused FROM {schema}.relay_control WHERE relay_group = :group), false);
 
 -- name: control_set
 INSERT INTO {schema}.relay_control (relay_group, paused, reason, changed_by, changed_at)
-VALUES (%(group)s, %(paused)s, %(reason)s, %(changed_by)s, now())
+VALUES (:group, :paused, :reason, :changed_by, now())
 ON CONFLICT (relay_group) DO UPDATE
 SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.changed_by,
     changed_at = now();
@@ -163,7 +163,7 @@ SELECT s.shard, l.holder, l.token, l.expires_at, (l.holder IS NOT NULL AND l.exp
        (SELECT count(*) FROM {schema}.outbox_message m
         WHERE m.shard = s.shard AND m.state = 'parked') AS parked
 FROM generate_series(0, (SELECT shard_count FROM {schema}.outbox_setting) - 1) AS s(shard)
-LEFT JOIN {schema}.relay_lease l ON l.relay_group = %(group)s AND l.shard = s.shard
+LEFT JOIN {schema}.relay_lease l ON l.relay_group = :group AND l.shard = s.shard
 ORDER BY s.shard;
 
 -- name: parked_list
@@ -171,17 +171,17 @@ SELECT id, event_id, topic, message_key, shard, attempts, parked_reason, parked_
 FROM {schema}.outbox_message
 WHERE state = 'parked'
 ORDER BY id
-LIMIT %(limit)s;
+LIMIT :limit;
 
 -- name: parked_retry
 -- Operator action: give parked rows back to the relay; same-key rows behind them follow in order.
 UPDATE {schema}.outbox_message
 SET state = 'pending', parked_reason = NULL, parked_at = NULL, next_attempt_at = NULL
-WHERE state = 'parked' AND (%(all)s OR id = ANY(%(ids)s))
+WHERE state = 'parked' AND (:all OR id = ANY(:ids))
 RETURNING id;
 
 -- name: parked_discard
 UPDATE {schema}.outbox_message
 SET state = 'discarded'
-WHERE state = 'parked' AND (%(all)s OR id = ANY(%(ids)s))
+WHERE state = 'parked' AND (:all OR id = ANY(:ids))
 RETURNING id;

@@ -1,0 +1,44 @@
+"""The one database seam (internal, not a public API): every statement outboxkit runs goes here.
+
+``queries`` loads the named statements of ``db/sql/*.sql``; ``execute`` runs them on a caller's
+connection (sync or async) or ours; ``connect`` opens our own; ``migrator`` applies the schema.
+"""
+
+from __future__ import annotations
+
+from outboxkit.db.connect import connect, connect_async, redact, sqlalchemy_url
+from outboxkit.db.execute import (
+    AsyncTarget,
+    Result,
+    SyncTarget,
+    execute,
+    execute_async,
+    one,
+    one_async,
+    rows,
+    rows_async,
+    run,
+    run_async,
+)
+from outboxkit.db.queries import Query, queries, query
+
+__all__ = [
+    "AsyncTarget",
+    "Query",
+    "Result",
+    "SyncTarget",
+    "connect",
+    "connect_async",
+    "execute",
+    "execute_async",
+    "one",
+    "one_async",
+    "queries",
+    "query",
+    "redact",
+    "rows",
+    "rows_async",
+    "run",
+    "run_async",
+    "sqlalchemy_url",
+]

@@ -1,0 +1,232 @@
+"""The one Kafka seam (internal, not a public API): what outboxkit needs from a Kafka client.
+
+Two implementations of each interface, confluent-kafka and aiokafka, pass one conformance suite.
+Nothing outside ``outboxkit.kafka`` imports a Kafka client library. Errors cross this seam as
+outboxkit errors: ``PublishError`` (retriable), ``PermanentPublishError``, ``ProducerFencedError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from outboxkit.kafka.errors import ErrorKind, classify
+
+TopicPartition = tuple[str, int]
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+class ProduceRequest(NamedTuple):
+    """One record to produce (a named tuple: one per outbox row, built on the hot path)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: Sequence[tuple[str, bytes]] = ()
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordError:
+    """Why one record was not delivered; ``name`` is the client's error name."""
+
+    name: str
+    message: str
+
+    @property
+    def kind(self) -> ErrorKind:
+        return classify(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}"
+
+
+class Delivery(NamedTuple):
+    """One record's outcome (a named tuple: one per record, built in delivery callbacks)."""
+
+    partition: int | None = None
+    offset: int | None = None
+    error: RecordError | None = None
+
+
+class ConsumedRecord(NamedTuple):
+    """One delivered record, client-neutral."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+
+
+def transactional_id(group: str, shard: int) -> str:
+    """Stable per (group, shard), so the broker fences a zombie holder of the same shard."""
+    return f"outboxkit-relay.{group}.{shard}"
+
+
+class TransactionalProducer(ABC):
+    """The relay's producer. One object lives for one *life*: after a commit timeout, a fatal
+    error or a failed batch the relay closes it and makes a new one, never reusing it.
+
+    With a ``transactional.id``, ``start()`` calls ``init_transactions``, which fences any older
+    producer with the same id and resolves its open transaction. Raises ``PublishError``
+    (retriable) or ``ProducerFencedError``.
+    """
+
+    transactional: bool
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def topic_problem(self, topic: str) -> RecordError | None:
+        """A permanent reason the topic cannot take records (missing, not authorised), or None."""
+
+    @abstractmethod
+    async def begin(self) -> None: ...
+
+    @abstractmethod
+    async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
+        """Produce all, in order, and wait until each is acknowledged or failed."""
+
+    @abstractmethod
+    async def commit(self) -> None: ...
+
+    @abstractmethod
+    async def abort(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class Admin(ABC):
+    """Topic metadata and creation (async; the confluent implementation runs in a thread)."""
+
+    @abstractmethod
+    async def describe_topic(self, topic: str) -> TopicInfo | None:
+        """The topic's partition count, or None if it does not exist."""
+
+    @abstractmethod
+    async def create_topic(self, topic: str, partitions: int, config: dict[str, str]) -> None:
+        """Create it; a topic that already exists is not an error."""
+
+    @abstractmethod
+    async def topic_config(self, topic: str, name: str) -> str | None:
+        """One configuration value of a topic (e.g. ``retention.ms``), or None if unset."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class CheckpointReader(ABC):
+    """Reads a partition to its end, ``read_committed``, for the last value of one key."""
+
+    @abstractmethod
+    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class RecordSender(ABC):
+    """An idempotent, non-transactional producer for dead letters and acknowledgements (sync).
+
+    ``send`` returns once the broker acknowledged the record, or raises ``PublishError``
+    (``PermanentPublishError`` when retrying cannot help: too large, no topic, not authorised).
+    """
+
+    @abstractmethod
+    def send(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
+    ) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class AsyncRecordSender(ABC):
+    """:class:`RecordSender` for asyncio."""
+
+    @abstractmethod
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
+    ) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+Rebalance = Callable[[list[TopicPartition]], None]
+
+
+class GroupConsumer(ABC):
+    """A consumer-group member (sync): ``read_committed``, auto-commit off, manual offsets.
+
+    ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks). After an
+    assignment every assigned partition is consuming (not paused), whatever the client kept.
+    """
+
+    @abstractmethod
+    def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Rebalance) -> None: ...
+
+    @abstractmethod
+    def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]: ...
+
+    @abstractmethod
+    def assignment(self) -> set[TopicPartition]: ...
+
+    @abstractmethod
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    @abstractmethod
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    @abstractmethod
+    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+
+    @abstractmethod
+    def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Synchronous commit of the next offsets to read; raises ``PublishError`` on failure."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class AsyncGroupConsumer(ABC):
+    """:class:`GroupConsumer` for asyncio (rebalance callbacks may be coroutines' callers)."""
+
+    @abstractmethod
+    async def subscribe(
+        self, topics: list[str], on_assign: Rebalance, on_revoke: Rebalance
+    ) -> None: ...
+
+    @abstractmethod
+    async def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]: ...
+
+    @abstractmethod
+    def assignment(self) -> set[TopicPartition]: ...
+
+    @abstractmethod
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    @abstractmethod
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    @abstractmethod
+    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+
+    @abstractmethod
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...

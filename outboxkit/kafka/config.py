@@ -1,0 +1,113 @@
+"""The shared Kafka settings as each client library wants them.
+
+Every client the product creates (producers, consumers, admin, checkpoint reader, dead letters,
+acks) is configured from here, so TLS and SASL reach all of them. aiokafka takes TLS as an
+``SSLContext``, built from the same file paths librdkafka reads. librdkafka's log lines go to the
+``outboxkit.kafka.librdkafka`` logger instead of raw to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.settings import KafkaSettings
+
+LIBRDKAFKA_LOGGER = logging.getLogger("outboxkit.kafka.librdkafka")
+
+
+def _require_bootstrap(settings: KafkaSettings) -> str:
+    if not settings.bootstrap:
+        raise ConfigurationError(
+            "Kafka bootstrap servers are not set (OUTBOXKIT_KAFKA_BOOTSTRAP or [kafka] bootstrap)"
+        )
+    return settings.bootstrap
+
+
+def _check_sasl(settings: KafkaSettings) -> None:
+    if settings.uses_sasl and (
+        settings.sasl_mechanism is None
+        or settings.sasl_username is None
+        or settings.sasl_password is None
+    ):
+        raise ConfigurationError(
+            f"security protocol {settings.security_protocol.value} needs"
+            " OUTBOXKIT_KAFKA_SASL_MECHANISM, OUTBOXKIT_KAFKA_SASL_USERNAME and"
+            " OUTBOXKIT_KAFKA_SASL_PASSWORD"
+        )
+
+
+def confluent_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
+    """librdkafka properties: connection + security + our logger, then ``overrides``."""
+    _check_sasl(settings)
+    conf: dict[str, Any] = {
+        "bootstrap.servers": _require_bootstrap(settings),
+        "client.id": settings.client_id,
+        "security.protocol": settings.security_protocol.value.lower(),
+        "logger": LIBRDKAFKA_LOGGER,
+    }
+    if settings.uses_sasl:
+        assert settings.sasl_mechanism is not None and settings.sasl_password is not None
+        conf["sasl.mechanism"] = settings.sasl_mechanism.value
+        conf["sasl.username"] = settings.sasl_username
+        conf["sasl.password"] = settings.sasl_password.get_secret_value()
+    if settings.uses_tls:
+        for name, path in (
+            ("ssl.ca.location", settings.ssl_ca_location),
+            ("ssl.certificate.location", settings.ssl_certificate_location),
+            ("ssl.key.location", settings.ssl_key_location),
+        ):
+            if path is not None:
+                conf[name] = str(path)
+        if settings.ssl_key_password is not None:
+            conf["ssl.key.password"] = settings.ssl_key_password.get_secret_value()
+        conf["ssl.endpoint.identification.algorithm"] = (
+            "https" if settings.ssl_check_hostname else "none"
+        )
+    conf.update({name: value.get_secret_value() for name, value in settings.properties.items()})
+    conf.update(overrides)
+    return conf
+
+
+def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
+    """A client TLS context from the CA / certificate / key paths librdkafka would read."""
+    try:
+        context = ssl.create_default_context(
+            cafile=str(settings.ssl_ca_location) if settings.ssl_ca_location else None
+        )
+        if settings.ssl_certificate_location is not None:
+            password = settings.ssl_key_password
+            context.load_cert_chain(
+                str(settings.ssl_certificate_location),
+                str(settings.ssl_key_location) if settings.ssl_key_location else None,
+                password.get_secret_value() if password is not None else None,
+            )
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(
+            f"cannot build the Kafka TLS context from OUTBOXKIT_KAFKA_SSL_* paths: {exc}"
+        ) from None
+    context.check_hostname = settings.ssl_check_hostname
+    if not settings.ssl_check_hostname:
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def aiokafka_options(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
+    """aiokafka keyword arguments: connection + security, then ``overrides``."""
+    _check_sasl(settings)
+    options: dict[str, Any] = {
+        "bootstrap_servers": _require_bootstrap(settings),
+        "client_id": settings.client_id,
+        "security_protocol": settings.security_protocol.value,
+    }
+    if settings.uses_sasl:
+        assert settings.sasl_mechanism is not None and settings.sasl_password is not None
+        options["sasl_mechanism"] = settings.sasl_mechanism.value
+        options["sasl_plain_username"] = settings.sasl_username
+        options["sasl_plain_password"] = settings.sasl_password.get_secret_value()
+    if settings.uses_tls:
+        options["ssl_context"] = ssl_context(settings)
+    options.update(overrides)
+    return options
