@@ -8,7 +8,7 @@ The interfaces are in :mod:`outboxkit.kafka.api`.
 from __future__ import annotations
 
 import importlib
-import importlib.util
+from functools import cache
 from typing import Any
 
 from outboxkit.errors import ConfigurationError
@@ -26,8 +26,14 @@ from outboxkit.settings import KafkaClient, KafkaSettings
 _LIBRARY = {KafkaClient.CONFLUENT: "confluent_kafka", KafkaClient.AIOKAFKA: "aiokafka"}
 
 
+@cache
 def installed(client: KafkaClient) -> bool:
-    return importlib.util.find_spec(_LIBRARY[client]) is not None
+    """Whether the client library imports (not just whether a folder of that name exists)."""
+    try:
+        importlib.import_module(_LIBRARY[client])
+    except ImportError:
+        return False
+    return True
 
 
 def resolve_client(settings: KafkaSettings) -> KafkaClient:
