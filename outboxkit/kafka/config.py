@@ -49,7 +49,8 @@ def confluent_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any
         "logger": LIBRDKAFKA_LOGGER,
     }
     if settings.uses_sasl:
-        assert settings.sasl_mechanism is not None and settings.sasl_password is not None
+        assert settings.sasl_mechanism is not None
+        assert settings.sasl_password is not None
         conf["sasl.mechanism"] = settings.sasl_mechanism.value
         conf["sasl.username"] = settings.sasl_username
         conf["sasl.password"] = settings.sasl_password.get_secret_value()
@@ -103,7 +104,8 @@ def aiokafka_options(settings: KafkaSettings, **overrides: Any) -> dict[str, Any
         "security_protocol": settings.security_protocol.value,
     }
     if settings.uses_sasl:
-        assert settings.sasl_mechanism is not None and settings.sasl_password is not None
+        assert settings.sasl_mechanism is not None
+        assert settings.sasl_password is not None
         options["sasl_mechanism"] = settings.sasl_mechanism.value
         options["sasl_plain_username"] = settings.sasl_username
         options["sasl_plain_password"] = settings.sasl_password.get_secret_value()
