@@ -151,9 +151,15 @@ def test_the_kustomize_base_lists_every_manifest_but_no_example_secret() -> None
 def test_each_manifest_validates_against_the_kubernetes_schema(path: Path, version: str) -> None:
     documents = _documents(path)
     assert documents
+    problems = []
     for doc in documents:
         # strict: unknown fields (a misspelt securityContext key) are errors, not ignored.
-        kubernetes_validate.validate(doc, version, strict=True)
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:  # its str() prints the whole schema
+            where = ".".join(str(p) for p in exc.path)
+            problems.append(f"{doc['kind']} {where}: {exc.message}")
+    assert not problems, "\n".join(problems)
 
 
 def test_the_kubernetes_validation_rejects_a_misspelt_field() -> None:
@@ -284,7 +290,11 @@ def test_the_example_toml_still_loads() -> None:
 def test_the_compose_file_validates_against_the_compose_specification() -> None:
     schema = _compose_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.Draft202012Validator(schema).validate(_compose())
+    errors = [
+        f"{'.'.join(str(p) for p in err.absolute_path)}: {err.message}"
+        for err in jsonschema.Draft202012Validator(schema).iter_errors(_compose())
+    ]
+    assert not errors, "\n".join(errors)
 
 
 def test_the_compose_validation_rejects_a_misspelt_field() -> None:
