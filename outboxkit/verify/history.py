@@ -33,7 +33,11 @@ class HistoryFormatError(OutboxkitError):
 
 
 class WriteOutcome(enum.StrEnum):
-    """What the writer learned about one outbox write once its transaction ended."""
+    """What the writer learned about one outbox write once its transaction ended.
+
+    The outcome is the transaction's, not the call's: a write that returned "duplicate" or
+    raised the conflict error inside a transaction that then rolled back is ``rolled_back``.
+    """
 
     COMMITTED = "committed"  # a new row committed: it must reach Kafka
     ROLLED_BACK = "rolled_back"  # the transaction rolled back: it must never reach Kafka
