@@ -52,7 +52,7 @@ def up(durable: bool, kafka_security: str) -> None:
                 click.echo(f"Run `eval $(outboxkit dev env --pid {os.getpid()})`", nl=False)
             else:
                 click.echo("Run `eval $(outboxkit dev env)`", nl=False)
-            click.echo(" in another shell; Ctrl-C stops the stack.")
+            click.echo(" in another shell (it prints the passwords); Ctrl-C stops the stack.")
             try:
                 while not stopping.wait(0.5):
                     pass

@@ -185,9 +185,7 @@ def test_export_lines_survive_a_shell_round_trip(tmp_path: Path) -> None:
     script = "\n".join(export_lines(nasty))
     script += '\nprintf "%s\\0" "$OUTBOXKIT_DATABASE_URL" "$OUTBOXKIT_KAFKA_SASL_PASSWORD"'
     script += ' "$OUTBOXKIT_KAFKA_BOOTSTRAP"'
-    out = subprocess.run(
-        ["sh", "-c", script], cwd=tmp_path, capture_output=True, check=True
-    ).stdout
+    out = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, check=True).stdout
     assert out.decode().split("\0")[:3] == list(nasty.values())
     assert not (tmp_path / "pwned").exists()
 
