@@ -7,6 +7,7 @@ reason. Set ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP`` to use ex
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outboxkit.devstack import DevStack
+from outboxkit.devstack import DevStack, KafkaServer
 from outboxkit.devstack.postgres import database_url_with
 
 TopicFactory = Callable[..., str]
@@ -79,6 +80,34 @@ def outboxkit_database_url(outboxkit_stack: DevStack) -> str:
 @pytest.fixture(scope="session")
 def outboxkit_kafka_bootstrap(outboxkit_stack: DevStack) -> str:
     return outboxkit_stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def outboxkit_secure_kafka() -> Iterator[KafkaServer]:
+    """A second Kafka whose clients must use SASL_SSL (SCRAM-SHA-512, a CA made at start-up).
+
+    Started only when a test asks for it, stopped at session end. ``.sasl_ssl`` gives the
+    bootstrap, credentials and CA file (``.sasl_ssl.env()`` as ``OUTBOXKIT_KAFKA_*`` variables);
+    ``.plaintext_bootstrap`` is an unauthenticated loopback listener for test set-up only.
+    Always self-started: ``OUTBOXKIT_KAFKA_BOOTSTRAP`` does not apply to it.
+    """
+    from outboxkit.devstack.registry import reap_orphans
+
+    reap_orphans()
+    server = KafkaServer(security="sasl_ssl")
+    started = time.monotonic()
+    try:
+        server.start()
+        _started_stacks.append(
+            f"Apache Kafka {server.version} (KRaft, SASL_SSL SCRAM-SHA-512) self-started at"
+            f" {server.bootstrap} in {time.monotonic() - started:.1f}s"
+        )
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            server.destroy()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the machine has what the self-started services need: PostgreSQL server binaries,
-# Java 17+ and Maven. Installs missing ones from Debian's packages when run as root; otherwise
-# says exactly what is missing.
+# Java 17+ (java and keytool), Maven, and OpenSSL (certificates for the SASL_SSL dev Kafka).
+# Installs missing ones from Debian's packages when run as root; otherwise says exactly what is
+# missing.
 set -euo pipefail
 
 missing=()
@@ -11,8 +12,11 @@ for dir in "${OUTBOXKIT_PG_BINDIR:-}" "$(pg_config --bindir 2>/dev/null || true)
   if [ -n "$dir" ] && [ -x "$dir/postgres" ] && [ -x "$dir/initdb" ]; then pg_ok=true; break; fi
 done
 $pg_ok || missing+=(postgresql)
-command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+if ! command -v java >/dev/null 2>&1 || ! command -v keytool >/dev/null 2>&1; then
+  missing+=(openjdk-17-jre-headless)
+fi
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
 
 if [ ${#missing[@]} -eq 0 ]; then

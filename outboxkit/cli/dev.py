@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
-from pathlib import Path
 
 import click
 
 from outboxkit.devstack import DevStack
-from outboxkit.devstack.process import cache_dir
-
-
-def _state_file() -> Path:
-    return cache_dir() / "dev-up.json"
+from outboxkit.devstack.kafka import Security
+from outboxkit.devstack.stack import export_lines
+from outboxkit.devstack.state import live_states, pick_state, write_state
+from outboxkit.errors import DevStackError
 
 
 @click.group()
@@ -25,42 +22,56 @@ def dev() -> None:
 
 @dev.command()
 @click.option("--durable", is_flag=True, help="Keep fsync on (for benchmarks).")
-def up(durable: bool) -> None:
-    """Start the stack in the foreground, print its URLs, stop on Ctrl-C or SIGTERM."""
+@click.option(
+    "--kafka-security",
+    type=click.Choice(["plaintext", "sasl_ssl"]),
+    default="plaintext",
+    show_default=True,
+    help="sasl_ssl: clients must use TLS (a CA made at start-up) and a SCRAM-SHA-512 user.",
+)
+def up(durable: bool, kafka_security: str) -> None:
+    """Start the stack in the foreground, print where it is, stop on Ctrl-C or SIGTERM.
+
+    Passwords are not printed here; ``outboxkit dev env`` prints the variables that hold them.
+    """
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    with DevStack(durable=durable) as stack:
-        _state_file().write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "database_url": stack.database_url,
-                    "kafka_bootstrap": stack.kafka_bootstrap,
-                }
-            )
-        )
-        click.echo(f"PostgreSQL: {stack.database_url}")
-        click.echo(f"Kafka:      {stack.kafka_bootstrap}")
-        for name, seconds in stack.startup_seconds.items():
-            click.echo(f"  {name} started in {seconds:.1f}s")
-        click.echo("Run `eval $(outboxkit dev env)` in another shell; Ctrl-C stops the stack.")
+    security: Security = "sasl_ssl" if kafka_security == "sasl_ssl" else "plaintext"
+    try:
+        stack = DevStack(durable=durable, kafka_security=security).start()
+    except DevStackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        others = [state.pid for state in live_states()]
+        state_file = write_state(stack.env(), stack.describe())
         try:
-            while not stopping.wait(0.5):
+            for line in stack.describe():
+                click.echo(line)
+            if others:
+                click.echo(f"Other running stacks: pid {', '.join(map(str, others))}.")
+                click.echo(f"Run `eval $(outboxkit dev env --pid {os.getpid()})`", nl=False)
+            else:
+                click.echo("Run `eval $(outboxkit dev env)`", nl=False)
+            click.echo(" in another shell (it prints the passwords); Ctrl-C stops the stack.")
+            try:
+                while not stopping.wait(0.5):
+                    pass
+            except KeyboardInterrupt:
                 pass
-        except KeyboardInterrupt:
-            pass
         finally:
-            _state_file().unlink(missing_ok=True)
+            state_file.unlink(missing_ok=True)
+    finally:
+        stack.stop()
     click.echo("stopped")
 
 
 @dev.command()
-def env() -> None:
+@click.option("--pid", type=int, help="Which `outboxkit dev up` (needed when several run).")
+def env(pid: int | None) -> None:
     """Print ``export`` lines for the stack that ``outboxkit dev up`` is running."""
     try:
-        state = json.loads(_state_file().read_text())
-        os.kill(int(state["pid"]), 0)
-    except (OSError, ValueError, KeyError) as exc:
-        raise click.ClickException("no running `outboxkit dev up` found") from exc
-    click.echo(f"export OUTBOXKIT_DATABASE_URL='{state['database_url']}'")
-    click.echo(f"export OUTBOXKIT_KAFKA_BOOTSTRAP='{state['kafka_bootstrap']}'")
+        state = pick_state(live_states(), pid)
+    except DevStackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in export_lines(state.env):
+        click.echo(line)

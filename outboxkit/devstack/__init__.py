@@ -2,6 +2,7 @@
 
 from outboxkit.devstack.kafka import KAFKA_VERSION, KafkaServer, kafka_libs
 from outboxkit.devstack.postgres import PostgresServer
+from outboxkit.devstack.sasl import SaslSslListener
 from outboxkit.devstack.stack import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, DevStack
 
 __all__ = [
@@ -11,5 +12,6 @@ __all__ = [
     "DevStack",
     "KafkaServer",
     "PostgresServer",
+    "SaslSslListener",
     "kafka_libs",
 ]

@@ -2,21 +2,26 @@
 
 The jars are fetched once with ``mvn`` into the cache directory and reused afterwards. The broker
 is configured so idempotent producers and transactions work on one node, and auto topic creation
-is off, as in production.
+is off, as in production. Optionally clients must come in over SASL_SSL with SCRAM credentials.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Literal
 
-from outboxkit.devstack.process import ManagedServer, ServiceProcess, cache_dir, free_port
+from outboxkit.devstack.files import cache_dir, make_owned_dir, write_private
+from outboxkit.devstack.process import ManagedServer, ServiceProcess, free_port
+from outboxkit.devstack.sasl import SCRAM_SHA_512, SaslSslListener
+from outboxkit.devstack.tls import make_broker_tls
 from outboxkit.errors import DevStackError
 
 KAFKA_VERSION = "4.1.1"
@@ -39,6 +44,9 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   </dependencies>
 </project>
 """
+
+Security = Literal["plaintext", "sasl_ssl"]
+_SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 
 _LOG4J2 = """rootLogger.level = WARN
 rootLogger.appenderRef.out.ref = OUT
@@ -110,7 +118,7 @@ def _java() -> str:
     return java
 
 
-def _metadata_ok(bootstrap: str) -> bool:
+def _metadata_ok(bootstrap: str, client: dict[str, str] | None = None) -> bool:
     """A real metadata request, through whichever Kafka client is installed."""
     try:
         from confluent_kafka.admin import AdminClient
@@ -120,6 +128,7 @@ def _metadata_ok(bootstrap: str) -> bool:
             return True
     admin = AdminClient(
         {
+            **(client or {}),
             "bootstrap.servers": bootstrap,
             "socket.timeout.ms": 2000,
             "log_level": 0,
@@ -130,21 +139,64 @@ def _metadata_ok(bootstrap: str) -> bool:
 
 
 class KafkaServer(ManagedServer):
-    """One combined controller+broker node. ``stop``/``kill``/``start`` keep the log dirs."""
+    """One combined controller+broker node. ``stop``/``kill``/``start`` keep the log dirs.
+
+    With ``security="sasl_ssl"`` clients connect to a SASL_SSL listener that requires SCRAM-SHA-512
+    authentication, with a CA and broker certificate made at first start (see :attr:`sasl_ssl`).
+    The broker keeps a PLAINTEXT listener on loopback for its own (inter-broker) traffic; it is
+    :attr:`plaintext_bootstrap`, unauthenticated, meant for test set-up only. No authorizer is
+    configured: an authenticated client may do anything.
+    """
 
     log_name = "kafka.log"
     stop_timeout = 60.0
 
-    def __init__(self, base_dir: Path | None = None, *, version: str = KAFKA_VERSION) -> None:
-        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-kafka-"))
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        *,
+        version: str = KAFKA_VERSION,
+        security: Security = "plaintext",
+    ) -> None:
+        if security not in ("plaintext", "sasl_ssl"):
+            raise ValueError(f"security must be 'plaintext' or 'sasl_ssl', not {security!r}")
+        self._dir_token: str | None = None
+        if base_dir is None:
+            base_dir, self._dir_token = make_owned_dir("outboxkit-kafka-")
+        self.base_dir = Path(base_dir)
         self.version = version
+        self.security: Security = security
         self.port = free_port()
         self.controller_port = free_port()
+        self.sasl_ssl_port = free_port() if security == "sasl_ssl" else None
+        self.sasl_username = "outboxkit"
+        self._sasl_password = secrets.token_hex(24)
+        self._store_password = secrets.token_hex(24)
         self._service: ServiceProcess | None = None
 
     @property
     def bootstrap(self) -> str:
+        """Where clients connect: the SASL_SSL listener when secured, else the PLAINTEXT one."""
+        if self.sasl_ssl_port is not None:
+            return f"127.0.0.1:{self.sasl_ssl_port}"
+        return self.plaintext_bootstrap
+
+    @property
+    def plaintext_bootstrap(self) -> str:
+        """The unauthenticated loopback listener (the broker's inter-broker listener)."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_ssl(self) -> SaslSslListener:
+        """Bootstrap, SCRAM user and CA file of the SASL_SSL listener (files exist once started)."""
+        if self.sasl_ssl_port is None:
+            raise DevStackError("this Kafka was started without security='sasl_ssl'")
+        return SaslSslListener(
+            bootstrap=self.bootstrap,
+            username=self.sasl_username,
+            password=self._sasl_password,
+            ca_location=str(self.base_dir / "tls" / "ca.pem"),
+        )
 
     def _write_config(self) -> Path:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -173,12 +225,36 @@ class KafkaServer(ManagedServer):
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "2000",
             "log.cleaner.backoff.ms": "1000",
         }
+        if self.sasl_ssl_port is not None:
+            props |= self._sasl_ssl_props()
         path = self.base_dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        write_private(path, "".join(f"{k}={v}\n" for k, v in props.items()))
         (self.base_dir / "log4j2.properties").write_text(_LOG4J2)
         return path
 
-    def _jvm(self, libs: Path, main: str, *args: str) -> list[str]:
+    def _sasl_ssl_props(self) -> dict[str, str]:
+        tls = make_broker_tls(self.base_dir / "tls", self._store_password, java=_java())
+        sasl = f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
+        prefix = "listener.name.sasl_ssl."
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,"
+            "CONTROLLER:PLAINTEXT",
+            "sasl.enabled.mechanisms": SCRAM_SHA_512,
+            f"{prefix}scram-sha-512.sasl.jaas.config": _SCRAM_LOGIN_MODULE,
+            f"{prefix}ssl.client.auth": "none",
+            f"{prefix}ssl.keystore.type": "PKCS12",
+            f"{prefix}ssl.keystore.location": str(tls.keystore),
+            f"{prefix}ssl.keystore.password": tls.password,
+            f"{prefix}ssl.key.password": tls.password,
+            f"{prefix}ssl.truststore.type": "PKCS12",
+            f"{prefix}ssl.truststore.location": str(tls.truststore),
+            f"{prefix}ssl.truststore.password": tls.password,
+        }
+
+    def _jvm(self, libs: Path, *main_and_args: str) -> list[str]:
         return [
             _java(),
             "-Xms256m",
@@ -188,26 +264,42 @@ class KafkaServer(ManagedServer):
             f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.properties'}",
             "-cp",
             f"{libs}/*",
-            main,
-            *args,
+            *main_and_args,
         ]
 
     def _format(self, libs: Path, config: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        result = subprocess.run(
-            self._jvm(
-                libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
-            ),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
-        if result.returncode != 0:
-            raise DevStackError(
-                f"formatting Kafka storage failed:\n{result.stdout[-3000:]}"
-                f"\n{result.stderr[-3000:]}"
+        args = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+        if self.sasl_ssl_port is not None:
+            # The SCRAM user is written into the cluster's first metadata, so it exists before
+            # the broker serves anyone. Its password goes through a private Java argument file
+            # rather than the command line, which other local users can read in /proc.
+            scram = f"{SCRAM_SHA_512}=[name={self.sasl_username},password={self._sasl_password}]"
+            args += ["--add-scram", scram]
+        argfile = self.base_dir / "format.args"
+        write_private(argfile, "".join(f'"{arg}"\n' for arg in args))
+        try:
+            result = subprocess.run(
+                self._jvm(libs, f"@{argfile}"),
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
             )
+        finally:
+            argfile.unlink(missing_ok=True)
+        if result.returncode != 0:
+            output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            output = output.replace(self._sasl_password, "***")
+            raise DevStackError(f"formatting Kafka storage failed:\n{output}")
+
+    def _ready(self) -> bool:
+        if not _metadata_ok(self.plaintext_bootstrap):
+            return False
+        if self.sasl_ssl_port is None:
+            return True
+        listener = self.sasl_ssl.librdkafka_config()
+        return _metadata_ok(listener.pop("bootstrap.servers"), listener)
 
     def start(self, timeout: float = 90.0) -> None:
         if self._service is None:
@@ -219,8 +311,9 @@ class KafkaServer(ManagedServer):
                 "kafka",
                 self._jvm(libs, "kafka.Kafka", str(config)),
                 self.base_dir / "kafka.log",
-                lambda: _metadata_ok(self.bootstrap),
+                self._ready,
                 start_timeout=timeout,
                 owned_dir=self.base_dir,
+                dir_token=self._dir_token,
             )
         self._service.start()

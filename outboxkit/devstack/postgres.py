@@ -6,11 +6,11 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import psycopg
 
+from outboxkit.devstack.files import make_owned_dir, write_private
 from outboxkit.devstack.process import (
     ManagedServer,
     ServiceProcess,
@@ -51,7 +51,10 @@ class PostgresServer(ManagedServer):
     log_name = "postgres.log"
 
     def __init__(self, base_dir: Path | None = None, *, durable: bool = False) -> None:
-        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-pg-"))
+        self._dir_token: str | None = None
+        if base_dir is None:
+            base_dir, self._dir_token = make_owned_dir("outboxkit-pg-")
+        self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
         self.socket_dir = self.base_dir / "sock"
         self.port = free_port()
@@ -74,29 +77,31 @@ class PostgresServer(ManagedServer):
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
         pwfile = self.base_dir / "pwfile"
-        pwfile.write_text(self.password + "\n")
+        write_private(pwfile, self.password + "\n")  # 0600 from the start; chowned below
         os.chmod(self.base_dir, 0o755)
         chown_tree(self.base_dir, self._os_user)
-        result = subprocess.run(
-            [
-                str(self.bindir / "initdb"),
-                "-D",
-                str(self.data_dir),
-                "-U",
-                self.user,
-                f"--pwfile={pwfile}",
-                "--auth=scram-sha-256",
-                "-E",
-                "UTF8",
-                "--locale=C.UTF-8",
-                "--no-sync",
-            ],
-            capture_output=True,
-            text=True,
-            user=self._os_user,
-            check=False,
-        )
-        pwfile.unlink()
+        try:
+            result = subprocess.run(
+                [
+                    str(self.bindir / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    self.user,
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                    "--no-sync",
+                ],
+                capture_output=True,
+                text=True,
+                user=self._os_user,
+                check=False,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise DevStackError(f"initdb failed:\n{result.stdout}\n{result.stderr}")
         settings = {
@@ -136,6 +141,7 @@ class PostgresServer(ManagedServer):
                 start_timeout=60,
                 stop_signal=2,  # SIGINT: "fast" shutdown
                 owned_dir=self.base_dir,
+                dir_token=self._dir_token,
             )
         self._service.start()
 

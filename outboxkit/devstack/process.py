@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import pwd
@@ -21,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from outboxkit.devstack import registry
 from outboxkit.errors import DevStackError
 
 logger = logging.getLogger("outboxkit.devstack")
@@ -42,16 +42,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def cache_dir() -> Path:
-    """Where fetched artefacts (Kafka jars) and the service registry live across runs."""
-    root = os.environ.get("OUTBOXKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "outboxkit"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -77,6 +67,7 @@ class ServiceProcess:
         start_timeout: float = 60.0,
         stop_signal: int = signal.SIGTERM,
         owned_dir: Path | None = None,
+        dir_token: str | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -86,7 +77,10 @@ class ServiceProcess:
         self.user = user
         self.start_timeout = start_timeout
         self.stop_signal = stop_signal
-        self.owned_dir = owned_dir  # removed by reap_orphans if the owner dies
+        # The command line names owned_dir (a recycled-pid guard); reap_orphans deletes it only
+        # when dir_token proves the dev stack created it (see files.is_own_dir).
+        self.owned_dir = owned_dir
+        self.dir_token = dir_token
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -113,7 +107,7 @@ class ServiceProcess:
             )
         finally:
             log.close()
-        _registry_add(self)
+        registry.register(self.proc.pid, self.name, self.owned_dir, self.dir_token)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if not self.is_running():
@@ -145,7 +139,8 @@ class ServiceProcess:
         except subprocess.TimeoutExpired:
             logger.warning("%s ignored %s for %ss; killing", self.name, self.stop_signal, timeout)
             self.kill()
-        _registry_remove(self)
+        if self.pid is not None:
+            registry.unregister(self.pid)
 
     def kill(self) -> None:
         if self.proc is None:
@@ -154,7 +149,8 @@ class ServiceProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
-        _registry_remove(self)
+        if self.pid is not None:
+            registry.unregister(self.pid)
 
     def pause(self) -> None:
         """SIGSTOP the whole process group (for zombie tests)."""
@@ -164,86 +160,6 @@ class ServiceProcess:
     def resume(self) -> None:
         if self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGCONT)
-
-
-# --- registry of started services, for cleaning up after a SIGKILLed parent -----------------
-
-
-def _registry_dir() -> Path:
-    path = cache_dir() / "running"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _registry_add(service: ServiceProcess) -> None:
-    entry = {
-        "owner": os.getpid(),
-        "pid": service.pid,
-        "name": service.name,
-        "dir": str(service.owned_dir) if service.owned_dir else None,
-    }
-    (_registry_dir() / f"{service.pid}.json").write_text(json.dumps(entry))
-
-
-def _registry_remove(service: ServiceProcess) -> None:
-    if service.pid is not None:
-        with contextlib.suppress(FileNotFoundError):
-            (_registry_dir() / f"{service.pid}.json").unlink()
-
-
-def _alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _looks_like(pid: int, owned_dir: str | None) -> bool:
-    """Guards against a recycled pid: the process must still mention its data directory."""
-    if owned_dir is None:
-        return True
-    try:
-        return owned_dir.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc: trust the registry
-
-
-def _wait_gone(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def reap_orphans() -> int:
-    """Kill services whose owning process is gone; returns how many were killed."""
-    killed = 0
-    for entry_path in _registry_dir().glob("*.json"):
-        try:
-            entry = json.loads(entry_path.read_text())
-        except (OSError, ValueError):
-            entry_path.unlink(missing_ok=True)
-            continue
-        if _alive(int(entry["owner"])):
-            continue
-        pid = int(entry["pid"])
-        if _alive(pid) and _looks_like(pid, entry.get("dir")):
-            logger.warning("killing orphaned %s (pid %s)", entry.get("name"), pid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            killed += 1
-            _wait_gone(pid)
-        if entry.get("dir"):
-            shutil.rmtree(entry["dir"], ignore_errors=True)
-        entry_path.unlink(missing_ok=True)
-    return killed
 
 
 def service_user() -> str | None:

@@ -1,0 +1,82 @@
+"""How a client reaches the dev stack's SASL_SSL listener, and the ``OUTBOXKIT_KAFKA_*`` form of it.
+
+The variable names are the ones outboxkit's settings read, so a test can hand a secured broker to
+a relay or consumer process through its environment alone, exactly as an operator would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from outboxkit.errors import DevStackError
+
+BOOTSTRAP_ENV = "OUTBOXKIT_KAFKA_BOOTSTRAP"
+SECURITY_PROTOCOL_ENV = "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL"
+SASL_MECHANISM_ENV = "OUTBOXKIT_KAFKA_SASL_MECHANISM"
+SASL_USERNAME_ENV = "OUTBOXKIT_KAFKA_SASL_USERNAME"
+SASL_PASSWORD_ENV = "OUTBOXKIT_KAFKA_SASL_PASSWORD"
+SSL_CA_LOCATION_ENV = "OUTBOXKIT_KAFKA_SSL_CA_LOCATION"
+
+SASL_SSL = "SASL_SSL"
+SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class SaslSslListener:
+    """Bootstrap, SCRAM credentials and CA file for a SASL_SSL listener.
+
+    The password is left out of ``repr`` so printing the object (or a test failure showing it)
+    does not reveal it.
+    """
+
+    bootstrap: str
+    username: str
+    password: str = field(repr=False)
+    ca_location: str
+    mechanism: str = SCRAM_SHA_512
+    protocol: str = SASL_SSL
+
+    def env(self) -> dict[str, str]:
+        """The ``OUTBOXKIT_KAFKA_*`` variables that select this listener."""
+        return {
+            BOOTSTRAP_ENV: self.bootstrap,
+            SECURITY_PROTOCOL_ENV: self.protocol,
+            SASL_MECHANISM_ENV: self.mechanism,
+            SASL_USERNAME_ENV: self.username,
+            SASL_PASSWORD_ENV: self.password,
+            SSL_CA_LOCATION_ENV: self.ca_location,
+        }
+
+    def librdkafka_config(self) -> dict[str, str]:
+        """The same, as librdkafka (confluent-kafka) properties."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.protocol,
+            "sasl.mechanism": self.mechanism,
+            "sasl.username": self.username,
+            "sasl.password": self.password,
+            "ssl.ca.location": self.ca_location,
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SaslSslListener:
+        """Read an external SASL_SSL Kafka from the environment; names every missing variable."""
+        required = (BOOTSTRAP_ENV, SASL_USERNAME_ENV, SASL_PASSWORD_ENV, SSL_CA_LOCATION_ENV)
+        missing = [name for name in required if not environ.get(name)]
+        protocol = environ.get(SECURITY_PROTOCOL_ENV, "")
+        if protocol.upper() != SASL_SSL:
+            missing.insert(0, f"{SECURITY_PROTOCOL_ENV}={SASL_SSL}")
+        if missing:
+            raise DevStackError(
+                f"{BOOTSTRAP_ENV} names an external Kafka but a SASL_SSL one was asked for;"
+                f" also set {', '.join(missing)}"
+            )
+        return cls(
+            bootstrap=environ[BOOTSTRAP_ENV],
+            username=environ[SASL_USERNAME_ENV],
+            password=environ[SASL_PASSWORD_ENV],
+            ca_location=environ[SSL_CA_LOCATION_ENV],
+            mechanism=environ.get(SASL_MECHANISM_ENV) or SCRAM_SHA_512,
+            protocol=SASL_SSL,
+        )

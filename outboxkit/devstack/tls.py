@@ -1,0 +1,146 @@
+"""A throwaway certificate authority and a broker certificate for the dev stack's TLS listener.
+
+``openssl`` makes the keys and certificates (milliseconds, where each ``keytool`` call starts a
+JVM); ``keytool`` makes only the PKCS12 truststore, because Java trusts a certificate in a PKCS12
+file only with an attribute that this OpenSSL release cannot write. Passwords reach both tools
+through the environment, never the command line (which every local user can read in ``/proc``).
+The CA's private key is deleted once the broker certificate is signed: nothing else can ever be
+issued under this CA, so trusting its certificate trusts this one broker only.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from ipaddress import ip_address
+from pathlib import Path
+
+from outboxkit.errors import DevStackError
+
+_PASSWORD_ENV = "OUTBOXKIT_TLS_STORE_PASSWORD"  # a variable name, not a secret
+_CURVE = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """Files for the broker (PKCS12 keystore and truststore) and for clients (CA PEM)."""
+
+    ca_pem: Path
+    keystore: Path
+    truststore: Path
+    password: str = field(repr=False)  # of both stores and of the key in the keystore
+
+
+def _tool(name: str, java: str | None = None) -> str:
+    if java is not None:
+        sibling = Path(java).resolve().parent / name
+        if sibling.exists():
+            return str(sibling)
+    found = shutil.which(name)
+    if found is None:
+        package = "openssl" if name == "openssl" else "openjdk-17-jre-headless"
+        raise DevStackError(
+            f"{name} is needed to make the dev stack's TLS certificates"
+            f" (Debian: apt-get install {package})"
+        )
+    return found
+
+
+def _run(cwd: Path, password: str, command: list[str], *more: list[str]) -> None:
+    """``command`` is the tool and a fixed, space-separated argument string; ``more`` are
+    argument lists holding values (paths, names), passed as they are."""
+    argv = [command[0], *command[1].split(), *command[2:]]
+    argv += [arg for part in more for arg in part]
+    env = dict(os.environ)
+    env[_PASSWORD_ENV] = password
+    result = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=120
+    )
+    if result.returncode != 0:
+        raise DevStackError(
+            f"making the dev stack's TLS files failed at `{Path(argv[0]).name} {argv[1]}`:\n"
+            f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        )
+
+
+def _san(hosts: Sequence[str]) -> str:
+    names = []
+    for host in hosts:
+        try:
+            ip_address(host)
+            names.append(f"IP:{host}")
+        except ValueError:
+            names.append(f"DNS:{host}")
+    return ",".join(names)
+
+
+def make_broker_tls(
+    directory: Path,
+    password: str,
+    *,
+    java: str | None = None,
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+    days: int = 30,
+) -> BrokerTls:
+    """Create (once; later calls reuse them) the CA and broker files in ``directory``."""
+    files = BrokerTls(
+        ca_pem=directory / "ca.pem",
+        keystore=directory / "broker.p12",
+        truststore=directory / "truststore.p12",
+        password=password,
+    )
+    done = directory / "complete"
+    if done.exists():
+        return files
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    openssl = _tool("openssl")
+    suffix = secrets.token_hex(4)  # distinct subjects: a client never confuses two dev CAs
+    _run(
+        directory,
+        password,
+        [openssl, "req -x509 -new -nodes -keyout ca.key -out ca.pem", *_CURVE],
+        ["-days", str(days), "-subj", f"/CN=outboxkit dev CA {suffix}"],
+        ["-addext", "basicConstraints=critical,CA:TRUE"],
+        ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+    )
+    _run(
+        directory,
+        password,
+        [openssl, "req -new -nodes -keyout broker.key -out broker.csr", *_CURVE],
+        ["-subj", f"/CN=outboxkit dev broker {suffix}"],
+    )
+    (directory / "broker.ext").write_text(
+        f"subjectAltName={_san(hosts)}\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
+    )
+    _run(
+        directory,
+        password,
+        [openssl, "x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -extfile broker.ext"],
+        ["-set_serial", str(secrets.randbits(63)), "-days", str(days), "-out", "broker.pem"],
+    )
+    _run(
+        directory,
+        password,
+        [openssl, "pkcs12 -export -in broker.pem -inkey broker.key -certfile ca.pem -name broker"],
+        ["-out", files.keystore.name, "-passout", f"env:{_PASSWORD_ENV}"],
+    )
+    _run(
+        directory,
+        password,
+        [_tool("keytool", java), "-importcert -noprompt -alias outboxkit-dev-ca -file ca.pem"],
+        ["-keystore", files.truststore.name, "-storetype", "PKCS12"],
+        ["-storepass:env", _PASSWORD_ENV],
+    )
+    for leftover in ("ca.key", "broker.key", "broker.csr", "broker.ext"):
+        (directory / leftover).unlink(missing_ok=True)
+    done.write_text("ok\n")
+    return files
