@@ -1,4 +1,5 @@
-"""pytest fixtures for real PostgreSQL and Kafka (registered through the ``pytest11`` entry point).
+"""pytest fixtures for real PostgreSQL and Kafka, opt-in: ``pytest -p outboxkit.pytest_plugin``
+or ``pytest_plugins = ["outboxkit.pytest_plugin"]`` in a conftest.py.
 
 Fixtures that need the services never skip: if the stack cannot start, the test errors with the
 reason. Set ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP`` to use external services.

@@ -1,10 +1,12 @@
-"""Shared test configuration. Service fixtures come from ``outboxkit.pytest_plugin``."""
+"""Shared test configuration. Service fixtures come from the opt-in ``outboxkit.pytest_plugin``."""
 
 from __future__ import annotations
 
 import pytest
 
-from outboxkit.devstack.postgres import sqlalchemy_url
+from outboxkit.db import sqlalchemy_url
+
+pytest_plugins = ["outboxkit.pytest_plugin"]
 
 
 @pytest.fixture

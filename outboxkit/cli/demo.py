@@ -6,14 +6,13 @@ import time
 
 import click
 
-from outboxkit.devstack import DevStack
-
 
 @click.command()
 @click.option("--orders", default=20, show_default=True, help="How many orders to write.")
 def demo(orders: int) -> None:
     """Write -> relay -> Kafka -> deduplicating consumer, and check every invariant."""
     from outboxkit.demo import DemoInvariantError, run_demo
+    from outboxkit.devstack import DevStack
 
     click.echo("Starting PostgreSQL and Kafka (self-started unless OUTBOXKIT_* URLs are set)...")
     started = time.monotonic()

@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -166,6 +165,8 @@ def service_user() -> str | None:
     """PostgreSQL refuses to run as root; pick an unprivileged account when we are root."""
     if os.geteuid() != 0:
         return None
+    import pwd  # Unix-only: imported where needed, so the package imports everywhere
+
     for candidate in ("postgres", "nobody"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(candidate)
@@ -176,6 +177,8 @@ def service_user() -> str | None:
 def chown_tree(path: Path, user: str | None) -> None:
     if user is None:
         return
+    import pwd
+
     entry = pwd.getpwnam(user)
     for root, dirs, files in os.walk(path):
         shutil.chown(root, entry.pw_uid, entry.pw_gid)
