@@ -30,7 +30,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 from outboxkit.devstack import PostgresServer
 from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
 from outboxkit.events import Message
