@@ -15,7 +15,7 @@ from outboxkit.db import queries
 from outboxkit.db.queries import AREAS, Query, _check
 from outboxkit.errors import IdempotencyKeyConflictError
 from outboxkit.events import Message
-from outboxkit.outbox import OutboxConfig, _Plan, _prepare
+from outboxkit.outbox_plan import OutboxConfig, Plan, prepare
 from outboxkit.testing import _params as outboxed_params
 
 RELAY_WRITES = (
@@ -162,13 +162,13 @@ def test_a_name_is_never_cut_short() -> None:
 def test_the_writer_passes_exactly_the_insert_parameters() -> None:
     config = OutboxConfig()
     messages = [Message("t", b"1", key="k"), Message("t", b"2", idempotency_key="i")]
-    rows = [_prepare(m, config) for m in messages]
+    rows = [prepare(m, config) for m in messages]
     notified = (None, [])
-    one = _Plan(config, rows[:1]).insert_statement(notified)
-    many = _Plan(config, rows).insert_statement(notified)
+    one = Plan(config, rows[:1]).insert_statement(notified)
+    many = Plan(config, rows).insert_statement(notified)
     for name, params in (one, many):
         assert set(params) == PARAMETERS["outbox"][name]
-    plan = _Plan(config, rows)
+    plan = Plan(config, rows)
     reread = plan.reread_statement()
     assert reread is not None
     assert set(reread[1]) == PARAMETERS["outbox"][reread[0]]
