@@ -22,6 +22,7 @@ from outboxkit.db.execute import (
     run,
     run_async,
 )
+from outboxkit.db.listen import listen, listen_async
 from outboxkit.db.queries import Query, queries, query
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "connect_async",
     "execute",
     "execute_async",
+    "listen",
+    "listen_async",
     "migrator",
     "one",
     "one_async",

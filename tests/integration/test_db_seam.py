@@ -398,14 +398,28 @@ def test_keyword_connection_strings_are_redacted_too(outboxkit_db_url: str) -> N
 
 
 def test_notify_channel_reaches_a_listener_through_the_seam(outboxkit_db_url: str) -> None:
-    """``insert_one`` notifies on commit only, once, on the schema's channel."""
+    """``insert_one`` notifies on commit only, once, on the schema's channel (a quoted name)."""
     channel = notify_channel("outboxkit")
     with db.connect(outboxkit_db_url) as listener:
-        listener.execute(f'LISTEN "{channel}"')
+        db.listen(listener, channel)
         with db.connect(outboxkit_db_url, autocommit=False) as writer:
             params = {**_insert_one("n1", b"1"), "channel": channel}
             [row] = db.rows(writer, q("insert_one"), params)
             assert row[-1] is True
+            assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # not before commit
             writer.commit()
         got = list(listener.notifies(timeout=10, stop_after=1))
     assert [(n.channel, n.payload) for n in got] == [(channel, str(row[2]))]
+
+
+async def test_listen_async(outboxkit_db_url: str) -> None:
+    channel = notify_channel("t" * 60)  # too long for a channel: hashed
+    async with await db.connect_async(outboxkit_db_url) as listener:
+        await db.listen_async(listener, channel)
+        with db.connect(outboxkit_db_url) as writer:
+            db.run(writer, db.Query("t", "notify", "SELECT pg_notify(:c, '7')"), {"c": channel})
+        async for notification in listener.notifies(timeout=10, stop_after=1):
+            assert (notification.channel, notification.payload) == (channel, "7")
+            break
+        else:
+            pytest.fail("no notification")
