@@ -7,14 +7,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from outboxkit.relay.producer.base import RecordError, transactional_id
-from outboxkit.relay.producer.errors import ErrorKind, classify
 
 from outboxkit.errors import ConfigurationError, LeaseLostError
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
 from outboxkit.relay.config import Mode, OnPublish, ParkedKeyPolicy, load_config
 from outboxkit.relay.faults import parse_fault
 from outboxkit.relay.lease import LeaseTerm, trust_margin
+from outboxkit.relay.producer.base import RecordError, transactional_id
+from outboxkit.relay.producer.errors import ErrorKind, classify
 from outboxkit.relay.reader import OutboxRecord
 from outboxkit.relay.shard_worker import backoff_delay
 
