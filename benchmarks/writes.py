@@ -30,11 +30,12 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 from outboxkit.devstack import PostgresServer
 from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
 from outboxkit.events import Message
-from outboxkit.outbox import Outbox, OutboxConfig, _prepare
+from outboxkit.outbox import Outbox, OutboxConfig
+from outboxkit.outbox_plan import prepare
 
 ACCOUNTS = 10_000
 TRIGGER = "outbox_message_notify"  # a relay-side NOTIFY trigger, if the schema has one
@@ -229,7 +230,7 @@ def part_b(dsn: str, url: str, rows: int, batch: int, rounds: int) -> tuple[floa
 
     def run_copy() -> float:
         reset(dsn)
-        prepared = [_prepare(m, outbox.config) for m in messages]  # same rows, prep untimed
+        prepared = [prepare(m, outbox.config) for m in messages]  # same rows, prep untimed
         copy_sql = (
             "COPY outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
             " message_key, payload, content_type, headers, event_type, shard) FROM STDIN"

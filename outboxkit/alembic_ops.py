@@ -7,14 +7,21 @@ In a revision::
     def upgrade() -> None:
         alembic_ops.upgrade(op)             # applies whatever outboxkit migrations are pending
 
-In ``env.py``::
+In ``env.py``, leave outboxkit's schema out of autogenerate (its tables are made by its own SQL
+migrations, not by your models)::
 
+    context.configure(..., include_schemas=True, include_name=alembic_ops.include_name)
+    # or, filtering objects rather than reflection:
     context.configure(..., include_object=alembic_ops.include_object)
+    # another schema name, chained with your own filter:
+    context.configure(..., include_object=alembic_ops.include_object_for("billing_outbox",
+                                                                          chain=my_filter))
 
+outboxkit keeps every table in its own schema, so "ours" simply means "in that schema".
 The migrations run on Alembic's connection, inside Alembic's transaction, under the same
-advisory lock as ``outboxkit migrate up``. outboxkit migrations are forward-only, so there is no
-``downgrade``. The session's ``search_path`` is restored afterwards, so your own operations in
-the same revision are unaffected.
+advisory lock as ``outboxkit migrate up``. They are forward-only, so there is no ``downgrade``.
+The session's ``search_path`` is put back afterwards, so your own operations in the same
+revision are unaffected.
 """
 
 from __future__ import annotations
@@ -23,11 +30,28 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from sqlalchemy.dialects.postgresql import base as pg_base
+from sqlalchemy.types import UserDefinedType
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 from outboxkit.errors import ConfigurationError
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.tables import metadata_for
+from outboxkit.schema import DEFAULT_SCHEMA, validate_schema_name
+
+IncludeObject = Callable[[Any, str | None, str, bool, Any], bool]
+
+
+class Xid8(UserDefinedType[str]):
+    """PostgreSQL's 64-bit transaction id (``outbox_message.xact_id``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "XID8"
+
+
+# ``include_object`` filters after reflection: without this, reflecting outboxkit's schema warns
+# about an unknown type (an error under ``-W error``). Registered only when this module is used.
+pg_base.ischema_names.setdefault("xid8", Xid8)
 
 
 def upgrade(op: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
@@ -43,37 +67,30 @@ def upgrade(op: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
         raise ConfigurationError(
             "outboxkit's Alembic helper needs the psycopg (3) driver: postgresql+psycopg://"
         )
-    with dbapi.cursor() as cur:
-        cur.execute("SELECT current_setting('search_path')")
-        row = cur.fetchone()
-        search_path = row[0] if row else "public"
-        applied = migrator.upgrade(dbapi, schema)
-        cur.execute("SELECT set_config('search_path', %s, false)", (search_path,))
-    return applied
+    return migrator.upgrade(dbapi, schema)
 
 
-def is_outboxkit_table(name: str | None, schema: str | None, outboxkit_schema: str) -> bool:
-    return schema == outboxkit_schema and f"{schema}.{name}" in metadata_for(schema).tables
+def _schema_of(obj: Any, type_: str) -> str | None:
+    """The schema of a table, or of the table an index, column or constraint belongs to."""
+    table = obj if type_ == "table" else getattr(obj, "table", None)
+    found = getattr(table if table is not None else obj, "schema", None)
+    return found if isinstance(found, str) else None
 
 
 def include_object_for(
     schema: str = DEFAULT_SCHEMA,
     include: bool = False,
-    chain: Callable[..., bool] | None = None,
-) -> Callable[[Any, str | None, str, bool, Any], bool]:
-    """An ``include_object`` that leaves outboxkit's tables (and their indexes, columns, ...)
-    out of autogenerate (or keeps *only* them, with ``include=True``); ``chain`` is your own
-    filter, consulted for everything else."""
+    chain: IncludeObject | None = None,
+) -> IncludeObject:
+    """An ``include_object`` that leaves everything in outboxkit's schema (tables, indexes,
+    columns, ...) out of autogenerate (or keeps *only* that, with ``include=True``); ``chain`` is
+    your own filter, consulted for everything else."""
+    validate_schema_name(schema)
 
     def include_object(
         obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
     ) -> bool:
-        table = obj if type_ == "table" else getattr(obj, "table", None)
-        if table is not None:
-            ours = is_outboxkit_table(table.name, table.schema, schema)
-        else:
-            ours = getattr(obj, "schema", None) == schema
-        if ours:
+        if _schema_of(obj, type_) == schema:
             return include
         if include:
             return False
@@ -82,10 +99,21 @@ def include_object_for(
     return include_object
 
 
-#: Leaves the default ``outboxkit`` schema's tables out of autogenerate.
+#: Leaves the default ``outboxkit`` schema out of autogenerate.
 include_object = include_object_for()
 
 
-def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
-    """For ``include_schemas=True``: do not reflect the ``outboxkit`` schema at all."""
-    return not (type_ == "schema" and name == DEFAULT_SCHEMA)
+def include_name_for(
+    schema: str = DEFAULT_SCHEMA,
+) -> Callable[[str | None, str, dict[str, Any]], bool]:
+    """An ``include_name`` (with ``include_schemas=True``) that does not reflect ``schema``."""
+    validate_schema_name(schema)
+
+    def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+        return not (type_ == "schema" and name == schema)
+
+    return include_name
+
+
+#: For ``include_schemas=True``: do not reflect the ``outboxkit`` schema at all.
+include_name = include_name_for()

@@ -15,19 +15,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from sqlalchemy.orm import Session
 
-from outboxkit import migrator
-from outboxkit.devstack.postgres import sqlalchemy_url
+from outboxkit import db
 from outboxkit.errors import IdempotencyKeyConflictError, OutboxkitError
 from outboxkit.events import Event
 from outboxkit.inbox import EventRegistry, HandlerContext, Inbox, InboxSettings
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
 from outboxkit.inbox.readback import stats
+from outboxkit.kafka import KafkaClients
 from outboxkit.outbox import Outbox
 from outboxkit.relay import Mode, Relay, RelayConfig
+from outboxkit.schema import DEFAULT_SCHEMA, OutboxState
+from outboxkit.settings import KafkaSettings
+from outboxkit.testing import outboxed
+from outboxkit.wire import (
+    HEADER_CONTENT_TYPE,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_IDEMPOTENCY_KEY,
+)
 
 Echo = Callable[[str], None]
 
@@ -77,15 +84,15 @@ class DemoReport:
     orders_applied_once: int = 0
 
 
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions)])
-    for future in futures.values():
+def _create_topic(kafka: KafkaClients, topic: str, partitions: int) -> None:
+    async def create() -> None:
+        admin = kafka.admin()
         try:
-            future.result(timeout=30)
-        except Exception as exc:
-            if "already exists" not in str(exc).lower():
-                raise
+            await admin.create_topic(topic, partitions, {})
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
 
 
 def _write_orders(engine: sa.Engine, outbox: Outbox, count: int, report: DemoReport) -> None:
@@ -127,11 +134,8 @@ def _write_orders(engine: sa.Engine, outbox: Outbox, count: int, report: DemoRep
 
 def _pending(engine: sa.Engine) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM outboxkit.outbox_message WHERE state = 'pending'")
-            ).scalar_one()
-        )
+        counts = db.rows(conn, db.query("outbox", "state_counts", DEFAULT_SCHEMA))
+    return sum(int(count) for state, count in counts if state == OutboxState.PENDING)
 
 
 def _relay_until_drained(config: RelayConfig, engine: sa.Engine, timeout: float) -> float:
@@ -155,29 +159,27 @@ def _relay_until_drained(config: RelayConfig, engine: sa.Engine, timeout: float)
     return asyncio.run(main())
 
 
-def _inject_relay_duplicate(engine: sa.Engine, bootstrap: str) -> None:
+def _inject_relay_duplicate(engine: sa.Engine, kafka: KafkaClients) -> None:
     """Publish one already-published row again, as an at-least-once relay may after a crash."""
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT event_id, idempotency_key, topic, message_key, payload, content_type,"
-                " event_type FROM outboxkit.outbox_message ORDER BY id LIMIT 1"
-            )
-        ).one()
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    producer.produce(
-        row.topic,
-        bytes(row.payload),
-        key=row.message_key.encode(),
-        headers=[
-            ("event-id", str(row.event_id).encode()),
-            ("idempotency-key", row.idempotency_key.encode()),
-            ("event-type", row.event_type.encode()),
-            ("content-type", row.content_type.encode()),
-        ],
-    )
-    if producer.flush(30) != 0:
-        raise DemoInvariantError("could not publish the injected duplicate")
+        row = outboxed(conn)[0]
+    sender = kafka.record_sender()
+    try:
+        sender.send(
+            row.topic,
+            row.key.encode() if row.key is not None else None,
+            row.payload,
+            [
+                (HEADER_EVENT_ID, str(row.event_id).encode()),
+                (HEADER_IDEMPOTENCY_KEY, row.idempotency_key.encode()),
+                (HEADER_EVENT_TYPE, (row.event_type or "").encode()),
+                (HEADER_CONTENT_TYPE, row.content_type.encode()),
+            ],
+        )
+    except OutboxkitError as exc:
+        raise DemoInvariantError(f"could not publish the injected duplicate: {exc}") from exc
+    finally:
+        sender.close()
 
 
 def _consume(engine: sa.Engine, bootstrap: str, expected: int, timeout: float) -> None:
@@ -212,13 +214,14 @@ def run_demo(
 ) -> DemoReport:
     """Run every step against the given services and check the invariants."""
     report = DemoReport()
-    engine = sa.create_engine(sqlalchemy_url(database_url))
+    engine = sa.create_engine(db.sqlalchemy_url(database_url))
+    kafka = KafkaClients(KafkaSettings(bootstrap=kafka_bootstrap))
     try:
-        applied = migrator.upgrade(database_url)
+        applied = db.migrator.upgrade(database_url)
         echo(f"1. schema: applied migrations {applied or 'none (already current)'}")
         _APP_SCHEMA.drop_all(engine)
         _APP_SCHEMA.create_all(engine)
-        _create_topic(kafka_bootstrap, OrderPlaced.outbox_spec().topic, partitions=3)
+        _create_topic(kafka, OrderPlaced.outbox_spec().topic, partitions=3)
 
         _write_orders(engine, Outbox(), orders, report)
         echo(
@@ -241,7 +244,7 @@ def run_demo(
             f" (fenced lease, Kafka transaction + checkpoint) in {report.relay_seconds:.2f}s"
         )
 
-        _inject_relay_duplicate(engine, kafka_bootstrap)
+        _inject_relay_duplicate(engine, kafka)
         report.duplicates_injected = 1
         echo("4. chaos: published one event a second time, as a crashed at-least-once relay may")
 

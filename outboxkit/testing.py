@@ -1,7 +1,7 @@
 """Assertions for users' tests: "did my code put this event in the outbox?".
 
-They read the outbox through the caller's own Session/Connection, so they see rows the test's
-transaction wrote but has not committed yet::
+They read the outbox through the caller's own Session/Connection (or a psycopg connection), so
+they see rows the test's transaction wrote but has not committed yet::
 
     with Session(engine) as session, session.begin():
         place_order(session, order_id="o-1")
@@ -10,19 +10,16 @@ transaction wrote but has not committed yet::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
-
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.queries import query
+from outboxkit import db
+from outboxkit.schema import DEFAULT_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -61,33 +58,21 @@ def _params(
     }
 
 
-def _to_messages(rows: Any) -> list[OutboxedMessage]:
+def _to_messages(rows: Sequence[tuple[Any, ...]]) -> list[OutboxedMessage]:
+    """Rows of ``select_outboxed``, whose columns are the fields in order."""
     out = []
-    for r in rows:
+    for row in rows:
+        message = OutboxedMessage(*row)
         out.append(
-            OutboxedMessage(
-                id=r.id,
-                event_id=r.event_id,
-                idempotency_key=r.idempotency_key,
-                topic=r.topic,
-                key=r.message_key,
-                payload=bytes(r.payload),
-                content_type=r.content_type,
-                headers=dict(r.headers),
-                event_type=r.event_type,
-                schema_version=r.schema_version,
-                aggregate_type=r.aggregate_type,
-                aggregate_id=r.aggregate_id,
-                shard=r.shard,
-                state=r.state,
-                created_at=r.created_at,
+            dataclasses.replace(
+                message, payload=bytes(message.payload), headers=dict(message.headers)
             )
         )
     return out
 
 
 def outboxed(
-    target: Session | Connection,
+    target: db.SyncTarget,
     *,
     event_type: str | None = None,
     key: str | None = None,
@@ -96,13 +81,12 @@ def outboxed(
     schema: str = DEFAULT_SCHEMA,
 ) -> list[OutboxedMessage]:
     """Outbox rows visible to ``target``'s transaction that match every given filter."""
-    conn = target.connection() if isinstance(target, Session) else target
-    sql = sa.text(query("outbox", "select_outboxed", schema))
-    return _to_messages(conn.execute(sql, _params(event_type, key, topic, aggregate_id)))
+    statement = db.query("outbox", "select_outboxed", schema)
+    return _to_messages(db.rows(target, statement, _params(event_type, key, topic, aggregate_id)))
 
 
 async def outboxed_async(
-    target: AsyncSession | AsyncConnection,
+    target: db.AsyncTarget,
     *,
     event_type: str | None = None,
     key: str | None = None,
@@ -110,10 +94,9 @@ async def outboxed_async(
     aggregate_id: str | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[OutboxedMessage]:
-    conn = await target.connection() if isinstance(target, AsyncSession) else target
-    sql = sa.text(query("outbox", "select_outboxed", schema))
-    result = await conn.execute(sql, _params(event_type, key, topic, aggregate_id))
-    return _to_messages(result)
+    statement = db.query("outbox", "select_outboxed", schema)
+    params = _params(event_type, key, topic, aggregate_id)
+    return _to_messages(await db.rows_async(target, statement, params))
 
 
 def _check(
@@ -133,7 +116,7 @@ def _check(
 
 
 def assert_outboxed(
-    target: Session | Connection,
+    target: db.SyncTarget,
     *,
     event_type: str | None = None,
     key: str | None = None,
@@ -156,7 +139,7 @@ def assert_outboxed(
 
 
 def assert_not_outboxed(
-    target: Session | Connection,
+    target: db.SyncTarget,
     *,
     event_type: str | None = None,
     key: str | None = None,
@@ -176,7 +159,7 @@ def assert_not_outboxed(
 
 
 async def assert_outboxed_async(
-    target: AsyncSession | AsyncConnection,
+    target: db.AsyncTarget,
     *,
     event_type: str | None = None,
     key: str | None = None,

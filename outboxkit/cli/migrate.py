@@ -7,8 +7,9 @@ import sys
 import click
 import psycopg
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 from outboxkit.errors import OutboxkitError
+from outboxkit.schema import DEFAULT_SCHEMA
 
 _database_url = click.option(
     "--database-url",
@@ -19,7 +20,7 @@ _database_url = click.option(
 _schema = click.option(
     "--schema",
     envvar="OUTBOXKIT_SCHEMA",
-    default=migrator.DEFAULT_SCHEMA,
+    default=DEFAULT_SCHEMA,
     show_default=True,
     help="PostgreSQL schema holding the outboxkit tables.",
 )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 import click
 import psycopg
 
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.queries import query
+from outboxkit import db
+from outboxkit.schema import DEFAULT_SCHEMA
 
 
 @click.group()
@@ -20,16 +22,22 @@ def outbox(ctx: click.Context, database_url: str, schema: str) -> None:
     ctx.obj = {"url": database_url, "schema": schema}
 
 
+def _rows(obj: dict[str, str], name: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
+    """One statement on a connection of our own; a database error is one line, password-free."""
+    try:
+        with db.connect(obj["url"]) as conn:
+            return db.rows(conn, db.query("relay", name, obj["schema"]), params)
+    except psycopg.Error as exc:
+        raise click.ClickException(str(exc).strip()) from None
+
+
 @outbox.command()
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def parked(obj: dict[str, str], limit: int, as_json: bool) -> None:
     """List parked rows with their reason."""
-    with psycopg.connect(obj["url"], autocommit=True) as conn:
-        rows = conn.execute(
-            query("relay", "parked_list", obj["schema"]), {"limit": limit}
-        ).fetchall()
+    rows = _rows(obj, "parked_list", {"limit": limit})
     items = [
         {
             "id": r[0],
@@ -57,10 +65,7 @@ def parked(obj: dict[str, str], limit: int, as_json: bool) -> None:
 def _act(obj: dict[str, str], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
     if not ids and not all_rows:
         raise click.UsageError("name row ids, or --all")
-    with psycopg.connect(obj["url"], autocommit=True) as conn:
-        rows = conn.execute(
-            query("relay", name, obj["schema"]), {"ids": list(ids), "all": all_rows}
-        ).fetchall()
+    rows = _rows(obj, name, {"ids": list(ids), "all": all_rows})
     return [int(r[0]) for r in rows]
 
 

@@ -2,11 +2,13 @@
 
 ``queries`` loads the named statements of ``db/sql/*.sql``; ``execute`` runs them on a caller's
 connection (sync or async) or ours; ``connect`` opens our own; ``migrator`` applies the schema.
+Usage: ``db.one(conn, db.query("relay", "shard_count", schema))``.
 """
 
 from __future__ import annotations
 
-from outboxkit.db.connect import connect, connect_async, redact, sqlalchemy_url
+from outboxkit.db import migrator
+from outboxkit.db.connect import Url, connect, connect_async, redact, sqlalchemy_url
 from outboxkit.db.execute import (
     AsyncTarget,
     Result,
@@ -20,6 +22,7 @@ from outboxkit.db.execute import (
     run,
     run_async,
 )
+from outboxkit.db.listen import listen, listen_async
 from outboxkit.db.queries import Query, queries, query
 
 __all__ = [
@@ -27,10 +30,14 @@ __all__ = [
     "Query",
     "Result",
     "SyncTarget",
+    "Url",
     "connect",
     "connect_async",
     "execute",
     "execute_async",
+    "listen",
+    "listen_async",
+    "migrator",
     "one",
     "one_async",
     "queries",

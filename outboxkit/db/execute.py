@@ -4,8 +4,9 @@ A target is a SQLAlchemy ``Session``/``Connection`` (or their async twins) or a 
 connection. With psycopg underneath (the driver outboxkit requires) the statement goes straight to
 the driver connection SQLAlchemy holds, so a write costs no SQLAlchemy compilation; any other
 driver runs the same ``:name`` text through SQLAlchemy. Errors keep the family of the target: a
-SQLAlchemy target gets SQLAlchemy exceptions (with bound parameters hidden), a psycopg target gets
-psycopg's.
+SQLAlchemy target gets SQLAlchemy exceptions (with bound parameters hidden, as they may hold
+payloads), a psycopg target gets psycopg's. A connection the error broke is invalidated, as
+SQLAlchemy does for its own statements, so the pool never hands it out again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.rows import tuple_row
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -24,6 +26,7 @@ from outboxkit.db.queries import Query
 SyncTarget = Session | Connection | psycopg.Connection[Any]
 AsyncTarget = AsyncSession | AsyncConnection | psycopg.AsyncConnection[Any]
 Params = Mapping[str, Any] | None
+_NO_PARAMS: Mapping[str, Any] = {}
 
 
 class Result(NamedTuple):
@@ -33,10 +36,24 @@ class Result(NamedTuple):
     rowcount: int
 
 
-def _wrap(exc: psycopg.Error, query: Query) -> sa.exc.StatementError:
+def _checked(query: Query, params: Params) -> Mapping[str, Any]:
+    """The parameters, if they name every placeholder (a caller's bug, told plainly)."""
+    given = _NO_PARAMS if params is None else params
+    if not query.parameters <= given.keys():
+        missing = sorted(query.parameters - given.keys())
+        raise TypeError(f"outboxkit {query.area}.{query.name}: missing parameters {missing}")
+    return given
+
+
+def _wrap(exc: psycopg.Error, query: Query, invalidated: bool) -> sa.exc.StatementError:
     """A driver error as SQLAlchemy would have raised it, without the parameters' values."""
     return sa.exc.DBAPIError.instance(
-        f"outboxkit {query.area}.{query.name}", None, exc, psycopg.Error, hide_parameters=True
+        f"outboxkit {query.area}.{query.name}",
+        None,
+        exc,
+        psycopg.Error,
+        hide_parameters=True,
+        connection_invalidated=invalidated,
     )
 
 
@@ -49,42 +66,58 @@ def _via_sqlalchemy(result: sa.CursorResult[Any]) -> Result:
     return Result(rows, result.rowcount)
 
 
+def _on_driver(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
+    with driver.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sql, params)
+        return Result(cur.fetchall() if cur.description else [], cur.rowcount)
+
+
+async def _on_driver_async(
+    driver: psycopg.AsyncConnection[Any], sql: bytes, params: Mapping[str, Any]
+) -> Result:
+    async with driver.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(sql, params)
+        return Result(await cur.fetchall() if cur.description else [], cur.rowcount)
+
+
 def run(target: SyncTarget, query: Query, params: Params = None, *, binary: bool = False) -> Result:
     """Execute ``query`` on ``target``; a SQLAlchemy target begins its transaction if needed."""
+    given = _checked(query, params)
     if isinstance(target, psycopg.Connection):
-        with target.cursor() as cur:
-            cur.execute(_sql(query, binary), params)
-            return Result(cur.fetchall() if cur.description else [], cur.rowcount)
+        return _on_driver(target, _sql(query, binary), given)
     conn = target.connection() if isinstance(target, Session) else target
     if not conn.in_transaction():
         conn.begin()  # what conn.execute would do (autobegin); the caller commits
     driver = conn.connection.driver_connection
     if not isinstance(driver, psycopg.Connection):
-        return _via_sqlalchemy(conn.execute(sa.text(query.text), dict(params or {})))
+        return _via_sqlalchemy(conn.execute(sa.text(query.text), dict(given)))
     try:
-        return run(driver, query, params, binary=binary)
+        return _on_driver(driver, _sql(query, binary), given)
     except psycopg.Error as exc:
-        raise _wrap(exc, query) from exc
+        if driver.broken:
+            conn.invalidate(exc)
+        raise _wrap(exc, query, driver.broken) from exc
 
 
 async def run_async(
     target: AsyncTarget, query: Query, params: Params = None, *, binary: bool = False
 ) -> Result:
     """:func:`run` for async targets."""
+    given = _checked(query, params)
     if isinstance(target, psycopg.AsyncConnection):
-        async with target.cursor() as cur:
-            await cur.execute(_sql(query, binary), params)
-            return Result(await cur.fetchall() if cur.description else [], cur.rowcount)
+        return await _on_driver_async(target, _sql(query, binary), given)
     conn = await target.connection() if isinstance(target, AsyncSession) else target
     if not conn.in_transaction():
         await conn.begin()
     driver = (await conn.get_raw_connection()).driver_connection
     if not isinstance(driver, psycopg.AsyncConnection):
-        return _via_sqlalchemy(await conn.execute(sa.text(query.text), dict(params or {})))
+        return _via_sqlalchemy(await conn.execute(sa.text(query.text), dict(given)))
     try:
-        return await run_async(driver, query, params, binary=binary)
+        return await _on_driver_async(driver, _sql(query, binary), given)
     except psycopg.Error as exc:
-        raise _wrap(exc, query) from exc
+        if driver.broken:
+            await conn.invalidate(exc)
+        raise _wrap(exc, query, driver.broken) from exc
 
 
 def execute(target: SyncTarget, query: Query, params: Params = None) -> int:
@@ -94,11 +127,12 @@ def execute(target: SyncTarget, query: Query, params: Params = None) -> int:
 
 def one(target: SyncTarget, query: Query, params: Params = None) -> tuple[Any, ...] | None:
     """The first row, or None."""
-    rows = run(target, query, params).rows
-    return rows[0] if rows else None
+    found = run(target, query, params).rows
+    return found[0] if found else None
 
 
 def rows(target: SyncTarget, query: Query, params: Params = None) -> Sequence[tuple[Any, ...]]:
+    """Every row."""
     return run(target, query, params).rows
 
 

@@ -16,10 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from outboxkit.db.connect import Url, connect
 from outboxkit.errors import MigrationError, SchemaError
 from outboxkit.schema import DEFAULT_SCHEMA, validate_schema_name
 
@@ -75,16 +77,20 @@ def latest_version() -> int:
     return load_migrations()[-1].version
 
 
+Target = Url | psycopg.Connection[Any]
+
+
 @contextmanager
-def _connect(target: str | psycopg.Connection) -> Iterator[psycopg.Connection]:
+def _connect(target: Target) -> Iterator[psycopg.Connection[Any]]:
+    """The caller's connection as it is, or one of our own (autocommit, password-safe errors)."""
     if isinstance(target, psycopg.Connection):
         yield target
     else:
-        with psycopg.connect(target) as conn:
+        with connect(target) as conn:
             yield conn
 
 
-def _bootstrap(cur: psycopg.Cursor, schema: str) -> None:
+def _bootstrap(cur: psycopg.Cursor[Any], schema: str) -> None:
     ident = sql.Identifier(schema)
     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"outboxkit.migrate.{schema}",))
     cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
@@ -97,7 +103,7 @@ def _bootstrap(cur: psycopg.Cursor, schema: str) -> None:
     )
 
 
-def _applied(cur: psycopg.Cursor, schema: str) -> dict[int, str]:
+def _applied(cur: psycopg.Cursor[Any], schema: str) -> dict[int, str]:
     cur.execute(
         sql.SQL("SELECT version, checksum FROM {}.schema_migration ORDER BY version").format(
             sql.Identifier(schema)
@@ -116,8 +122,12 @@ def _status(applied: dict[int, str]) -> MigrationStatus:
     )
 
 
-def upgrade(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Apply every pending migration in one transaction; returns the versions applied."""
+def upgrade(target: Target, schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """Apply every pending migration in one transaction; returns the versions applied.
+
+    On a caller's connection that is inside a transaction (an Alembic revision) this runs in a
+    savepoint of it, and the ``search_path`` the migrations need is put back afterwards.
+    """
     validate_schema_name(schema)
     with _connect(target) as conn, conn.transaction(), conn.cursor() as cur:
         _bootstrap(cur, schema)
@@ -127,6 +137,10 @@ def upgrade(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> l
                 f"schema {schema!r} has migrations this outboxkit does not know"
                 f" (unknown {list(status.unknown)}, changed {list(status.changed)})"
             )
+        if not status.pending:
+            return []
+        cur.execute("SELECT current_setting('search_path')")
+        saved = cur.fetchone()
         cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
         for migration in load_migrations():
             if migration.version not in status.pending:
@@ -141,20 +155,26 @@ def upgrade(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> l
                 "INSERT INTO schema_migration (version, name, checksum) VALUES (%s, %s, %s)",
                 (migration.version, migration.name, migration.checksum),
             )
+        if saved is not None:
+            cur.execute("SELECT set_config('search_path', %s, true)", (saved[0],))
         return list(status.pending)
 
 
-def status(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> MigrationStatus:
+def status(target: Target, schema: str = DEFAULT_SCHEMA) -> MigrationStatus:
+    """Applied, pending, unknown and edited versions; leaves a caller's transaction as it was."""
     validate_schema_name(schema)
-    with _connect(target) as conn, conn.cursor() as cur:
-        cur.execute("SELECT to_regclass(%s)", (f"{schema}.schema_migration",))
-        row = cur.fetchone()
-        applied = _applied(cur, schema) if row and row[0] else {}
-        conn.rollback()
+    with _connect(target) as conn:
+        was_idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (f"{schema}.schema_migration",))
+            row = cur.fetchone()
+            applied = _applied(cur, schema) if row and row[0] else {}
+        if was_idle and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()  # only the transaction our reads opened
         return _status(applied)
 
 
-def require_current(target: str | psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> None:
+def require_current(target: Target, schema: str = DEFAULT_SCHEMA) -> None:
     """Refuse to run on a schema this version does not know (behind, ahead, or edited)."""
     current = status(target, schema)
     if not current.is_current:

@@ -1,9 +1,11 @@
 """Every runtime SQL statement, loaded from the named blocks of ``outboxkit/db/sql/*.sql``.
 
 A block starts with ``-- name: <name>``. Parameters are written one way in every file,
-``:name`` (as in psql and SQLAlchemy); casts are written ``CAST(:x AS type)``, never ``:x::type``.
-``{schema}`` is replaced by the quoted schema name, and ``{_fragment}`` by a block of the same
-file whose name starts with ``_`` (written once, e.g. the relay's fencing check).
+``:name`` (as in psql and SQLAlchemy); casts are written ``CAST(:x AS type)``, never ``:x::type``
+(the loader refuses it, and the old ``%(x)s`` style, instead of silently sending a wrong
+statement). ``{schema}`` is replaced by the quoted schema name, and ``{_fragment}`` by a block of
+the same file whose name starts with ``_`` (written once, e.g. the relay's fencing check).
+Whole-line ``--`` comments are dropped: they document the file, not the wire.
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ from importlib import resources
 from outboxkit.schema import quoted
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
-# SQLAlchemy's own rule: ":name" not preceded by ':' or a word character, not followed by ':'.
-_BIND_RE = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+_COMMENT_LINE_RE = re.compile(r"^\s*--.*\n?", re.MULTILINE)
+# SQLAlchemy's rule (":name" not preceded by ':', a word character or '\'), but a name must end
+# where the word ends and not be followed by ':', so ":x::int" is not read as the parameter ":x".
+_BIND_RE = re.compile(r"(?<![:\w\\]):(\w+)(?![:\w])")
+# Written by mistake, these would reach the server as something else than meant.
+_MISTAKES = (
+    (re.compile(r"(?<![:\w\\]):\w+::"), "':x::type' (write CAST(:x AS type))"),
+    (re.compile(r"%\(\w+\)[sbt]"), "a '%(x)s' placeholder (write :x)"),
+)
+
+AREAS = ("outbox", "relay", "inbox")
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,13 @@ class Query:
         return frozenset(_BIND_RE.findall(self.text))
 
 
+def _check(area: str, name: str, body: str) -> None:
+    for pattern, what in _MISTAKES:
+        found = pattern.search(body)
+        if found:
+            raise ValueError(f"{area}.sql, query {name}: {what} at {found[0]!r}")
+
+
 @cache
 def _raw(area: str) -> dict[str, str]:
     text = resources.files("outboxkit.db").joinpath("sql", f"{area}.sql").read_text()
@@ -51,7 +69,9 @@ def _raw(area: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in blocks:
             raise ValueError(f"duplicate query name {name!r} in {area}.sql")
-        blocks[name] = body.strip().rstrip(";")
+        statement = _COMMENT_LINE_RE.sub("", body).strip().rstrip(";").strip()
+        _check(area, name, statement)
+        blocks[name] = statement
     return blocks
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 
 
 def test_sync_write_and_read(sa_url: str) -> None:

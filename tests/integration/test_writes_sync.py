@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.errors import (
     IdempotencyKeyConflictError,
     InvalidTopicError,
@@ -21,7 +22,8 @@ from outboxkit.errors import (
     SerializationError,
 )
 from outboxkit.events import Event, Message
-from outboxkit.outbox import Outbox, add, add_many, notify_channel
+from outboxkit.outbox import Outbox, add, add_many
+from outboxkit.schema import notify_channel
 from outboxkit.testing import assert_not_outboxed, assert_outboxed, outboxed
 
 pytestmark = pytest.mark.integration
@@ -253,9 +255,6 @@ def test_shard_is_computed_by_the_database(engine: sa.Engine) -> None:
 
 
 def test_custom_schema(outboxkit_empty_db_url: str) -> None:
-    from outboxkit import migrator
-    from outboxkit.devstack.postgres import sqlalchemy_url
-
     migrator.upgrade(outboxkit_empty_db_url, schema="billing_outbox")
     eng = sa.create_engine(sqlalchemy_url(outboxkit_empty_db_url))
     try:

@@ -21,7 +21,8 @@ from outboxkit.errors import (
 )
 from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7, uuid7_time_ms
-from outboxkit.outbox import OutboxConfig, _Plan, _prepare, notify_channel
+from outboxkit.outbox_plan import OutboxConfig, Plan, prepare
+from outboxkit.schema import notify_channel
 from outboxkit.tracing import current_trace_headers
 from outboxkit.wire import content_digest
 
@@ -77,7 +78,7 @@ def test_event_without_topic_cannot_be_written() -> None:
     with pytest.raises(ConfigurationError):
         Untyped.outbox_spec()
     with pytest.raises(ValidationError, match="expected an outboxkit Event or Message"):
-        _prepare({"topic": "x"}, OutboxConfig())  # type: ignore[arg-type]
+        prepare({"topic": "x"}, OutboxConfig())  # type: ignore[arg-type]
 
 
 def test_bad_topic_on_the_class_fails_at_definition() -> None:
@@ -132,11 +133,11 @@ def test_unserialisable_event_field() -> None:
         thing: Any
 
     with pytest.raises(SerializationError):
-        _prepare(Weird(thing=object()), OutboxConfig())
+        prepare(Weird(thing=object()), OutboxConfig())
 
 
 def test_prepare_fills_ids_digest_and_headers() -> None:
-    row = _prepare(OrderPlaced(order_id="o-1", total_cents=5), OutboxConfig())
+    row = prepare(OrderPlaced(order_id="o-1", total_cents=5), OutboxConfig())
     assert row.event_id.version == 7
     assert row.idempotency_key == str(row.event_id)  # default key: the event id
     assert row.content_digest == content_digest(
@@ -151,37 +152,37 @@ def test_prepare_fills_ids_digest_and_headers() -> None:
 
 def test_size_counts_payload_key_and_headers() -> None:
     config = OutboxConfig(max_message_bytes=400)
-    _prepare(Message("t", b"x" * 200), config)
+    prepare(Message("t", b"x" * 200), config)
     with pytest.raises(PayloadTooLargeError) as info:
-        _prepare(Message("t", b"x" * 401), config)
+        prepare(Message("t", b"x" * 401), config)
     assert isinstance(info.value, ValidationError)
     assert isinstance(info.value, OutboxkitError)
     with pytest.raises(PayloadTooLargeError):
-        _prepare(Message("t", b"x" * 200, key="k" * 200), config)
+        prepare(Message("t", b"x" * 200, key="k" * 200), config)
     with pytest.raises(PayloadTooLargeError):
-        _prepare(Message("t", b"x" * 200, headers={"h": "v" * 200}), config)
+        prepare(Message("t", b"x" * 200, headers={"h": "v" * 200}), config)
 
 
 def test_default_max_matches_kafka() -> None:
     assert OutboxConfig().max_message_bytes == 1_048_576
-    _prepare(Message("t", b"x" * 1_000_000), OutboxConfig())
+    prepare(Message("t", b"x" * 1_000_000), OutboxConfig())
     with pytest.raises(PayloadTooLargeError):
-        _prepare(Message("t", b"x" * 1_048_577), OutboxConfig())
+        prepare(Message("t", b"x" * 1_048_577), OutboxConfig())
 
 
 def test_headers_must_be_strings() -> None:
     with pytest.raises(SerializationError):
-        _prepare(Message("t", b"x", headers={"h": 1}), OutboxConfig())  # type: ignore[dict-item]
+        prepare(Message("t", b"x", headers={"h": 1}), OutboxConfig())  # type: ignore[dict-item]
 
 
 def test_repeated_key_in_one_call_folds_or_conflicts() -> None:
-    same = [_prepare(Message("t", b"x", idempotency_key="k"), OutboxConfig()) for _ in range(2)]
-    plan = _Plan(OutboxConfig(), same)
+    same = [prepare(Message("t", b"x", idempotency_key="k"), OutboxConfig()) for _ in range(2)]
+    plan = Plan(OutboxConfig(), same)
     assert plan.unique == [0]
     assert plan.first_of == [0, 0]
-    other = _prepare(Message("t", b"y", idempotency_key="k"), OutboxConfig())
+    other = prepare(Message("t", b"y", idempotency_key="k"), OutboxConfig())
     with pytest.raises(IdempotencyKeyConflictError):
-        _Plan(OutboxConfig(), [same[0], other])
+        Plan(OutboxConfig(), [same[0], other])
 
 
 def test_uuid7_is_time_ordered_and_unique() -> None:
@@ -237,7 +238,7 @@ def test_traceparent_from_the_current_span() -> None:
     )
     with trace.use_span(NonRecordingSpan(ctx)):
         headers = current_trace_headers()
-        row = _prepare(Message("t", b"x", headers={"user": "h"}), OutboxConfig())
+        row = prepare(Message("t", b"x", headers={"user": "h"}), OutboxConfig())
     assert headers == {
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "tracestate": "vendor=v1",

@@ -1,10 +1,22 @@
-"""The query loader: every area loads, placeholders are filled, fragments are inserted."""
+"""The query loader: every statement loads, compiles to psycopg's placeholders, and takes exactly
+the parameters its callers pass; fragments are inserted; written mistakes are refused.
+
+The integration test ``test_db_seam.py`` PREPAREs every statement on the real server.
+"""
 
 from __future__ import annotations
 
+import re
+import uuid
+
 import pytest
 
-from outboxkit.queries import queries
+from outboxkit.db import queries
+from outboxkit.db.queries import AREAS, Query, _check
+from outboxkit.errors import IdempotencyKeyConflictError
+from outboxkit.events import Message
+from outboxkit.outbox_plan import OutboxConfig, Plan, prepare
+from outboxkit.testing import _params as outboxed_params
 
 RELAY_WRITES = (
     "mark_published",
@@ -15,23 +27,154 @@ RELAY_WRITES = (
     "record_failure",
     "retention_delete",
 )
+_FENCE = {"group", "shard", "token"}
+_INBOX_KEY = {"consumer", "event_id"}
+
+# The parameters each statement takes, i.e. what its callers pass. Changing a statement's
+# parameters means changing its callers: this table makes that a conscious step.
+PARAMETERS: dict[str, dict[str, set[str]]] = {
+    "outbox": {
+        "insert_one": {
+            "event_id", "idempotency_key", "content_digest", "topic", "message_key", "payload",
+            "content_type", "headers", "event_type", "schema_version", "aggregate_type",
+            "aggregate_id", "deliver_after", "channel", "notified_xact", "notified_shards",
+        },
+        "insert_many": {
+            "event_ids", "idempotency_keys", "content_digests", "topics", "message_keys",
+            "payloads", "content_types", "headers", "event_types", "schema_versions",
+            "aggregate_types", "aggregate_ids", "deliver_afters", "channel", "notified_xact",
+            "notified_shards",
+        },
+        "select_by_idempotency_keys": {"idempotency_keys"},
+        "delete_written": {"ids"},
+        "select_outboxed": {"event_type", "message_key", "topic", "aggregate_id"},
+        "state_counts": set(),
+    },
+    "relay": {
+        "shard_count": set(),
+        "lease_acquire": {"group", "shard", "holder", "ttl"},
+        "lease_renew": _FENCE | {"holder", "ttl"},
+        "lease_release": _FENCE,
+        "claim_batch": {"shard", "skip_parked_keys", "in_flight", "limit"},
+        "mark_published": _FENCE | {"ids"},
+        "reconcile_published": _FENCE | {"ids", "event_ids"},
+        "reconcile_deleted": _FENCE | {"ids", "event_ids"},
+        "delete_published": _FENCE | {"ids"},
+        "park": _FENCE | {"id", "reason"},
+        "record_failure": _FENCE | {"ids", "error"},
+        "retention_delete": _FENCE | {"keep_seconds", "limit"},
+        "control_paused": {"group"},
+        "control_set": {"group", "paused", "reason", "changed_by"},
+        "status": {"group"},
+        "parked_list": {"limit"},
+        "parked_retry": {"all", "ids"},
+        "parked_discard": {"all", "ids"},
+    },
+    "inbox": {
+        "claim": _INBOX_KEY | {
+            "idempotency_key", "content_digest", "event_type", "owner", "lease_seconds", "topic",
+            "kafka_partition", "kafka_offset",
+        },
+        "get_state": _INBOX_KEY,
+        "count_duplicate": _INBOX_KEY,
+        "record_rejection": _INBOX_KEY | {
+            "reason", "content_digest", "event_type", "topic", "kafka_partition", "kafka_offset",
+        },
+        "renew_lease": _INBOX_KEY | {"lease_seconds", "token"},
+        "mark_succeeded": _INBOX_KEY | {"token"},
+        "record_failure": _INBOX_KEY | {"error", "token"},
+        "finish": _INBOX_KEY | {"state", "error", "token"},
+        "record_lease_lost": _INBOX_KEY | {"error"},
+        "cancel": _INBOX_KEY | {"reason"},
+        "cancel_unseen": _INBOX_KEY | {"reason"},
+        "get_message": _INBOX_KEY,
+        "list_messages": {"consumer", "state", "limit"},
+        "list_rejections": {"consumer", "event_id", "limit"},
+        "stats": set(),
+        "delete_finished_batch": {"window_seconds", "batch_size"},
+        "delete_rejections_batch": {"window_seconds", "batch_size"},
+    },
+}  # fmt: skip
+
+_PSYCOPG_PLACEHOLDER = re.compile(rb"%\((\w+)\)([sb])")
 
 
-@pytest.mark.parametrize("area", ["outbox", "relay", "inbox"])
-def test_every_placeholder_is_filled(area: str) -> None:
+def all_queries(schema: str = "outboxkit") -> list[Query]:
+    return [q for area in AREAS for q in queries(area, schema).values()]
+
+
+@pytest.mark.parametrize("area", AREAS)
+def test_every_statement_takes_the_parameters_its_callers_pass(area: str) -> None:
     loaded = queries(area, "custom_schema")
-    assert loaded
-    for name, text in loaded.items():
-        assert "{schema}" not in text, name
-        assert "{_" not in text, name
-        assert not name.startswith("_"), "fragments are not queries"
+    assert set(loaded) == set(PARAMETERS[area])
+    for name, q in loaded.items():
+        assert q.parameters == PARAMETERS[area][name], name
+
+
+@pytest.mark.parametrize("q", all_queries(), ids=lambda q: f"{q.area}.{q.name}")
+def test_every_statement_compiles_to_psycopg_placeholders(q: Query) -> None:
+    for form, style in ((q.psycopg, b"s"), (q.psycopg_binary, b"b")):
+        found = _PSYCOPG_PLACEHOLDER.findall(form)
+        assert {name.decode() for name, _ in found} == q.parameters
+        assert {kind for _, kind in found} <= {style}
+        # Every other '%' is escaped, and no ':name' is left behind.
+        rest = _PSYCOPG_PLACEHOLDER.sub(b"", form).replace(b"%%", b"")
+        assert b"%" not in rest
+        assert re.search(rb"(?<![:\w\\]):\w", rest) is None
+    assert "{" not in q.text.replace("'{}'", ""), "an unfilled {placeholder}"
+    assert "\n--" not in q.text, "comment lines are dropped"
+
+
+def test_one_schema_per_load() -> None:
+    for q in all_queries("custom_schema"):
+        assert '"outboxkit"' not in q.text
+    assert all('"custom_schema".' in q.text for q in all_queries("custom_schema"))
 
 
 def test_every_relay_write_is_fenced_by_the_lease_token() -> None:
     loaded = queries("relay", "outboxkit")
     for name in RELAY_WRITES:
-        text = loaded[name]
+        text = loaded[name].text
         assert '"outboxkit".relay_lease' in text, name
-        assert "token = %(token)s" in text, name
+        assert "token = :token" in text, name
         assert "FOR SHARE" in text, name
         assert "EXISTS (SELECT 1 FROM lease)" in text, name
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("SELECT :x::int", "CAST"),
+        ("SELECT %(x)s", "placeholder"),
+    ],
+)
+def test_written_mistakes_are_refused(body: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _check("area", "name", body)
+
+
+def test_a_name_is_never_cut_short() -> None:
+    q = Query("a", "n", "SELECT :abc, 'x:y', '{}'::jsonb, a::text, :d")
+    assert q.parameters == {"abc", "d"}
+    assert q.psycopg == b"SELECT %(abc)s, 'x:y', '{}'::jsonb, a::text, %(d)s"
+
+
+def test_the_writer_passes_exactly_the_insert_parameters() -> None:
+    config = OutboxConfig()
+    messages = [Message("t", b"1", key="k"), Message("t", b"2", idempotency_key="i")]
+    rows = [prepare(m, config) for m in messages]
+    notified = (None, [])
+    one = Plan(config, rows[:1]).insert_statement(notified)
+    many = Plan(config, rows).insert_statement(notified)
+    for name, params in (one, many):
+        assert set(params) == PARAMETERS["outbox"][name]
+    plan = Plan(config, rows)
+    reread = plan.reread_statement()
+    assert reread is not None
+    assert set(reread[1]) == PARAMETERS["outbox"][reread[0]]
+    plan.written_ids.append(1)
+    plan.conflict = IdempotencyKeyConflictError("test", existing_event_id=uuid.uuid4())
+    undo = plan.undo_statement()
+    assert undo is not None
+    assert set(undo[1]) == PARAMETERS["outbox"][undo[0]]
+    assert set(outboxed_params(None, None, None, None)) == PARAMETERS["outbox"]["select_outboxed"]

@@ -82,3 +82,7 @@ WHERE (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
   AND (CAST(:topic AS text) IS NULL OR topic = :topic)
   AND (CAST(:aggregate_id AS text) IS NULL OR aggregate_id = :aggregate_id)
 ORDER BY id;
+
+-- name: state_counts
+-- How many rows are in each state (the demo waits for pending to reach zero).
+SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
