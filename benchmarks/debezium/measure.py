@@ -97,7 +97,7 @@ def _published_rate(url: str) -> float | None:
     return round(int(row[0]) / float(row[1]), 1)
 
 
-def _wait_visible(services: Services, url: str, topic: str, reader: Reader) -> None:
+def _wait_visible(url: str, topic: str, reader: Reader) -> None:
     """One probe event through the whole path, so the timed writes find the system running."""
     probe: dict[str, float] = {}
     steady_writer(url, topic, rate=100, seconds=0.001, committed=probe)
@@ -116,7 +116,7 @@ def latency(
         reader = Reader(services.bootstrap, topic, system.id_header).start()
         system.start(url, services.bootstrap)
         try:
-            _wait_visible(services, url, topic, reader)
+            _wait_visible(url, topic, reader)
             warm: dict[str, float] = {}
             steady_writer(url, topic, rate, warmup, warm)
             committed: dict[str, float] = {}
