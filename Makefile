@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.outboxkit-installed
 
-.PHONY: demo test lint typecheck check bench clean system-deps
+.PHONY: demo test lint typecheck check bench bench-debezium clean system-deps
 
 $(STAMP): pyproject.toml
 	@bash scripts/ensure-system-deps.sh
@@ -36,6 +36,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/writes.py
 	$(PY) benchmarks/relay.py
 	$(PY) benchmarks/consumer.py
+
+## bench-debezium: outboxkit's relay and Debezium's outbox router on the same PostgreSQL, Kafka and
+## rows (fetches Kafka Connect + Debezium from Maven Central once); writes benchmarks/results/
+bench-debezium: $(STAMP)
+	$(PY) -m benchmarks.debezium
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
