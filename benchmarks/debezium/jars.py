@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from outboxkit.devstack import KAFKA_VERSION
-from outboxkit.devstack.process import cache_dir
+from outboxkit.devstack.files import cache_dir
 
 HERE = Path(__file__).resolve().parent
 DEBEZIUM_VERSION = "3.6.1.Final"
