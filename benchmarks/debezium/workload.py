@@ -20,7 +20,7 @@ from psycopg import sql
 
 from outboxkit import Message, Outbox
 from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
-from outboxkit.migrator import upgrade
+from outboxkit.db.migrator import upgrade
 
 KEYS = 1000
 PAYLOAD_BYTES = 500
