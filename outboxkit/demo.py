@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from sqlalchemy.orm import Session
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 from outboxkit.devstack.postgres import sqlalchemy_url
 from outboxkit.errors import IdempotencyKeyConflictError, OutboxkitError
 from outboxkit.events import Event

@@ -88,7 +88,7 @@ def outboxkit_template_database(outboxkit_database_url: str) -> Iterator[str]:
     with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = database_url_with(outboxkit_database_url, name)
-    from outboxkit.migrator import upgrade
+    from outboxkit.db.migrator import upgrade
 
     upgrade(url)
     try:

@@ -7,7 +7,7 @@ import sys
 import click
 import psycopg
 
-from outboxkit import migrator
+from outboxkit.db import migrator
 from outboxkit.errors import OutboxkitError
 
 _database_url = click.option(

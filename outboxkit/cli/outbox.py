@@ -7,8 +7,8 @@ import json
 import click
 import psycopg
 
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.queries import query
+from outboxkit.schema import DEFAULT_SCHEMA
+from outboxkit.db.queries import query
 
 
 @click.group()

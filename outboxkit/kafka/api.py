@@ -8,7 +8,7 @@ outboxkit errors: ``PublishError`` (retriable), ``PermanentPublishError``, ``Pro
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -167,20 +167,27 @@ class AsyncRecordSender(ABC):
 
 
 Rebalance = Callable[[list[TopicPartition]], None]
+# A revocation returns the offsets settled for those partitions but not committed yet: the
+# consumer commits them before it gives the partitions up.
+Revoke = Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
 
 
 class GroupConsumer(ABC):
     """A consumer-group member (sync): ``read_committed``, auto-commit off, manual offsets.
 
-    ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks). After an
-    assignment every assigned partition is consuming (not paused), whatever the client kept.
+    ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks; a lost
+    assignment is a revocation whose offsets are not committed). After an assignment every
+    assigned partition is consuming (not paused), whatever the client kept. ``pause``,
+    ``resume`` and ``seek`` ignore partitions not assigned (any more): their next owner starts
+    from the committed offset.
     """
 
     @abstractmethod
-    def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Rebalance) -> None: ...
+    def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None: ...
 
     @abstractmethod
-    def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]: ...
+    def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:
+        """Up to ``max_records`` records: waits up to ``timeout`` for the first one only."""
 
     @abstractmethod
     def assignment(self) -> set[TopicPartition]: ...
@@ -203,12 +210,12 @@ class GroupConsumer(ABC):
 
 
 class AsyncGroupConsumer(ABC):
-    """:class:`GroupConsumer` for asyncio (rebalance callbacks may be coroutines' callers)."""
+    """:class:`GroupConsumer` for asyncio; the rebalance callbacks are the same plain functions
+    (run by the client's coordinator task, so possibly while a handler awaits)."""
 
     @abstractmethod
-    async def subscribe(
-        self, topics: list[str], on_assign: Rebalance, on_revoke: Rebalance
-    ) -> None: ...
+    async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
+        """Join the group (starts the client)."""
 
     @abstractmethod
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]: ...
