@@ -12,8 +12,7 @@ from sqlalchemy import create_engine
 
 from outboxkit.cli import main
 from outboxkit.inbox import Envelope, Inbox, InboxSettings
-from outboxkit.inbox.envelope import identify
-from tests.integration.inbox_support import EFFECT_DDL, REGISTRY, headers_for, payload
+from tests.integration.inbox_support import EFFECT_DDL, REGISTRY, claim, headers_for, payload
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +46,7 @@ def seeded(outboxkit_db_url: str, sa_url: str) -> dict[str, str]:
             value=payload("o", 3),
             headers=headers_for(running),
         )
-        inbox.store.claim(identify(running_env), running_env)
+        claim(engine, inbox.core.statements, running_env)
     finally:
         inbox.close()
         engine.dispose()

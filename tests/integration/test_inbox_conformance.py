@@ -384,7 +384,9 @@ def test_a_partition_held_for_retry_moves_again_after_a_member_joins_and_leaves(
     ids = [*first.values(), *later.values()]
     for event_id in ids:
         wait_until(
-            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded", timeout=120, what=event_id
+            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            timeout=120,
+            what=event_id,
         )
     for p in (0, 1):
         row = inbox_row(outboxkit_db_url, "billing", first[p])

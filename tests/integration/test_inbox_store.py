@@ -298,7 +298,9 @@ def test_window_is_checked_against_topic_retention(
     outboxkit_topic: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pytest.importorskip("outboxkit.kafka.confluent_admin", reason="the Admin seam lands with the relay")
+    pytest.importorskip(
+        "outboxkit.kafka.confluent_admin", reason="the Admin seam lands with the relay"
+    )
     topic = outboxkit_topic(config={"retention.ms": str(3_600_000)})
 
     async def check(window: float, *, strict: bool = False) -> list[str]:
@@ -409,11 +411,11 @@ def test_registry_handlers_are_dispatched_by_event_type(
     assert refused.kind is OutcomeKind.REJECTED
     assert "unknown event type 'order.shipped'" in (refused.error or "")
     assert [e[0] for e in effects(outboxkit_db_url)] == [paid]
+
+    @registry.handler(PaymentRequested, event_type="payment.async")
+    async def wrong(event: Any, ctx: HandlerContext, session: Any) -> None: ...
+
     with pytest.raises(ConfigurationError, match="must not be async"):
-
-        @registry.handler(PaymentRequested, event_type="payment.async")
-        async def wrong(event: Any, ctx: HandlerContext, session: Any) -> None: ...
-
         Inbox(engine, InboxSettings(consumer="billing", registry=registry))
 
 
