@@ -66,14 +66,14 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         return self._consumer
 
     async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
-        consumer = AIOKafkaConsumer(**self._options)
+        consumer = self._consumer = AIOKafkaConsumer(**self._options)
         consumer.subscribe(topics, listener=_Listener(self, on_assign, on_revoke))
         try:
             await consumer.start()
         except KafkaError as exc:
+            self._consumer = None
             await consumer.stop()
             raise PublishError(f"Kafka consumer could not start: {exc}") from exc
-        self._consumer = consumer
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
         batches = await self._c.getmany(timeout_ms=int(wait * 1000), max_records=max_records)

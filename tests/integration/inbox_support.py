@@ -183,30 +183,24 @@ def effects(db_url: str, event_id: str | None = None) -> list[tuple[Any, ...]]:
     )
 
 
-class GroupMember:
-    """One consumer of the client seam driven from test code.
+class SeamClient:
+    """A client of the Kafka seam driven from test code, whichever the client library.
 
-    The aiokafka member lives on an event loop of its own in a background thread (so its
+    An aiokafka client lives on an event loop of its own in a background thread (so its
     heartbeats go on between calls); every call is run there.
     """
 
-    def __init__(self, client: str, bootstrap: str, group: str, **config: Any) -> None:
-        self.assigned: list[list[tuple[str, int]]] = []
-        self.revoked: list[list[tuple[str, int]]] = []
-        self.commit_on_revoke: dict[tuple[str, int], int] = {}
-        clients = KafkaClients(KafkaSettings(bootstrap=bootstrap))
+    def __init__(self, client: str) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.consumer: Any
-        if client == "confluent":
-            self.consumer = clients.group_consumer(group, config=config)
-            return
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.consumer = clients.async_group_consumer(group, config=config)
+        self.target: Any = None
+        self.closed = False
+        if client != "confluent":
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+            self._thread.start()
 
     def call(self, method: str, *args: Any) -> Any:
-        fn = getattr(self.consumer, method)
+        fn = getattr(self.target, method)
         if self._loop is None:
             return fn(*args)
 
@@ -215,6 +209,47 @@ class GroupMember:
             return await result if inspect.isawaitable(result) else result
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(90)
+
+    def close(self) -> None:
+        """Close the client (again: nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.call("close")
+        finally:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(30)
+                self._loop.close()
+
+
+class Sender(SeamClient):
+    """The dead-letter/acks producer of the seam."""
+
+    def __init__(self, client: str, bootstrap: str) -> None:
+        super().__init__(client)
+        clients = KafkaClients(KafkaSettings(bootstrap=bootstrap))
+        sync = client == "confluent"
+        self.target = clients.record_sender() if sync else clients.async_record_sender()
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
+        self.call("send", topic, key, value, headers)
+
+
+class GroupMember(SeamClient):
+    """One consumer-group member of the seam, recording its rebalance callbacks."""
+
+    def __init__(self, client: str, bootstrap: str, group: str, **config: Any) -> None:
+        super().__init__(client)
+        self.assigned: list[list[tuple[str, int]]] = []
+        self.revoked: list[list[tuple[str, int]]] = []
+        self.commit_on_revoke: dict[tuple[str, int], int] = {}
+        clients = KafkaClients(KafkaSettings(bootstrap=bootstrap))
+        if client == "confluent":
+            self.target = clients.group_consumer(group, config=config)
+        else:
+            self.target = clients.async_group_consumer(group, config=config)
 
     def subscribe(self, topics: list[str]) -> None:
         self.call("subscribe", topics, self._on_assign, self._on_revoke)
@@ -228,15 +263,6 @@ class GroupMember:
 
     def poll(self, timeout: float = 0.2) -> list[Any]:
         return list(self.call("poll", timeout, 100))
-
-    def close(self) -> None:
-        try:
-            self.call("close")
-        finally:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join(30)
-                self._loop.close()
 
 
 def poll_members(
