@@ -96,6 +96,16 @@ class InboxSettings:
         return env.timestamp_ms / 1000.0 < now - self.replay_window
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One claimed delivery: what settling it needs."""
+
+    env: Envelope
+    ident: Identity
+    claim: Claim
+    dead_letter: DeadLetterStep
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:4000]
 
@@ -184,16 +194,20 @@ class InboxCore:
             reason = f"event id reused with different content (existing: {claim.existing_state})"
             yield statements.reject(env, reason, ident)
             return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+        run = _Run(env, ident, claim, dead_letter)
         if claim.attempts > settings.policy.max_attempts:
-            error = f"attempts exhausted; last error: {claim.previous_error}"
-            return (yield from self._dead(env, ident, claim, error, dead_letter))
+            return (
+                yield from self._dead(
+                    run, f"attempts exhausted; last error: {claim.previous_error}"
+                )
+            )
         try:
             event = settings.registry.decode(ident.event_type, ident.content_type, env.value)
         except DecodeError as exc:
-            return (yield from self._refuse(ident, claim, str(exc)))
+            return (yield from self._refuse(run, str(exc)))
         handler = settings.registry.handler_for(ident.event_type) or self.handler
         if handler is None:
-            return (yield from self._refuse(ident, claim, f"no handler for {ident.event_type!r}"))
+            return (yield from self._refuse(run, f"no handler for {ident.event_type!r}"))
         lease = yield StartLease(ident.event_id, claim.token)
         ctx = _context(settings, env, ident, claim, lease, revoked)
         committed, failure = False, None
@@ -210,75 +224,57 @@ class InboxCore:
         if not committed:
             yield CloseHandler()
         if isinstance(failure, LeaseLostError):
-            return (yield from self._lease_lost(ident, claim, str(failure)))
+            return (yield from self._lease_lost(run, str(failure)))
         if failure is not None:
-            error = _error_text(failure)
-            return (yield from self._failed(env, ident, claim, error, dead_letter))
+            return (yield from self._failed(run, _error_text(failure)))
         if not committed:
-            reason = "final succeeded update refused by token"
-            return (yield from self._lease_lost(ident, claim, reason))
+            return (yield from self._lease_lost(run, "final succeeded update refused by token"))
         fault_point("after_db_commit")
         return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
 
-    def _refuse(self, ident: Identity, claim: Claim, reason: str) -> Plan[Outcome]:
+    def _refuse(self, run: _Run, reason: str) -> Plan[Outcome]:
         """Undecodable or unhandled after the claim: the row ends ``rejected``."""
-        statement = self.statements.finish(ident.event_id, claim.token, InboxState.REJECTED, reason)
-        if (yield statement).rowcount != 1:
-            return (yield from self._lease_lost(ident, claim, f"rejection refused: {reason}"))
-        return Outcome(OutcomeKind.REJECTED, ident.event_id, claim.attempts, reason)
+        event_id, claim = run.ident.event_id, run.claim
+        finish = self.statements.finish(event_id, claim.token, InboxState.REJECTED, reason)
+        if (yield finish).rowcount != 1:
+            return (yield from self._lease_lost(run, f"rejection refused: {reason}"))
+        return Outcome(OutcomeKind.REJECTED, event_id, claim.attempts, reason)
 
-    def _failed(
-        self,
-        env: Envelope,
-        ident: Identity,
-        claim: Claim,
-        error: str,
-        dead_letter: DeadLetterStep,
-    ) -> Plan[Outcome]:
-        logger.info("handler for %s failed (attempt %d): %s", ident.event_id, claim.attempts, error)
+    def _failed(self, run: _Run, error: str) -> Plan[Outcome]:
+        event_id, claim = run.ident.event_id, run.claim
+        logger.info("handler for %s failed (attempt %d): %s", event_id, claim.attempts, error)
         policy = self.settings.policy
         if policy.exhausted(claim.attempts):
-            return (yield from self._dead(env, ident, claim, error, dead_letter))
-        recorded = yield self.statements.record_failure(ident.event_id, claim.token, error)
+            return (yield from self._dead(run, error))
+        recorded = yield self.statements.record_failure(event_id, claim.token, error)
         if recorded.rowcount != 1:
-            return (yield from self._lease_lost(ident, claim, f"failure not recorded: {error}"))
+            return (yield from self._lease_lost(run, f"failure not recorded: {error}"))
         delay = policy.delay(claim.attempts)
-        return Outcome(OutcomeKind.RETRY, ident.event_id, claim.attempts, error, delay)
+        return Outcome(OutcomeKind.RETRY, event_id, claim.attempts, error, delay)
 
-    def _dead(
-        self,
-        env: Envelope,
-        ident: Identity,
-        claim: Claim,
-        error: str,
-        dead_letter: DeadLetterStep,
-    ) -> Plan[Outcome]:
+    def _dead(self, run: _Run, error: str) -> Plan[Outcome]:
         # Dead-letter record first, then the row: a crash in between repeats the record
         # (at-least-once, carrying the event id) rather than losing it. A cancelled or
         # taken-over event gets no dead letter (checked by renewing the lease by token).
-        statements = self.statements
-        if (yield statements.renew(ident.event_id, claim.token)).rowcount != 1:
-            return (yield from self._lease_lost(ident, claim, f"not dead-lettered: {error}"))
-        publish = dead_letter(env, ident.event_id, error, claim.attempts)
+        event_id, claim = run.ident.event_id, run.claim
+        if (yield self.statements.renew(event_id, claim.token)).rowcount != 1:
+            return (yield from self._lease_lost(run, f"not dead-lettered: {error}"))
+        publish = run.dead_letter(run.env, event_id, error, claim.attempts)
         if publish is not None:
             yield publish
-        finish = statements.finish(ident.event_id, claim.token, InboxState.DEAD, error)
+        finish = self.statements.finish(event_id, claim.token, InboxState.DEAD, error)
         if (yield finish).rowcount != 1:
-            return (yield from self._lease_lost(ident, claim, f"dead mark refused: {error}"))
-        logger.warning("event %s is dead after %d attempts", ident.event_id, claim.attempts)
-        return Outcome(OutcomeKind.DEAD, ident.event_id, claim.attempts, error)
+            return (yield from self._lease_lost(run, f"dead mark refused: {error}"))
+        logger.warning("event %s is dead after %d attempts", event_id, claim.attempts)
+        return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error)
 
-    def _lease_lost(self, ident: Identity, claim: Claim, reason: str) -> Plan[Outcome]:
+    def _lease_lost(self, run: _Run, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""
-        yield self.statements.record_lease_lost(ident.event_id, f"lease lost: {reason}")
-        row = (yield self.statements.state(ident.event_id)).rows
+        event_id, attempts = run.ident.event_id, run.claim.attempts
+        yield self.statements.record_lease_lost(event_id, f"lease lost: {reason}")
+        row = (yield self.statements.state(event_id)).rows
         if row and row[0][0] == InboxState.CANCELLED:
-            return Outcome(OutcomeKind.CANCELLED, ident.event_id, claim.attempts, reason)
-        logger.warning("lease on %s lost (%s); effects rolled back", ident.event_id, reason)
-        return Outcome(
-            OutcomeKind.LEASE_LOST,
-            ident.event_id,
-            claim.attempts,
-            reason,
-            LEASE_LOST_RETRY_SECONDS,
-        )
+            return Outcome(OutcomeKind.CANCELLED, event_id, attempts, reason)
+        logger.warning("lease on %s lost (%s); effects rolled back", event_id, reason)
+        retry_in = LEASE_LOST_RETRY_SECONDS
+        return Outcome(OutcomeKind.LEASE_LOST, event_id, attempts, reason, retry_in)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, overload
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
@@ -163,36 +163,43 @@ class _SyncSteps(_Steps):
         self.stop_lease()
 
 
-class Inbox:
-    """Sync middleware (confluent-kafka adapter): handlers get a SQLAlchemy ``Session``.
+EngineT = TypeVar("EngineT", Engine, AsyncEngine)
+HandlerT = TypeVar("HandlerT", SyncHandler, AsyncHandler)
 
-    ``Inbox(engine, settings)`` calls the handlers registered with ``@registry.handler(...)``;
-    ``Inbox(engine, handler, settings)`` also calls ``handler`` for every type without one.
-    """
 
-    @overload
-    def __init__(self, engine: Engine, settings: InboxSettings, /) -> None: ...
+class _InboxDriver(Generic[EngineT, HandlerT]):
+    """``(engine, settings)`` calls the handlers registered with ``@registry.handler(...)``;
+    ``(engine, handler, settings)`` also calls ``handler`` for every type without one."""
 
-    @overload
-    def __init__(
-        self, engine: Engine, handler: SyncHandler, settings: InboxSettings, /
-    ) -> None: ...
+    _coroutines: ClassVar[bool]
+    _keeper: ClassVar[type[LeaseThread] | type[LeaseTask]]
 
     def __init__(
         self,
-        engine: Engine,
-        handler: SyncHandler | InboxSettings,
+        engine: EngineT,
+        handler: HandlerT | InboxSettings,
         settings: InboxSettings | None = None,
         /,
     ) -> None:
         fallback, self.settings = _split(handler, settings)
-        self.engine = engine
-        self.core = InboxCore(self.settings, fallback, coroutines=False)
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self.lease = LeaseThread(_Schedule(self.core.statements), self.run_sql)
+        self.engine: EngineT = engine
+        self.core = InboxCore(self.settings, fallback, coroutines=self._coroutines)
+        self._autocommit: EngineT = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.lease = self._keeper(_Schedule(self.core.statements), self.run_sql)
+
+    def run_sql(self, step: Sql) -> Any:
+        """One bookkeeping statement on an autocommit connection of its own."""
+        raise NotImplementedError
+
+
+class Inbox(_InboxDriver[Engine, SyncHandler]):
+    """Sync middleware (confluent-kafka adapter): handlers get a SQLAlchemy ``Session``."""
+
+    _coroutines = False
+    _keeper = LeaseThread
+    lease: LeaseThread
 
     def run_sql(self, step: Sql) -> db.Result:
-        """One bookkeeping statement on an autocommit connection of its own."""
         with self._autocommit.connect() as conn:
             return db.run(conn, step.query, step.params)
 
@@ -249,32 +256,13 @@ class _AsyncSteps(_Steps):
         await self.close_handler(CloseHandler())
 
 
-class AsyncInbox:
-    """Async middleware (aiokafka adapter): handlers are coroutines getting an ``AsyncSession``.
+class AsyncInbox(_InboxDriver[AsyncEngine, AsyncHandler]):
+    """Async middleware (aiokafka adapter): handlers are coroutines getting an ``AsyncSession``;
+    ``await inbox.close()`` stops the lease task."""
 
-    Constructed like :class:`Inbox`; ``await inbox.close()`` stops the lease task.
-    """
-
-    @overload
-    def __init__(self, engine: AsyncEngine, settings: InboxSettings, /) -> None: ...
-
-    @overload
-    def __init__(
-        self, engine: AsyncEngine, handler: AsyncHandler, settings: InboxSettings, /
-    ) -> None: ...
-
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        handler: AsyncHandler | InboxSettings,
-        settings: InboxSettings | None = None,
-        /,
-    ) -> None:
-        fallback, self.settings = _split(handler, settings)
-        self.engine = engine
-        self.core = InboxCore(self.settings, fallback, coroutines=True)
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self.lease = LeaseTask(_Schedule(self.core.statements), self.run_sql)
+    _coroutines = True
+    _keeper = LeaseTask
+    lease: LeaseTask
 
     async def run_sql(self, step: Sql) -> db.Result:
         async with self._autocommit.connect() as conn:

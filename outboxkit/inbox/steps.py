@@ -38,11 +38,8 @@ class Sql(Step):
 
 
 @dataclass(frozen=True, slots=True)
-class HandlerSql(Step):
-    """Run one statement in the open handler transaction -> ``db.Result``."""
-
-    query: Query
-    params: Mapping[str, Any]
+class HandlerSql(Sql):
+    """Run one statement in the open handler transaction instead -> ``db.Result``."""
 
 
 # -- the handler's transaction -------------------------------------------------------------------
@@ -55,12 +52,10 @@ class CallHandler(Step):
     ctx: Any
 
 
-@dataclass(frozen=True, slots=True)
 class CommitHandler(Step):
     """Commit the handler's transaction (with the ``succeeded`` mark in it) and close it."""
 
 
-@dataclass(frozen=True, slots=True)
 class CloseHandler(Step):
     """Roll the handler's transaction back, if one is open, and close it."""
 
@@ -74,7 +69,6 @@ class StartLease(Step):
     token: int
 
 
-@dataclass(frozen=True, slots=True)
 class EndDelivery(Step):
     """Stop renewing the lease and close any open handler transaction."""
 
@@ -97,9 +91,19 @@ class Call(Step):
 # -- Kafka (executed by :func:`outboxkit.inbox.loop.kafka_steps` over the client seam) -----------
 @dataclass(frozen=True, slots=True)
 class Subscribe(Step):
+    """Join the group; the callbacks run on every rebalance."""
+
     topics: list[str]
     on_assign: Callable[[list[TopicPartition]], None]
     on_revoke: Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Seek(Step):
+    """Fetch the partition from ``offset`` next (ignored if it is not assigned any more)."""
+
+    partition: TopicPartition
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,23 +116,22 @@ class Poll(Step):
 
 @dataclass(frozen=True, slots=True)
 class Commit(Step):
+    """Commit the next offsets to read, synchronously (``PublishError`` if it fails)."""
+
     offsets: Mapping[TopicPartition, int]
 
 
 @dataclass(frozen=True, slots=True)
-class Seek(Step):
-    partition: TopicPartition
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
 class Pause(Step):
+    """Stop fetching these partitions (those not assigned any more are ignored)."""
+
     partitions: list[TopicPartition]
 
 
-@dataclass(frozen=True, slots=True)
-class Resume(Step):
-    partitions: list[TopicPartition]
+class Resume(Pause):
+    """Fetch these partitions again."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +144,12 @@ class Publish(Step):
     headers: Headers
 
 
-@dataclass(frozen=True, slots=True)
 class CloseConsumer(Step):
-    pass
+    """Commit nothing more; leave the group."""
 
 
-@dataclass(frozen=True, slots=True)
 class CloseSender(Step):
-    pass
+    """Flush and close the dead-letter/acks producer."""
 
 
 # -- driving ------------------------------------------------------------------------------------

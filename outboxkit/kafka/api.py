@@ -172,14 +172,32 @@ Rebalance = Callable[[list[TopicPartition]], None]
 Revoke = Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
 
 
-class GroupConsumer(ABC):
+class Positions(ABC):
+    """What both group consumers do at once, without waiting on the broker.
+
+    ``pause``, ``resume`` and ``seek`` ignore partitions not assigned (any more): their next
+    owner starts from the committed offset.
+    """
+
+    @abstractmethod
+    def assignment(self) -> set[TopicPartition]: ...
+
+    @abstractmethod
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    @abstractmethod
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    @abstractmethod
+    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+
+
+class GroupConsumer(Positions):
     """A consumer-group member (sync): ``read_committed``, auto-commit off, manual offsets.
 
     ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks; a lost
     assignment is a revocation whose offsets are not committed). After an assignment every
-    assigned partition is consuming (not paused), whatever the client kept. ``pause``,
-    ``resume`` and ``seek`` ignore partitions not assigned (any more): their next owner starts
-    from the committed offset.
+    assigned partition is consuming (not paused), whatever the client kept.
     """
 
     @abstractmethod
@@ -190,18 +208,6 @@ class GroupConsumer(ABC):
         """Up to ``max_records`` records: waits up to ``timeout`` for the first one only."""
 
     @abstractmethod
-    def assignment(self) -> set[TopicPartition]: ...
-
-    @abstractmethod
-    def pause(self, partitions: list[TopicPartition]) -> None: ...
-
-    @abstractmethod
-    def resume(self, partitions: list[TopicPartition]) -> None: ...
-
-    @abstractmethod
-    def seek(self, partition: TopicPartition, offset: int) -> None: ...
-
-    @abstractmethod
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Synchronous commit of the next offsets to read; raises ``PublishError`` on failure."""
 
@@ -209,7 +215,7 @@ class GroupConsumer(ABC):
     def close(self) -> None: ...
 
 
-class AsyncGroupConsumer(ABC):
+class AsyncGroupConsumer(Positions):
     """:class:`GroupConsumer` for asyncio; the rebalance callbacks are the same plain functions
     (run by the client's coordinator task, so possibly while a handler awaits)."""
 
@@ -219,18 +225,6 @@ class AsyncGroupConsumer(ABC):
 
     @abstractmethod
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]: ...
-
-    @abstractmethod
-    def assignment(self) -> set[TopicPartition]: ...
-
-    @abstractmethod
-    def pause(self, partitions: list[TopicPartition]) -> None: ...
-
-    @abstractmethod
-    def resume(self, partitions: list[TopicPartition]) -> None: ...
-
-    @abstractmethod
-    def seek(self, partition: TopicPartition, offset: int) -> None: ...
 
     @abstractmethod
     async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -88,6 +87,8 @@ def produce(
     partition: int = 0,
 ) -> None:
     """Produce (key, value, headers) messages to one partition in order, idempotently."""
+    from confluent_kafka import Producer  # here: the consumer app imports this module too
+
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for key, value, headers in messages:
         producer.produce(topic, value, key=key, headers=headers, partition=partition)
@@ -109,6 +110,8 @@ def produce_event(
 
 def read_topic(bootstrap: str, topic: str, *, expect: int, quiet: float = 2.0) -> list[Any]:
     """All messages of a topic (waits for ``expect`` then ``quiet`` seconds more)."""
+    from confluent_kafka import Consumer
+
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
