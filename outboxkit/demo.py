@@ -28,6 +28,7 @@ from outboxkit.inbox.confluent import ConfluentInboxConsumer
 from outboxkit.inbox.readback import stats
 from outboxkit.outbox import Outbox
 from outboxkit.relay import Mode, Relay, RelayConfig
+from outboxkit.settings import KafkaSettings
 
 Echo = Callable[[str], None]
 
@@ -182,7 +183,7 @@ def _inject_relay_duplicate(engine: sa.Engine, bootstrap: str) -> None:
 
 def _consume(engine: sa.Engine, bootstrap: str, expected: int, timeout: float) -> None:
     registry = EventRegistry()
-    registry.register("OrderPlaced", OrderPlaced)
+    registry.register(OrderPlaced)
 
     def ship(event: OrderPlaced, ctx: HandlerContext, session: Session) -> None:
         # The effect, in the same transaction as the inbox row.
@@ -191,7 +192,7 @@ def _consume(engine: sa.Engine, bootstrap: str, expected: int, timeout: float) -
     inbox = Inbox(engine, ship, InboxSettings(consumer="shipping", registry=registry))
     consumer = ConfluentInboxConsumer(
         inbox,
-        bootstrap_servers=bootstrap,
+        KafkaSettings(bootstrap=bootstrap),
         group_id=f"demo-shipping-{uuid.uuid4().hex[:8]}",
         topics=[OrderPlaced.outbox_spec().topic],
     )

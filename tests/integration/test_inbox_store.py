@@ -14,11 +14,13 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError, RetentionWindowError
 from outboxkit.inbox import (
+    AsyncInbox,
     Envelope,
     EventRegistry,
     HandlerContext,
@@ -426,3 +428,44 @@ def _state_of(db_url: str, event_id: str) -> str:
         ).fetchone()
     assert row is not None
     return str(row[0])
+
+
+async def test_the_async_inbox_refuses_a_handler_commit_and_dead_letters(
+    sa_url: str, outboxkit_db_url: str
+) -> None:
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    letters: list[tuple[str, int]] = []
+
+    async def committing(event: Any, ctx: HandlerContext, session: AsyncSession) -> None:
+        await session.execute(INSERT_EFFECT, _params(event, ctx))
+        await session.commit()
+
+    async def dead_letter(env: Envelope, event_id: str, error: str, attempts: int) -> None:
+        letters.append((event_id, attempts))
+
+    engine = create_async_engine(sa_url)
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, policy=RetryPolicy(2))
+    inbox = AsyncInbox(engine, committing, settings)
+    event_id = str(uuid.uuid4())
+    try:
+        first = await inbox.process(_env(event_id), dead_letter=dead_letter)
+        second = await inbox.process(_env(event_id), dead_letter=dead_letter)
+    finally:
+        await inbox.close()
+        await engine.dispose()
+    assert first.kind is OutcomeKind.RETRY
+    assert "HandlerCommitError" in (first.error or "")
+    assert second.kind is OutcomeKind.DEAD
+    assert letters == [(event_id, 2)]
+    assert effects(outboxkit_db_url) == []
+    assert _state_of(outboxkit_db_url, event_id) == "dead"
+
+
+def _params(event: Any, ctx: HandlerContext) -> dict[str, Any]:
+    return {
+        "event_id": ctx.event_id,
+        "order_id": event.order_id,
+        "amount": event.amount,
+        "attempt": ctx.attempt,
+    }
