@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+import pydantic
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
@@ -244,10 +245,15 @@ def run_command(
     kafka: dict[str, Any] = {"client": adapter, "bootstrap": bootstrap}
     database: dict[str, Any] = {"url": database_url}
     try:
-        worker.run(
+        settings = (
             ConsumerSettings(**overrides),
             KafkaSettings(**{k: v for k, v in kafka.items() if v is not None}),
             DatabaseSettings(**{k: v for k, v in database.items() if v is not None}),
         )
+    except pydantic.ValidationError as exc:  # names the settings, never echoes their values
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise click.ClickException(f"invalid {exc.title}: {problems}") from None
+    try:
+        worker.run(*settings)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -118,3 +118,18 @@ def test_purge_keeps_recent_rows(seeded: dict[str, str]) -> None:
     with psycopg.connect(seeded["url"]) as conn:
         left = conn.execute("SELECT state FROM outboxkit.inbox_message").fetchall()
     assert left == [("processing",)]
+
+
+def test_run_names_missing_and_invalid_settings_without_echoing_values(
+    outboxkit_db_url: str,
+) -> None:
+    runner = CliRunner()
+    env = {"OUTBOXKIT_DATABASE_URL": outboxkit_db_url, "OUTBOXKIT_CONSUMER_GROUP": "g"}
+    result = runner.invoke(main, ["inbox", "run", "--topic", "t"], env=env)
+    assert result.exit_code == 1
+    assert "OUTBOXKIT_CONSUMER_NAME, OUTBOXKIT_CONSUMER_REGISTRY" in result.output
+    bad = {**env, "OUTBOXKIT_CONSUMER_MAX_ATTEMPTS": "s3cret-typo"}
+    result = runner.invoke(main, ["inbox", "run"], env=bad)
+    assert result.exit_code == 1
+    assert "max_attempts" in result.output
+    assert "s3cret-typo" not in result.output
