@@ -33,12 +33,13 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from outboxkit import migrator
+from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.devstack import DevStack
-from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
+from outboxkit.devstack.postgres import database_url_with
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
+from outboxkit.settings import KafkaSettings
 from outboxkit.wire import dict_to_headers
 
 EFFECT_DDL = (
@@ -53,7 +54,7 @@ class Charged(pydantic.BaseModel):
 
 
 REGISTRY = EventRegistry()
-REGISTRY.register("charged", Charged)
+REGISTRY.register(Charged, event_type="charged")
 
 
 def _conf(bootstrap: str) -> dict[str, Any]:
@@ -102,7 +103,7 @@ def middleware_confluent(
     settings = InboxSettings(consumer=f"bench-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
     consumer = ConfluentInboxConsumer(
         Inbox(engine, handle, settings),
-        bootstrap_servers=bootstrap,
+        KafkaSettings(bootstrap=bootstrap),
         group_id=f"bench-{uuid.uuid4().hex[:8]}",
         topics=[topic],
         poll_timeout=1.0,
@@ -169,7 +170,7 @@ async def _middleware_aiokafka(
     settings = InboxSettings(consumer=f"bench-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
     consumer = AiokafkaInboxConsumer(
         AsyncInbox(engine, handle, settings),
-        bootstrap_servers=bootstrap,
+        KafkaSettings(bootstrap=bootstrap),
         group_id=f"bench-{uuid.uuid4().hex[:8]}",
         topics=[topic],
         poll_timeout=1.0,

@@ -25,11 +25,12 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from outboxkit import DomainEvents, Event, install_flush_hook, migrator
-from outboxkit.devstack.postgres import sqlalchemy_url
+from outboxkit import DomainEvents, Event, install_flush_hook
+from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
 from outboxkit.relay import Mode, Relay, RelayConfig
+from outboxkit.settings import KafkaSettings
 
 TOPIC = "example.payments"
 
@@ -105,8 +106,8 @@ async def relay_until_drained(url: str, bootstrap: str) -> None:
 
 async def consume(url: str, bootstrap: str, expected: int) -> dict[str, int]:
     registry = EventRegistry()
-    registry.register("PaymentCaptured", PaymentCaptured)
 
+    @registry.handler(PaymentCaptured)  # the event type comes from the class
     async def issue_receipt(
         event: PaymentCaptured, ctx: HandlerContext, session: AsyncSession
     ) -> None:
@@ -114,10 +115,10 @@ async def consume(url: str, bootstrap: str, expected: int) -> dict[str, int]:
         session.add(Receipt(payment_id=event.payment_id, idempotency_key=ctx.idempotency_key))
 
     engine = create_async_engine(sqlalchemy_url(url))
-    inbox = AsyncInbox(engine, issue_receipt, InboxSettings(consumer="receipts", registry=registry))
+    inbox = AsyncInbox(engine, InboxSettings(consumer="receipts", registry=registry))
     consumer = AiokafkaInboxConsumer(
         inbox,
-        bootstrap_servers=bootstrap,
+        KafkaSettings(bootstrap=bootstrap),  # or KafkaSettings() from OUTBOXKIT_KAFKA_*
         group_id=f"receipts-{uuid.uuid4().hex[:6]}",
         topics=[TOPIC],
     )

@@ -184,7 +184,7 @@ def _inject_relay_duplicate(engine: sa.Engine, kafka: KafkaClients) -> None:
 
 def _consume(engine: sa.Engine, bootstrap: str, expected: int, timeout: float) -> None:
     registry = EventRegistry()
-    registry.register("OrderPlaced", OrderPlaced)
+    registry.register(OrderPlaced)
 
     def ship(event: OrderPlaced, ctx: HandlerContext, session: Session) -> None:
         # The effect, in the same transaction as the inbox row.
@@ -193,7 +193,7 @@ def _consume(engine: sa.Engine, bootstrap: str, expected: int, timeout: float) -
     inbox = Inbox(engine, ship, InboxSettings(consumer="shipping", registry=registry))
     consumer = ConfluentInboxConsumer(
         inbox,
-        bootstrap_servers=bootstrap,
+        KafkaSettings(bootstrap=bootstrap),
         group_id=f"demo-shipping-{uuid.uuid4().hex[:8]}",
         topics=[OrderPlaced.outbox_spec().topic],
     )

@@ -7,11 +7,15 @@ show in a repr, a log line or an error message.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, field_serializer
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_serializer, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from outboxkit.schema import DEFAULT_SCHEMA, validate_schema_name
 
 
 class SecurityProtocol(StrEnum):
@@ -81,6 +85,50 @@ class KafkaSettings(BaseSettings):
 
 
 class ConsumerSettings(BaseSettings):
-    """The consumer process (``outboxkit inbox run``), ``OUTBOXKIT_CONSUMER_*``."""
+    """The consumer process (``outboxkit inbox run``), ``OUTBOXKIT_CONSUMER_*``.
+
+    ``registry`` and ``handler`` are ``module:attribute`` specs: the ``EventRegistry`` (with
+    handlers registered by ``@registry.handler(...)``), and optionally one function for every
+    event type without its own handler. ``topics`` is a comma-separated list or a JSON list.
+    ``kafka_options`` are extra consumer properties in the client's own spelling.
+    """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid")
+
+    name: str | None = None
+    group: str | None = None
+    topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    registry: str | None = None
+    handler: str | None = None
+    schema_name: str = DEFAULT_SCHEMA
+    max_attempts: int = Field(default=5, ge=1)
+    retry_delay: float = Field(default=0.5, ge=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    dead_letter: str | None = "{topic}.dlq"
+    acks_topic: str | None = None
+    offset_commit_interval: float = Field(default=0.0, ge=0)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    dedup_window: float | None = Field(default=None, gt=0)
+    kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _split_topics(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [t.strip() for t in text.split(",") if t.strip()]
+        return value
+
+    @field_validator("schema_name")
+    @classmethod
+    def _valid_schema(cls, value: str) -> str:
+        return validate_schema_name(value)
+
+    def missing(self) -> list[str]:
+        """The variables ``outboxkit inbox run`` needs that are not set."""
+        needed = {"name": self.name, "group": self.group, "topics": self.topics}
+        needed["registry"] = self.registry or self.handler
+        return [f"OUTBOXKIT_CONSUMER_{k.upper()}" for k, v in needed.items() if not v]

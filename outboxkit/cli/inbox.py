@@ -1,4 +1,4 @@
-"""``outboxkit inbox``: read consumer outcomes back, count them, cancel an event, purge old rows."""
+"""``outboxkit inbox``: run a consumer; read outcomes back, count them, cancel, purge old rows."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+import pydantic
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
-from outboxkit.devstack.postgres import sqlalchemy_url
+from outboxkit.db import sqlalchemy_url
 from outboxkit.inbox.readback import (
     cancel_event,
     get_event,
@@ -22,7 +23,8 @@ from outboxkit.inbox.readback import (
     stats,
 )
 from outboxkit.inbox.retention import purge_finished
-from outboxkit.migrator import DEFAULT_SCHEMA
+from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+from outboxkit.settings import ConsumerSettings, DatabaseSettings, KafkaClient, KafkaSettings
 
 _database = click.option(
     "--database-url",
@@ -76,7 +78,7 @@ def inbox() -> None:
 @click.option("--event-id", help="One event (requires --consumer): full detail.")
 @click.option(
     "--state",
-    type=click.Choice(["processing", "succeeded", "dead", "rejected", "cancelled"]),
+    type=click.Choice([s.value for s in InboxState]),
 )
 @click.option("--rejections", is_flag=True, help="Show the rejection log instead.")
 @click.option("--limit", default=50, show_default=True)
@@ -179,3 +181,79 @@ def purge(database_url: str, schema: str, older_than: float, batch_size: int) ->
         f"deleted {result.messages} inbox rows and {result.rejections} rejections"
         f" in {result.batches} batches"
     )
+
+
+def _options(items: tuple[str, ...]) -> dict[str, str | int]:
+    config: dict[str, str | int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"--config expects key=value, got {item!r}")
+        config[name] = int(value) if value.isdigit() else value
+    return config
+
+
+@inbox.command(name="run")
+@click.option("--registry", help="module:EventRegistry whose @registry.handler functions run.")
+@click.option("--handler", help="module:function for event types without a registry handler.")
+@click.option("--consumer", "name", help="Consumer name (the dedup key's first part).")
+@click.option("--group", help="Kafka consumer group id.")
+@click.option("--topic", "topics", multiple=True, help="Topic to consume (repeatable).")
+@click.option(
+    "--adapter",
+    type=click.Choice([c.value for c in KafkaClient]),
+    help="Kafka client: confluent (sync driver) or aiokafka (asyncio); default: the installed one.",
+)
+@click.option("--database-url", help="PostgreSQL URL (default: $OUTBOXKIT_DATABASE_URL).")
+@click.option("--bootstrap", help="Kafka bootstrap servers (default: $OUTBOXKIT_KAFKA_BOOTSTRAP).")
+@click.option("--schema", "schema_name")
+@click.option("--max-attempts", type=int)
+@click.option("--retry-delay", type=float, help="First back-off, seconds.")
+@click.option("--lease-seconds", type=float)
+@click.option("--dead-letter", help="Dead-letter topic, '{topic}' is the source topic.")
+@click.option("--acks-topic", help="Publish an acknowledgement per outcome here.")
+@click.option(
+    "--offset-commit-interval", type=float, help="Seconds between offset commits (0: each)."
+)
+@click.option("--config", "config_items", multiple=True, help="Consumer property key=value.")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-host", help="Address of the metrics endpoint (default 127.0.0.1).")
+@click.option(
+    "--dedup-window",
+    type=float,
+    help="Seconds dedup rows are kept: checked against the topics' retention.ms (warns), and"
+    " older replays of forgotten events are refused.",
+)
+def run_command(
+    adapter: str | None,
+    database_url: str | None,
+    bootstrap: str | None,
+    topics: tuple[str, ...],
+    config_items: tuple[str, ...],
+    **given: Any,
+) -> None:
+    """Consume through the dedup middleware until SIGTERM (settings: OUTBOXKIT_CONSUMER_*,
+    OUTBOXKIT_KAFKA_*, OUTBOXKIT_DATABASE_URL; options override them)."""
+    from outboxkit.errors import ConfigurationError
+    from outboxkit.inbox import worker
+
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if topics:
+        overrides["topics"] = list(topics)
+    if config_items:
+        overrides["kafka_options"] = _options(config_items)
+    kafka: dict[str, Any] = {"client": adapter, "bootstrap": bootstrap}
+    database: dict[str, Any] = {"url": database_url}
+    try:
+        settings = (
+            ConsumerSettings(**overrides),
+            KafkaSettings(**{k: v for k, v in kafka.items() if v is not None}),
+            DatabaseSettings(**{k: v for k, v in database.items() if v is not None}),
+        )
+    except pydantic.ValidationError as exc:  # names the settings, never echoes their values
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise click.ClickException(f"invalid {exc.title}: {problems}") from None
+    try:
+        worker.run(*settings)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -14,7 +14,7 @@ import click
 import psycopg
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.queries import query
+from outboxkit.db.queries import query
 from outboxkit.relay.config import RelayConfig, load_config
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outboxkit.errors import MissingEventIdError
+from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.wire import (
     HEADER_CONTENT_TYPE,
     HEADER_EVENT_ID,
@@ -20,7 +21,7 @@ from outboxkit.wire import (
 
 @dataclass(frozen=True)
 class Envelope:
-    """One delivery as both adapters see it (confluent-kafka ``Message``, aiokafka record)."""
+    """One delivery, client-neutral."""
 
     topic: str
     partition: int
@@ -45,6 +46,16 @@ class Envelope:
     ) -> Envelope:
         raw = tuple((str(n), v) for n, v in headers or ())
         return cls(topic, partition, offset, key, value, headers_to_dict(raw), raw, timestamp_ms)
+
+    @classmethod
+    def from_record(cls, record: ConsumedRecord) -> Envelope:
+        """From the client seam's record (either client)."""
+        topic, partition, offset, key, value, headers, timestamp_ms = record
+        if timestamp_ms is not None and timestamp_ms < 0:
+            timestamp_ms = None
+        return cls(
+            topic, partition, offset, key, value, headers_to_dict(headers), headers, timestamp_ms
+        )
 
 
 EventIdFrom = Callable[[Envelope], str | None]

@@ -1,10 +1,14 @@
-"""Keeps a running handler's lease alive by token, and tells the handler when it is gone.
+"""Keeps running handlers' leases alive by token, and tells a handler when its lease is gone.
 
-The keeper renews every ``lease_seconds / 3`` in its own short transaction. A renewal that
-matches no row (a newer claim took the event over, or an operator cancelled it) or fails
-(database unreachable) marks the lease lost; so does a revocation of the partition reported by
-the adapter. The handler sees it through ``HandlerContext.check()``; the final ``succeeded``
+:class:`LeaseSchedule` decides (pure): a lease is renewed every ``lease_seconds / 3`` in a
+statement of its own; a renewal that matches no row (a newer claim took the event over, or an
+operator cancelled it) or fails (database unreachable) marks the lease lost, and it is not
+renewed again. The handler sees it through ``HandlerContext.check()``; the final ``succeeded``
 update is conditional on the token anyway, so a handler that never checks is still fenced.
+
+The drivers only wait and run statements: one long-lived thread per sync inbox
+(:class:`LeaseThread`), one task per async inbox (:class:`LeaseTask`). A fast handler never
+causes a renewal at all.
 """
 
 from __future__ import annotations
@@ -14,142 +18,132 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from types import TracebackType
+from collections.abc import Callable
+from typing import Any
 
-from outboxkit.inbox.store import AsyncInboxStore, InboxStore
+from outboxkit.inbox.steps import Plan, Sleep, Sql, TableExecutor, drive_async, drive_sync
+from outboxkit.inbox.store import InboxStatements
 
 logger = logging.getLogger("outboxkit.inbox.lease")
 
+REFUSED = "renewal refused (cancelled or claimed by a newer delivery)"
 
-class _LostFlag:
-    def __init__(self) -> None:
+
+class LeaseHandle:
+    """One delivery's lease: when it is due for renewal, and why it was lost (if it was)."""
+
+    __slots__ = ("_reason", "due", "event_id", "token")
+
+    def __init__(self, event_id: str, token: int, due: float) -> None:
+        self.event_id = event_id
+        self.token = token
+        self.due = due
         self._reason: str | None = None
-        self._lock = threading.Lock()
-
-    def mark(self, reason: str) -> None:
-        with self._lock:
-            if self._reason is None:
-                self._reason = reason
 
     def reason(self) -> str | None:
         return self._reason
 
-
-@dataclass
-class _Lease:
-    event_id: str
-    token: int
-    due: float
-    lost: _LostFlag = field(default_factory=_LostFlag)
+    def mark(self, reason: str) -> None:
+        if self._reason is None:
+            self._reason = reason
 
 
-class LeaseRenewer:
-    """One long-lived thread per sync inbox renewing the lease of the handler running now.
+class LeaseSchedule:
+    """Which lease to renew when, and what a renewal's result means (no IO, no threads)."""
 
-    A thread per message would cost more than a short handler; this one sleeps until the
-    current lease is a third of its time old, so fast handlers never cause a renewal at all.
-    """
+    def __init__(
+        self, statements: InboxStatements, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.statements = statements
+        self.clock = clock
+        self.interval = max(statements.lease_seconds / 3, 0.05)
+        self._active: dict[int, LeaseHandle] = {}
 
-    def __init__(self, store: InboxStore) -> None:
-        self.store = store
-        self.interval = max(store.lease_seconds / 3, 0.05)
-        self._cond = threading.Condition()
-        self._current: _Lease | None = None
-        self._closed = False
+    def begin(self, event_id: str, token: int) -> LeaseHandle:
+        handle = LeaseHandle(event_id, token, self.clock() + self.interval)
+        self._active[id(handle)] = handle
+        return handle
+
+    def end(self, handle: LeaseHandle) -> None:
+        self._active.pop(id(handle), None)
+
+    def keep(self, stopped: Callable[[], bool]) -> Plan[None]:
+        """Renew each live lease when due; sleep in between (at most one interval, so a lease
+        begun meanwhile, due one interval after its start, is never renewed late)."""
+        while not stopped():
+            now = self.clock()
+            live = [h for h in list(self._active.values()) if h.reason() is None]
+            handle = min(live, key=lambda h: h.due, default=None)
+            if handle is None or handle.due > now:
+                wait = self.interval if handle is None else handle.due - now
+                yield Sleep(min(wait, self.interval))
+                continue
+            handle.due = now + self.interval
+            try:
+                renewed = yield self.statements.renew(handle.event_id, handle.token)
+            except Exception as exc:
+                logger.warning("lease renewal for %s failed: %s", handle.event_id, exc)
+                handle.mark(f"renewal failed: {exc}")
+                continue
+            if renewed.rowcount != 1:
+                handle.mark(REFUSED)
+
+
+class LeaseThread:
+    """The sync driver: one daemon thread, started with the first lease."""
+
+    def __init__(self, schedule: LeaseSchedule, run_sql: Callable[[Sql], Any]) -> None:
+        self.schedule = schedule
+        self._closed = threading.Event()
+        self._execute = TableExecutor({Sql: run_sql, Sleep: lambda s: self._closed.wait(s.seconds)})
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-    @contextmanager
-    def keep(self, event_id: str, token: int) -> Iterator[_LostFlag]:
-        lease = _Lease(event_id, token, time.monotonic() + self.interval)
-        with self._cond:
+    def begin(self, event_id: str, token: int) -> LeaseHandle:
+        with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="outboxkit-inbox-lease", daemon=True
                 )
                 self._thread.start()
-            self._current = lease
-            self._cond.notify()
+        return self.schedule.begin(event_id, token)
+
+    def _run(self) -> None:
         try:
-            yield lease.lost
-        finally:
-            with self._cond:
-                self._current = None
-                self._cond.notify()
+            drive_sync(self.schedule.keep(self._closed.is_set), self._execute)
+        except Exception:  # pragma: no cover - the plan catches statement errors itself
+            logger.exception("lease keeper stopped")
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
+        self._closed.set()
         if self._thread is not None:
             self._thread.join()
 
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                lease = self._current
-                if lease is None or lease.lost.reason() is not None:
-                    self._cond.wait()  # until the next lease (or close)
-                    continue
-                wait = lease.due - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                lease.due = time.monotonic() + self.interval
-                self._cond.release()
-                try:
-                    problem = self._renew(lease)
-                finally:
-                    self._cond.acquire()
-                if problem is not None:
-                    lease.lost.mark(problem)  # nothing more to renew for this lease
 
-    def _renew(self, lease: _Lease) -> str | None:
-        try:
-            renewed = self.store.renew(lease.event_id, lease.token)
-        except Exception as exc:
-            logger.warning("lease renewal for %s failed: %s", lease.event_id, exc)
-            return f"renewal failed: {exc}"
-        return None if renewed else "renewal refused (cancelled or claimed by a newer delivery)"
+def _never() -> bool:
+    return False
 
 
-class AsyncLeaseKeeper:
-    """Background task renewing one event's lease (async adapter)."""
+class LeaseTask:
+    """The async driver: one task, started with the first lease in the running event loop."""
 
-    def __init__(self, store: AsyncInboxStore, event_id: str, token: int) -> None:
-        self.store = store
-        self.event_id = event_id
-        self.token = token
-        self.lost = _LostFlag()
+    def __init__(self, schedule: LeaseSchedule, run_sql: Callable[[Sql], Any]) -> None:
+        self.schedule = schedule
+        self._execute = TableExecutor({Sql: run_sql, Sleep: lambda s: asyncio.sleep(s.seconds)})
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> AsyncLeaseKeeper:
-        self._task = asyncio.create_task(self._run())
-        return self
+    def begin(self, event_id: str, token: int) -> LeaseHandle:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(
+                drive_async(self.schedule.keep(_never), self._execute),
+                name="outboxkit-inbox-lease",
+            )
+        return self.schedule.begin(event_id, token)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        interval = max(self.store.lease_seconds / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                renewed = await self.store.renew(self.event_id, self.token)
-            except Exception as exc:
-                logger.warning("lease renewal for %s failed: %s", self.event_id, exc)
-                self.lost.mark(f"renewal failed: {exc}")
-                return
-            if not renewed:
-                self.lost.mark("renewal refused (cancelled or claimed by a newer delivery)")
-                return
+                await task

@@ -1,162 +1,211 @@
-"""The one design both adapters share: claim, run the handler, settle the outcome.
+"""The two thin drivers of :class:`~outboxkit.inbox.delivery.InboxCore`: sync and async.
 
-Per delivery:
-
-1. read the event id and content digest (no id -> ``inbox_rejection``, offset advances);
-2. **claim** ``(consumer, event_id)`` in a short transaction of its own: a new row, or a
-   takeover of an unfinished one with a newer lease token; a finished one is a duplicate
-   (``duplicate_count + 1``); the same id with other content is recorded in ``inbox_rejection``
-   and the original row is left untouched;
-3. run the handler in **its own transaction** with the typed event, a :class:`HandlerContext`
-   and that transaction's session; the same transaction ends with
-   ``UPDATE .. SET state='succeeded' WHERE state='processing' AND lease_token=:token``. If that
-   matches nothing (cancelled meanwhile, or fenced by a newer claim) everything the handler wrote
-   is rolled back;
-4. the adapter commits the Kafka offset only after that commit.
-
-The claim commits first so the handler's transaction does not hold the inbox row's lock while it
-runs: an operator's cancel is one quick UPDATE that never waits for the handler.
+:class:`Inbox` runs the core's steps with a SQLAlchemy ``Engine`` (the handler gets a
+``Session``), :class:`AsyncInbox` with an ``AsyncEngine`` (the handler is a coroutine getting an
+``AsyncSession``). Every statement goes through :mod:`outboxkit.db`: the inbox bookkeeping on an
+autocommit connection of its own, the ``succeeded`` mark in the handler's transaction.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import time
+import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from outboxkit.errors import DecodeError, HandlerCommitError, LeaseLostError
+from outboxkit import db
+from outboxkit.errors import ConfigurationError, HandlerCommitError
 from outboxkit.inbox.context import HandlerContext
-from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
-from outboxkit.inbox.faults import fault_point
-from outboxkit.inbox.lease import AsyncLeaseKeeper, LeaseRenewer
-from outboxkit.inbox.outcome import Outcome, OutcomeKind
-from outboxkit.inbox.policy import RetryPolicy
-from outboxkit.inbox.registry import EventRegistry
-from outboxkit.inbox.store import AsyncInboxStore, Claim, InboxStore
-from outboxkit.migrator import DEFAULT_SCHEMA
-
-logger = logging.getLogger("outboxkit.inbox.middleware")
+from outboxkit.inbox.delivery import DeadLetterStep, InboxCore, InboxSettings, Revoked
+from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.lease import LeaseHandle, LeaseTask, LeaseThread
+from outboxkit.inbox.lease import LeaseSchedule as _Schedule
+from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.steps import (
+    Call,
+    CallHandler,
+    CloseHandler,
+    CommitHandler,
+    EndDelivery,
+    HandlerSql,
+    Sql,
+    StartLease,
+    Step,
+    StepTable,
+    drive_async,
+    drive_sync,
+)
 
 SyncHandler = Callable[[Any, HandlerContext, Session], None]
 AsyncHandler = Callable[[Any, HandlerContext, AsyncSession], Awaitable[None]]
-DeadLetterSink = Callable[[Envelope, str, str, int], None]
-AsyncDeadLetterSink = Callable[[Envelope, str, str, int], Awaitable[None]]
-Revoked = Callable[[], bool]
+DeadLetterSink = Callable[[Envelope, str, str, int], Any]
 
-# A lost lease is retried from the same offset if the partition is still ours (a failed renewal
-# when the database blipped); a short pause keeps that from spinning.
-_LEASE_LOST_RETRY_SECONDS = 1.0
+__all__ = ["AsyncInbox", "Inbox", "InboxSettings"]
+
+_COMMIT_ALLOWED = "outboxkit.inbox.commit_allowed"
 
 
-def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+class _HandlerSession(Session):
+    """The handler's session: a commit issued by the handler itself is refused.
 
-
-@dataclass(frozen=True)
-class InboxSettings:
-    """Configuration shared by both adapters.
-
-    ``replay_window`` (seconds): a delivery whose Kafka timestamp is older than this and whose
-    dedup row no longer exists is refused (recorded in ``inbox_rejection``) instead of being
-    applied again; set it to the retention window of the dedup rows.
+    The handler's writes must commit together with the ``succeeded`` mark; a commit inside the
+    handler would make them durable before the token check and break exactly-once.
     """
 
-    consumer: str
-    registry: EventRegistry
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
-    schema: str = DEFAULT_SCHEMA
-    lease_seconds: float = 30.0
-    owner: str = field(default_factory=default_owner)
-    event_id_from: EventIdFrom | None = None
-    replay_window: float | None = None
 
-    def too_old(self, env: Envelope, now: float | None = None) -> bool:
-        if self.replay_window is None or env.timestamp_ms is None or env.timestamp_ms <= 0:
-            return False
-        now = time.time() if now is None else now
-        return env.timestamp_ms / 1000.0 < now - self.replay_window
+@sa_event.listens_for(_HandlerSession, "before_commit")
+def _refuse_handler_commit(session: Session) -> None:
+    if not session.info.get(_COMMIT_ALLOWED):
+        raise HandlerCommitError()
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:4000]
+def _split(
+    handler: Callable[..., Any] | InboxSettings, settings: InboxSettings | None
+) -> tuple[Callable[..., Any] | None, InboxSettings]:
+    """``(engine, settings)`` (handlers in the registry) or ``(engine, handler, settings)``."""
+    if isinstance(handler, InboxSettings) and settings is None:
+        return None, handler
+    if callable(handler) and isinstance(settings, InboxSettings):
+        return handler, settings
+    raise ConfigurationError("pass (engine, settings) or (engine, handler, settings)")
 
 
-def _context(
-    settings: InboxSettings,
-    env: Envelope,
-    ident: Identity,
-    claim: Claim,
-    lost: Callable[[], str | None],
-) -> HandlerContext:
-    return HandlerContext(
-        consumer=settings.consumer,
-        event_id=ident.event_id,
-        idempotency_key=ident.idempotency_key,
-        event_type=ident.event_type,
-        headers=dict(env.headers),
-        attempt=claim.attempts,
-        topic=env.topic,
-        partition=env.partition,
-        offset=env.offset,
-        lease_token=claim.token,
-        _lost_reason=lost,
-    )
+def _sink(dead_letter: DeadLetterSink | None) -> DeadLetterStep:
+    def step(env: Envelope, event_id: str, error: str, attempts: int) -> Step | None:
+        return None if dead_letter is None else Call(dead_letter, (env, event_id, error, attempts))
 
-
-def _lost_reason(keeper_reason: str | None, revoked: Revoked) -> str | None:
-    if keeper_reason is not None:
-        return keeper_reason
-    return "partition revoked" if revoked() else None
+    return step
 
 
 def _never() -> bool:
     return False
 
 
-class _CommitGuard:
-    """Refuses a commit issued by the handler itself.
+def _call(step: Call) -> Any:
+    return step.fn(*step.args)
 
-    The handler's writes must commit together with the ``succeeded`` mark; a commit inside the
-    handler would make them durable before the token check and break exactly-once.
+
+_METHODS: dict[type[Step], str] = {
+    HandlerSql: "handler_sql",
+    CallHandler: "call_handler",
+    CommitHandler: "commit_handler",
+    CloseHandler: "close_handler",
+    StartLease: "start_lease",
+    EndDelivery: "end_delivery",
+}
+
+
+class _Steps:
+    """One driver's executor: the open handler session and the running lease live here.
+
+    Subclasses provide the methods named in ``_METHODS`` (sync, or coroutines).
     """
 
-    def __init__(self, session: Session) -> None:
-        self.allowed = False
-        sa_event.listen(session, "before_commit", self._check)
+    def __init__(
+        self, keeper: LeaseThread | LeaseTask, sql: Callable[[Sql], Any], extra: StepTable
+    ) -> None:
+        self.keeper = keeper
+        self.lease: LeaseHandle | None = None
+        self.table: dict[type[Step], Callable[[Any], Any]] = {
+            kind: getattr(self, name) for kind, name in _METHODS.items()
+        }
+        self.table.update({Sql: sql, Call: _call, **extra})
 
-    def _check(self, session: Session) -> None:
-        if not self.allowed:
-            raise HandlerCommitError()
+    def __call__(self, step: Step) -> Any:
+        return self.table[type(step)](step)
+
+    def release(self) -> Any:
+        return self.table[EndDelivery](EndDelivery())
+
+    def start_lease(self, step: StartLease) -> LeaseHandle:
+        self.lease = self.keeper.begin(step.event_id, step.token)
+        return self.lease
+
+    def stop_lease(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            self.keeper.schedule.end(lease)
 
 
-class Inbox:
+class _SyncSteps(_Steps):
+    def __init__(self, inbox: Inbox, extra: StepTable) -> None:
+        self.inbox = inbox
+        self.session: Session | None = None
+        super().__init__(inbox.lease, inbox.run_sql, extra)
+
+    def handler_sql(self, step: HandlerSql) -> db.Result:
+        assert self.session is not None
+        return db.run(self.session, step.query, step.params)
+
+    def call_handler(self, step: CallHandler) -> None:
+        self.session = _HandlerSession(self.inbox.engine)
+        if step.handler(step.event, step.ctx, self.session) is not None:
+            raise ConfigurationError("an Inbox handler must not return a value (async handler?)")
+
+    def commit_handler(self, step: CommitHandler) -> None:
+        session, self.session = self.session, None
+        assert session is not None
+        with session:
+            session.info[_COMMIT_ALLOWED] = True
+            session.commit()
+
+    def close_handler(self, step: CloseHandler) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.close()  # rolls back what the handler wrote
+
+    def end_delivery(self, step: EndDelivery) -> None:
+        self.close_handler(CloseHandler())
+        self.stop_lease()
+
+
+EngineT = TypeVar("EngineT", Engine, AsyncEngine)
+HandlerT = TypeVar("HandlerT", SyncHandler, AsyncHandler)
+
+
+class _InboxDriver(Generic[EngineT, HandlerT]):
+    """``(engine, settings)`` calls the handlers registered with ``@registry.handler(...)``;
+    ``(engine, handler, settings)`` also calls ``handler`` for every type without one."""
+
+    _coroutines: ClassVar[bool]
+    _keeper: ClassVar[type[LeaseThread] | type[LeaseTask]]
+
+    def __init__(
+        self,
+        engine: EngineT,
+        handler: HandlerT | InboxSettings,
+        settings: InboxSettings | None = None,
+        /,
+    ) -> None:
+        fallback, self.settings = _split(handler, settings)
+        self.engine: EngineT = engine
+        self.core = InboxCore(self.settings, fallback, coroutines=self._coroutines)
+        self._autocommit: EngineT = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.lease = self._keeper(_Schedule(self.core.statements), self.run_sql)
+
+    def run_sql(self, step: Sql) -> Any:
+        """One bookkeeping statement on an autocommit connection of its own."""
+        raise NotImplementedError
+
+
+class Inbox(_InboxDriver[Engine, SyncHandler]):
     """Sync middleware (confluent-kafka adapter): handlers get a SQLAlchemy ``Session``."""
 
-    def __init__(self, engine: Engine, handler: SyncHandler, settings: InboxSettings) -> None:
-        self.engine = engine
-        self.handler = handler
-        self.settings = settings
-        self.store = InboxStore(
-            engine,
-            settings.consumer,
-            owner=settings.owner,
-            schema=settings.schema,
-            lease_seconds=settings.lease_seconds,
-        )
-        self._renewer = LeaseRenewer(self.store)
+    _coroutines = False
+    _keeper = LeaseThread
+    lease: LeaseThread
 
-    def close(self) -> None:
-        """Stop the lease renewal thread (the adapter calls this on close)."""
-        self._renewer.close()
+    def run_sql(self, step: Sql) -> db.Result:
+        with self._autocommit.connect() as conn:
+            return db.run(conn, step.query, step.params)
+
+    def executor(self, extra: StepTable | None = None) -> _SyncSteps:
+        """An executor of this inbox's steps (plus ``extra`` ones, e.g. a consumer's Kafka)."""
+        return _SyncSteps(self, extra or {})
 
     def process(
         self,
@@ -165,232 +214,72 @@ class Inbox:
         revoked: Revoked = _never,
         dead_letter: DeadLetterSink | None = None,
     ) -> Outcome:
-        try:
-            ident = identify(env, self.settings.event_id_from)
-        except DecodeError as exc:
-            self.store.reject(env, str(exc))
-            return Outcome(OutcomeKind.REJECTED, None, error=str(exc))
-        if self.settings.too_old(env) and self.store.state_of(ident.event_id) is None:
-            reason = "replay older than the dedup retention window; refused"
-            self.store.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
-        claim = self.store.claim(ident, env)
-        if claim.kind == "duplicate":
-            return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
-        if claim.kind == "conflict":
-            reason = f"event id reused with different content (existing: {claim.existing_state})"
-            self.store.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
-        if claim.attempts > self.settings.policy.max_attempts:
-            error = f"attempts exhausted; last error: {claim.previous_error}"
-            return self._dead(env, ident, claim, error, dead_letter)
-        try:
-            event = self.settings.registry.decode(ident.event_type, ident.content_type, env.value)
-        except DecodeError as exc:
-            if not self.store.finish(ident.event_id, claim.token, "rejected", str(exc)):
-                return self._lease_lost(ident, claim, f"rejection refused: {exc}")
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, claim.attempts, str(exc))
-        with self._renewer.keep(ident.event_id, claim.token) as lease_lost:
+        """Run one delivery to its outcome (a consumer adapter calls this for you)."""
+        return drive_sync(self.core.deliver(env, revoked, _sink(dead_letter)), self.executor())
 
-            def lost() -> str | None:
-                return _lost_reason(lease_lost.reason(), revoked)
-
-            ctx = _context(self.settings, env, ident, claim, lost)
-            try:
-                committed = self._run_handler(event, ctx)
-            except LeaseLostError as exc:
-                return self._lease_lost(ident, claim, str(exc))
-            except Exception as exc:
-                return self._failed(env, ident, claim, _error_text(exc), dead_letter)
-        if not committed:
-            return self._lease_lost(ident, claim, "final succeeded update refused by token")
-        fault_point("after_db_commit")
-        return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
-
-    def _run_handler(self, event: Any, ctx: HandlerContext) -> bool:
-        with Session(self.engine) as session:
-            guard = _CommitGuard(session)
-            try:
-                self.handler(event, ctx, session)
-                ctx.check()
-                stmt = self.store.succeeded_statement(ctx.event_id, ctx.lease_token)
-                if session.connection().execute(*stmt).rowcount != 1:
-                    session.rollback()
-                    return False
-                fault_point("before_db_commit")
-                guard.allowed = True
-                session.commit()
-                return True
-            except BaseException:
-                session.rollback()
-                raise
-
-    def _failed(
-        self,
-        env: Envelope,
-        ident: Identity,
-        claim: Claim,
-        error: str,
-        dead_letter: DeadLetterSink | None,
-    ) -> Outcome:
-        logger.info("handler for %s failed (attempt %d): %s", ident.event_id, claim.attempts, error)
-        if self.settings.policy.exhausted(claim.attempts):
-            return self._dead(env, ident, claim, error, dead_letter)
-        if not self.store.record_failure(ident.event_id, claim.token, error):
-            return self._lease_lost(ident, claim, f"failure not recorded: {error}")
-        delay = self.settings.policy.delay(claim.attempts)
-        return Outcome(OutcomeKind.RETRY, ident.event_id, claim.attempts, error, delay)
-
-    def _dead(
-        self,
-        env: Envelope,
-        ident: Identity,
-        claim: Claim,
-        error: str,
-        dead_letter: DeadLetterSink | None,
-    ) -> Outcome:
-        # Dead-letter record first, then the row: a crash in between repeats the record
-        # (at-least-once, carrying the event id) rather than losing it. A cancelled or
-        # taken-over event gets no dead letter (checked by renewing the lease by token).
-        if not self.store.renew(ident.event_id, claim.token):
-            return self._lease_lost(ident, claim, f"not dead-lettered: {error}")
-        if dead_letter is not None:
-            dead_letter(env, ident.event_id, error, claim.attempts)
-        if not self.store.finish(ident.event_id, claim.token, "dead", error):
-            return self._lease_lost(ident, claim, f"dead mark refused: {error}")
-        logger.warning("event %s is dead after %d attempts", ident.event_id, claim.attempts)
-        return Outcome(OutcomeKind.DEAD, ident.event_id, claim.attempts, error)
-
-    def _lease_lost(self, ident: Identity, claim: Claim, reason: str) -> Outcome:
-        state = self.store.record_lease_lost(ident.event_id, f"lease lost: {reason}")
-        return _lease_outcome(ident, claim, reason, state)
+    def close(self) -> None:
+        """Stop the lease renewal thread (the adapter calls this on close)."""
+        self.lease.close()
 
 
-def _lease_outcome(ident: Identity, claim: Claim, reason: str, state: str | None) -> Outcome:
-    if state == "cancelled":
-        return Outcome(OutcomeKind.CANCELLED, ident.event_id, claim.attempts, reason)
-    logger.warning("lease on %s lost (%s); effects rolled back", ident.event_id, reason)
-    return Outcome(
-        OutcomeKind.LEASE_LOST, ident.event_id, claim.attempts, reason, _LEASE_LOST_RETRY_SECONDS
-    )
+class _AsyncSteps(_Steps):
+    def __init__(self, inbox: AsyncInbox, extra: StepTable) -> None:
+        self.inbox = inbox
+        self.session: AsyncSession | None = None
+        super().__init__(inbox.lease, inbox.run_sql, extra)
+
+    async def handler_sql(self, step: HandlerSql) -> db.Result:
+        assert self.session is not None
+        return await db.run_async(self.session, step.query, step.params)
+
+    async def call_handler(self, step: CallHandler) -> None:
+        self.session = AsyncSession(self.inbox.engine, sync_session_class=_HandlerSession)
+        returned = step.handler(step.event, step.ctx, self.session)
+        if not inspect.isawaitable(returned):
+            raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
+        await returned
+
+    async def commit_handler(self, step: CommitHandler) -> None:
+        session, self.session = self.session, None
+        assert session is not None
+        async with session:
+            session.info[_COMMIT_ALLOWED] = True
+            await session.commit()
+
+    async def close_handler(self, step: CloseHandler) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            await session.close()
+
+    async def end_delivery(self, step: EndDelivery) -> None:
+        self.stop_lease()
+        await self.close_handler(CloseHandler())
 
 
-class AsyncInbox:
-    """Async middleware (aiokafka adapter): handlers are coroutines getting an ``AsyncSession``."""
+class AsyncInbox(_InboxDriver[AsyncEngine, AsyncHandler]):
+    """Async middleware (aiokafka adapter): handlers are coroutines getting an ``AsyncSession``;
+    ``await inbox.close()`` stops the lease task."""
 
-    def __init__(self, engine: AsyncEngine, handler: AsyncHandler, settings: InboxSettings) -> None:
-        self.engine = engine
-        self.handler = handler
-        self.settings = settings
-        self.store = AsyncInboxStore(
-            engine,
-            settings.consumer,
-            owner=settings.owner,
-            schema=settings.schema,
-            lease_seconds=settings.lease_seconds,
-        )
+    _coroutines = True
+    _keeper = LeaseTask
+    lease: LeaseTask
+
+    async def run_sql(self, step: Sql) -> db.Result:
+        async with self._autocommit.connect() as conn:
+            return await db.run_async(conn, step.query, step.params)
+
+    def executor(self, extra: StepTable | None = None) -> _AsyncSteps:
+        return _AsyncSteps(self, extra or {})
 
     async def process(
         self,
         env: Envelope,
         *,
         revoked: Revoked = _never,
-        dead_letter: AsyncDeadLetterSink | None = None,
+        dead_letter: DeadLetterSink | None = None,
     ) -> Outcome:
-        try:
-            ident = identify(env, self.settings.event_id_from)
-        except DecodeError as exc:
-            await self.store.reject(env, str(exc))
-            return Outcome(OutcomeKind.REJECTED, None, error=str(exc))
-        if self.settings.too_old(env) and await self.store.state_of(ident.event_id) is None:
-            reason = "replay older than the dedup retention window; refused"
-            await self.store.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
-        claim = await self.store.claim(ident, env)
-        if claim.kind == "duplicate":
-            return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
-        if claim.kind == "conflict":
-            reason = f"event id reused with different content (existing: {claim.existing_state})"
-            await self.store.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
-        if claim.attempts > self.settings.policy.max_attempts:
-            error = f"attempts exhausted; last error: {claim.previous_error}"
-            return await self._dead(env, ident, claim, error, dead_letter)
-        try:
-            event = self.settings.registry.decode(ident.event_type, ident.content_type, env.value)
-        except DecodeError as exc:
-            if not await self.store.finish(ident.event_id, claim.token, "rejected", str(exc)):
-                return await self._lease_lost(ident, claim, f"rejection refused: {exc}")
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, claim.attempts, str(exc))
-        async with AsyncLeaseKeeper(self.store, ident.event_id, claim.token) as keeper:
+        plan = self.core.deliver(env, revoked, _sink(dead_letter))
+        return await drive_async(plan, self.executor())
 
-            def lost() -> str | None:
-                return _lost_reason(keeper.lost.reason(), revoked)
-
-            ctx = _context(self.settings, env, ident, claim, lost)
-            try:
-                committed = await self._run_handler(event, ctx)
-            except LeaseLostError as exc:
-                return await self._lease_lost(ident, claim, str(exc))
-            except Exception as exc:
-                return await self._failed(env, ident, claim, _error_text(exc), dead_letter)
-        if not committed:
-            return await self._lease_lost(ident, claim, "final succeeded update refused by token")
-        fault_point("after_db_commit")
-        return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
-
-    async def _run_handler(self, event: Any, ctx: HandlerContext) -> bool:
-        async with AsyncSession(self.engine) as session:
-            guard = _CommitGuard(session.sync_session)
-            try:
-                await self.handler(event, ctx, session)
-                ctx.check()
-                stmt = self.store.succeeded_statement(ctx.event_id, ctx.lease_token)
-                conn = await session.connection()
-                if (await conn.execute(*stmt)).rowcount != 1:
-                    await session.rollback()
-                    return False
-                fault_point("before_db_commit")
-                guard.allowed = True
-                await session.commit()
-                return True
-            except BaseException:
-                await session.rollback()
-                raise
-
-    async def _failed(
-        self,
-        env: Envelope,
-        ident: Identity,
-        claim: Claim,
-        error: str,
-        dead_letter: AsyncDeadLetterSink | None,
-    ) -> Outcome:
-        logger.info("handler for %s failed (attempt %d): %s", ident.event_id, claim.attempts, error)
-        if self.settings.policy.exhausted(claim.attempts):
-            return await self._dead(env, ident, claim, error, dead_letter)
-        if not await self.store.record_failure(ident.event_id, claim.token, error):
-            return await self._lease_lost(ident, claim, f"failure not recorded: {error}")
-        delay = self.settings.policy.delay(claim.attempts)
-        return Outcome(OutcomeKind.RETRY, ident.event_id, claim.attempts, error, delay)
-
-    async def _dead(
-        self,
-        env: Envelope,
-        ident: Identity,
-        claim: Claim,
-        error: str,
-        dead_letter: AsyncDeadLetterSink | None,
-    ) -> Outcome:
-        if not await self.store.renew(ident.event_id, claim.token):
-            return await self._lease_lost(ident, claim, f"not dead-lettered: {error}")
-        if dead_letter is not None:
-            await dead_letter(env, ident.event_id, error, claim.attempts)
-        if not await self.store.finish(ident.event_id, claim.token, "dead", error):
-            return await self._lease_lost(ident, claim, f"dead mark refused: {error}")
-        logger.warning("event %s is dead after %d attempts", ident.event_id, claim.attempts)
-        return Outcome(OutcomeKind.DEAD, ident.event_id, claim.attempts, error)
-
-    async def _lease_lost(self, ident: Identity, claim: Claim, reason: str) -> Outcome:
-        state = await self.store.record_lease_lost(ident.event_id, f"lease lost: {reason}")
-        return _lease_outcome(ident, claim, reason, state)
+    async def close(self) -> None:
+        await self.lease.close()

@@ -1,19 +1,20 @@
 """Reading outcomes back and cancelling events: the operator's and the application's API.
 
-All functions take a SQLAlchemy ``Engine`` and run one short transaction each.
+All functions take a SQLAlchemy ``Engine`` and run one short transaction each (statements from
+``db/sql/inbox.sql``, run through :mod:`outboxkit.db`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.queries import query
+from outboxkit import db
+from outboxkit.schema import DEFAULT_SCHEMA, InboxState
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class InboxRecord:
     event_id: str
     idempotency_key: str | None
     event_type: str | None
-    state: str
+    state: InboxState
     attempts: int
     last_error: str | None
     lease_owner: str | None
@@ -39,9 +40,15 @@ class InboxRecord:
     updated_at: dt.datetime
     finished_at: dt.datetime | None
 
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> InboxRecord:
+        values = dict(zip([f.name for f in fields(cls)], row, strict=True))
+        values["state"] = InboxState(values["state"])
+        return cls(**values)
+
     @property
     def terminal(self) -> bool:
-        return self.state != "processing"
+        return self.state.terminal
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,9 @@ class Rejection:
     created_at: dt.datetime
 
 
+REJECTION_LOG = "rejection_log"
+
+
 @dataclass(frozen=True)
 class StateCount:
     consumer: str
@@ -72,34 +82,34 @@ class CancelResult:
     """``cancelled`` is True when this call made the event cancelled; ``state`` is the outcome."""
 
     cancelled: bool
-    state: str | None
+    state: InboxState | None
 
 
-def _q(name: str, schema: str) -> Any:
-    return text(query("inbox", name, schema))
+def _rows(
+    engine: Engine, name: str, schema: str, params: Mapping[str, Any] | None = None
+) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return list(db.rows(conn, db.query("inbox", name, schema), params))
 
 
 def get_event(
     engine: Engine, consumer: str, event_id: str, *, schema: str = DEFAULT_SCHEMA
 ) -> InboxRecord | None:
-    with engine.begin() as conn:
-        row = conn.execute(
-            _q("get_message", schema), {"consumer": consumer, "event_id": event_id}
-        ).first()
-    return None if row is None else InboxRecord(*row)
+    found = _rows(engine, "get_message", schema, {"consumer": consumer, "event_id": event_id})
+    return InboxRecord.from_row(found[0]) if found else None
 
 
 def list_events(
     engine: Engine,
     *,
     consumer: str | None = None,
-    state: str | None = None,
+    state: InboxState | str | None = None,
     limit: int = 50,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[InboxRecord]:
-    params = {"consumer": consumer, "state": state, "limit": limit}
-    with engine.begin() as conn:
-        return [InboxRecord(*row) for row in conn.execute(_q("list_messages", schema), params)]
+    wanted = None if state is None else InboxState(state).value
+    params = {"consumer": consumer, "state": wanted, "limit": limit}
+    return [InboxRecord.from_row(r) for r in _rows(engine, "list_messages", schema, params)]
 
 
 def list_rejections(
@@ -111,13 +121,11 @@ def list_rejections(
     schema: str = DEFAULT_SCHEMA,
 ) -> list[Rejection]:
     params = {"consumer": consumer, "event_id": event_id, "limit": limit}
-    with engine.begin() as conn:
-        return [Rejection(*row) for row in conn.execute(_q("list_rejections", schema), params)]
+    return [Rejection(*r) for r in _rows(engine, "list_rejections", schema, params)]
 
 
 def stats(engine: Engine, *, schema: str = DEFAULT_SCHEMA) -> list[StateCount]:
-    with engine.begin() as conn:
-        return [StateCount(*row) for row in conn.execute(_q("stats", schema))]
+    return [StateCount(*r) for r in _rows(engine, "stats", schema)]
 
 
 def cancel_event(
@@ -136,9 +144,10 @@ def cancel_event(
     cancels an event not seen yet (its later delivery is skipped).
     """
     key = {"consumer": consumer, "event_id": event_id, "reason": reason}
+    queries = db.queries("inbox", schema)
     with engine.begin() as conn:
-        done = conn.execute(_q("cancel", schema), key).rowcount == 1
+        done = db.execute(conn, queries["cancel"], key) == 1
         if not done and before_delivery:
-            done = conn.execute(_q("cancel_unseen", schema), key).rowcount == 1
-        row = conn.execute(_q("get_state", schema), key).first()
-    return CancelResult(done, None if row is None else str(row[0]))
+            done = db.execute(conn, queries["cancel_unseen"], key) == 1
+        row = db.one(conn, queries["get_state"], key)
+    return CancelResult(done, None if row is None else InboxState(row[0]))

@@ -1,41 +1,100 @@
-"""Event types to pydantic models: how a consumer turns bytes into a typed event."""
+"""Event types to pydantic models and handlers: how a consumer turns bytes into a typed call.
+
+The event type comes from the class, as the writer declares it::
+
+    class OrderPlaced(Event, topic="orders", event_type="order.placed"): ...
+
+    registry = EventRegistry()
+
+    @registry.handler(OrderPlaced)
+    def ship(event: OrderPlaced, ctx: HandlerContext, session: Session) -> None: ...
+
+A plain pydantic model (not an :class:`outboxkit.Event`) names its type: ``register(Model,
+event_type="order.placed")``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import pydantic
 
-from outboxkit.errors import DecodeError, UnknownEventTypeError
+from outboxkit.errors import ConfigurationError, DecodeError, UnknownEventTypeError
+from outboxkit.events import Event
 from outboxkit.wire import JSON_CONTENT_TYPE
 
-ModelT = TypeVar("ModelT", bound=type[pydantic.BaseModel])
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+
+
+def event_type_of(model: type[pydantic.BaseModel], event_type: str | None = None) -> str:
+    """The type an event class declares (``Event`` subclasses), or the one given for it."""
+    if event_type is not None:
+        return event_type
+    if isinstance(model, type) and issubclass(model, Event) and model.__outbox__ is not None:
+        return model.__outbox__.event_type
+    raise ConfigurationError(
+        f"{getattr(model, '__name__', model)!r} declares no event type: register an"
+        " outboxkit.Event class with a topic, or pass event_type= for a plain pydantic model"
+    )
 
 
 class EventRegistry:
-    """Maps the ``event-type`` header to the pydantic model the handler receives."""
+    """Maps the ``event-type`` header to the model the handler receives, and to its handler."""
 
     def __init__(self) -> None:
         self._models: dict[str, type[pydantic.BaseModel]] = {}
+        self._handlers: dict[str, Callable[..., Any]] = {}
 
-    def register(self, event_type: str, model: type[pydantic.BaseModel]) -> None:
-        if event_type in self._models and self._models[event_type] is not model:
-            raise ValueError(f"event type {event_type!r} is already registered")
-        self._models[event_type] = model
+    def register(self, model: type[pydantic.BaseModel], *, event_type: str | None = None) -> str:
+        """Decode deliveries of the model's event type into it; returns that type."""
+        name = event_type_of(model, event_type)
+        if self._models.get(name, model) is not model:
+            raise ConfigurationError(f"event type {name!r} is already registered")
+        self._models[name] = model
+        return name
 
-    def event(self, event_type: str) -> Callable[[ModelT], ModelT]:
-        """Class decorator form of :meth:`register`."""
+    def handler(
+        self, *models: type[pydantic.BaseModel], event_type: str | None = None
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Decorator: the function handles deliveries of these models' event types.
 
-        def decorate(model: ModelT) -> ModelT:
-            self.register(event_type, model)
-            return model
+        Sync functions serve an ``Inbox``, coroutine functions an ``AsyncInbox``.
+        """
+        if not models or (event_type is not None and len(models) != 1):
+            raise ConfigurationError("handler() takes the model(s) it handles")
+
+        def decorate(fn: HandlerT) -> HandlerT:
+            for model in models:
+                name = self.register(model, event_type=event_type)
+                if self._handlers.get(name, fn) is not fn:
+                    raise ConfigurationError(f"event type {name!r} already has a handler")
+                self._handlers[name] = fn
+            return fn
 
         return decorate
 
     @property
     def event_types(self) -> frozenset[str]:
         return frozenset(self._models)
+
+    @property
+    def handlers(self) -> Mapping[str, Callable[..., Any]]:
+        return dict(self._handlers)
+
+    def handler_for(self, event_type: str | None) -> Callable[..., Any] | None:
+        return self._handlers.get(event_type) if event_type is not None else None
+
+    def check_handlers(self, *, coroutines: bool, fallback: Callable[..., Any] | None) -> None:
+        """Refuse handlers of the wrong kind (a coroutine function for the sync inbox, or not)."""
+        for name, fn in [*self._handlers.items(), ("*", fallback)]:
+            if fn is None:
+                continue
+            if coroutines and inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn):
+                raise ConfigurationError(f"the AsyncInbox handler for {name!r} must be async")
+            if not coroutines and inspect.iscoroutinefunction(fn):
+                raise ConfigurationError(f"the Inbox handler for {name!r} must not be async")
 
     def decode(self, event_type: str | None, content_type: str, payload: bytes | None) -> object:
         """The typed event, or :class:`DecodeError` with a reason fit for the rejection record."""

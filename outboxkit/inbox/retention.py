@@ -8,19 +8,21 @@ message still readable on the topic (``retention.ms``), and older replays are re
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from outboxkit import db
 from outboxkit.errors import RetentionWindowError
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.queries import query
+from outboxkit.kafka.api import Admin
+from outboxkit.schema import DEFAULT_SCHEMA
 
 logger = logging.getLogger("outboxkit.inbox.retention")
+
+_PURGES = ("delete_finished_batch", "delete_rejections_batch")
 
 
 @dataclass(frozen=True)
@@ -38,54 +40,51 @@ def purge_finished(
     max_batches: int | None = None,
     pause_seconds: float = 0.0,
     schema: str = DEFAULT_SCHEMA,
+    now: dt.datetime | None = None,
 ) -> PurgeResult:
-    """Delete terminal rows finished more than ``window_seconds`` ago, one small batch per tx."""
+    """Delete terminal rows finished more than ``window_seconds`` before ``now`` (default: the
+    database clock), one small batch per transaction."""
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
-    params = {"window_seconds": window_seconds, "batch_size": batch_size}
-    totals = {"delete_finished_batch": 0, "delete_rejections_batch": 0}
+    params = {"window_seconds": window_seconds, "batch_size": batch_size, "now": now}
+    queries = db.queries("inbox", schema)
+    totals = dict.fromkeys(_PURGES, 0)
     batches = 0
-    for name in totals:
+    for name in _PURGES:
         while max_batches is None or batches < max_batches:
             with engine.begin() as conn:
-                deleted = conn.execute(text(query("inbox", name, schema)), params).rowcount
+                deleted = db.execute(conn, queries[name], params)
             batches += 1
             totals[name] += deleted
             if deleted < batch_size:
                 break
             if pause_seconds:
                 time.sleep(pause_seconds)
-    return PurgeResult(totals["delete_finished_batch"], totals["delete_rejections_batch"], batches)
+    messages, rejections = (totals[name] for name in _PURGES)
+    return PurgeResult(messages, rejections, batches)
 
 
-def topic_retention_ms(admin: Any, topic: str, timeout: float = 30.0) -> int | None:
-    """``retention.ms`` of a topic via confluent-kafka ``AdminClient.describe_configs``."""
-    from confluent_kafka import admin as kafka_admin
-
-    config_resource: Any = kafka_admin.ConfigResource  # type: ignore[attr-defined]
-    resource_type: Any = kafka_admin.ResourceType  # type: ignore[attr-defined]
-
-    resource = config_resource(resource_type.TOPIC, topic)
-    futures = admin.describe_configs([resource], request_timeout=timeout)
-    configs = next(iter(futures.values())).result(timeout=timeout)
-    entry = configs.get("retention.ms")
-    if entry is None or entry.value is None:
+async def topic_retention_ms(admin: Admin, topic: str) -> int | None:
+    """``retention.ms`` of a topic (None: kept forever, or not set)."""
+    value = await admin.topic_config(topic, "retention.ms")
+    if value is None:
         return None
-    value = int(entry.value)
-    return None if value < 0 else value
+    retention = int(value)
+    return None if retention < 0 else retention
 
 
-def check_window(
-    admin: Any, topics: list[str], window_seconds: float, *, strict: bool = False
+async def check_window(
+    admin: Admin, topics: list[str], window_seconds: float, *, strict: bool = False
 ) -> list[str]:
     """Warnings for topics that keep messages longer than the dedup rows are kept.
 
     ``retention.ms = -1`` (infinite) always warns. With ``strict`` the first problem raises
-    :class:`RetentionWindowError` instead.
+    :class:`RetentionWindowError` instead. The admin client comes from
+    ``KafkaClients(settings).admin()``.
     """
     problems = []
     for topic in topics:
-        retention = topic_retention_ms(admin, topic)
+        retention = await topic_retention_ms(admin, topic)
         if retention is None or retention / 1000.0 > window_seconds:
             kept = "forever" if retention is None else f"{retention / 1000.0:.0f} s"
             problems.append(

@@ -1,28 +1,21 @@
-"""The inbox row's state transitions, each a single SQL statement from ``sql/inbox.sql``.
+"""The inbox row's state transitions, as steps: each one statement of ``db/sql/inbox.sql``.
 
-Sync (:class:`InboxStore`, SQLAlchemy ``Engine``) and async (:class:`AsyncInboxStore`,
-``AsyncEngine``) twins share the statement builders, so both adapters run the very same SQL.
-Each method runs single statements in autocommit mode (one round trip each: every transition is
-one statement, so no wider transaction is needed), except :meth:`succeeded_statement`, which the
-middleware runs inside the handler's transaction.
+Pure: these methods only build :class:`~outboxkit.inbox.steps.Sql` steps (and the small claim
+plan); a driver runs them, on an autocommit connection of its own, except the ``succeeded``
+mark, which runs inside the handler's transaction (:class:`HandlerSql`). So the sync and the
+async paths run the very same statements.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import TextClause, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from outboxkit import db
 from outboxkit.inbox.envelope import Envelope, Identity
-from outboxkit.migrator import DEFAULT_SCHEMA
-from outboxkit.queries import query
-
-TERMINAL_STATES = frozenset({"succeeded", "dead", "rejected", "cancelled"})
-
-Stmt = tuple[TextClause, dict[str, Any]]
+from outboxkit.inbox.steps import HandlerSql, Plan, Sql
+from outboxkit.schema import DEFAULT_SCHEMA, TERMINAL_INBOX_STATES, InboxState
 
 
 @dataclass(frozen=True)
@@ -36,186 +29,103 @@ class Claim:
     existing_state: str | None = None
 
 
-class _Statements:
-    def __init__(self, consumer: str, owner: str, schema: str, lease_seconds: float) -> None:
+class InboxStatements:
+    """Every statement one consumer runs on its inbox rows.
+
+    ``now`` (tests only) replaces the database clock for lease expiry.
+    """
+
+    def __init__(
+        self,
+        consumer: str,
+        *,
+        owner: str,
+        schema: str = DEFAULT_SCHEMA,
+        lease_seconds: float = 30.0,
+        now: dt.datetime | None = None,
+    ) -> None:
         self.consumer = consumer
         self.owner = owner
         self.schema = schema
         self.lease_seconds = lease_seconds
-        self._texts: dict[str, TextClause] = {}
+        self.now = now
+        self._queries = db.queries("inbox", schema)
 
-    def _q(self, name: str) -> TextClause:
-        clause = self._texts.get(name)
-        if clause is None:
-            clause = self._texts[name] = text(query("inbox", name, self.schema))
-        return clause
+    def _sql(self, name: str, event_id: str | None, **params: Any) -> Sql:
+        return Sql(self._queries[name], {"consumer": self.consumer, "event_id": event_id, **params})
 
-    def _key(self, event_id: str) -> dict[str, Any]:
-        return {"consumer": self.consumer, "event_id": event_id}
+    def claim(self, ident: Identity, env: Envelope) -> Sql:
+        return self._sql(
+            "claim",
+            ident.event_id,
+            idempotency_key=ident.idempotency_key,
+            content_digest=ident.digest,
+            event_type=ident.event_type,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            now=self.now,
+            topic=env.topic,
+            kafka_partition=env.partition,
+            kafka_offset=env.offset,
+        )
 
-    def claim_stmt(self, ident: Identity, env: Envelope) -> Stmt:
-        return self._q("claim"), {
-            **self._key(ident.event_id),
-            "idempotency_key": ident.idempotency_key,
-            "content_digest": ident.digest,
-            "event_type": ident.event_type,
-            "owner": self.owner,
-            "lease_seconds": self.lease_seconds,
-            "topic": env.topic,
-            "kafka_partition": env.partition,
-            "kafka_offset": env.offset,
-        }
+    def state(self, event_id: str) -> Sql:
+        """-> one row ``(state, content_digest)``, or none."""
+        return self._sql("get_state", event_id)
 
-    def rejection_stmt(
-        self, env: Envelope, reason: str, ident: Identity | None, event_id: str | None = None
-    ) -> Stmt:
-        return self._q("record_rejection"), {
-            "consumer": self.consumer,
-            "event_id": ident.event_id if ident else event_id,
-            "reason": reason[:2000],
-            "content_digest": ident.digest if ident else None,
-            "event_type": ident.event_type if ident else env.headers.get("event-type"),
-            "topic": env.topic,
-            "kafka_partition": env.partition,
-            "kafka_offset": env.offset,
-        }
+    def reject(self, env: Envelope, reason: str, ident: Identity | None = None) -> Sql:
+        """A delivery refused without touching an inbox row (the rejection log)."""
+        return self._sql(
+            "record_rejection",
+            ident.event_id if ident else None,
+            reason=reason[:2000],
+            content_digest=ident.digest if ident else None,
+            event_type=ident.event_type if ident else env.headers.get("event-type"),
+            topic=env.topic,
+            kafka_partition=env.partition,
+            kafka_offset=env.offset,
+        )
 
-    def token_stmt(self, name: str, event_id: str, token: int, **extra: Any) -> Stmt:
-        return self._q(name), {**self._key(event_id), "token": token, **extra}
+    def renew(self, event_id: str, token: int) -> Sql:
+        return self._sql(
+            "renew_lease", event_id, token=token, lease_seconds=self.lease_seconds, now=self.now
+        )
 
-    def succeeded_statement(self, event_id: str, token: int) -> Stmt:
-        return self.token_stmt("mark_succeeded", event_id, token)
+    def succeeded(self, event_id: str, token: int) -> HandlerSql:
+        """The ``succeeded`` mark, run in the handler's own transaction."""
+        step = self._sql("mark_succeeded", event_id, token=token)
+        return HandlerSql(step.query, step.params)
 
-    def state_stmt(self, event_id: str) -> Stmt:
-        return self._q("get_state"), self._key(event_id)
+    def record_failure(self, event_id: str, token: int, error: str) -> Sql:
+        return self._sql("record_failure", event_id, token=token, error=error, now=self.now)
 
-    def renew_stmt(self, event_id: str, token: int) -> Stmt:
-        return self.token_stmt("renew_lease", event_id, token, lease_seconds=self.lease_seconds)
+    def finish(self, event_id: str, token: int, state: InboxState, error: str) -> Sql:
+        """``dead`` or ``rejected``, by the handler run that holds the token."""
+        return self._sql("finish", event_id, token=token, state=state.value, error=error)
 
-    def classify(self, row: Any, ident: Identity) -> Claim:
-        """After a claim matched nothing: duplicate of a finished event, or reused id."""
-        state, digest = row[0], row[1]
-        same = digest is None or bytes(digest) == ident.digest
-        if state in TERMINAL_STATES and same:
-            return Claim("duplicate", existing_state=state)
-        return Claim("conflict", existing_state=state)
+    def record_lease_lost(self, event_id: str, error: str) -> Sql:
+        return self._sql("record_lease_lost", event_id, error=error)
 
-
-class InboxStore(_Statements):
-    """Sync twin. Every method is one or two single-statement autocommit round trips."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        consumer: str,
-        *,
-        owner: str,
-        schema: str = DEFAULT_SCHEMA,
-        lease_seconds: float = 30.0,
-    ) -> None:
-        super().__init__(consumer, owner, schema, lease_seconds)
-        self.engine = engine
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-
-    def _run(self, stmt: Stmt) -> int:
-        with self._autocommit.connect() as conn:
-            return conn.execute(*stmt).rowcount
-
-    def _first(self, stmt: Stmt) -> Any:
-        with self._autocommit.connect() as conn:
-            return conn.execute(*stmt).first()
-
-    def claim(self, ident: Identity, env: Envelope) -> Claim:
+    def claim_plan(self, ident: Identity, env: Envelope) -> Plan[Claim]:
+        """Claim the row: a new one, or a takeover; else a duplicate or a reused id."""
         while True:
-            row = self._first(self.claim_stmt(ident, env))
-            if row is not None:
-                return Claim("claimed", token=row[0], attempts=row[1], previous_error=row[2])
-            existing = self._first(self.state_stmt(ident.event_id))
-            if existing is None:  # deleted by retention between the two statements: again
+            claimed: db.Result = yield self.claim(ident, env)
+            if claimed.rows:
+                token, attempts, previous_error = claimed.rows[0]
+                return Claim("claimed", token, attempts, previous_error)
+            existing: db.Result = yield self.state(ident.event_id)
+            if not existing.rows:  # deleted by retention between the two statements: again
                 continue
-            claim = self.classify(existing, ident)
+            claim = classify(existing.rows[0], ident)
             if claim.kind == "duplicate":
-                self._run((self._q("count_duplicate"), self._key(ident.event_id)))
+                yield self._sql("count_duplicate", ident.event_id)
             return claim
 
-    def reject(self, env: Envelope, reason: str, ident: Identity | None = None) -> None:
-        self._run(self.rejection_stmt(env, reason, ident))
 
-    def state_of(self, event_id: str) -> str | None:
-        row = self._first(self.state_stmt(event_id))
-        return None if row is None else str(row[0])
-
-    def renew(self, event_id: str, token: int) -> bool:
-        return self._run(self.renew_stmt(event_id, token)) == 1
-
-    def record_failure(self, event_id: str, token: int, error: str) -> bool:
-        return self._run(self.token_stmt("record_failure", event_id, token, error=error)) == 1
-
-    def finish(self, event_id: str, token: int, state: str, error: str) -> bool:
-        stmt = self.token_stmt("finish", event_id, token, state=state, error=error)
-        return self._run(stmt) == 1
-
-    def record_lease_lost(self, event_id: str, error: str) -> str | None:
-        """Count the lost lease; returns the row's current state (e.g. ``cancelled``)."""
-        self._run((self._q("record_lease_lost"), {**self._key(event_id), "error": error}))
-        return self.state_of(event_id)
-
-
-class AsyncInboxStore(_Statements):
-    """Async twin of :class:`InboxStore`, same statements."""
-
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        consumer: str,
-        *,
-        owner: str,
-        schema: str = DEFAULT_SCHEMA,
-        lease_seconds: float = 30.0,
-    ) -> None:
-        super().__init__(consumer, owner, schema, lease_seconds)
-        self.engine = engine
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-
-    async def _run(self, stmt: Stmt) -> int:
-        async with self._autocommit.connect() as conn:
-            return (await conn.execute(*stmt)).rowcount
-
-    async def _first(self, stmt: Stmt) -> Any:
-        async with self._autocommit.connect() as conn:
-            return (await conn.execute(*stmt)).first()
-
-    async def claim(self, ident: Identity, env: Envelope) -> Claim:
-        while True:
-            row = await self._first(self.claim_stmt(ident, env))
-            if row is not None:
-                return Claim("claimed", token=row[0], attempts=row[1], previous_error=row[2])
-            existing = await self._first(self.state_stmt(ident.event_id))
-            if existing is None:
-                continue
-            claim = self.classify(existing, ident)
-            if claim.kind == "duplicate":
-                await self._run((self._q("count_duplicate"), self._key(ident.event_id)))
-            return claim
-
-    async def reject(self, env: Envelope, reason: str, ident: Identity | None = None) -> None:
-        await self._run(self.rejection_stmt(env, reason, ident))
-
-    async def state_of(self, event_id: str) -> str | None:
-        row = await self._first(self.state_stmt(event_id))
-        return None if row is None else str(row[0])
-
-    async def renew(self, event_id: str, token: int) -> bool:
-        return await self._run(self.renew_stmt(event_id, token)) == 1
-
-    async def record_failure(self, event_id: str, token: int, error: str) -> bool:
-        stmt = self.token_stmt("record_failure", event_id, token, error=error)
-        return await self._run(stmt) == 1
-
-    async def finish(self, event_id: str, token: int, state: str, error: str) -> bool:
-        stmt = self.token_stmt("finish", event_id, token, state=state, error=error)
-        return await self._run(stmt) == 1
-
-    async def record_lease_lost(self, event_id: str, error: str) -> str | None:
-        await self._run((self._q("record_lease_lost"), {**self._key(event_id), "error": error}))
-        return await self.state_of(event_id)
+def classify(row: tuple[Any, ...], ident: Identity) -> Claim:
+    """After a claim matched nothing: a duplicate of a finished event, or a reused id."""
+    state, digest = row[0], row[1]
+    same = digest is None or bytes(digest) == ident.digest
+    if state in TERMINAL_INBOX_STATES and same:
+        return Claim("duplicate", existing_state=state)
+    return Claim("conflict", existing_state=state)

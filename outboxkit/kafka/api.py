@@ -8,7 +8,7 @@ outboxkit errors: ``PublishError`` (retriable), ``PermanentPublishError``, ``Pro
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -167,20 +167,17 @@ class AsyncRecordSender(ABC):
 
 
 Rebalance = Callable[[list[TopicPartition]], None]
+# A revocation returns the offsets settled for those partitions but not committed yet: the
+# consumer commits them before it gives the partitions up.
+Revoke = Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
 
 
-class GroupConsumer(ABC):
-    """A consumer-group member (sync): ``read_committed``, auto-commit off, manual offsets.
+class Positions(ABC):
+    """What both group consumers do at once, without waiting on the broker.
 
-    ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks). After an
-    assignment every assigned partition is consuming (not paused), whatever the client kept.
+    ``pause``, ``resume`` and ``seek`` ignore partitions not assigned (any more): their next
+    owner starts from the committed offset.
     """
-
-    @abstractmethod
-    def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Rebalance) -> None: ...
-
-    @abstractmethod
-    def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]: ...
 
     @abstractmethod
     def assignment(self) -> set[TopicPartition]: ...
@@ -193,6 +190,22 @@ class GroupConsumer(ABC):
 
     @abstractmethod
     def seek(self, partition: TopicPartition, offset: int) -> None: ...
+
+
+class GroupConsumer(Positions):
+    """A consumer-group member (sync): ``read_committed``, auto-commit off, manual offsets.
+
+    ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks; a lost
+    assignment is a revocation whose offsets are not committed). After an assignment every
+    assigned partition is consuming (not paused), whatever the client kept.
+    """
+
+    @abstractmethod
+    def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None: ...
+
+    @abstractmethod
+    def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:
+        """Up to ``max_records`` records: waits up to ``timeout`` for the first one only."""
 
     @abstractmethod
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
@@ -202,28 +215,16 @@ class GroupConsumer(ABC):
     def close(self) -> None: ...
 
 
-class AsyncGroupConsumer(ABC):
-    """:class:`GroupConsumer` for asyncio (rebalance callbacks may be coroutines' callers)."""
+class AsyncGroupConsumer(Positions):
+    """:class:`GroupConsumer` for asyncio; the rebalance callbacks are the same plain functions
+    (run by the client's coordinator task, so possibly while a handler awaits)."""
 
     @abstractmethod
-    async def subscribe(
-        self, topics: list[str], on_assign: Rebalance, on_revoke: Rebalance
-    ) -> None: ...
+    async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
+        """Join the group (starts the client)."""
 
     @abstractmethod
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]: ...
-
-    @abstractmethod
-    def assignment(self) -> set[TopicPartition]: ...
-
-    @abstractmethod
-    def pause(self, partitions: list[TopicPartition]) -> None: ...
-
-    @abstractmethod
-    def resume(self, partitions: list[TopicPartition]) -> None: ...
-
-    @abstractmethod
-    def seek(self, partition: TopicPartition, offset: int) -> None: ...
 
     @abstractmethod
     async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.migrator import DEFAULT_SCHEMA
+from outboxkit.schema import DEFAULT_SCHEMA
 
 ENV_PREFIX = "OUTBOXKIT_"
 

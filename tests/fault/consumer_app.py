@@ -1,4 +1,4 @@
-"""The handler the process-level consumer tests run (``python -m outboxkit.inbox.worker``).
+"""The handlers the process-level consumer tests run (``outboxkit inbox run --registry ..``).
 
 What it does depends on the order id's prefix, so one worker can mix behaviours:
 ``slow-`` sleeps ``APP_SLOW_SECONDS`` on the first attempt (checking its lease), ``fail-`` always
@@ -18,10 +18,13 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outboxkit.inbox import HandlerContext
-from tests.integration.inbox_support import INSERT_EFFECT, REGISTRY
+from outboxkit.inbox import EventRegistry, HandlerContext
+from tests.integration.inbox_support import INSERT_EFFECT, PaymentRequested
 
-__all__ = ["REGISTRY", "handle", "handle_async"]
+__all__ = ["ASYNC", "SYNC", "handle", "handle_async"]
+
+SYNC = EventRegistry()  # for the sync driver (confluent-kafka)
+ASYNC = EventRegistry()  # for the async driver (aiokafka)
 
 
 def _charge(ctx: HandlerContext, order_id: str, amount: int) -> str:
@@ -52,6 +55,7 @@ def _slow_seconds(event: Any, ctx: HandlerContext) -> float:
     return 0.0
 
 
+@SYNC.handler(PaymentRequested)
 def handle(event: Any, ctx: HandlerContext, session: Session) -> None:
     if event.order_id.startswith("fail-"):
         raise RuntimeError(f"payment provider said no (attempt {ctx.attempt})")
@@ -64,6 +68,7 @@ def handle(event: Any, ctx: HandlerContext, session: Session) -> None:
         time.sleep(0.1)
 
 
+@ASYNC.handler(PaymentRequested)
 async def handle_async(event: Any, ctx: HandlerContext, session: AsyncSession) -> None:
     if event.order_id.startswith("fail-"):
         raise RuntimeError(f"payment provider said no (attempt {ctx.attempt})")

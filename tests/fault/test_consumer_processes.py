@@ -1,12 +1,14 @@
-"""The consumer acceptance cases with consumers as real processes (both adapters).
+"""The consumer acceptance cases with consumers as real processes (both drivers).
 
-Each test starts ``python -m outboxkit.inbox.worker`` subprocesses against the self-started
-PostgreSQL and Kafka, produces messages straight to Kafka with the outboxkit headers, and judges
-the outcome in the database: effect rows, inbox rows, rejection log, dead-letter topic.
+Each test starts ``outboxkit inbox run`` subprocesses against the self-started PostgreSQL and
+Kafka (settings as ``OUTBOXKIT_*`` variables), produces messages straight to Kafka with the
+outboxkit headers, and judges the outcome in the database: effect rows, inbox rows, rejection
+log, dead-letter topic. Two more run it with only one Kafka client library importable.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -32,12 +34,14 @@ from tests.integration.inbox_support import (
     read_topic,
     wait_until,
 )
+from tests.support.blocking import env_without
 
 pytestmark = pytest.mark.fault
 
 ROOT = Path(__file__).resolve().parents[2]
 TopicFactory = Callable[..., str]
-CANCEL = [str(ROOT / ".venv/bin/outboxkit"), "inbox", "cancel", "--consumer", "billing"]
+OUTBOXKIT = str(Path(sys.executable).parent / "outboxkit")  # the console script
+CANCEL = [OUTBOXKIT, "inbox", "cancel", "--consumer", "billing"]
 
 
 class Worker:
@@ -64,14 +68,18 @@ class Worker:
                 self.proc.wait(30)
 
 
-@pytest.fixture(params=["confluent", "aiokafka"])
+@pytest.fixture(
+    params=[
+        pytest.param("confluent", id="sync+confluent"),
+        pytest.param("aiokafka", id="async+aiokafka"),
+    ]
+)
 def adapter(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def spawn(
-    adapter: str,
+def spawner(
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     tmp_path: Path,
@@ -87,36 +95,36 @@ def spawn(
         fault: str | None = None,
         extra_env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        driver: str,
+        client: str | None,
+        without: str | None = None,
     ) -> Worker:
+        """``driver`` picks the handlers (sync or async); ``client`` the --adapter, if any."""
         env = {
             **os.environ,
             "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
             "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
+            "OUTBOXKIT_CONSUMER_NAME": "billing",
+            "OUTBOXKIT_CONSUMER_GROUP": group,
+            "OUTBOXKIT_CONSUMER_TOPICS": topic,
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }
         env.pop("OUTBOXKIT_FAULT", None)
         if fault:
             env["OUTBOXKIT_FAULT"] = fault
-        handler = "handle" if adapter == "confluent" else "handle_async"
+        if without is not None:
+            env = env_without(without, base=env)
+        registry = "SYNC" if driver == "confluent" else "ASYNC"
         log = tmp_path / f"worker-{len(workers)}.log"
         command = [
-            sys.executable,
-            "-m",
-            "outboxkit.inbox.worker",
-            "--handler",
-            f"tests.fault.consumer_app:{handler}",
+            OUTBOXKIT,
+            "inbox",
+            "run",
             "--registry",
-            "tests.fault.consumer_app:REGISTRY",
-            "--consumer",
-            "billing",
-            "--group",
-            group,
-            "--topic",
-            topic,
-            "--adapter",
-            adapter,
-            *_fast_session(adapter),
+            f"tests.fault.consumer_app:{registry}",
+            *(("--adapter", client) if client else ()),
+            *_fast_session(driver),
             *args,
         ]
         with log.open("wb") as out:
@@ -128,6 +136,11 @@ def spawn(
     yield start
     for worker in workers:
         worker.stop()
+
+
+@pytest.fixture
+def spawn(adapter: str, spawner: Callable[..., Worker]) -> Callable[..., Worker]:
+    return functools.partial(spawner, driver=adapter, client=adapter)
 
 
 def _fast_session(adapter: str) -> tuple[str, ...]:
@@ -401,3 +414,42 @@ def test_sigkill_with_interval_offset_commits_redelivers_and_skips(
             what=f"duplicate of {event_id}",
         )
     assert [e[0] for e in effects(outboxkit_db_url)] == ids
+
+
+@pytest.mark.parametrize(
+    ("blocked", "driver"),
+    [
+        pytest.param("confluent_kafka", "aiokafka", id="only-aiokafka"),
+        pytest.param("aiokafka", "confluent", id="only-confluent"),
+    ],
+)
+def test_the_consumer_runs_with_only_one_client_library(
+    blocked: str,
+    driver: str,
+    spawner: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """No --adapter: the consumer picks the installed client (and its driver); a failing event
+    still reaches its dead-letter topic through that client."""
+    topic = outboxkit_topic()
+    dlq = outboxkit_topic(prefix="dlq")
+    good, doomed = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, good, "o-1", 10)
+    produce_event(outboxkit_kafka_bootstrap, topic, doomed, "fail-1", 1)
+    worker = spawner(
+        topic,
+        group=f"g-{uuid.uuid4().hex[:8]}",
+        driver=driver,  # the async handlers run only in the async driver, and vice versa
+        client=None,
+        without=blocked,
+        args=("--max-attempts", "1", "--dead-letter", dlq),
+    )
+    wait_until(lambda: _row(outboxkit_db_url, doomed).get("state") == "dead", what="dead")
+    assert _row(outboxkit_db_url, good)["state"] == "succeeded"
+    assert effects(outboxkit_db_url) == [(good, "o-1", 10)]
+    [record] = read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)
+    assert dict(record.headers())["dlq-event-id"] == doomed.encode()
+    assert worker.proc.poll() is None, worker.output()
+    assert f"No module named {blocked!r}" not in worker.output()

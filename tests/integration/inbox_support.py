@@ -1,12 +1,14 @@
 """Shared pieces of the inbox tests: the event model, handlers, producing, waiting, harnesses.
 
-A harness runs one adapter's consumer loop in a background thread (the aiokafka one inside its
-own event loop), so every conformance test is written once and run against both adapters.
+A harness runs one driver's consumer loop in a background thread (sync + confluent-kafka, or
+async + aiokafka inside its own event loop), so every conformance test is written once and run
+against both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import threading
 import time
@@ -16,15 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-import pydantic
-from confluent_kafka import Consumer, Producer
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+from outboxkit import db
+from outboxkit.events import Event
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
+from outboxkit.inbox.envelope import Envelope, identify
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.steps import Sql, TableExecutor, drive_sync
+from outboxkit.inbox.store import Claim, InboxStatements
+from outboxkit.kafka import KafkaClients
+from outboxkit.settings import KafkaSettings
 from outboxkit.wire import (
     HEADER_CONTENT_TYPE,
     HEADER_EVENT_ID,
@@ -35,13 +43,13 @@ from outboxkit.wire import (
 EVENT_TYPE = "payment.requested"
 
 
-class PaymentRequested(pydantic.BaseModel):
+class PaymentRequested(Event, topic="payments", event_type=EVENT_TYPE):
     order_id: str
     amount: int
 
 
 REGISTRY = EventRegistry()
-REGISTRY.register(EVENT_TYPE, PaymentRequested)
+REGISTRY.register(PaymentRequested)
 
 EFFECT_DDL = (
     "CREATE TABLE IF NOT EXISTS public.effect ("
@@ -73,23 +81,37 @@ def headers_for(
 
 
 def produce(
-    bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes, list[Any]]]
+    bootstrap: str,
+    topic: str,
+    messages: list[tuple[bytes | None, bytes, list[Any]]],
+    partition: int = 0,
 ) -> None:
-    """Produce (key, value, headers) messages to partition 0 order, idempotently."""
+    """Produce (key, value, headers) messages to one partition in order, idempotently."""
+    from confluent_kafka import Producer  # here: the consumer app imports this module too
+
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for key, value, headers in messages:
-        producer.produce(topic, value, key=key, headers=headers, partition=0)
+        producer.produce(topic, value, key=key, headers=headers, partition=partition)
     assert producer.flush(30) == 0
 
 
 def produce_event(
-    bootstrap: str, topic: str, event_id: str, order_id: str, amount: int, key: bytes = b"k"
+    bootstrap: str,
+    topic: str,
+    event_id: str,
+    order_id: str,
+    amount: int,
+    key: bytes = b"k",
+    partition: int = 0,
 ) -> None:
-    produce(bootstrap, topic, [(key, payload(order_id, amount), headers_for(event_id))])
+    message = (key, payload(order_id, amount), headers_for(event_id))
+    produce(bootstrap, topic, [message], partition)
 
 
 def read_topic(bootstrap: str, topic: str, *, expect: int, quiet: float = 2.0) -> list[Any]:
     """All messages of a topic (waits for ``expect`` then ``quiet`` seconds more)."""
+    from confluent_kafka import Consumer
+
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -128,6 +150,18 @@ def wait_until(check: Callable[[], Any], *, timeout: float = 90.0, what: str = "
         time.sleep(0.1)
 
 
+def run_sql(engine: Engine, step: Sql) -> db.Result:
+    """One inbox statement on an autocommit connection (what the drivers do)."""
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        return db.run(conn, step.query, step.params)
+
+
+def claim(engine: Engine, statements: InboxStatements, env: Envelope) -> Claim:
+    """Claim the delivery's row as a consumer would (e.g. one that then crashed)."""
+    executor = TableExecutor({Sql: lambda step: run_sql(engine, step)})
+    return drive_sync(statements.claim_plan(identify(env), env), executor)
+
+
 def fetch(db_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(db_url) as conn:
         return conn.execute(sql, params).fetchall()
@@ -152,19 +186,117 @@ def effects(db_url: str, event_id: str | None = None) -> list[tuple[Any, ...]]:
     )
 
 
+class SeamClient:
+    """A client of the Kafka seam driven from test code, whichever the client library.
+
+    An aiokafka client lives on an event loop of its own in a background thread (so its
+    heartbeats go on between calls); every call is run there.
+    """
+
+    def __init__(self, client: str) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.target: Any = None
+        self.closed = False
+        if client != "confluent":
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+            self._thread.start()
+
+    def call(self, method: str, *args: Any) -> Any:
+        fn = getattr(self.target, method)
+        if self._loop is None:
+            return fn(*args)
+
+        async def run() -> Any:
+            result = fn(*args)
+            return await result if inspect.isawaitable(result) else result
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(90)
+
+    def close(self) -> None:
+        """Close the client (again: nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.call("close")
+        finally:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(30)
+                self._loop.close()
+
+
+class Sender(SeamClient):
+    """The dead-letter/acks producer of the seam."""
+
+    def __init__(self, client: str, bootstrap: str) -> None:
+        super().__init__(client)
+        clients = KafkaClients(KafkaSettings(bootstrap=bootstrap))
+        sync = client == "confluent"
+        self.target = clients.record_sender() if sync else clients.async_record_sender()
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
+        self.call("send", topic, key, value, headers)
+
+
+class GroupMember(SeamClient):
+    """One consumer-group member of the seam, recording its rebalance callbacks."""
+
+    def __init__(self, client: str, bootstrap: str, group: str, **config: Any) -> None:
+        super().__init__(client)
+        self.assigned: list[list[tuple[str, int]]] = []
+        self.revoked: list[list[tuple[str, int]]] = []
+        self.commit_on_revoke: dict[tuple[str, int], int] = {}
+        clients = KafkaClients(KafkaSettings(bootstrap=bootstrap))
+        if client == "confluent":
+            self.target = clients.group_consumer(group, config=config)
+        else:
+            self.target = clients.async_group_consumer(group, config=config)
+
+    def subscribe(self, topics: list[str]) -> None:
+        self.call("subscribe", topics, self._on_assign, self._on_revoke)
+
+    def _on_assign(self, partitions: list[tuple[str, int]]) -> None:
+        self.assigned.append(list(partitions))
+
+    def _on_revoke(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        self.revoked.append(list(partitions))
+        return {tp: o for tp, o in self.commit_on_revoke.items() if tp in partitions}
+
+    def poll(self, timeout: float = 0.2) -> list[Any]:
+        return list(self.call("poll", timeout, 100))
+
+
+def poll_members(
+    members: list[GroupMember], until: Callable[[list[Any]], Any], *, timeout: float = 90.0
+) -> list[Any]:
+    """Poll every member in turn (a group rebalances only while its members poll) until
+    ``until(records so far)`` holds; returns the records."""
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while not until(records):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; got {[(r.partition, r.offset) for r in records]}")
+        for member in members:
+            records.extend(member.poll(0.1))
+    return records
+
+
 @dataclass
 class Behaviour:
     """What the test handler does: write one effect row, then maybe fail or wait."""
 
     fail_attempts: int = 0  # attempts 1..n raise after writing (use a big number for "always")
     wait_until_lost: bool = False  # block (cooperatively) until the lease is lost
-    fail_only: str | None = None  # if set, only this event id fails
+    fail_only: str | set[str] | None = None  # if set, only this event id (or these) fails
     started: threading.Event = field(default_factory=threading.Event)
     calls: list[tuple[str, int]] = field(default_factory=list)
 
     def before_return(self, ctx: HandlerContext) -> None:
         self.calls.append((ctx.event_id, ctx.attempt))
-        failing = self.fail_only is None or self.fail_only == ctx.event_id
+        only = {self.fail_only} if isinstance(self.fail_only, str) else self.fail_only
+        failing = only is None or ctx.event_id in only
         if failing and ctx.attempt <= self.fail_attempts:
             raise RuntimeError(f"boom on attempt {ctx.attempt}")
 
@@ -258,23 +390,24 @@ class Harness:
         except BaseException as exc:
             self.error = exc
 
+    def _kafka(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "topics": self.topics,
+            "dead_letter": self.dead_letter,
+            "acks_topic": self.acks_topic,
+            "offset_commit_interval": self.offset_commit_interval,
+            "metrics": self.metrics,
+        }
+
     def _run_confluent(self) -> None:
         from outboxkit.inbox.confluent import ConfluentInboxConsumer
 
         engine = create_engine(self.sa_url)
         try:
             inbox = Inbox(engine, sync_handler(self.behaviour), self.settings)
-            consumer = ConfluentInboxConsumer(
-                inbox,
-                bootstrap_servers=self.bootstrap,
-                group_id=self.group_id,
-                topics=self.topics,
-                dead_letter=self.dead_letter,
-                acks_topic=self.acks_topic,
-                offset_commit_interval=self.offset_commit_interval,
-                metrics=self.metrics,
-            )
-            with consumer:
+            kafka = KafkaSettings(bootstrap=self.bootstrap)
+            with ConfluentInboxConsumer(inbox, kafka, **self._kafka()) as consumer:
                 while not self._stop.is_set():
                     outcome = consumer.poll_once(0.2)
                     if outcome is not None:
@@ -288,17 +421,8 @@ class Harness:
         engine = create_async_engine(self.sa_url)
         try:
             inbox = AsyncInbox(engine, async_handler(self.behaviour), self.settings)
-            consumer = AiokafkaInboxConsumer(
-                inbox,
-                bootstrap_servers=self.bootstrap,
-                group_id=self.group_id,
-                topics=self.topics,
-                dead_letter=self.dead_letter,
-                acks_topic=self.acks_topic,
-                offset_commit_interval=self.offset_commit_interval,
-                metrics=self.metrics,
-            )
-            async with consumer:
+            kafka = KafkaSettings(bootstrap=self.bootstrap)
+            async with AiokafkaInboxConsumer(inbox, kafka, **self._kafka()) as consumer:
                 while not self._stop.is_set():
                     outcome = await consumer.poll_once(0.2)
                     if outcome is not None:

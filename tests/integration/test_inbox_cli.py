@@ -12,8 +12,7 @@ from sqlalchemy import create_engine
 
 from outboxkit.cli import main
 from outboxkit.inbox import Envelope, Inbox, InboxSettings
-from outboxkit.inbox.envelope import identify
-from tests.integration.inbox_support import EFFECT_DDL, REGISTRY, headers_for, payload
+from tests.integration.inbox_support import EFFECT_DDL, REGISTRY, claim, headers_for, payload
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +46,7 @@ def seeded(outboxkit_db_url: str, sa_url: str) -> dict[str, str]:
             value=payload("o", 3),
             headers=headers_for(running),
         )
-        inbox.store.claim(identify(running_env), running_env)
+        claim(engine, inbox.core.statements, running_env)
     finally:
         inbox.close()
         engine.dispose()
@@ -119,3 +118,18 @@ def test_purge_keeps_recent_rows(seeded: dict[str, str]) -> None:
     with psycopg.connect(seeded["url"]) as conn:
         left = conn.execute("SELECT state FROM outboxkit.inbox_message").fetchall()
     assert left == [("processing",)]
+
+
+def test_run_names_missing_and_invalid_settings_without_echoing_values(
+    outboxkit_db_url: str,
+) -> None:
+    runner = CliRunner()
+    env = {"OUTBOXKIT_DATABASE_URL": outboxkit_db_url, "OUTBOXKIT_CONSUMER_GROUP": "g"}
+    result = runner.invoke(main, ["inbox", "run", "--topic", "t"], env=env)
+    assert result.exit_code == 1
+    assert "OUTBOXKIT_CONSUMER_NAME, OUTBOXKIT_CONSUMER_REGISTRY" in result.output
+    bad = {**env, "OUTBOXKIT_CONSUMER_MAX_ATTEMPTS": "s3cret-typo"}
+    result = runner.invoke(main, ["inbox", "run"], env=bad)
+    assert result.exit_code == 1
+    assert "max_attempts" in result.output
+    assert "s3cret-typo" not in result.output

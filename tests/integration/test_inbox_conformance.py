@@ -1,4 +1,4 @@
-"""One conformance suite, run against both adapters (confluent-kafka sync, aiokafka async).
+"""One conformance suite, run over both drivers: sync + confluent-kafka, async + aiokafka.
 
 Messages are produced straight to Kafka with the outboxkit headers; each test checks the
 effect rows, the inbox row and the rejection log in the real database.
@@ -21,12 +21,14 @@ from tests.integration.inbox_support import (
     EFFECT_DDL,
     REGISTRY,
     Behaviour,
+    GroupMember,
     Harness,
     effects,
     fetch,
     headers_for,
     inbox_row,
     payload,
+    poll_members,
     produce,
     produce_event,
     read_topic,
@@ -39,7 +41,12 @@ TopicFactory = Callable[..., str]
 Start = Callable[..., Harness]
 
 
-@pytest.fixture(params=["confluent", "aiokafka"])
+@pytest.fixture(
+    params=[
+        pytest.param("confluent", id="sync+confluent"),
+        pytest.param("aiokafka", id="async+aiokafka"),
+    ]
+)
 def adapter(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -337,3 +344,57 @@ def test_interval_offset_commits_are_flushed_on_close(
     wait_until(lambda: _state(outboxkit_db_url, later) == "succeeded", what="later event")
     assert [(o.kind, o.event_id) for o in second.outcomes] == [(OutcomeKind.SUCCEEDED, later)]
     assert len(effects(outboxkit_db_url)) == 4
+
+
+def test_a_partition_held_for_retry_moves_again_after_a_member_joins_and_leaves(
+    adapter: str,
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Both partitions are paused for a retry due in ten minutes; a second member joins (every
+    partition is revoked, one comes back at once) and leaves (the other comes back). Each comes
+    back consuming from its committed offset, so every record ends well before the hold."""
+    topic = outboxkit_topic(partitions=2)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    first = {p: str(uuid.uuid4()) for p in (0, 1)}
+    later = {p: str(uuid.uuid4()) for p in (0, 1)}
+    for p in (0, 1):
+        produce_event(outboxkit_kafka_bootstrap, topic, first[p], f"o{p}", 1, partition=p)
+        produce_event(outboxkit_kafka_bootstrap, topic, later[p], f"o{p}", 2, partition=p)
+    behaviour = Behaviour(fail_attempts=1, fail_only=set(first.values()))
+    harness = start(
+        [topic],
+        behaviour,
+        group_id=group,
+        policy=RetryPolicy(initial_delay=600, max_delay=600),
+        lease_seconds=3,
+    )
+    wait_until(
+        lambda: sum(o.kind is OutcomeKind.RETRY for o in harness.outcomes) == 2,
+        what="both partitions held for a retry",
+    )
+    member = GroupMember(adapter, outboxkit_kafka_bootstrap, group)
+    try:
+        member.subscribe([topic])
+        poll_members([member], lambda _: member.assigned and member.assigned[-1], timeout=120)
+    finally:
+        member.close()
+    ids = [*first.values(), *later.values()]
+    for event_id in ids:
+        wait_until(
+            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            timeout=120,
+            what=event_id,
+        )
+    for p in (0, 1):
+        row = inbox_row(outboxkit_db_url, "billing", first[p])
+        assert row is not None
+        assert row["attempts"] == 2
+    stuck = fetch(
+        outboxkit_db_url,
+        "SELECT event_id FROM outboxkit.inbox_message WHERE state = 'processing'",
+    )
+    assert stuck == []
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted(ids)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
 import time
 import uuid
@@ -10,14 +12,23 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from outboxkit.errors import RetentionWindowError
-from outboxkit.inbox import Envelope, HandlerContext, Inbox, InboxSettings, OutcomeKind, RetryPolicy
-from outboxkit.inbox.envelope import identify
+from outboxkit import db
+from outboxkit.errors import ConfigurationError, RetentionWindowError
+from outboxkit.inbox import (
+    AsyncInbox,
+    Envelope,
+    EventRegistry,
+    HandlerContext,
+    Inbox,
+    InboxSettings,
+    OutcomeKind,
+    RetryPolicy,
+)
 from outboxkit.inbox.readback import (
     CancelResult,
     cancel_event,
@@ -27,14 +38,20 @@ from outboxkit.inbox.readback import (
     stats,
 )
 from outboxkit.inbox.retention import check_window, purge_finished
-from outboxkit.inbox.store import InboxStore
+from outboxkit.inbox.store import InboxStatements
+from outboxkit.kafka import KafkaClients
+from outboxkit.schema import InboxState
+from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
     EFFECT_DDL,
     INSERT_EFFECT,
     REGISTRY,
+    PaymentRequested,
+    claim,
     effects,
     headers_for,
     payload,
+    run_sql,
 )
 
 pytestmark = pytest.mark.integration
@@ -66,8 +83,14 @@ def _env(
     )
 
 
-def _store(engine: Engine, owner: str) -> InboxStore:
-    return InboxStore(engine, "billing", owner=owner, lease_seconds=30)
+def _store(owner: str) -> InboxStatements:
+    return InboxStatements("billing", owner=owner, lease_seconds=30)
+
+
+def _succeeded(engine: Engine, store: InboxStatements, event_id: str, token: int) -> int:
+    step = store.succeeded(event_id, token)
+    with engine.begin() as conn:
+        return db.execute(conn, step.query, step.params)
 
 
 def _effect_handler(event: Any, ctx: HandlerContext, session: Session) -> None:
@@ -85,33 +108,33 @@ def _effect_handler(event: Any, ctx: HandlerContext, session: Session) -> None:
 def test_a_newer_claim_fences_the_older_handler(engine: Engine) -> None:
     event_id = str(uuid.uuid4())
     env = _env(event_id)
-    ident = identify(env)
-    old, new = _store(engine, "zombie"), _store(engine, "successor")
-    first = old.claim(ident, env)
-    second = new.claim(ident, env)
+    old, new = _store("zombie"), _store("successor")
+    first = claim(engine, old, env)
+    second = claim(engine, new, env)
     assert (first.kind, second.kind) == ("claimed", "claimed")
     assert second.token > first.token
     assert second.attempts == 2
-    assert not old.renew(event_id, first.token)
-    with engine.begin() as conn:  # the zombie's late success matches nothing
-        assert conn.execute(*old.succeeded_statement(event_id, first.token)).rowcount == 0
-    with engine.begin() as conn:
-        assert conn.execute(*new.succeeded_statement(event_id, second.token)).rowcount == 1
-    assert new.claim(ident, env).kind == "duplicate"
+    assert run_sql(engine, old.renew(event_id, first.token)).rowcount == 0
+    assert _succeeded(engine, old, event_id, first.token) == 0  # the zombie's late success
+    assert _succeeded(engine, new, event_id, second.token) == 1
+    assert claim(engine, new, env).kind == "duplicate"
 
 
 def test_terminal_states_are_never_overwritten(engine: Engine, outboxkit_db_url: str) -> None:
     event_id = str(uuid.uuid4())
     env = _env(event_id)
-    store = _store(engine, "me")
-    claim = store.claim(identify(env), env)
-    assert store.finish(event_id, claim.token, "dead", "gave up")
-    assert not store.finish(event_id, claim.token, "rejected", "again")
-    assert not store.record_failure(event_id, claim.token, "late failure")
-    assert not store.renew(event_id, claim.token)
+    store = _store("me")
+    token = claim(engine, store, env).token
+    for step, matched in [
+        (store.finish(event_id, token, InboxState.DEAD, "gave up"), 1),
+        (store.finish(event_id, token, InboxState.REJECTED, "again"), 0),
+        (store.record_failure(event_id, token, "late failure"), 0),
+        (store.renew(event_id, token), 0),
+    ]:
+        assert run_sql(engine, step).rowcount == matched
     result = cancel_event(engine, "billing", event_id)
     assert (result.cancelled, result.state) == (False, "dead")
-    assert store.claim(identify(env), env).kind == "duplicate"
+    assert claim(engine, store, env).kind == "duplicate"
     record = get_event(engine, "billing", event_id)
     assert record is not None
     assert (record.state, record.last_error, record.duplicate_count) == ("dead", "gave up", 1)
@@ -124,20 +147,20 @@ def test_terminal_states_are_never_overwritten(engine: Engine, outboxkit_db_url:
 def test_cancel_does_not_wait_for_a_running_handler(engine: Engine, outboxkit_db_url: str) -> None:
     event_id = str(uuid.uuid4())
     env = _env(event_id)
-    store = _store(engine, "me")
-    claim = store.claim(identify(env), env)
+    store = _store("me")
+    token = claim(engine, store, env).token
     with Session(engine) as handler_tx:  # the handler's open transaction with its effects
         _effect_handler(
             REGISTRY.decode("payment.requested", "application/json", env.value),
-            _ctx(event_id, claim.token),
+            _ctx(event_id, token),
             handler_tx,
         )
         started = time.monotonic()
         result = cancel_event(engine, "billing", event_id, reason="stop")
         assert time.monotonic() - started < 5  # lock_timeout would have raised anyway
         assert (result.cancelled, result.state) == (True, "cancelled")
-        stmt = store.succeeded_statement(event_id, claim.token)
-        assert handler_tx.connection().execute(*stmt).rowcount == 0
+        step = store.succeeded(event_id, token)
+        assert db.execute(handler_tx, step.query, step.params) == 0
         handler_tx.rollback()
     assert effects(outboxkit_db_url) == []
     record = get_event(engine, "billing", event_id)
@@ -205,7 +228,7 @@ def test_crash_looping_event_goes_dead_without_running_again(engine: Engine) -> 
     event_id = str(uuid.uuid4())
     env = _env(event_id)
     for _ in range(2):  # two runs that "crashed" after claiming (never settled)
-        inbox.store.claim(identify(env), env)
+        claim(engine, inbox.core.statements, env)
     outcome = inbox.process(env, dead_letter=lambda e, i, err, n: dead_letters.append((i, err, n)))
     assert outcome.kind is OutcomeKind.DEAD
     assert calls == []
@@ -259,21 +282,44 @@ def test_purge_removes_old_terminal_rows_in_small_batches(engine: Engine) -> Non
         assert conn.execute(text("SELECT count(*) FROM outboxkit.inbox_rejection")).scalar() == 1
 
 
+def test_purge_judges_the_window_against_an_injected_now(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO outboxkit.inbox_message (consumer, event_id, state, finished_at)"
+                " VALUES ('c', 'today', 'succeeded', now())"
+            )
+        )
+    assert purge_finished(engine, window_seconds=86400).messages == 0
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+    assert purge_finished(engine, window_seconds=86400, now=later).messages == 1
+
+
 def test_window_is_checked_against_topic_retention(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    pytest.importorskip(
+        "outboxkit.kafka.confluent_admin", reason="the Admin seam lands with the relay"
+    )
     topic = outboxkit_topic(config={"retention.ms": str(3_600_000)})
-    admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
-    assert check_window(admin, [topic], window_seconds=7200) == []
+
+    async def check(window: float, *, strict: bool = False) -> list[str]:
+        admin = KafkaClients(KafkaSettings(bootstrap=outboxkit_kafka_bootstrap)).admin()
+        try:
+            return await check_window(admin, [topic], window_seconds=window, strict=strict)
+        finally:
+            await admin.close()
+
+    assert asyncio.run(check(7200)) == []
     with caplog.at_level(logging.WARNING, logger="outboxkit.inbox.retention"):
-        problems = check_window(admin, [topic], window_seconds=60)
+        problems = asyncio.run(check(60))
     assert len(problems) == 1
     assert "3600 s" in problems[0]
     assert problems[0] in caplog.text
     with pytest.raises(RetentionWindowError):
-        check_window(admin, [topic], window_seconds=60, strict=True)
+        asyncio.run(check(60, strict=True))
 
 
 def test_a_handler_cannot_commit_its_own_session(engine: Engine, outboxkit_db_url: str) -> None:
@@ -340,6 +386,41 @@ def test_a_cancelled_event_is_not_dead_lettered(engine: Engine, outboxkit_db_url
     assert _state_of(outboxkit_db_url, event_id) == "cancelled"
 
 
+def test_registry_handlers_are_dispatched_by_event_type(
+    engine: Engine, outboxkit_db_url: str
+) -> None:
+    registry = EventRegistry()
+
+    @registry.handler(PaymentRequested)
+    def pay(event: PaymentRequested, ctx: HandlerContext, session: Session) -> None:
+        _effect_handler(event, ctx, session)
+
+    inbox = Inbox(engine, InboxSettings(consumer="billing", registry=registry))
+    paid, other = str(uuid.uuid4()), str(uuid.uuid4())
+    unhandled = Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=5,
+        key=b"k",
+        value=b"{}",
+        headers=headers_for(other, event_type="order.shipped"),
+    )
+    try:
+        assert inbox.process(_env(paid)).kind is OutcomeKind.SUCCEEDED
+        refused = inbox.process(unhandled)
+    finally:
+        inbox.close()
+    assert refused.kind is OutcomeKind.REJECTED
+    assert "unknown event type 'order.shipped'" in (refused.error or "")
+    assert [e[0] for e in effects(outboxkit_db_url)] == [paid]
+
+    @registry.handler(PaymentRequested, event_type="payment.async")
+    async def wrong(event: Any, ctx: HandlerContext, session: Any) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="must not be async"):
+        Inbox(engine, InboxSettings(consumer="billing", registry=registry))
+
+
 def _state_of(db_url: str, event_id: str) -> str:
     with psycopg.connect(db_url) as conn:
         row = conn.execute(
@@ -347,3 +428,44 @@ def _state_of(db_url: str, event_id: str) -> str:
         ).fetchone()
     assert row is not None
     return str(row[0])
+
+
+async def test_the_async_inbox_refuses_a_handler_commit_and_dead_letters(
+    sa_url: str, outboxkit_db_url: str
+) -> None:
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    letters: list[tuple[str, int]] = []
+
+    async def committing(event: Any, ctx: HandlerContext, session: AsyncSession) -> None:
+        await session.execute(INSERT_EFFECT, _params(event, ctx))
+        await session.commit()
+
+    async def dead_letter(env: Envelope, event_id: str, error: str, attempts: int) -> None:
+        letters.append((event_id, attempts))
+
+    engine = create_async_engine(sa_url)
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, policy=RetryPolicy(2))
+    inbox = AsyncInbox(engine, committing, settings)
+    event_id = str(uuid.uuid4())
+    try:
+        first = await inbox.process(_env(event_id), dead_letter=dead_letter)
+        second = await inbox.process(_env(event_id), dead_letter=dead_letter)
+    finally:
+        await inbox.close()
+        await engine.dispose()
+    assert first.kind is OutcomeKind.RETRY
+    assert "HandlerCommitError" in (first.error or "")
+    assert second.kind is OutcomeKind.DEAD
+    assert letters == [(event_id, 2)]
+    assert effects(outboxkit_db_url) == []
+    assert _state_of(outboxkit_db_url, event_id) == "dead"
+
+
+def _params(event: Any, ctx: HandlerContext) -> dict[str, Any]:
+    return {
+        "event_id": ctx.event_id,
+        "order_id": event.order_id,
+        "amount": event.amount,
+        "attempt": ctx.attempt,
+    }

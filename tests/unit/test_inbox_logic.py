@@ -7,7 +7,14 @@ import json
 import pydantic
 import pytest
 
-from outboxkit.errors import DecodeError, LeaseLostError, MissingEventIdError, UnknownEventTypeError
+from outboxkit.errors import (
+    ConfigurationError,
+    DecodeError,
+    LeaseLostError,
+    MissingEventIdError,
+    UnknownEventTypeError,
+)
+from outboxkit.events import Event
 from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind, RetryPolicy
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.context import HandlerContext
@@ -74,7 +81,7 @@ def test_missing_event_id_is_rejected_unless_a_callable_supplies_it() -> None:
 
 def test_registry_decodes_typed_events_and_explains_failures() -> None:
     registry = EventRegistry()
-    registry.register("order.shipped", Shipped)
+    assert registry.register(Shipped, event_type="order.shipped") == "order.shipped"
     event = registry.decode("order.shipped", "application/json", b'{"order_id":"x","parcels":1}')
     assert event == Shipped(order_id="x", parcels=1)
     with pytest.raises(UnknownEventTypeError, match="unknown event type 'nope'"):
@@ -85,21 +92,34 @@ def test_registry_decodes_typed_events_and_explains_failures() -> None:
         registry.decode("order.shipped", "application/json", b"\xff\x00garbage")
     with pytest.raises(DecodeError, match="unsupported content type"):
         registry.decode("order.shipped", "application/avro", b"{}")
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register("order.shipped", pydantic.create_model("Other", x=(int, 0)))
+    with pytest.raises(ConfigurationError, match="already registered"):
+        registry.register(pydantic.create_model("Other", x=(int, 0)), event_type="order.shipped")
+    with pytest.raises(ConfigurationError, match="declares no event type"):
+        registry.register(pydantic.create_model("Plain", x=(int, 0)))
 
 
-def test_registry_decorator_registers_the_model() -> None:
+class Cancelled(Event, topic="orders", event_type="order.cancelled"):
+    order_id: str
+
+
+def test_registry_takes_the_type_from_the_event_class_and_binds_handlers() -> None:
     registry = EventRegistry()
-
-    @registry.event("order.cancelled")
-    class Cancelled(pydantic.BaseModel):
-        order_id: str
-
+    registry.register(Cancelled)
     assert registry.event_types == frozenset({"order.cancelled"})
     assert registry.decode("order.cancelled", "application/json", b'{"order_id":"z"}') == (
         Cancelled(order_id="z")
     )
+
+    @registry.handler(Shipped, event_type="order.shipped")
+    def ship(event: Shipped, ctx: HandlerContext, session: object) -> None: ...
+
+    assert registry.handler_for("order.shipped") is ship
+    assert registry.handler_for("order.cancelled") is None
+    with pytest.raises(ConfigurationError, match="already has a handler"):
+        registry.handler(Shipped, event_type="order.shipped")(lambda *a: None)
+    registry.check_handlers(coroutines=False, fallback=None)
+    with pytest.raises(ConfigurationError, match="must be async"):
+        registry.check_handlers(coroutines=True, fallback=None)
 
 
 def test_retry_policy_is_bounded_and_exponential() -> None:

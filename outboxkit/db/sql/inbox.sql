@@ -2,6 +2,9 @@
 -- state = 'processing' so a terminal state is never overwritten; handler outcomes are also
 -- conditional on the lease token of the claim that ran the handler.
 
+-- Lease expiry and the purge window are judged against :now when given (tests pass a later time
+-- instead of sleeping), else the database clock.
+
 -- name: claim
 -- A new event gets a processing row; a redelivery of an unfinished one (same content) takes the
 -- lease over with a newer token, which fences any older handler still running for it.
@@ -15,7 +18,8 @@ INSERT INTO {schema}.inbox_message AS m
 SELECT
     :consumer, :event_id, :idempotency_key, :content_digest, :event_type, 'processing', 1,
     :owner, nextval('{schema}.inbox_lease_token_seq'),
-    now() + make_interval(secs => :lease_seconds), :topic, :kafka_partition, :kafka_offset
+    coalesce(CAST(:now AS timestamptz), now()) + make_interval(secs => :lease_seconds),
+    :topic, :kafka_partition, :kafka_offset
 FROM relaxed
 ON CONFLICT (consumer, event_id) DO UPDATE
 SET attempts = m.attempts + 1,
@@ -47,7 +51,9 @@ ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO NOTHING;
 
 -- name: renew_lease
 UPDATE {schema}.inbox_message
-SET lease_expires_at = now() + make_interval(secs => :lease_seconds), updated_at = now()
+SET lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
+        + make_interval(secs => :lease_seconds),
+    updated_at = now()
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
   AND lease_token = :token;
 
@@ -59,7 +65,8 @@ WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
 
 -- name: record_failure
 UPDATE {schema}.inbox_message
-SET last_error = :error, updated_at = now(), lease_expires_at = now()
+SET last_error = :error, updated_at = now(),
+    lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
   AND lease_token = :token;
 
@@ -131,7 +138,8 @@ DELETE FROM {schema}.inbox_message AS m
 USING (
     SELECT consumer, event_id FROM {schema}.inbox_message
     WHERE state <> 'processing'
-      AND finished_at < now() - make_interval(secs => :window_seconds)
+      AND finished_at < coalesce(CAST(:now AS timestamptz), now())
+          - make_interval(secs => :window_seconds)
     ORDER BY finished_at
     LIMIT :batch_size
     FOR UPDATE SKIP LOCKED
@@ -142,7 +150,8 @@ WHERE m.consumer = old.consumer AND m.event_id = old.event_id;
 DELETE FROM {schema}.inbox_rejection
 WHERE id IN (
     SELECT id FROM {schema}.inbox_rejection
-    WHERE created_at < now() - make_interval(secs => :window_seconds)
+    WHERE created_at < coalesce(CAST(:now AS timestamptz), now())
+        - make_interval(secs => :window_seconds)
     ORDER BY id
     LIMIT :batch_size
     FOR UPDATE SKIP LOCKED

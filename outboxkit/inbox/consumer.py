@@ -1,0 +1,78 @@
+"""What both consumer adapters are built from: an inbox, the Kafka settings and the loop options.
+
+The adapters (:mod:`outboxkit.inbox.confluent`, :mod:`outboxkit.inbox.aiokafka`) only choose
+the driver (sync or async) and the client pair; everything they decide is in
+:class:`~outboxkit.inbox.loop.ConsumerLoop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from outboxkit.inbox.deadletter import DEFAULT_DEAD_LETTER_TOPIC, DeadLetterTopic
+from outboxkit.inbox.loop import ConsumerLoop, LoopOptions, kafka_steps
+from outboxkit.inbox.middleware import AsyncInbox, Inbox
+from outboxkit.inbox.steps import Executor
+from outboxkit.kafka import KafkaClients
+from outboxkit.kafka.api import AsyncGroupConsumer, AsyncRecordSender, GroupConsumer, RecordSender
+from outboxkit.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.metrics import InboxMetrics
+
+InboxT = TypeVar("InboxT", Inbox, AsyncInbox)
+Clients = tuple[GroupConsumer | AsyncGroupConsumer, RecordSender | AsyncRecordSender]
+
+
+def stopped_by(stop: Any) -> Callable[[], bool]:
+    """``stop.is_set`` of a ``threading.Event`` or an ``asyncio.Event`` (or never)."""
+    if stop is None:
+        return lambda: False
+    is_set: Callable[[], bool] = stop.is_set
+    return is_set
+
+
+class InboxConsumer(Generic[InboxT]):
+    """Consume ``topics`` as group ``group_id`` and run each record through ``inbox``.
+
+    ``kafka`` defaults to ``KafkaSettings()`` (the ``OUTBOXKIT_KAFKA_*`` variables); ``config``
+    holds extra consumer properties in the client's own spelling (e.g. ``session.timeout.ms``
+    for confluent-kafka, ``session_timeout_ms`` for aiokafka).
+    """
+
+    def __init__(
+        self,
+        inbox: InboxT,
+        kafka: KafkaSettings | None = None,
+        *,
+        group_id: str,
+        topics: list[str],
+        config: Mapping[str, Any] | None = None,
+        dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC,
+        acks_topic: str | None = None,
+        offset_commit_interval: float = 0.0,
+        metrics: InboxMetrics | None = None,
+        poll_timeout: float = 0.5,
+        max_records: int = 100,
+    ) -> None:
+        self.inbox: InboxT = inbox
+        self.group_id = group_id
+        self.loop = ConsumerLoop(
+            inbox.core,
+            LoopOptions(
+                topics=list(topics),
+                dead_letter=dead_letter,
+                acks_topic=acks_topic,
+                offset_commit_interval=offset_commit_interval,
+                poll_timeout=poll_timeout,
+                max_records=max_records,
+                metrics=metrics,
+            ),
+        )
+        clients = KafkaClients(kafka if kafka is not None else KafkaSettings())
+        consumer, sender = self._clients(clients, group_id, dict(config or {}))
+        self.executor: Executor = inbox.executor(kafka_steps(consumer, sender))
+
+    def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:
+        raise NotImplementedError

@@ -1,0 +1,280 @@
+"""The one decision core for a delivery: claim, run the handler, settle the outcome (sans-IO).
+
+Per delivery (:meth:`InboxCore.deliver`, a plan of steps):
+
+1. read the event id and content digest (no id -> ``inbox_rejection``, offset advances);
+2. **claim** ``(consumer, event_id)`` in a short transaction of its own: a new row, or a
+   takeover of an unfinished one with a newer lease token; a finished one is a duplicate
+   (``duplicate_count + 1``); the same id with other content is recorded in ``inbox_rejection``
+   and the original row is left untouched;
+3. run the handler in **its own transaction** with the typed event, a :class:`HandlerContext`
+   and that transaction's session; the same transaction ends with
+   ``UPDATE .. SET state='succeeded' WHERE state='processing' AND lease_token=:token``. If that
+   matches nothing (cancelled meanwhile, or fenced by a newer claim) everything the handler wrote
+   is rolled back;
+4. the consumer loop commits the Kafka offset only after that commit.
+
+The claim commits first so the handler's transaction does not hold the inbox row's lock while it
+runs: an operator's cancel is one quick UPDATE that never waits for the handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from outboxkit.errors import DecodeError, LeaseLostError
+from outboxkit.inbox.context import HandlerContext
+from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
+from outboxkit.inbox.faults import fault_point
+from outboxkit.inbox.lease import LeaseHandle
+from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.inbox.policy import RetryPolicy
+from outboxkit.inbox.registry import EventRegistry
+from outboxkit.inbox.steps import (
+    CallHandler,
+    CloseHandler,
+    CommitHandler,
+    EndDelivery,
+    Plan,
+    StartLease,
+    Step,
+)
+from outboxkit.inbox.store import Claim, InboxStatements
+from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+
+logger = logging.getLogger("outboxkit.inbox.middleware")
+
+Revoked = Callable[[], bool]
+# Builds the step that publishes a dead letter (or None: no dead-letter topic).
+DeadLetterStep = Callable[[Envelope, str, str, int], Step | None]
+
+# A lost lease is retried from the same offset if the partition is still ours (a failed renewal
+# when the database blipped); a short pause keeps that from spinning.
+LEASE_LOST_RETRY_SECONDS = 1.0
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _never() -> bool:
+    return False
+
+
+def _no_dead_letter(env: Envelope, event_id: str, error: str, attempts: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class InboxSettings:
+    """Configuration shared by both drivers.
+
+    ``replay_window`` (seconds): a delivery whose Kafka timestamp is older than this and whose
+    dedup row no longer exists is refused (recorded in ``inbox_rejection``) instead of being
+    applied again; set it to the retention window of the dedup rows.
+    """
+
+    consumer: str
+    registry: EventRegistry
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    schema: str = DEFAULT_SCHEMA
+    lease_seconds: float = 30.0
+    owner: str = field(default_factory=default_owner)
+    event_id_from: EventIdFrom | None = None
+    replay_window: float | None = None
+
+    def too_old(self, env: Envelope, now: float | None = None) -> bool:
+        if self.replay_window is None or env.timestamp_ms is None or env.timestamp_ms <= 0:
+            return False
+        now = time.time() if now is None else now
+        return env.timestamp_ms / 1000.0 < now - self.replay_window
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One claimed delivery: what settling it needs."""
+
+    env: Envelope
+    ident: Identity
+    claim: Claim
+    dead_letter: DeadLetterStep
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:4000]
+
+
+def _context(
+    settings: InboxSettings,
+    env: Envelope,
+    ident: Identity,
+    claim: Claim,
+    lease: LeaseHandle,
+    revoked: Revoked,
+) -> HandlerContext:
+    def lost() -> str | None:
+        reason = lease.reason()
+        if reason is None and revoked():
+            return "partition revoked"
+        return reason
+
+    return HandlerContext(
+        consumer=settings.consumer,
+        event_id=ident.event_id,
+        idempotency_key=ident.idempotency_key,
+        event_type=ident.event_type,
+        headers=dict(env.headers),
+        attempt=claim.attempts,
+        topic=env.topic,
+        partition=env.partition,
+        offset=env.offset,
+        lease_token=claim.token,
+        _lost_reason=lost,
+    )
+
+
+class InboxCore:
+    """What both inboxes decide; they differ only in how they execute the steps."""
+
+    def __init__(
+        self,
+        settings: InboxSettings,
+        handler: Callable[..., Any] | None,
+        *,
+        coroutines: bool,
+    ) -> None:
+        settings.registry.check_handlers(coroutines=coroutines, fallback=handler)
+        self.settings = settings
+        self.handler = handler
+        self.statements = InboxStatements(
+            settings.consumer,
+            owner=settings.owner,
+            schema=settings.schema,
+            lease_seconds=settings.lease_seconds,
+        )
+
+    def deliver(
+        self,
+        env: Envelope,
+        revoked: Revoked = _never,
+        dead_letter: DeadLetterStep = _no_dead_letter,
+    ) -> Plan[Outcome]:
+        """Process one delivery to its :class:`Outcome`; ends by releasing lease and session."""
+        try:
+            outcome = yield from self._deliver(env, revoked, dead_letter)
+        except Exception:
+            yield EndDelivery()
+            raise
+        yield EndDelivery()
+        return outcome
+
+    def _deliver(
+        self, env: Envelope, revoked: Revoked, dead_letter: DeadLetterStep
+    ) -> Plan[Outcome]:
+        settings, statements = self.settings, self.statements
+        try:
+            ident = identify(env, settings.event_id_from)
+        except DecodeError as exc:
+            yield statements.reject(env, str(exc))
+            return Outcome(OutcomeKind.REJECTED, None, error=str(exc))
+        if settings.too_old(env) and not (yield statements.state(ident.event_id)).rows:
+            reason = "replay older than the dedup retention window; refused"
+            yield statements.reject(env, reason, ident)
+            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+        claim = yield from statements.claim_plan(ident, env)
+        if claim.kind == "duplicate":
+            return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
+        if claim.kind == "conflict":
+            reason = f"event id reused with different content (existing: {claim.existing_state})"
+            yield statements.reject(env, reason, ident)
+            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+        run = _Run(env, ident, claim, dead_letter)
+        if claim.attempts > settings.policy.max_attempts:
+            return (
+                yield from self._dead(
+                    run, f"attempts exhausted; last error: {claim.previous_error}"
+                )
+            )
+        try:
+            event = settings.registry.decode(ident.event_type, ident.content_type, env.value)
+        except DecodeError as exc:
+            return (yield from self._refuse(run, str(exc)))
+        handler = settings.registry.handler_for(ident.event_type) or self.handler
+        if handler is None:
+            return (yield from self._refuse(run, f"no handler for {ident.event_type!r}"))
+        lease = yield StartLease(ident.event_id, claim.token)
+        ctx = _context(settings, env, ident, claim, lease, revoked)
+        committed, failure = False, None
+        try:
+            yield CallHandler(handler, event, ctx)
+            ctx.check()
+            marked = yield statements.succeeded(ident.event_id, claim.token)
+            if marked.rowcount == 1:
+                fault_point("before_db_commit")
+                yield CommitHandler()
+                committed = True
+        except Exception as exc:
+            failure = exc
+        if not committed:
+            yield CloseHandler()
+        if isinstance(failure, LeaseLostError):
+            return (yield from self._lease_lost(run, str(failure)))
+        if failure is not None:
+            return (yield from self._failed(run, _error_text(failure)))
+        if not committed:
+            return (yield from self._lease_lost(run, "final succeeded update refused by token"))
+        fault_point("after_db_commit")
+        return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
+
+    def _refuse(self, run: _Run, reason: str) -> Plan[Outcome]:
+        """Undecodable or unhandled after the claim: the row ends ``rejected``."""
+        event_id, claim = run.ident.event_id, run.claim
+        finish = self.statements.finish(event_id, claim.token, InboxState.REJECTED, reason)
+        if (yield finish).rowcount != 1:
+            return (yield from self._lease_lost(run, f"rejection refused: {reason}"))
+        return Outcome(OutcomeKind.REJECTED, event_id, claim.attempts, reason)
+
+    def _failed(self, run: _Run, error: str) -> Plan[Outcome]:
+        event_id, claim = run.ident.event_id, run.claim
+        logger.info("handler for %s failed (attempt %d): %s", event_id, claim.attempts, error)
+        policy = self.settings.policy
+        if policy.exhausted(claim.attempts):
+            return (yield from self._dead(run, error))
+        recorded = yield self.statements.record_failure(event_id, claim.token, error)
+        if recorded.rowcount != 1:
+            return (yield from self._lease_lost(run, f"failure not recorded: {error}"))
+        delay = policy.delay(claim.attempts)
+        return Outcome(OutcomeKind.RETRY, event_id, claim.attempts, error, delay)
+
+    def _dead(self, run: _Run, error: str) -> Plan[Outcome]:
+        # Dead-letter record first, then the row: a crash in between repeats the record
+        # (at-least-once, carrying the event id) rather than losing it. A cancelled or
+        # taken-over event gets no dead letter (checked by renewing the lease by token).
+        event_id, claim = run.ident.event_id, run.claim
+        if (yield self.statements.renew(event_id, claim.token)).rowcount != 1:
+            return (yield from self._lease_lost(run, f"not dead-lettered: {error}"))
+        publish = run.dead_letter(run.env, event_id, error, claim.attempts)
+        if publish is not None:
+            yield publish
+        finish = self.statements.finish(event_id, claim.token, InboxState.DEAD, error)
+        if (yield finish).rowcount != 1:
+            return (yield from self._lease_lost(run, f"dead mark refused: {error}"))
+        logger.warning("event %s is dead after %d attempts", event_id, claim.attempts)
+        return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error)
+
+    def _lease_lost(self, run: _Run, reason: str) -> Plan[Outcome]:
+        """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""
+        event_id, attempts = run.ident.event_id, run.claim.attempts
+        yield self.statements.record_lease_lost(event_id, f"lease lost: {reason}")
+        row = (yield self.statements.state(event_id)).rows
+        if row and row[0][0] == InboxState.CANCELLED:
+            return Outcome(OutcomeKind.CANCELLED, event_id, attempts, reason)
+        logger.warning("lease on %s lost (%s); effects rolled back", event_id, reason)
+        retry_in = LEASE_LOST_RETRY_SECONDS
+        return Outcome(OutcomeKind.LEASE_LOST, event_id, attempts, reason, retry_in)

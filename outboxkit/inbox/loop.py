@@ -1,0 +1,254 @@
+"""The one consumer loop both adapters drive: gate, offsets, settle, dead letters, acks (sans-IO).
+
+The consumer runs ``read_committed`` with auto-commit off; an offset is committed only after the
+handler's transaction committed, or after the event was recorded as duplicate/rejected/dead/
+cancelled. With ``offset_commit_interval`` the settled offsets are committed every that many
+seconds instead (and on revoke and close): fewer round trips, and still safe, because a
+redelivery of a settled event is recognised. A failed handler pauses its partition and seeks
+back (see :mod:`outboxkit.inbox.gate`): the member stays in the group.
+
+Rebalances: a revoked partition's retry hold and prefetched records are dropped (its next owner
+starts from the committed offset) and its settled offsets are committed before it goes; the
+client seam resumes every newly assigned partition, so a partition paused for a retry when it
+was revoked consumes again when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from outboxkit.errors import PublishError
+from outboxkit.inbox.acks import ack_record
+from outboxkit.inbox.deadletter import (
+    DEFAULT_DEAD_LETTER_TOPIC,
+    DeadLetterTopic,
+    dead_letter_headers,
+    dead_letter_topic,
+)
+from outboxkit.inbox.delivery import InboxCore
+from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.gate import PartitionGate
+from outboxkit.inbox.offsets import PendingOffsets
+from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.inbox.steps import (
+    CloseConsumer,
+    CloseSender,
+    Commit,
+    Pause,
+    Plan,
+    Poll,
+    Publish,
+    Resume,
+    Seek,
+    StepTable,
+    Subscribe,
+)
+from outboxkit.kafka.api import (
+    AsyncGroupConsumer,
+    AsyncRecordSender,
+    ConsumedRecord,
+    GroupConsumer,
+    RecordSender,
+    TopicPartition,
+)
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.metrics import InboxMetrics
+
+logger = logging.getLogger("outboxkit.inbox.consumer")
+
+# An unexpected error around a delivery (database down, dead-letter topic refusing): the
+# partition is held and the delivery retried after this long.
+ERROR_RETRY_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    topics: list[str]
+    dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC
+    acks_topic: str | None = None
+    offset_commit_interval: float = 0.0
+    poll_timeout: float = 0.5
+    max_records: int = 100
+    metrics: InboxMetrics | None = None
+
+
+class ConsumerLoop:
+    """Decides every Kafka step of one consumer; the adapters only execute them."""
+
+    def __init__(
+        self, core: InboxCore, options: LoopOptions, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.core = core
+        self.options = options
+        self.clock = clock
+        self.gate = PartitionGate()
+        interval = options.offset_commit_interval
+        self.pending = PendingOffsets(interval, clock()) if interval > 0 else None
+        self.buffer: deque[ConsumedRecord] = deque()
+        self.assigned: set[TopicPartition] = set()
+        self.current: TopicPartition | None = None
+        self.revoked = False
+        self.subscribed = False
+
+    # -- rebalance callbacks (the client seam runs them inside its poll) ------------------------
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned.update(partitions)
+        self._drop(partitions)  # a hold from an earlier ownership means nothing now
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
+        """Forget the partitions; returns their settled offsets, to commit before they go."""
+        if self.current in partitions:
+            self.revoked = True
+        self.assigned.difference_update(partitions)
+        self._drop(partitions)
+        return self.pending.take(partitions) if self.pending is not None else {}
+
+    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        gone = set(partitions)
+        self.gate.forget(list(gone))
+        if any((r.topic, r.partition) in gone for r in self.buffer):
+            self.buffer = deque(r for r in self.buffer if (r.topic, r.partition) not in gone)
+
+    # -- plans ------------------------------------------------------------------------------------
+    def start(self) -> Plan[None]:
+        if not self.subscribed:
+            self.subscribed = True
+            yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
+
+    def run(self, stopped: Callable[[], bool], max_messages: int | None = None) -> Plan[int]:
+        """Process until ``stopped()`` (or ``max_messages`` deliveries were settled)."""
+        handled = 0
+        while not stopped():
+            if (yield from self.poll_once()) is not None:
+                handled += 1
+                if max_messages is not None and handled >= max_messages:
+                    break
+        return handled
+
+    def poll_once(self, timeout: float | None = None) -> Plan[Outcome | None]:
+        """Process one buffered or fetched record; ``None`` if nothing was processed."""
+        yield from self.start()
+        now = self.clock()
+        for tp, offset in self.gate.due(now):
+            if tp in self.assigned:
+                yield Seek(tp, offset)
+                yield Resume([tp])
+        if self.pending is not None:
+            yield from self._commit(self.pending.due(now))
+        if not self.buffer:
+            wait = self.options.poll_timeout if timeout is None else timeout
+            self.buffer.extend((yield Poll(wait, self.options.max_records)))
+        if not self.buffer:
+            return None
+        record = self.buffer.popleft()
+        tp = (record.topic, record.partition)
+        if tp not in self.assigned or not self.gate.accept(tp, record.offset):
+            return None
+        env = Envelope.from_record(record)
+        self.current, self.revoked = tp, False
+        began = self.clock()
+        try:
+            outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
+        except Exception:
+            logger.exception("processing %s/%d/%d failed; retrying", *tp, env.offset)
+            outcome = Outcome(OutcomeKind.RETRY, None, retry_in=ERROR_RETRY_SECONDS)
+        finally:
+            self.current = None
+        if self.options.metrics is not None:
+            consumer = self.core.settings.consumer
+            self.options.metrics.observe(consumer, outcome, self.clock() - began)
+        yield from self._settle(env, outcome)
+        return outcome
+
+    def close(self) -> Plan[None]:
+        """Commit what is settled, then close the consumer and the sender."""
+        if self.pending is not None and self.subscribed:
+            yield from self._commit(self.pending.take())
+        errors: list[Exception] = []
+        for step in (CloseConsumer(), CloseSender()):
+            try:
+                yield step
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _revoked(self) -> bool:
+        return self.revoked
+
+    def _settle(self, env: Envelope, outcome: Outcome) -> Plan[None]:
+        tp = (env.topic, env.partition)
+        if outcome.kind.advances_offset:
+            yield from self._acknowledge(env, outcome)
+            if self.pending is None:
+                yield from self._commit({tp: env.offset + 1})
+            elif tp in self.assigned:
+                self.pending.settle(tp, env.offset + 1)
+            return
+        if self.revoked or tp not in self.assigned:
+            return  # its new owner takes it from the committed offset
+        yield Seek(tp, env.offset)
+        yield Pause([tp])
+        self._drop([tp])
+        self.gate.hold(tp, env.offset, self.clock() + outcome.retry_in)
+
+    def _commit(self, offsets: Mapping[TopicPartition, int]) -> Plan[None]:
+        if not offsets:
+            return
+        try:
+            yield Commit(offsets)
+        except PublishError as exc:
+            # The database already holds the outcomes: a redelivery is recognised.
+            logger.warning("offset commit failed (redelivery will be deduplicated): %s", exc)
+
+    def _acknowledge(self, env: Envelope, outcome: Outcome) -> Plan[None]:
+        if self.options.acks_topic is None:
+            return
+        record = ack_record(self.core.settings.consumer, env, outcome)
+        if record is None:
+            return
+        try:
+            yield Publish(self.options.acks_topic, *record)
+        except PublishError as exc:
+            # The outcome is durable in the database (readable with `outboxkit inbox show`).
+            logger.warning("acknowledgement for %s not published: %s", outcome.event_id, exc)
+
+    def _dead_letter(
+        self, env: Envelope, event_id: str, error: str, attempts: int
+    ) -> Publish | None:
+        if self.options.dead_letter is None:
+            return None
+        headers = dead_letter_headers(
+            env,
+            consumer=self.core.settings.consumer,
+            event_id=event_id,
+            error=error,
+            attempts=attempts,
+        )
+        topic = dead_letter_topic(self.options.dead_letter, env.topic)
+        return Publish(topic, env.key, env.value, headers)
+
+
+def kafka_steps(
+    consumer: GroupConsumer | AsyncGroupConsumer, sender: RecordSender | AsyncRecordSender
+) -> StepTable:
+    """The Kafka steps over the client seam: the same calls for both clients (the async
+    client's coroutines are awaited by ``drive_async``)."""
+    return {
+        Subscribe: lambda s: consumer.subscribe(s.topics, s.on_assign, s.on_revoke),
+        Poll: lambda s: consumer.poll(s.timeout, s.max_records),
+        Commit: lambda s: consumer.commit(dict(s.offsets)),
+        Seek: lambda s: consumer.seek(s.partition, s.offset),
+        Pause: lambda s: consumer.pause(s.partitions),
+        Resume: lambda s: consumer.resume(s.partitions),
+        Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
+        CloseConsumer: lambda s: consumer.close(),
+        CloseSender: lambda s: sender.close(),
+    }

@@ -1,0 +1,235 @@
+"""The inbox's sans-IO seam: plans yield steps, drivers execute them.
+
+A *plan* is a generator: plain code that decides what happens to a delivery, a consumer loop or
+a lease, yields one :class:`Step` at a time, and receives the step's result back (or the step's
+exception, thrown in at the ``yield``). An *executor* maps each step type to the call that
+performs it. The sync and async paths differ only there, and in :func:`drive_sync` vs
+:func:`drive_async`: an async executor returns awaitables, which :func:`drive_async` awaits.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from outboxkit.db import Query
+from outboxkit.kafka.api import Headers, TopicPartition
+
+T = TypeVar("T")
+Plan = Generator["Step", Any, T]
+
+
+class Step:
+    """Base of every step (the executor dispatches on the exact type)."""
+
+    __slots__ = ()
+
+
+# -- database -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Sql(Step):
+    """Run one statement on a connection of its own (autocommit) -> ``db.Result``."""
+
+    query: Query
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSql(Sql):
+    """Run one statement in the open handler transaction instead -> ``db.Result``."""
+
+
+# -- the handler's transaction -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CallHandler(Step):
+    """Open the handler's session (commits refused) and call ``handler(event, ctx, session)``."""
+
+    handler: Callable[..., Any]
+    event: Any
+    ctx: Any
+
+
+class CommitHandler(Step):
+    """Commit the handler's transaction (with the ``succeeded`` mark in it) and close it."""
+
+
+class CloseHandler(Step):
+    """Roll the handler's transaction back, if one is open, and close it."""
+
+
+# -- lease and delivery --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StartLease(Step):
+    """Keep ``(event_id, token)`` renewed until :class:`EndDelivery` -> a ``LeaseHandle``."""
+
+    event_id: str
+    token: int
+
+
+class EndDelivery(Step):
+    """Stop renewing the lease and close any open handler transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep(Step):
+    """Wait (the lease keeper between renewals); a closing driver may cut it short."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Step):
+    """Call an application callback (e.g. a dead-letter sink); its result is the reply."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+# -- Kafka (executed by :func:`outboxkit.inbox.loop.kafka_steps` over the client seam) -----------
+@dataclass(frozen=True, slots=True)
+class Subscribe(Step):
+    """Join the group; the callbacks run on every rebalance."""
+
+    topics: list[str]
+    on_assign: Callable[[list[TopicPartition]], None]
+    on_revoke: Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Seek(Step):
+    """Fetch the partition from ``offset`` next (ignored if it is not assigned any more)."""
+
+    partition: TopicPartition
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Poll(Step):
+    """Fetched records -> ``list[ConsumedRecord]`` (rebalance callbacks may run meanwhile)."""
+
+    timeout: float
+    max_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit(Step):
+    """Commit the next offsets to read, synchronously (``PublishError`` if it fails)."""
+
+    offsets: Mapping[TopicPartition, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Pause(Step):
+    """Stop fetching these partitions (those not assigned any more are ignored)."""
+
+    partitions: list[TopicPartition]
+
+
+class Resume(Pause):
+    """Fetch these partitions again."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(Step):
+    """Produce one record and wait for the broker's acknowledgement (dead letters, acks)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+class CloseConsumer(Step):
+    """Commit nothing more; leave the group."""
+
+
+class CloseSender(Step):
+    """Flush and close the dead-letter/acks producer."""
+
+
+# -- driving ------------------------------------------------------------------------------------
+class Executor(Protocol):
+    """Performs steps. Sync executors return values; async ones may return awaitables."""
+
+    def __call__(self, step: Step) -> Any: ...
+
+    def release(self) -> Any:
+        """Free what an unfinished plan left open (it was interrupted by a BaseException)."""
+
+
+StepTable = Mapping[type[Step], Callable[[Any], Any]]
+
+
+class TableExecutor:
+    """An executor that looks the step's type up in a table of callables."""
+
+    def __init__(self, table: StepTable) -> None:
+        self.table = dict(table)
+
+    def __call__(self, step: Step) -> Any:
+        return self.table[type(step)](step)
+
+    def release(self) -> Any:
+        return None
+
+
+@types.coroutine
+def _drive(plan: Plan[T], execute: Executor) -> Generator[Any, Any, T]:
+    """Feed each step's result (or exception) back into ``plan`` until it returns.
+
+    A generator-based coroutine: awaitables returned by an async executor are awaited with
+    ``yield from``, so the same loop serves :func:`drive_sync` (which never sees one) and
+    :func:`drive_async`. Only ``Exception`` goes back into the plan; a ``BaseException``
+    (cancellation, interrupt) ends the drive after ``release``.
+    """
+    reply: Any = None
+    error: Exception | None = None
+    try:
+        while True:
+            try:
+                step = plan.send(reply) if error is None else plan.throw(error)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            try:
+                reply, error = execute(step), None
+                if inspect.isawaitable(reply):
+                    reply = yield from _await(reply)
+            except Exception as exc:
+                reply, error = None, exc
+    except GeneratorExit:  # closed unfinished: nothing can be awaited any more
+        released = execute.release()
+        if inspect.iscoroutine(released):
+            released.close()
+        raise
+    except BaseException:
+        released = execute.release()
+        if inspect.isawaitable(released):
+            yield from _await(released)
+        raise
+
+
+def _await(awaitable: Awaitable[Any]) -> Generator[Any, Any, Any]:
+    return (yield from awaitable.__await__())
+
+
+def drive_sync(plan: Plan[T], execute: Executor) -> T:
+    """Run ``plan`` with a sync executor."""
+    runner = _drive(plan, execute)
+    try:
+        runner.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    runner.close()
+    raise TypeError("a sync executor returned an awaitable")
+
+
+async def drive_async(plan: Plan[T], execute: Executor) -> T:
+    """Run ``plan`` with an async executor (awaiting what its steps return)."""
+    return await _drive(plan, execute)

@@ -1,0 +1,51 @@
+"""Dead letters and acknowledgements on aiokafka: one record, acknowledged before returning."""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.api import AsyncRecordSender, Headers
+from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.settings import KafkaSettings
+
+
+class AiokafkaRecordSender(AsyncRecordSender):
+    """An idempotent producer (``acks=all``), started with the first record."""
+
+    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._settings = settings
+        self._timeout = timeout
+        self._producer: AIOKafkaProducer | None = None
+
+    async def _get(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                **aiokafka_options(
+                    self._settings,
+                    enable_idempotence=True,
+                    acks="all",
+                    request_timeout_ms=int(self._timeout * 1000),
+                )
+            )
+            await producer.start()
+            self._producer = producer
+        return self._producer
+
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
+    ) -> None:
+        try:
+            producer = await self._get()
+            await producer.send_and_wait(topic, value, key=key, headers=list(headers))
+        except KafkaError as exc:
+            name = type(exc).__name__
+            cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
+            raise cls(f"publish to {topic!r} failed: {name}: {exc}") from exc
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()

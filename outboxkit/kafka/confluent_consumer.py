@@ -1,0 +1,151 @@
+"""The sync consumer-group member on confluent-kafka (librdkafka).
+
+librdkafka keeps an application-paused partition paused through an eager revoke and
+re-assign; a partition paused for a retry whose hold was dropped at revocation would then
+never move again. So every partition assigned is resumed right after the assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from outboxkit.errors import OutboxkitError, PublishError
+from outboxkit.kafka.api import ConsumedRecord, GroupConsumer, Rebalance, Revoke
+from outboxkit.kafka.api import TopicPartition as TP
+from outboxkit.kafka.config import confluent_config
+from outboxkit.settings import KafkaSettings
+
+logger = logging.getLogger("outboxkit.kafka.consumer")
+
+_FORCED = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "isolation.level": "read_committed",
+}
+
+
+def _tps(partitions: list[TopicPartition]) -> list[TP]:
+    return [(p.topic, p.partition) for p in partitions]
+
+
+def _record(msg: Message) -> ConsumedRecord:
+    ts_type, ts = msg.timestamp()
+    headers: Any = msg.headers() or ()
+    return ConsumedRecord(
+        msg.topic() or "",
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.key(),
+        msg.value(),
+        tuple(headers),
+        ts if ts_type else None,
+    )
+
+
+class ConfluentGroupConsumer(GroupConsumer):
+    def __init__(
+        self, settings: KafkaSettings, group_id: str, *, config: Mapping[str, Any] | None = None
+    ) -> None:
+        options = {"group.id": group_id, "auto.offset.reset": "earliest", **(config or {})}
+        self._consumer = Consumer(confluent_config(settings, **options, **_FORCED))
+        self._assigned_now: list[TopicPartition] = []
+        self._on_assign: Rebalance = lambda tps: None
+        self._on_revoke: Revoke = lambda tps: {}
+
+    def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._consumer.subscribe(
+            topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+        )
+
+    def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._on_assign(_tps(partitions))
+        # Resumed once the client has applied the assignment (after this callback returns).
+        self._assigned_now.extend(partitions)
+
+    def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        offsets = self._on_revoke(_tps(partitions))
+        if offsets:
+            try:
+                self.commit(dict(offsets))
+            except PublishError as exc:
+                logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
+
+    def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._on_revoke(_tps(partitions))  # not ours any more: nothing can be committed
+
+    def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:
+        # consume() waits until it has max_records or the timeout passed: wait for one record
+        # only, then take what is already fetched without waiting.
+        messages = self._consumer.consume(1, timeout)
+        if messages and max_records > 1:
+            messages += self._consumer.consume(max_records - 1, 0)
+        if self._assigned_now:
+            assigned, self._assigned_now = self._assigned_now, []
+            self._resume_assigned(assigned)
+        records = []
+        for msg in messages:
+            error = msg.error()
+            if error is None:
+                records.append(_record(msg))
+            elif error.fatal():
+                raise OutboxkitError(f"Kafka consumer failed: {error}")
+            else:
+                logger.warning("consumer error: %s", error)
+        return records
+
+    def _resume_assigned(self, partitions: list[TopicPartition]) -> None:
+        current = {(p.topic, p.partition) for p in self._consumer.assignment()}
+        still = [p for p in partitions if (p.topic, p.partition) in current]
+        if still:
+            self._consumer.resume(still)
+
+    def assignment(self) -> set[TP]:
+        return set(_tps(self._consumer.assignment()))
+
+    def _only_assigned(self, partitions: list[TP]) -> list[TopicPartition]:
+        current = self.assignment()
+        return [TopicPartition(t, p) for t, p in partitions if (t, p) in current]
+
+    def pause(self, partitions: list[TP]) -> None:
+        found = self._only_assigned(partitions)
+        if found:
+            self._consumer.pause(found)
+
+    def resume(self, partitions: list[TP]) -> None:
+        found = self._only_assigned(partitions)
+        if found:
+            self._consumer.resume(found)
+
+    def seek(self, partition: TP, offset: int) -> None:
+        if partition not in self.assignment():
+            return
+        try:
+            self._consumer.seek(TopicPartition(*partition, offset))
+        except KafkaException as exc:  # revoked meanwhile, or not fetching yet
+            logger.info("seek of %s/%d to %d failed: %s", *partition, offset, exc)
+
+    def commit(self, offsets: dict[TP, int]) -> None:
+        if not offsets:
+            return
+        request = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            result = self._consumer.commit(offsets=request, asynchronous=False)
+        except KafkaException as exc:
+            raise PublishError(f"offset commit failed: {exc.args[0]}") from exc
+        failed = [p for p in result or () if p.error is not None]
+        if failed:
+            raise PublishError(f"offset commit failed: {failed[0].error}")
+
+    def close(self) -> None:
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            logger.info("consumer close: %s", exc)
+
+
+__all__ = ["ConfluentGroupConsumer"]

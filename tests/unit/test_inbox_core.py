@@ -1,0 +1,285 @@
+"""The inbox's sans-IO core driven by scripted executors: decisions without a database or Kafka.
+
+The same plans run under ``drive_sync`` and ``drive_async`` in production; here a table of
+replies stands in for the database and the client seam.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from outboxkit.db import Result
+from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
+from outboxkit.inbox.delivery import InboxCore
+from outboxkit.inbox.lease import REFUSED, LeaseHandle, LeaseSchedule
+from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.policy import RetryPolicy
+from outboxkit.inbox.steps import (
+    CallHandler,
+    Commit,
+    HandlerSql,
+    Pause,
+    Plan,
+    Poll,
+    Publish,
+    Seek,
+    Sleep,
+    Sql,
+    StartLease,
+    Step,
+    Subscribe,
+    drive_async,
+    drive_sync,
+)
+from outboxkit.inbox.store import InboxStatements
+from outboxkit.kafka.api import ConsumedRecord
+from tests.unit.test_inbox_logic import Cancelled
+
+pytestmark = pytest.mark.unit
+
+NONE = Result([], 0)
+ONE = Result([], 1)
+
+
+class Script:
+    """An executor answering each step from a function, recording what it was asked."""
+
+    def __init__(self, answer: Callable[[Step], Any]) -> None:
+        self.answer = answer
+        self.steps: list[Step] = []
+        self.released = 0
+
+    def __call__(self, step: Step) -> Any:
+        self.steps.append(step)
+        return self.answer(step)
+
+    def release(self) -> None:
+        self.released += 1
+
+    def names(self) -> list[str]:
+        return [_name(s) for s in self.steps]
+
+
+def _name(step: Step) -> str:
+    return step.query.name if isinstance(step, Sql | HandlerSql) else type(step).__name__
+
+
+def _plan() -> Plan[str]:
+    first = yield Sleep(1)
+    try:
+        yield Sleep(2)
+    except ValueError as exc:
+        return f"{first}/{exc}"
+    return "no error"
+
+
+def _answer(step: Step) -> Any:
+    if isinstance(step, Sleep) and step.seconds == 2:
+        raise ValueError("boom")
+    return "one"
+
+
+def test_the_same_plan_runs_under_both_drivers() -> None:
+    assert drive_sync(_plan(), Script(_answer)) == "one/boom"
+
+    async def answer(step: Step) -> Any:
+        return _answer(step)
+
+    assert asyncio.run(drive_async(_plan(), Script(answer))) == "one/boom"
+
+
+def test_an_interrupted_plan_is_released() -> None:
+    def interrupt(step: Step) -> Any:
+        raise KeyboardInterrupt
+
+    script = Script(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        drive_sync(_plan(), script)
+    assert script.released == 1
+
+
+def _env(offset: int = 0, event_type: str = "order.cancelled") -> Envelope:
+    return Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=offset,
+        key=b"k",
+        value=b'{"order_id": "o1"}',
+        headers=[("event-id", b"e1"), ("event-type", event_type.encode())],
+    )
+
+
+def _core(max_attempts: int = 3) -> InboxCore:
+    registry = EventRegistry()
+    registry.register(Cancelled)
+    settings = InboxSettings(
+        consumer="c", registry=registry, policy=RetryPolicy(max_attempts=max_attempts)
+    )
+    return InboxCore(settings, lambda e, c, s: None, coroutines=False)
+
+
+def _db(
+    claim: tuple[int, int, str | None] | None,
+    state: str | None = None,
+    handler_fails: bool = True,
+    refused: str = "",
+) -> Callable[..., Any]:
+    def answer(step: Step) -> Any:
+        if isinstance(step, CallHandler) and handler_fails:
+            raise RuntimeError("handler failed")
+        if isinstance(step, StartLease):
+            return LeaseHandle(step.event_id, step.token, 0.0)
+        name = _name(step)
+        if name == "claim":
+            return Result([claim], 1) if claim else NONE
+        if name == "get_state":
+            return Result([(state, None)], 1) if state else NONE
+        return NONE if name == refused else ONE
+
+    return answer
+
+
+def test_a_failed_handler_is_recorded_for_retry_with_backoff() -> None:
+    script = Script(_db((7, 1, None)))
+    outcome = drive_sync(_core().deliver(_env()), script)
+    assert (outcome.kind, outcome.attempts, outcome.retry_in) == (OutcomeKind.RETRY, 1, 0.5)
+    assert script.names() == [
+        "claim",
+        "StartLease",
+        "CallHandler",
+        "CloseHandler",
+        "record_failure",
+        "EndDelivery",
+    ]
+
+
+def test_the_last_attempt_dead_letters_before_marking_dead() -> None:
+    letters: list[tuple[str, int]] = []
+
+    def dead_letter(env: Envelope, event_id: str, error: str, attempts: int) -> Step:
+        letters.append((event_id, attempts))
+        return Publish("orders.dlq", env.key, env.value, [])
+
+    script = Script(_db((7, 3, "earlier")))
+    outcome = drive_sync(_core().deliver(_env(), dead_letter=dead_letter), script)
+    assert outcome.kind is OutcomeKind.DEAD
+    assert letters == [("e1", 3)]
+    names = script.names()
+    assert names.index("renew_lease") < names.index("Publish") < names.index("finish")
+
+
+def test_a_finished_event_is_a_duplicate_and_a_cancelled_lease_is_cancelled() -> None:
+    script = Script(_db(None, state="succeeded"))
+    assert drive_sync(_core().deliver(_env()), script).kind is OutcomeKind.DUPLICATE
+    assert script.names() == ["claim", "get_state", "count_duplicate", "EndDelivery"]
+
+    # The succeeded mark matches nothing: cancelled meanwhile. Nothing is committed.
+    script = Script(_db((7, 1, None), "cancelled", handler_fails=False, refused="mark_succeeded"))
+    assert drive_sync(_core().deliver(_env()), script).kind is OutcomeKind.CANCELLED
+    assert "CommitHandler" not in script.names()
+    assert script.names()[-4:] == [
+        "CloseHandler",
+        "record_lease_lost",
+        "get_state",
+        "EndDelivery",
+    ]
+
+
+def test_an_event_type_without_a_handler_is_rejected_on_its_row() -> None:
+    registry = EventRegistry()
+    registry.register(Cancelled)
+    core = InboxCore(InboxSettings(consumer="c", registry=registry), None, coroutines=False)
+    script = Script(_db((7, 1, None)))
+    outcome = drive_sync(core.deliver(_env()), script)
+    assert outcome.kind is OutcomeKind.REJECTED
+    assert "no handler" in (outcome.error or "")
+    assert script.names() == ["claim", "finish", "EndDelivery"]
+
+
+def test_the_lease_schedule_renews_when_due_and_stops_once_lost() -> None:
+    now = [100.0]
+    schedule = LeaseSchedule(InboxStatements("c", owner="me", lease_seconds=3), lambda: now[0])
+    handle = schedule.begin("e1", 7)
+    answers = iter([ONE, NONE])
+    steps: list[Step] = []
+
+    def answer(step: Step) -> Any:
+        steps.append(step)
+        if isinstance(step, Sleep):
+            now[0] += step.seconds
+            return None
+        return next(answers)
+
+    stop_after = iter(range(6))
+    drive_sync(schedule.keep(lambda: next(stop_after, None) is None), Script(answer))
+    kinds = [s.query.name if isinstance(s, Sql) else s.seconds for s in steps]  # type: ignore[attr-defined]
+    assert kinds[:4] == [1.0, "renew_lease", 1.0, "renew_lease"]
+    assert handle.reason() == REFUSED
+    assert all(k == 1.0 for k in kinds[4:])  # lost: never renewed again
+
+
+def _record(partition: int, offset: int) -> ConsumedRecord:
+    headers = (("event-id", f"e{partition}-{offset}".encode()), ("event-type", b"x"))
+    return ConsumedRecord("orders", partition, offset, b"k", b"{}", headers, None)
+
+
+def _loop(interval: float = 0.0) -> ConsumerLoop:
+    return ConsumerLoop(
+        _core(),
+        LoopOptions(topics=["orders"], offset_commit_interval=interval),
+        clock=lambda: 1000.0,
+    )
+
+
+def test_a_revoked_hold_is_forgotten_and_its_partition_taken_again_on_assignment() -> None:
+    loop = _loop(interval=60.0)
+    polls = iter([[_record(0, 5)], [_record(1, 3)], [_record(0, 5)]])
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            step.on_assign([("orders", 0), ("orders", 1)])
+            return None
+        if isinstance(step, Poll):
+            return next(polls)
+        return ONE
+
+    seen: list[tuple[int, int]] = []
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        seen.append((env.partition, env.offset))
+        if seen.count((0, 5)) == 1 and env.partition == 0:
+            return Outcome(OutcomeKind.RETRY, "e", retry_in=600)
+        return Outcome(OutcomeKind.SUCCEEDED, "e")
+
+    loop.core.deliver = deliver  # type: ignore[method-assign]
+    script = Script(answer)
+    assert drive_sync(loop.poll_once(), script).kind is OutcomeKind.RETRY  # type: ignore[union-attr]
+    assert [type(s) for s in script.steps[-2:]] == [Seek, Pause]
+    assert loop.gate.held == frozenset({("orders", 0)})
+    assert drive_sync(loop.poll_once(), script).kind is OutcomeKind.SUCCEEDED  # type: ignore[union-attr]
+    # A rebalance: both revoked (the settled offset of partition 1 is handed over for commit).
+    assert loop.on_revoke([("orders", 0), ("orders", 1)]) == {("orders", 1): 4}
+    assert loop.gate.held == frozenset()
+    loop.on_assign([("orders", 0)])
+    outcome = drive_sync(loop.poll_once(), script)
+    assert outcome is not None
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert seen == [(0, 5), (1, 3), (0, 5)]  # taken again at once, not after the 600 s hold
+    assert not any(isinstance(s, Commit) for s in script.steps)  # interval not elapsed
+
+
+def test_records_of_a_revoked_partition_are_dropped_unprocessed() -> None:
+    loop = _loop()
+    loop.on_assign([("orders", 0)])
+    loop.buffer.extend([_record(0, 1), _record(0, 2)])
+    loop.on_revoke([("orders", 0)])
+    assert not loop.buffer
+    loop.buffer.append(_record(0, 3))
+    loop.subscribed = True
+    assert drive_sync(loop.poll_once(), Script(lambda s: ONE)) is None
