@@ -6,6 +6,7 @@ import logging
 
 import click
 
+from outboxkit.cli.config import config
 from outboxkit.cli.demo import demo
 from outboxkit.cli.dev import dev
 from outboxkit.cli.inbox import inbox
@@ -22,6 +23,7 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+main.add_command(config)
 main.add_command(demo)
 main.add_command(dev)
 main.add_command(relay)
