@@ -2,8 +2,9 @@
 
 A block starts with ``-- name: <name>``. Parameters are written one way in every file,
 ``:name`` (as in psql and SQLAlchemy); casts are written ``CAST(:x AS type)``, never ``:x::type``.
-``{schema}`` is replaced by the quoted schema name, and ``{_fragment}`` by a block of the same
-file whose name starts with ``_`` (written once, e.g. the relay's fencing check).
+``{schema}`` is replaced by the quoted schema name, ``{channel}`` by its quoted NOTIFY channel,
+and ``{_fragment}`` by a block of the same file whose name starts with ``_`` (written once, e.g.
+the relay's fencing check).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 
-from outboxkit.schema import quoted
+from outboxkit.schema import notify_channel, quoted
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 # SQLAlchemy's own rule: ":name" not preceded by ':' or a word character, not followed by ':'.
@@ -67,6 +68,7 @@ def queries(area: str, schema: str) -> dict[str, Query]:
             continue
         for fragment, text in fragments.items():
             body = body.replace("{" + fragment + "}", text)
+        body = body.replace("{channel}", '"' + notify_channel(schema) + '"')
         out[name] = Query(area, name, body.replace("{schema}", schema_sql))
     return out
 
