@@ -21,7 +21,7 @@ import click
 import psycopg
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.settings import (
     KafkaClient,
     Mode,
@@ -166,7 +166,7 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
 
     try:
         asyncio.run(main())
-    except ConfigurationError as exc:
+    except OutboxkitError as exc:  # a missing client library, an unknown schema: one line
         raise click.ClickException(str(exc)) from None
 
 
