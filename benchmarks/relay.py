@@ -2,7 +2,8 @@
 
 Run: ``python benchmarks/relay.py`` (starts its own PostgreSQL with fsync on and Kafka unless
 OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP are set). ``BENCH_ROWS`` (default 200000)
-sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each latency run.
+sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each latency run;
+``OUTBOXKIT_KAFKA_CLIENT`` (confluent or aiokafka) the relay's Kafka client.
 
 Measured, each on a fresh database:
 - raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards);
@@ -34,11 +35,11 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from outboxkit import db  # noqa: E402
+from outboxkit.db.migrator import upgrade  # noqa: E402
 from outboxkit.devstack import DevStack  # noqa: E402
 from outboxkit.devstack.postgres import database_url_with  # noqa: E402
-from outboxkit.migrator import upgrade  # noqa: E402
-from outboxkit.outbox import notify_channel  # noqa: E402
-from outboxkit.queries import query  # noqa: E402
+from outboxkit.schema import notify_channel  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_ROWS", "200000"))
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
@@ -105,25 +106,26 @@ def wait_drained(url: str, rows: int, timeout: float = 600) -> None:
 
 async def raw_drain_shard(url: str, shard: int) -> None:
     """The relay's claim + mark statements, with a lease, and nothing else."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(
-            query("relay", "lease_acquire", "outboxkit"),
-            {"group": "raw", "shard": shard, "holder": "bench", "ttl": 600},
+    async with await db.connect_async(url) as conn:
+        token_row = await db.one_async(
+            conn,
+            db.query("relay", "lease_acquire", "outboxkit"),
+            {"group": "raw", "shard": shard, "holder": "bench", "ttl": 600, "now": None},
         )
-        token_row = await cur.fetchone()
         assert token_row is not None
         params = {"group": "raw", "shard": shard, "token": token_row[0]}
+        claim = db.query("relay", "claim_batch", "outboxkit")
+        mark = db.query("relay", "mark_published", "outboxkit")
         while True:
-            cur = await conn.execute(
-                query("relay", "claim_batch", "outboxkit"),
+            found = await db.rows_async(
+                conn,
+                claim,
                 {"shard": shard, "limit": BATCH, "skip_parked_keys": False, "in_flight": []},
             )
-            ids = [row[0] for row in await cur.fetchall()]
+            ids = [row[0] for row in found]
             if not ids:
                 return
-            await conn.execute(
-                query("relay", "mark_published", "outboxkit"), {**params, "ids": ids}
-            )
+            await db.execute_async(conn, mark, {**params, "ids": ids})
 
 
 def raw_drain(server_url: str, topic: str, shards: int) -> float:

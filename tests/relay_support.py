@@ -24,12 +24,13 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError
 
-from outboxkit.relay.config import RelayConfig, load_config
 from outboxkit.relay.runner import Relay
+from outboxkit.settings import Settings, load_settings
 from outboxkit.wire import content_digest, headers_to_dict
 
 SCHEMA = "outboxkit"
 ROOT = Path(__file__).resolve().parent.parent
+KAFKA_CLIENTS = ["confluent", "aiokafka"]  # parametrise relay tests over both
 
 
 def set_shard_count(db_url: str, count: int) -> None:
@@ -214,23 +215,30 @@ def assert_exactly_once_in_order(
     assert by_key == want
 
 
-def relay_config(db_url: str, bootstrap: str, **overrides: Any) -> RelayConfig:
+def relay_settings(
+    db_url: str, bootstrap: str, *, client: str | None = None, **relay: Any
+) -> Settings:
+    """Settings for an in-process relay: fast leases and polls, a fresh checkpoint topic."""
     values: dict[str, Any] = {
-        "database_url": db_url,
-        "kafka_bootstrap": bootstrap,
         "lease_ttl": 3.0,
         "poll_interval": 0.5,
         "backoff_max": 1.0,
         "kafka_timeout": 15.0,
         "checkpoint_topic": f"outboxkit.checkpoint.{uuid.uuid4().hex[:8]}",
     }
-    values.update(overrides)
-    return load_config(env={}, overrides=values)
+    values.update(relay)
+    return load_settings(
+        overrides={
+            "database": {"url": db_url},
+            "kafka": {"bootstrap": bootstrap, "client": client},
+            "relay": values,
+        }
+    )
 
 
 @contextlib.asynccontextmanager
-async def running_relay(config: RelayConfig, **kwargs: Any) -> AsyncIterator[Relay]:
-    relay = Relay(config, **kwargs)
+async def running_relay(settings: Settings, **kwargs: Any) -> AsyncIterator[Relay]:
+    relay = Relay(settings, **kwargs)
     task = asyncio.create_task(relay.run())
     try:
         await asyncio.wait_for(relay.ready.wait(), 60)
@@ -242,28 +250,37 @@ async def running_relay(config: RelayConfig, **kwargs: Any) -> AsyncIterator[Rel
 
 @dataclass
 class RelayProcess:
-    """``python -m outboxkit.relay run`` as a real separate process."""
+    """``python -m outboxkit.relay run`` as a real separate process.
+
+    ``client`` picks the Kafka client (``OUTBOXKIT_KAFKA_CLIENT``); ``base_env`` replaces this
+    process's environment (e.g. ``env_without("confluent_kafka")``).
+    """
 
     db_url: str
     bootstrap: str
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    client: str | None = None
+    base_env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     checkpoint_topic: str = field(default_factory=lambda: f"outboxkit.cp.{uuid.uuid4().hex[:8]}")
 
     def start(self) -> RelayProcess:
+        base = dict(self.base_env if self.base_env is not None else os.environ)
+        for name in list(base):
+            if name.startswith("OUTBOXKIT_") and name != "OUTBOXKIT_TEST_BLOCK_IMPORTS":
+                del base[name]  # only what this test sets
         env = {
-            **os.environ,
+            **base,
             "OUTBOXKIT_DATABASE_URL": self.db_url,
             "OUTBOXKIT_KAFKA_BOOTSTRAP": self.bootstrap,
             "OUTBOXKIT_RELAY_LEASE_TTL": "3",
             "OUTBOXKIT_RELAY_POLL_INTERVAL": "0.5",
             "OUTBOXKIT_RELAY_CHECKPOINT_TOPIC": self.checkpoint_topic,
+            **({"OUTBOXKIT_KAFKA_CLIENT": self.client} if self.client else {}),
             **self.env,
         }
-        if "OUTBOXKIT_FAULT" not in self.env:
-            env.pop("OUTBOXKIT_FAULT", None)
         handle, name = tempfile.mkstemp(prefix="relay-", suffix=".log")
         os.close(handle)
         self.log_path = Path(name)

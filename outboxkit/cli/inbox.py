@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-import pydantic
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
@@ -24,7 +23,7 @@ from outboxkit.inbox.readback import (
 )
 from outboxkit.inbox.retention import purge_finished
 from outboxkit.schema import DEFAULT_SCHEMA, InboxState
-from outboxkit.settings import ConsumerSettings, DatabaseSettings, KafkaClient, KafkaSettings
+from outboxkit.settings import KafkaClient
 
 _database = click.option(
     "--database-url",
@@ -194,6 +193,9 @@ def _options(items: tuple[str, ...]) -> dict[str, str | int]:
 
 
 @inbox.command(name="run")
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="TOML settings file."
+)
 @click.option("--registry", help="module:EventRegistry whose @registry.handler functions run.")
 @click.option("--handler", help="module:function for event types without a registry handler.")
 @click.option("--consumer", "name", help="Consumer name (the dedup key's first part).")
@@ -215,7 +217,7 @@ def _options(items: tuple[str, ...]) -> dict[str, str | int]:
 @click.option(
     "--offset-commit-interval", type=float, help="Seconds between offset commits (0: each)."
 )
-@click.option("--config", "config_items", multiple=True, help="Consumer property key=value.")
+@click.option("--kafka-option", "config_items", multiple=True, help="Consumer property key=value.")
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")
 @click.option("--metrics-host", help="Address of the metrics endpoint (default 127.0.0.1).")
 @click.option(
@@ -225,6 +227,7 @@ def _options(items: tuple[str, ...]) -> dict[str, str | int]:
     " older replays of forgotten events are refused.",
 )
 def run_command(
+    config_path: str | None,
     adapter: str | None,
     database_url: str | None,
     bootstrap: str | None,
@@ -236,24 +239,27 @@ def run_command(
     OUTBOXKIT_KAFKA_*, OUTBOXKIT_DATABASE_URL; options override them)."""
     from outboxkit.errors import ConfigurationError
     from outboxkit.inbox import worker
+    from outboxkit.settings import load_settings
 
     overrides = {k: v for k, v in given.items() if v is not None}
+    schema = overrides.pop("schema_name", None)
     if topics:
         overrides["topics"] = list(topics)
     if config_items:
         overrides["kafka_options"] = _options(config_items)
-    kafka: dict[str, Any] = {"client": adapter, "bootstrap": bootstrap}
-    database: dict[str, Any] = {"url": database_url}
     try:
-        settings = (
-            ConsumerSettings(**overrides),
-            KafkaSettings(**{k: v for k, v in kafka.items() if v is not None}),
-            DatabaseSettings(**{k: v for k, v in database.items() if v is not None}),
+        settings = load_settings(
+            config_path,
+            overrides={
+                "consumer": overrides,
+                "kafka": {"client": adapter, "bootstrap": bootstrap},
+                "database": {"url": database_url},
+                "schema": schema,
+            },
         )
-    except pydantic.ValidationError as exc:  # names the settings, never echoes their values
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise click.ClickException(f"invalid {exc.title}: {problems}") from None
+    except ConfigurationError as exc:  # names the settings, never echoes their values
+        raise click.ClickException(str(exc)) from None
     try:
-        worker.run(*settings)
+        worker.run(settings)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from exc

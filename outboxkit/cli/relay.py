@@ -1,4 +1,10 @@
-"""``outboxkit relay run|pause|resume|status``."""
+"""``outboxkit relay run|pause|resume|status``.
+
+Settings come from :func:`outboxkit.settings.load_settings` (TOML file, ``OUTBOXKIT_*`` variables,
+secret files); the options here override them. The connection options are accepted on the group
+(``relay --config x run``) and on every command (``relay run --config x``); ``--help`` needs no
+configuration.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,32 @@ import json
 import logging
 import signal
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 import psycopg
 
-from outboxkit.errors import ConfigurationError
-from outboxkit.db.queries import query
-from outboxkit.relay.config import RelayConfig, load_config
+from outboxkit import db
+from outboxkit.errors import ConfigurationError, OutboxkitError
+from outboxkit.settings import (
+    KafkaClient,
+    Mode,
+    OnPublish,
+    ParkedKeyPolicy,
+    Settings,
+    load_settings,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+_CONNECTION_KEYS = (
+    "config_path",
+    "database_url",
+    "kafka_bootstrap",
+    "kafka_client",
+    "schema",
+    "group",
+)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -45,56 +69,92 @@ def _setup_logging(json_logs: bool) -> None:
             handler.setFormatter(_JsonFormatter())
 
 
-def _config(ctx_obj: dict[str, Any], **overrides: Any) -> RelayConfig:
-    options = {k: v for k, v in ctx_obj.items() if k != "config_path"}
+def connection_options(command: F) -> F:
+    """The options every relay command (and the group) accepts."""
+    options = [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(exists=True, dir_okay=False),
+            help="TOML settings file (default: $OUTBOXKIT_CONFIG).",
+        ),
+        click.option("--database-url", help="libpq URL (default: $OUTBOXKIT_DATABASE_URL)."),
+        click.option("--kafka-bootstrap", help="host:port,... ($OUTBOXKIT_KAFKA_BOOTSTRAP)."),
+        click.option(
+            "--kafka-client",
+            "--producer",
+            "kafka_client",
+            type=click.Choice([c.value for c in KafkaClient]),
+            help="Kafka client library ($OUTBOXKIT_KAFKA_CLIENT; default: confluent if installed).",
+        ),
+        click.option("--schema", help="Schema of the outboxkit tables ($OUTBOXKIT_SCHEMA)."),
+        click.option("--group", help="Relay group ($OUTBOXKIT_RELAY_GROUP; default 'default')."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _settings(
+    ctx: click.Context, given: dict[str, Any], relay: dict[str, Any] | None = None
+) -> Settings:
+    """Group options, then this command's (given ones win), over the loaded settings."""
+    merged = dict(ctx.obj or {})
+    merged.update({k: v for k, v in given.items() if v is not None})
+    overrides = {
+        "database": {"url": merged.get("database_url")},
+        "kafka": {"bootstrap": merged.get("kafka_bootstrap"), "client": merged.get("kafka_client")},
+        "schema_name": merged.get("schema"),
+        "relay": {"group": merged.get("group"), **(relay or {})},
+    }
     try:
-        return load_config(ctx_obj.get("config_path"), overrides={**options, **overrides})
+        return load_settings(merged.get("config_path"), overrides=overrides)
     except ConfigurationError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(str(exc)) from None
+
+
+def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    connection = {k: options.pop(k) for k in _CONNECTION_KEYS if k in options}
+    return connection, options
 
 
 @click.group()
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--database-url", envvar="OUTBOXKIT_DATABASE_URL", show_envvar=True)
-@click.option("--kafka-bootstrap", envvar="OUTBOXKIT_KAFKA_BOOTSTRAP", show_envvar=True)
-@click.option("--schema", "schema_name", default=None)
-@click.option("--group", "relay_group", default=None, help="Relay group (default 'default').")
+@connection_options
 @click.pass_context
-def relay(ctx: click.Context, /, config_path: str | None, **options: Any) -> None:
+def relay(ctx: click.Context, /, **options: Any) -> None:
     """The fenced relay: outbox rows to Kafka."""
-    ctx.obj = {"config_path": config_path, **{k: v for k, v in options.items() if v is not None}}
+    ctx.obj = {k: v for k, v in options.items() if v is not None}
 
 
 @relay.command()
+@connection_options
 @click.option("--shards", help="Comma-separated shard numbers to watch (default: all).")
-@click.option("--mode", type=click.Choice(["exactly_once", "at_least_once"]))
-@click.option("--on-publish", type=click.Choice(["mark", "delete"]))
-@click.option("--parked-key-policy", type=click.Choice(["wait", "skip"]))
-@click.option("--producer", type=click.Choice(["confluent", "aiokafka"]))
+@click.option("--mode", type=click.Choice([m.value for m in Mode]))
+@click.option("--on-publish", type=click.Choice([o.value for o in OnPublish]))
+@click.option("--parked-key-policy", type=click.Choice([p.value for p in ParkedKeyPolicy]))
 @click.option("--batch-size", type=int)
 @click.option("--poll-interval", type=float)
 @click.option("--lease-ttl", type=float)
 @click.option("--metrics-port", type=int)
+@click.option("--metrics-host", help="Address the metrics endpoint binds (default 127.0.0.1).")
 @click.option("--listen/--no-listen", default=None, help="LISTEN/NOTIFY hints (off for PgBouncer).")
 @click.option("--json-logs", is_flag=True, help="One JSON object per log line.")
-@click.pass_obj
-def run(obj: dict[str, Any], /, shards: str | None, json_logs: bool, **options: Any) -> None:
+@click.pass_context
+def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
     """Run the relay until SIGTERM/SIGINT."""
+    connection, relay_options = _split(options)
+    settings = _settings(ctx, connection, relay_options)
+    if not settings.kafka.bootstrap:
+        raise click.ClickException(
+            "Kafka bootstrap servers are required (OUTBOXKIT_KAFKA_BOOTSTRAP, [kafka] bootstrap"
+            " or --kafka-bootstrap)"
+        )
     try:
         from outboxkit.relay.runner import Relay
     except ImportError as exc:
         raise click.ClickException(
-            f"the relay needs a Kafka client ({exc.name} is not installed):"
-            " pip install 'outboxkit[confluent]' (or 'outboxkit[aiokafka]')"
-        ) from exc
-
-    if shards:
-        options["owned_shards"] = tuple(int(s) for s in shards.split(","))
-    config = _config(obj, **options)
-    if not config.kafka_bootstrap:
-        raise click.ClickException(
-            "Kafka bootstrap servers are required (OUTBOXKIT_KAFKA_BOOTSTRAP)"
-        )
+            f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[metrics]'"
+        ) from None
     _setup_logging(json_logs)
 
     async def main() -> None:
@@ -102,54 +162,66 @@ def run(obj: dict[str, Any], /, shards: str | None, json_logs: bool, **options: 
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await Relay(config, stop=stop).run()
+        await Relay(settings, stop=stop).run()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except OutboxkitError as exc:  # a missing client library, an unknown schema: one line
+        raise click.ClickException(str(exc)) from None
 
 
-def _control(obj: dict[str, Any], paused: bool, reason: str | None) -> None:
-    config = _config(obj)
-    with psycopg.connect(config.database_url.get_secret_value(), autocommit=True) as conn:
-        conn.execute(
-            query("relay", "control_set", config.schema_name),
+def _connect(settings: Settings) -> psycopg.Connection[Any]:
+    try:
+        return db.connect(settings.database_url, connect_timeout=10)
+    except (ConfigurationError, psycopg.Error) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _control(settings: Settings, paused: bool, reason: str | None) -> None:
+    group = settings.relay.group
+    with _connect(settings) as conn:
+        db.execute(
+            conn,
+            db.query("relay", "control_set", settings.schema_name),
             {
-                "group": config.relay_group,
+                "group": group,
                 "paused": paused,
                 "reason": reason,
                 "changed_by": f"{getpass.getuser()}@{socket.gethostname()}",
             },
         )
-    click.echo(f"relay group {config.relay_group!r} {'paused' if paused else 'resumed'}")
+    click.echo(f"relay group {group!r} {'paused' if paused else 'resumed'}")
 
 
 @relay.command()
+@connection_options
 @click.option("--reason")
-@click.pass_obj
-def pause(obj: dict[str, Any], reason: str | None) -> None:
+@click.pass_context
+def pause(ctx: click.Context, /, reason: str | None, **options: Any) -> None:
     """Every relay of the group stops publishing within one poll interval."""
-    _control(obj, True, reason)
+    _control(_settings(ctx, options), True, reason)
 
 
 @relay.command()
-@click.pass_obj
-def resume(obj: dict[str, Any]) -> None:
+@connection_options
+@click.pass_context
+def resume(ctx: click.Context, /, **options: Any) -> None:
     """Undo ``pause``."""
-    _control(obj, False, None)
+    _control(_settings(ctx, options), False, None)
 
 
 @relay.command()
+@connection_options
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def status(obj: dict[str, Any], as_json: bool) -> None:
+@click.pass_context
+def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
     """Each shard's holder, token, lease expiry, backlog and oldest pending age."""
-    config = _config(obj)
-    with psycopg.connect(config.database_url.get_secret_value(), autocommit=True) as conn:
-        paused = conn.execute(
-            query("relay", "control_paused", config.schema_name), {"group": config.relay_group}
-        ).fetchone()
-        rows = conn.execute(
-            query("relay", "status", config.schema_name), {"group": config.relay_group}
-        ).fetchall()
+    settings = _settings(ctx, options)
+    group, schema = settings.relay.group, settings.schema_name
+    with _connect(settings) as conn:
+        paused_row = db.one(conn, db.query("relay", "control_paused", schema), {"group": group})
+        rows = db.rows(conn, db.query("relay", "status", schema), {"group": group})
+    paused = bool(paused_row and paused_row[0])
     shards = [
         {
             "shard": r[0],
@@ -164,14 +236,13 @@ def status(obj: dict[str, Any], as_json: bool) -> None:
         for r in rows
     ]
     if as_json:
-        body = {"group": config.relay_group, "paused": bool(paused and paused[0]), "shards": shards}
-        click.echo(json.dumps(body))
+        click.echo(json.dumps({"group": group, "paused": paused, "shards": shards}))
         return
-    click.echo(f"group {config.relay_group}  paused={bool(paused and paused[0])}")
+    click.echo(f"group {group}  paused={paused}")
     click.echo(f"{'shard':>5} {'holder':<40} {'token':>7} {'backlog':>8} {'oldest_s':>9} parked")
     for s in shards:
+        oldest = s["oldest_pending_seconds"]
         click.echo(
             f"{s['shard']:>5} {s['holder'] or '-':<40} {s['token'] or '-':>7} {s['backlog']:>8} "
-            f"{s['oldest_pending_seconds'] if s['oldest_pending_seconds'] is not None else '-':>9}"
-            f" {s['parked']}"
+            f"{oldest if oldest is not None else '-':>9} {s['parked']}"
         )

@@ -3,8 +3,9 @@
 A block starts with ``-- name: <name>``. Parameters are written one way in every file,
 ``:name`` (as in psql and SQLAlchemy); casts are written ``CAST(:x AS type)``, never ``:x::type``
 (the loader refuses it, and the old ``%(x)s`` style, instead of silently sending a wrong
-statement). ``{schema}`` is replaced by the quoted schema name, and ``{_fragment}`` by a block of
-the same file whose name starts with ``_`` (written once, e.g. the relay's fencing check).
+statement). ``{schema}`` is replaced by the quoted schema name, ``{channel}`` by its quoted NOTIFY
+channel, and ``{_fragment}`` by a block of the same file whose name starts with ``_``
+(written once, e.g. the relay's fencing check).
 Whole-line ``--`` comments are dropped: they document the file, not the wire.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 
-from outboxkit.schema import quoted
+from outboxkit.schema import notify_channel, quoted
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 _COMMENT_LINE_RE = re.compile(r"^\s*--.*\n?", re.MULTILINE)
@@ -87,6 +88,7 @@ def queries(area: str, schema: str) -> dict[str, Query]:
             continue
         for fragment, text in fragments.items():
             body = body.replace("{" + fragment + "}", text)
+        body = body.replace("{channel}", '"' + notify_channel(schema) + '"')
         out[name] = Query(area, name, body.replace("{schema}", schema_sql))
     return out
 

@@ -27,7 +27,14 @@ from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
 from outboxkit.kafka import KafkaClients, resolve_client
-from outboxkit.settings import ConsumerSettings, DatabaseSettings, KafkaClient, KafkaSettings
+from outboxkit.schema import DEFAULT_SCHEMA
+from outboxkit.settings import (
+    ConsumerSettings,
+    KafkaClient,
+    KafkaSettings,
+    Settings,
+    load_settings,
+)
 
 logger = logging.getLogger("outboxkit.inbox.worker")
 
@@ -43,7 +50,7 @@ def load_object(spec: str) -> Any:
         raise ConfigurationError(f"cannot load {spec!r}: {exc}") from exc
 
 
-def inbox_settings(consumer: ConsumerSettings) -> InboxSettings:
+def inbox_settings(consumer: ConsumerSettings, schema: str = DEFAULT_SCHEMA) -> InboxSettings:
     missing = consumer.missing()
     if missing:
         raise ConfigurationError(f"the consumer needs {', '.join(missing)}")
@@ -55,7 +62,7 @@ def inbox_settings(consumer: ConsumerSettings) -> InboxSettings:
         consumer=consumer.name,
         registry=registry,
         policy=RetryPolicy(max_attempts=consumer.max_attempts, initial_delay=consumer.retry_delay),
-        schema=consumer.schema_name,
+        schema=schema,
         lease_seconds=consumer.lease_seconds,
         replay_window=consumer.dedup_window,
     )
@@ -85,20 +92,14 @@ async def _check_window(kafka: KafkaSettings, consumer: ConsumerSettings) -> Non
         await admin.close()
 
 
-def run(
-    consumer: ConsumerSettings | None = None,
-    kafka: KafkaSettings | None = None,
-    database: DatabaseSettings | None = None,
-) -> None:
-    """Consume until SIGTERM/SIGINT (settings default to the environment)."""
-    consumer = consumer if consumer is not None else ConsumerSettings()
-    kafka = kafka if kafka is not None else KafkaSettings()
-    database = database if database is not None else DatabaseSettings()
-    if database.url is None:
-        raise ConfigurationError("the consumer needs OUTBOXKIT_DATABASE_URL")
-    settings = inbox_settings(consumer)
+def run(config: Settings | None = None) -> None:
+    """Consume until SIGTERM/SIGINT (settings default to :func:`load_settings`: the TOML file
+    named by ``OUTBOXKIT_CONFIG``, ``OUTBOXKIT_*`` variables and secret files)."""
+    config = config if config is not None else load_settings()
+    consumer, kafka = config.consumer, config.kafka
+    settings = inbox_settings(consumer, config.schema_name)
     handler = load_object(consumer.handler) if consumer.handler else None
-    url = db.sqlalchemy_url(database.url)
+    url = db.sqlalchemy_url(config.database_url)
     options: dict[str, Any] = {
         "group_id": consumer.group,
         "topics": consumer.topics,

@@ -1,4 +1,4 @@
-"""The aiokafka producer: natively asyncio. Same contract as the confluent one."""
+"""The relay's producer on aiokafka: natively asyncio. Same contract as the confluent one."""
 
 from __future__ import annotations
 
@@ -11,42 +11,48 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from outboxkit.errors import ProducerFencedError, PublishError
-from outboxkit.relay.producer.base import Delivery, ProduceRequest, RecordError, RelayProducer
-from outboxkit.relay.producer.errors import ErrorKind, classify
+from outboxkit.kafka.api import Delivery, ProduceRequest, RecordError, TransactionalProducer
+from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.settings import KafkaSettings
 
 
 def _name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _raise_for(exc: BaseException, what: str) -> None:
+def raise_for(exc: BaseException, what: str) -> None:
+    """Raise the outboxkit error for a failed client call: fenced, or retriable."""
     if classify(_name(exc)) is ErrorKind.FENCED:
         raise ProducerFencedError(f"{what}: {_name(exc)}: {exc}") from exc
     raise PublishError(f"{what}: {_name(exc)}: {exc}") from exc
 
 
-class AiokafkaProducer(RelayProducer):
+class AiokafkaTransactionalProducer(TransactionalProducer):
     def __init__(
         self,
-        bootstrap: str,
+        settings: KafkaSettings,
         *,
         transactional_id: str | None,
         timeout: float = 30.0,
-        options: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> None:
         self.transactional = transactional_id is not None
         self._timeout = timeout
-        self._kwargs: dict[str, Any] = {
-            "bootstrap_servers": bootstrap,
-            "enable_idempotence": True,
-            "acks": "all",
+        defaults: dict[str, Any] = {
             "linger_ms": 0,
             "request_timeout_ms": int(timeout * 1000),
-            "transactional_id": transactional_id,
         }
         if transactional_id is not None:
-            self._kwargs["transaction_timeout_ms"] = int(max(timeout * 2, 60) * 1000)
-        self._kwargs.update(options or {})
+            defaults["transaction_timeout_ms"] = int(max(timeout * 2, 60) * 1000)
+        self._options = aiokafka_options(
+            settings,
+            defaults,
+            enable_idempotence=True,
+            acks="all",
+            transactional_id=transactional_id,
+            **overrides,
+        )
         self._producer: AIOKafkaProducer | None = None
 
     @property
@@ -56,14 +62,14 @@ class AiokafkaProducer(RelayProducer):
         return self._producer
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(**self._kwargs)
+        self._producer = AIOKafkaProducer(**self._options)
         try:
             # For a transactional producer this obtains the producer id and epoch, which fences
             # an older producer with the same transactional.id.
             await asyncio.wait_for(self._producer.start(), self._timeout)
         except (KafkaError, TimeoutError, OSError) as exc:
             await self.close()
-            _raise_for(exc, "producer start failed")
+            raise_for(exc, "producer start failed")
 
     async def topic_problem(self, topic: str) -> RecordError | None:
         try:
@@ -82,7 +88,7 @@ class AiokafkaProducer(RelayProducer):
         try:
             await asyncio.wait_for(self._p.begin_transaction(), self._timeout)
         except (KafkaError, TimeoutError) as exc:
-            _raise_for(exc, "begin_transaction failed")
+            raise_for(exc, "begin_transaction failed")
 
     async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
         producer = self._p
@@ -99,12 +105,13 @@ class AiokafkaProducer(RelayProducer):
                 pending.append(future)
             except KafkaError as exc:
                 if classify(_name(exc)) is ErrorKind.FENCED:
-                    _raise_for(exc, "send failed")
+                    raise_for(exc, "send failed")
                 pending.append(RecordError(_name(exc), str(exc)))
         results: list[Delivery] = []
+        fenced: BaseException | None = None
         try:
             async with asyncio.timeout(self._timeout):
-                for item in pending:
+                for item in pending:  # every future is awaited: none left unretrieved
                     if isinstance(item, RecordError):
                         results.append(Delivery(error=item))
                         continue
@@ -113,23 +120,25 @@ class AiokafkaProducer(RelayProducer):
                         results.append(Delivery(meta.partition, meta.offset))
                     except KafkaError as exc:
                         if classify(_name(exc)) is ErrorKind.FENCED:
-                            _raise_for(exc, "delivery failed")
+                            fenced = fenced or exc
                         results.append(Delivery(error=RecordError(_name(exc), str(exc))))
         except TimeoutError as exc:
             raise PublishError("delivery not acknowledged in time") from exc
+        if fenced is not None:
+            raise_for(fenced, "delivery failed")
         return results
 
     async def commit(self) -> None:
         try:
             await asyncio.wait_for(self._p.commit_transaction(), self._timeout)
         except (KafkaError, TimeoutError) as exc:
-            _raise_for(exc, "commit_transaction failed")
+            raise_for(exc, "commit_transaction failed")
 
     async def abort(self) -> None:
         try:
             await asyncio.wait_for(self._p.abort_transaction(), self._timeout)
         except (KafkaError, TimeoutError) as exc:
-            _raise_for(exc, "abort_transaction failed")
+            raise_for(exc, "abort_transaction failed")
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None

@@ -117,12 +117,21 @@ class Admin(ABC):
         """The topic's partition count, or None if it does not exist."""
 
     @abstractmethod
-    async def create_topic(self, topic: str, partitions: int, config: dict[str, str]) -> None:
-        """Create it; a topic that already exists is not an error."""
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        config: dict[str, str],
+        replication_factor: int | None = None,
+    ) -> None:
+        """Create it (``replication_factor`` None: the broker's ``default.replication.factor``);
+        a topic that already exists is not an error."""
 
     @abstractmethod
     async def topic_config(self, topic: str, name: str) -> str | None:
-        """One configuration value of a topic (e.g. ``retention.ms``), or None if unset."""
+        """The effective value of one topic setting (e.g. ``retention.ms``: the topic's own or
+        the broker default), or None if the broker has none; ``PermanentPublishError`` if the
+        topic does not exist."""
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Mapping
 from typing import Any
 
 from outboxkit.errors import ConfigurationError
@@ -39,10 +40,15 @@ def _check_sasl(settings: KafkaSettings) -> None:
         )
 
 
-def confluent_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
-    """librdkafka properties: connection + security + our logger, then ``overrides``."""
+def confluent_config(
+    settings: KafkaSettings, defaults: Mapping[str, Any] | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """librdkafka properties, later wins: ``defaults`` (a client's tuning), connection +
+    security + our logger, the user's ``properties``, then ``overrides`` (what the client needs
+    to keep its contract, e.g. ``enable.idempotence``)."""
     _check_sasl(settings)
-    conf: dict[str, Any] = {
+    conf: dict[str, Any] = dict(defaults or {})
+    conf |= {
         "bootstrap.servers": _require_bootstrap(settings),
         "client.id": settings.client_id,
         "security.protocol": settings.security_protocol.value.lower(),
@@ -95,10 +101,14 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
     return context
 
 
-def aiokafka_options(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
-    """aiokafka keyword arguments: connection + security, then ``overrides``."""
+def aiokafka_options(
+    settings: KafkaSettings, defaults: Mapping[str, Any] | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """aiokafka keyword arguments, later wins: ``defaults``, connection + security, then
+    ``overrides``. (``properties`` are librdkafka names: aiokafka does not read them.)"""
     _check_sasl(settings)
-    options: dict[str, Any] = {
+    options: dict[str, Any] = dict(defaults or {})
+    options |= {
         "bootstrap_servers": _require_bootstrap(settings),
         "client_id": settings.client_id,
         "security_protocol": settings.security_protocol.value,

@@ -1,4 +1,11 @@
-"""The default producer: confluent-kafka (librdkafka), blocking calls run in a worker thread."""
+"""The relay's producer on confluent-kafka (librdkafka); blocking calls run in a worker thread.
+
+A fenced producer is a fatal librdkafka error. confluent-kafka then sets the fatal exception and
+still calls the next delivery callback, so the callback's first call fails (``SystemError ...
+returned a result with an exception set``) and ``flush`` raises. The delivery callback therefore
+catches everything and records the error it finds (``_FENCED``), and ``send`` turns a fenced
+record or a failed flush into :class:`ProducerFencedError`: the relay's *lease lost*.
+"""
 
 from __future__ import annotations
 
@@ -11,35 +18,87 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit.errors import ProducerFencedError, PublishError
-from outboxkit.relay.producer.base import Delivery, ProduceRequest, RecordError, RelayProducer
-from outboxkit.relay.producer.errors import ErrorKind, classify
+from outboxkit.kafka.api import (
+    Delivery,
+    ProduceRequest,
+    RecordError,
+    TransactionalProducer,
+)
+from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.settings import KafkaSettings
 
 _UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
 
 
-def _raise_for(exc: KafkaException, what: str) -> None:
-    error = exc.args[0] if exc.args else None
-    name = error.name() if isinstance(error, KafkaError) else type(exc).__name__
-    if classify(name) is ErrorKind.FENCED:
-        raise ProducerFencedError(f"{what}: {error}") from exc
-    raise PublishError(f"{what}: {error}") from exc
+def kafka_error_in(exc: BaseException) -> KafkaError | None:
+    """The librdkafka error an exception carries (itself or along its causes), if any."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
-class ConfluentProducer(RelayProducer):
+def error_of(exc: BaseException) -> RecordError:
+    """A client exception as a :class:`RecordError` (client-neutral name and message)."""
+    error = kafka_error_in(exc)
+    if error is not None:
+        return RecordError(error.name(), error.str())
+    return RecordError(type(exc).__name__, str(exc))
+
+
+def raise_for(exc: BaseException, what: str) -> None:
+    """Raise the outboxkit error for a failed client call: fenced, or retriable."""
+    error = error_of(exc)
+    if error.kind is ErrorKind.FENCED:
+        raise ProducerFencedError(f"{what}: {error}") from None
+    raise PublishError(f"{what}: {error}") from None
+
+
+def _report(results: list[Delivery | None], index: int, err: Any, msg: Any) -> None:
+    """The delivery callback. Nothing may escape it into librdkafka (see the module doc)."""
+    try:
+        if err is None:
+            results[index] = Delivery(msg.partition(), msg.offset())
+        else:
+            results[index] = Delivery(error=RecordError(err.name(), err.str()))
+    except BaseException as exc:  # the fatal error confluent-kafka left pending, usually
+        results[index] = Delivery(error=error_of(exc))
+
+
+def _raise_if_fenced(results: Sequence[Delivery | None]) -> None:
+    for delivery in results:
+        error = delivery.error if delivery is not None else None
+        if error is not None and error.kind is ErrorKind.FENCED:
+            raise ProducerFencedError(f"delivery failed: {error}")
+
+
+async def _serve(call: Any, wait: float, results: Sequence[Delivery | None]) -> None:
+    """poll/flush (which also serve librdkafka's log lines); a fatal error raises here, after
+    the delivery callbacks recorded it."""
+    try:
+        await asyncio.to_thread(call, wait)
+    except (KafkaException, SystemError) as exc:
+        _raise_if_fenced(results)
+        raise_for(exc, "producer failed")
+
+
+class ConfluentTransactionalProducer(TransactionalProducer):
     def __init__(
         self,
-        bootstrap: str,
+        settings: KafkaSettings,
         *,
         transactional_id: str | None,
         timeout: float = 30.0,
-        options: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> None:
         self.transactional = transactional_id is not None
         self._timeout = timeout
-        self._config: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
+        defaults: dict[str, Any] = {
             # Each batch is flushed at once (flush ignores linger), so linger costs no latency; it
             # lets librdkafka build full requests instead of one tiny request per message.
             "linger.ms": 5,
@@ -50,10 +109,11 @@ class ConfluentProducer(RelayProducer):
             "socket.connection.setup.timeout.ms": 5000,
             "reconnect.backoff.max.ms": 1000,
         }
+        required: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
         if transactional_id is not None:
-            self._config["transactional.id"] = transactional_id
-            self._config["transaction.timeout.ms"] = int(max(timeout * 2, 60) * 1000)
-        self._config.update(options or {})
+            defaults["transaction.timeout.ms"] = int(max(timeout * 2, 60) * 1000)
+            required["transactional.id"] = transactional_id
+        self._config = confluent_config(settings, defaults, **required, **overrides)
         self._producer: Producer | None = None
 
     @property
@@ -67,17 +127,17 @@ class ConfluentProducer(RelayProducer):
             self._producer = Producer(self._config)
             if self.transactional:
                 await asyncio.to_thread(self._p.init_transactions, self._timeout)
-        except KafkaException as exc:
-            _raise_for(exc, "init_transactions failed")
+        except (KafkaException, SystemError) as exc:
+            raise_for(exc, "init_transactions failed")
 
     async def topic_problem(self, topic: str) -> RecordError | None:
         try:
             metadata = await asyncio.to_thread(self._p.list_topics, topic, min(self._timeout, 10))
         except KafkaException as exc:
-            error = exc.args[0]
-            if isinstance(error, KafkaError) and classify(error.name()) is ErrorKind.PERMANENT:
-                return RecordError(error.name(), error.str())
-            raise PublishError(f"metadata for topic {topic!r} unavailable: {error}") from exc
+            problem = error_of(exc)
+            if problem.kind is ErrorKind.PERMANENT:
+                return problem
+            raise PublishError(f"metadata for topic {topic!r} unavailable: {problem}") from None
         found = metadata.topics.get(topic)
         if found is None:
             return RecordError("UNKNOWN_TOPIC_OR_PART", f"topic {topic!r} does not exist")
@@ -92,17 +152,10 @@ class ConfluentProducer(RelayProducer):
         try:
             self._p.begin_transaction()
         except KafkaException as exc:
-            _raise_for(exc, "begin_transaction failed")
+            raise_for(exc, "begin_transaction failed")
 
     async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
         results: list[Delivery | None] = [None] * len(requests)
-
-        def deliver(index: int, err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                results[index] = Delivery(error=RecordError(err.name(), err.str()))
-            else:
-                results[index] = Delivery(msg.partition(), msg.offset())
-
         producer = self._p
         produce = producer.produce
         for index, request in enumerate(requests):
@@ -115,39 +168,38 @@ class ConfluentProducer(RelayProducer):
                         value,
                         key,
                         _UNASSIGNED if partition is None else partition,
-                        on_delivery=partial(deliver, index),
+                        on_delivery=partial(_report, results, index),
                         headers=headers,
                     )
                     break
                 except BufferError:
-                    await asyncio.to_thread(producer.poll, 0.05)
+                    await _serve(producer.poll, 0.05, results)
                 except KafkaException as exc:
-                    error = exc.args[0]
-                    if isinstance(error, KafkaError) and error.fatal():
-                        _raise_for(exc, "produce failed")
-                    name = error.name() if isinstance(error, KafkaError) else "UNKNOWN"
-                    text = error.str() if isinstance(error, KafkaError) else str(exc)
-                    results[index] = Delivery(error=RecordError(name, text))
+                    error = kafka_error_in(exc)
+                    if error is not None and error.fatal():
+                        raise_for(exc, "produce failed")
+                    results[index] = Delivery(error=error_of(exc))
                     break
         deadline = time.monotonic() + self._timeout
         while None in results:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PublishError("delivery not acknowledged in time")
-            await asyncio.to_thread(producer.flush, min(remaining, 1.0))
+            await _serve(producer.flush, min(remaining, 1.0), results)
+        _raise_if_fenced(results)
         return [r for r in results if r is not None]
 
     async def commit(self) -> None:
         try:
             await asyncio.to_thread(self._p.commit_transaction, self._timeout)
-        except KafkaException as exc:
-            _raise_for(exc, "commit_transaction failed")
+        except (KafkaException, SystemError) as exc:
+            raise_for(exc, "commit_transaction failed")
 
     async def abort(self) -> None:
         try:
             await asyncio.to_thread(self._p.abort_transaction, self._timeout)
-        except KafkaException as exc:
-            _raise_for(exc, "abort_transaction failed")
+        except (KafkaException, SystemError) as exc:
+            raise_for(exc, "abort_transaction failed")
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
@@ -156,5 +208,5 @@ class ConfluentProducer(RelayProducer):
             try:
                 producer.purge()
                 await asyncio.to_thread(producer.flush, 0)
-            except (KafkaException, RuntimeError):
+            except (KafkaException, RuntimeError, SystemError):
                 pass

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-import uuid
 from dataclasses import dataclass
 from uuid import UUID
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
 from outboxkit.errors import PublishError
-from outboxkit.relay.producer.base import ProduceRequest
+from outboxkit.kafka import KafkaClients
+from outboxkit.kafka.api import ProduceRequest
 
-logger = logging.getLogger("outboxkit.relay.checkpoint")
+CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000"}
 
 
 def checkpoint_key(group: str, shard: int) -> bytes:
@@ -57,12 +53,11 @@ class Checkpoint:
 
 
 class CheckpointTopic:
-    """Where checkpoints go and how the last committed one is read back."""
+    """Where checkpoints go and how the last committed one is read back (either Kafka client)."""
 
-    def __init__(self, bootstrap: str, topic: str, *, timeout: float = 30.0) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaClients, topic: str) -> None:
+        self._kafka = kafka
         self.topic = topic
-        self._timeout = timeout
         self._partitions: int | None = None
 
     def request(self, checkpoint: Checkpoint) -> ProduceRequest:
@@ -76,81 +71,33 @@ class CheckpointTopic:
 
     async def ensure(self, shard_count: int) -> None:
         """Create the compacted topic if missing (auto-creation is usually off); learn its size."""
-        if self._partitions is None:
-            self._partitions = await asyncio.to_thread(self._ensure_sync, shard_count)
-
-    def _ensure_sync(self, shard_count: int) -> int:
-        admin = AdminClient({"bootstrap.servers": self._bootstrap})
-        metadata = admin.list_topics(timeout=self._timeout)
-        found = metadata.topics.get(self.topic)
-        if found is None or found.error is not None:
-            new = NewTopic(
-                self.topic,
-                num_partitions=max(1, shard_count),
-                replication_factor=-1,
-                config={"cleanup.policy": "compact", "segment.ms": "600000"},
-            )
-            for future in admin.create_topics([new], operation_timeout=self._timeout).values():
-                try:
-                    future.result(timeout=self._timeout)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                        raise PublishError(f"cannot create {self.topic}: {exc}") from exc
-        deadline = time.monotonic() + self._timeout
-        while found is None or found.error is not None or not found.partitions:
-            # A topic just created may show up without partitions for a moment.
-            if time.monotonic() > deadline:
-                raise PublishError(f"checkpoint topic {self.topic} has no partitions")
-            time.sleep(0.1)
-            found = admin.list_topics(topic=self.topic, timeout=self._timeout).topics.get(
-                self.topic
-            )
-        return len(found.partitions)
+        if self._partitions is not None:
+            return
+        admin = self._kafka.admin()
+        try:
+            found = await admin.describe_topic(self.topic)
+            if found is None:
+                await admin.create_topic(
+                    self.topic, max(1, shard_count), dict(CHECKPOINT_TOPIC_CONFIG)
+                )
+            deadline = time.monotonic() + self._kafka.timeout
+            while found is None or not found.partitions:
+                # A topic just created may show up without partitions for a moment.
+                if time.monotonic() > deadline:
+                    raise PublishError(f"checkpoint topic {self.topic} has no partitions")
+                await asyncio.sleep(0.1)
+                found = await admin.describe_topic(self.topic)
+            self._partitions = found.partitions
+        finally:
+            await admin.close()
 
     async def last_committed(self, group: str, shard: int) -> Checkpoint | None:
-        return await asyncio.to_thread(self._last_committed_sync, group, shard)
-
-    def _last_committed_sync(self, group: str, shard: int) -> Checkpoint | None:
         assert self._partitions is not None, "ensure() first"
-        partition = TopicPartition(self.topic, shard % self._partitions, OFFSET_BEGINNING)
-        key = checkpoint_key(group, shard)
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self._bootstrap,
-                "group.id": f"outboxkit-checkpoint-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
+        reader = self._kafka.checkpoint_reader()
         try:
-            _, high = consumer.get_watermark_offsets(partition, timeout=self._timeout)
-            consumer.assign([partition])
-            last: Checkpoint | None = None
-            deadline = time.monotonic() + self._timeout
-            position = 0
-            while position < high:
-                if time.monotonic() > deadline:
-                    raise PublishError("checkpoint topic not readable up to its end in time")
-                msg = consumer.poll(0.5)
-                if msg is None:
-                    # Aborted records and markers are skipped without an EOF event: ask.
-                    (now_at,) = consumer.position([partition])
-                    position = max(position, now_at.offset or 0)
-                    continue
-                error = msg.error()
-                offset = msg.offset() or 0
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, offset)
-                        continue
-                    raise PublishError(f"reading checkpoint failed: {error}")
-                position = offset + 1
-                value = msg.value()
-                if msg.key() == key and value is not None:
-                    last = Checkpoint.decode(group, shard, value)
-            return last
-        except KafkaException as exc:
-            raise PublishError(f"reading checkpoint failed: {exc}") from exc
+            value = await reader.last_committed(
+                self.topic, shard % self._partitions, checkpoint_key(group, shard)
+            )
         finally:
-            consumer.close()
+            await reader.close()
+        return None if value is None else Checkpoint.decode(group, shard, value)

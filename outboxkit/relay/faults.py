@@ -2,7 +2,8 @@
 
 Enabled only by ``OUTBOXKIT_FAULT=<point>[:<n>][:stop]``: act the n-th time the point is reached
 (default 1); ``stop`` freezes the process with SIGSTOP instead of killing it (a zombie to resume
-with SIGCONT). Points: ``after_claim``, ``after_produce``, ``after_kafka_commit``, ``after_mark``.
+with SIGCONT). Points: ``after_claim``, ``before_send`` (the Kafka transaction begun, nothing sent
+yet), ``after_produce``, ``after_kafka_commit``, ``after_mark``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from dataclasses import dataclass
 
 FAULT_ENV = "OUTBOXKIT_FAULT"
-POINTS = ("after_claim", "after_produce", "after_kafka_commit", "after_mark")
+POINTS = ("after_claim", "before_send", "after_produce", "after_kafka_commit", "after_mark")
 
 
 @dataclass(frozen=True)

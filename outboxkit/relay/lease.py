@@ -12,11 +12,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 import psycopg
 
+from outboxkit import db
 from outboxkit.errors import LeaseLostError
-from outboxkit.queries import query
 
 logger = logging.getLogger("outboxkit.relay.lease")
 
@@ -68,42 +70,62 @@ class LeaseTerm:
 
 
 class LeaseStore:
-    """The lease SQL, on an autocommit connection of its own."""
+    """The lease SQL, on an autocommit connection of its own.
+
+    ``now`` (tests only) replaces the database clock in the expiry checks, so a test can act
+    "later" instead of sleeping through a TTL; production passes None.
+    """
 
     def __init__(self, schema: str, *, clock: Clock = time.monotonic) -> None:
         self._schema = schema
         self._clock = clock
 
     async def acquire(
-        self, conn: psycopg.AsyncConnection, group: str, shard: int, holder: str, ttl: float
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        group: str,
+        shard: int,
+        holder: str,
+        ttl: float,
+        *,
+        now: datetime | None = None,
     ) -> LeaseTerm | None:
         sent_at = self._clock()
-        cur = await conn.execute(
-            query("relay", "lease_acquire", self._schema),
-            {"group": group, "shard": shard, "holder": holder, "ttl": ttl},
+        row = await db.one_async(
+            conn,
+            db.query("relay", "lease_acquire", self._schema),
+            {"group": group, "shard": shard, "holder": holder, "ttl": ttl, "now": now},
         )
-        row = await cur.fetchone()
         if row is None:
             return None
         term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock)
         term.extend(sent_at)
-        logger.info("acquired lease", extra={"shard": shard, "token": term.token})
+        logger.info(
+            "acquired lease of shard %s (token %s)",
+            shard,
+            term.token,
+            extra={"shard": shard, "token": term.token},
+        )
         return term
 
-    async def renew(self, conn: psycopg.AsyncConnection, term: LeaseTerm) -> bool:
+    async def renew(
+        self, conn: psycopg.AsyncConnection[Any], term: LeaseTerm, *, now: datetime | None = None
+    ) -> bool:
         sent_at = self._clock()
-        cur = await conn.execute(
-            query("relay", "lease_renew", self._schema),
-            {**term.sql_params(), "holder": term.holder, "ttl": term.ttl},
+        row = await db.one_async(
+            conn,
+            db.query("relay", "lease_renew", self._schema),
+            {**term.sql_params(), "holder": term.holder, "ttl": term.ttl, "now": now},
         )
-        if await cur.fetchone() is None:
+        if row is None:
             term.mark_lost("renewal matched no lease row (expired or taken over)")
             return False
         term.extend(sent_at)
         return True
 
-    async def release(self, conn: psycopg.AsyncConnection, term: LeaseTerm) -> bool:
-        cur = await conn.execute(query("relay", "lease_release", self._schema), term.sql_params())
-        released = await cur.fetchone() is not None
+    async def release(self, conn: psycopg.AsyncConnection[Any], term: LeaseTerm) -> bool:
+        row = await db.one_async(
+            conn, db.query("relay", "lease_release", self._schema), term.sql_params()
+        )
         term.mark_lost("released")
-        return released
+        return row is not None

@@ -42,7 +42,7 @@ class RelayMetrics:
         )
         self.batch_seconds = Histogram(
             "outboxkit_relay_batch_seconds",
-            "Claim-to-mark latency of one batch.",
+            "Claim-to-Kafka-commit latency of one batch (the mark overlaps the next batch).",
             ["shard"],
             registry=r,
             buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
@@ -89,7 +89,7 @@ class RelayMetrics:
                     problems.append(shard)
         return (not problems, {"shards_with_backlog_and_no_holder": problems})
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -8,15 +8,18 @@ import logging
 from collections.abc import Callable
 
 import psycopg
-from psycopg import sql
+from pydantic import SecretStr
 
-from outboxkit.schema import notify_channel
+from outboxkit import db
 
 logger = logging.getLogger("outboxkit.relay.notify")
 
 
 async def listen_forever(
-    database_url: str, schema: str, on_notify: Callable[[int | None], None], stop: asyncio.Event
+    database_url: SecretStr,
+    schema: str,
+    on_notify: Callable[[int | None], None],
+    stop: asyncio.Event,
 ) -> None:
     """Keep a LISTEN connection; reconnect after errors (missed hints are found by polling).
 
@@ -25,12 +28,10 @@ async def listen_forever(
     """
     while not stop.is_set():
         try:
-            async with await psycopg.AsyncConnection.connect(
-                database_url, autocommit=True, application_name="outboxkit-relay-listen"
+            async with await db.connect_async(
+                database_url, application_name="outboxkit-relay-listen"
             ) as conn:
-                await conn.execute(
-                    sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(schema)))
-                )
+                await db.execute_async(conn, db.query("relay", "listen", schema))
                 on_notify(None)  # anything committed while we were not listening
                 async for notification in conn.notifies():
                     on_notify(_shard(notification.payload))

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 
-from outboxkit import wire
+from outboxkit import db, wire
 from outboxkit.errors import LeaseLostError
-from outboxkit.queries import query
 from outboxkit.relay.lease import LeaseTerm
+
+Conn = psycopg.AsyncConnection[Any]
 
 
 class OutboxRecord(NamedTuple):
@@ -107,15 +109,15 @@ class ShardStore:
         self._schema = schema
         self._skip_parked_keys = skip_parked_keys
 
+    def _query(self, name: str) -> db.Query:
+        return db.query("relay", name, self._schema)
+
     async def claim(
-        self,
-        conn: psycopg.AsyncConnection,
-        shard: int,
-        limit: int,
-        in_flight: Sequence[int] = (),
+        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = ()
     ) -> list[OutboxRecord]:
-        cur = await conn.execute(
-            query("relay", "claim_batch", self._schema),
+        found = await db.rows_async(
+            conn,
+            self._query("claim_batch"),
             {
                 "shard": shard,
                 "limit": limit,
@@ -123,15 +125,10 @@ class ShardStore:
                 "in_flight": list(in_flight),
             },
         )
-        return [_record(row) for row in await cur.fetchall()]
+        return [_record(row) for row in found]
 
-    async def _fenced(
-        self, conn: psycopg.AsyncConnection, name: str, term: LeaseTerm, **params: Any
-    ) -> int:
-        cur = await conn.execute(
-            query("relay", name, self._schema), {**term.sql_params(), **params}
-        )
-        row = await cur.fetchone()
+    async def _fenced(self, conn: Conn, name: str, term: LeaseTerm, **params: Any) -> int:
+        row = await db.one_async(conn, self._query(name), {**term.sql_params(), **params})
         assert row is not None
         held, changed = int(row[0]), int(row[1])
         if not held:
@@ -142,18 +139,13 @@ class ShardStore:
         return changed
 
     async def mark_published(
-        self, conn: psycopg.AsyncConnection, term: LeaseTerm, ids: Sequence[int], *, delete: bool
+        self, conn: Conn, term: LeaseTerm, ids: Sequence[int], *, delete: bool
     ) -> int:
         name = "delete_published" if delete else "mark_published"
         return await self._fenced(conn, name, term, ids=list(ids))
 
     async def reconcile(
-        self,
-        conn: psycopg.AsyncConnection,
-        term: LeaseTerm,
-        carried: Sequence[tuple[int, UUID]],
-        *,
-        delete: bool,
+        self, conn: Conn, term: LeaseTerm, carried: Sequence[tuple[int, UUID]], *, delete: bool
     ) -> int:
         """Mark (or delete) the rows a committed Kafka transaction carried."""
         name = "reconcile_deleted" if delete else "reconcile_published"
@@ -165,30 +157,33 @@ class ShardStore:
             event_ids=[event_id for _, event_id in carried],
         )
 
-    async def park(
-        self, conn: psycopg.AsyncConnection, term: LeaseTerm, row_id: int, reason: str
-    ) -> int:
+    async def park(self, conn: Conn, term: LeaseTerm, row_id: int, reason: str) -> int:
         return await self._fenced(conn, "park", term, id=row_id, reason=reason[:2000])
 
     async def record_failure(
-        self, conn: psycopg.AsyncConnection, term: LeaseTerm, ids: Sequence[int], error: str
+        self, conn: Conn, term: LeaseTerm, ids: Sequence[int], error: str
     ) -> int:
         return await self._fenced(conn, "record_failure", term, ids=list(ids), error=error[:2000])
 
     async def retention(
-        self, conn: psycopg.AsyncConnection, term: LeaseTerm, keep_seconds: float, limit: int
+        self,
+        conn: Conn,
+        term: LeaseTerm,
+        keep_seconds: float,
+        limit: int,
+        *,
+        now: datetime | None = None,
     ) -> int:
+        """Delete one batch of published rows older than the window (``now``: tests only)."""
         return await self._fenced(
-            conn, "retention_delete", term, keep_seconds=keep_seconds, limit=limit
+            conn, "retention_delete", term, keep_seconds=keep_seconds, limit=limit, now=now
         )
 
-    async def paused(self, conn: psycopg.AsyncConnection, group: str) -> bool:
-        cur = await conn.execute(query("relay", "control_paused", self._schema), {"group": group})
-        row = await cur.fetchone()
+    async def paused(self, conn: Conn, group: str) -> bool:
+        row = await db.one_async(conn, self._query("control_paused"), {"group": group})
         return bool(row and row[0])
 
-    async def shard_count(self, conn: psycopg.AsyncConnection) -> int:
-        cur = await conn.execute(query("relay", "shard_count", self._schema))
-        row = await cur.fetchone()
+    async def shard_count(self, conn: Conn) -> int:
+        row = await db.one_async(conn, self._query("shard_count"))
         assert row is not None
         return int(row[0])

@@ -1,4 +1,8 @@
-"""The relay process: one worker per shard it watches, a LISTEN hint, metrics and sampling."""
+"""The relay process: one worker per shard it watches, a LISTEN hint, metrics and sampling.
+
+A relay may start before its database or broker (a standby on a node that came up first, a
+PostgreSQL restart): start-up waits with back-off, saying what it waits for, instead of exiting.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,25 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import uuid
 from collections.abc import Callable
 
 import psycopg
 
-from outboxkit import migrator
-from outboxkit.queries import query
+from outboxkit import db
+from outboxkit.db import migrator
+from outboxkit.errors import PublishError
+from outboxkit.kafka import KafkaClients
+from outboxkit.kafka.api import TransactionalProducer, transactional_id
 from outboxkit.relay.checkpoint import CheckpointTopic
-from outboxkit.relay.config import Mode, ProducerBackend, RelayConfig
 from outboxkit.relay.faults import FaultPoints
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
-from outboxkit.relay.producer.base import RelayProducer, transactional_id
-from outboxkit.relay.shard_worker import ShardWorker, wait_any
+from outboxkit.relay.shard_worker import ShardWorker
+from outboxkit.relay.waiting import backoff_delay, wait_any
+from outboxkit.settings import Mode, Settings
 
 logger = logging.getLogger("outboxkit.relay.runner")
 
@@ -29,80 +37,109 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def make_producer_factory(config: RelayConfig) -> Callable[[int], RelayProducer]:
-    def factory(shard: int) -> RelayProducer:
-        txn_id = (
-            transactional_id(config.relay_group, shard)
-            if config.mode is Mode.EXACTLY_ONCE
-            else None
-        )
-        if config.producer is ProducerBackend.AIOKAFKA:
-            from outboxkit.relay.producer.aiokafka import AiokafkaProducer
+def make_producer_factory(
+    settings: Settings, kafka: KafkaClients
+) -> Callable[[int], TransactionalProducer]:
+    config = settings.relay
 
-            return AiokafkaProducer(
-                config.kafka_bootstrap,
-                transactional_id=txn_id,
-                timeout=config.kafka_timeout,
-                options=dict(config.producer_options),
-            )
-        from outboxkit.relay.producer.confluent import ConfluentProducer
-
-        return ConfluentProducer(
-            config.kafka_bootstrap,
-            transactional_id=txn_id,
-            timeout=config.kafka_timeout,
-            options=dict(config.producer_options),
-        )
+    def factory(shard: int) -> TransactionalProducer:
+        txn_id = transactional_id(config.group, shard) if config.mode is Mode.EXACTLY_ONCE else None
+        return kafka.transactional_producer(txn_id)
 
     return factory
 
 
 class Relay:
-    """Run with ``await Relay(config).run()``; ``stop`` (an event) ends it cleanly."""
+    """Run with ``await Relay(settings).run()``; ``stop`` (an event) ends it cleanly."""
 
     def __init__(
         self,
-        config: RelayConfig,
+        settings: Settings,
         *,
         holder: str | None = None,
         metrics: RelayMetrics | None = None,
         faults: FaultPoints | None = None,
         stop: asyncio.Event | None = None,
     ) -> None:
-        self.config = config
+        self.settings = settings
+        self.config = settings.relay
+        self.database_url = settings.database_url  # raises if unset: before anything starts
+        self.kafka = KafkaClients(settings.kafka, timeout=self.config.kafka_timeout)
         self.holder = holder or default_holder()
         self.metrics = metrics or RelayMetrics()
         self.faults = faults or FaultPoints()
         self.stop = stop or asyncio.Event()
         self.workers: dict[int, ShardWorker] = {}
         self.ready = asyncio.Event()
+        self.startup_waits = 0  # start-up attempts that found PostgreSQL or Kafka unavailable
+
+    def _check_schema(self) -> int:
+        """Schema check and shard count, on one connection of our own (blocking)."""
+        schema = self.settings.schema_name
+        with db.connect(self.database_url, connect_timeout=10) as conn:
+            migrator.require_current(conn, schema)
+            row = db.one(conn, db.query("relay", "shard_count", schema))
+        assert row is not None
+        return int(row[0])
 
     async def _shards(self) -> list[int]:
-        url = self.config.database_url.get_secret_value()
-        await asyncio.to_thread(migrator.require_current, url, self.config.schema_name)
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            cur = await conn.execute(query("relay", "shard_count", self.config.schema_name))
-            row = await cur.fetchone()
-        assert row is not None
-        count = int(row[0])
-        if self.config.owned_shards is None:
+        count = await asyncio.to_thread(self._check_schema)
+        if self.config.shards is None:
             return list(range(count))
-        return [s for s in self.config.owned_shards if s < count]
+        return [s for s in self.config.shards if s < count]
+
+    async def _checkpoints(self, shards: list[int]) -> CheckpointTopic | None:
+        if self.config.mode is not Mode.EXACTLY_ONCE:
+            return None
+        checkpoints = CheckpointTopic(self.kafka, self.config.checkpoint_topic)
+        await checkpoints.ensure(max(shards, default=0) + 1)
+        return checkpoints
+
+    async def _start_up(self) -> tuple[list[int], CheckpointTopic | None] | None:
+        """Shards and checkpoint topic, waiting out an unavailable database or broker."""
+        rng = random.Random()
+        while not self.stop.is_set():
+            try:
+                shards = await self._shards()
+                return shards, await self._checkpoints(shards)
+            except (psycopg.OperationalError, OSError) as exc:
+                url = self.database_url
+                what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"
+                problem = db.redact(str(exc).strip(), url)
+            except PublishError as exc:
+                what, problem = f"Kafka at {self.settings.kafka.bootstrap}", str(exc)
+            self.startup_waits += 1
+            delay = backoff_delay(
+                self.startup_waits, self.config.backoff_initial, self.config.backoff_max, rng
+            )
+            logger.warning(
+                "relay %s: waiting for %s (%s); retrying in %.1fs",
+                self.holder,
+                what,
+                problem.splitlines()[0] if problem else "unavailable",
+                delay,
+            )
+            await wait_any([self.stop], delay)
+        return None
 
     async def run(self) -> None:
-        shards = await self._shards()
-        checkpoints = None
-        if self.config.mode is Mode.EXACTLY_ONCE:
-            checkpoints = CheckpointTopic(
-                self.config.kafka_bootstrap,
-                self.config.checkpoint_topic,
-                timeout=self.config.kafka_timeout,
-            )
-            await checkpoints.ensure(max(shards, default=0) + 1)
-        factory = make_producer_factory(self.config)
+        server = None
+        if self.config.metrics_port is not None:
+            server = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+        try:
+            started = await self._start_up()
+            if started is not None:
+                await self._run(*started)
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+
+    async def _run(self, shards: list[int], checkpoints: CheckpointTopic | None) -> None:
+        factory = make_producer_factory(self.settings, self.kafka)
         for shard in shards:
             self.workers[shard] = ShardWorker(
-                self.config,
+                self.settings,
                 shard,
                 holder=self.holder,
                 stop=self.stop,
@@ -112,24 +149,19 @@ class Relay:
                 faults=self.faults,
             )
         logger.info(
-            "relay %s starting: shards %s, settings %s",
+            "relay %s starting: shards %s, Kafka client %s, settings %s",
             self.holder,
             shards,
-            self.config.safe_summary(),
+            self.kafka.client.value,
+            self.settings.redacted(),
         )
-        server = None
-        if self.config.metrics_port is not None:
-            server = self.metrics.serve(self.config.metrics_port)
         tasks = [asyncio.create_task(w.run(), name=f"shard-{s}") for s, w in self.workers.items()]
         helpers = [asyncio.create_task(self._sample_forever())]
         if self.config.listen:
             helpers.append(
                 asyncio.create_task(
                     listen_forever(
-                        self.config.database_url.get_secret_value(),
-                        self.config.schema_name,
-                        self._wake,
-                        self.stop,
+                        self.database_url, self.settings.schema_name, self._wake, self.stop
                     )
                 )
             )
@@ -143,9 +175,6 @@ class Relay:
             for task in tasks + helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            if server is not None:
-                server.shutdown()
-                server.server_close()
             logger.info("relay %s stopped", self.holder)
 
     def _wake(self, shard: int | None) -> None:
@@ -159,16 +188,15 @@ class Relay:
 
     async def _sample_forever(self) -> None:
         """Backlog, oldest pending age, parked rows, group holders: for metrics and /healthz."""
-        url = self.config.database_url.get_secret_value()
+        status = db.query("relay", "status", self.settings.schema_name)
+        params = {"group": self.config.group}
         while not self.stop.is_set():
             try:
-                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                async with await db.connect_async(
+                    self.database_url, application_name="outboxkit-relay-sample"
+                ) as conn:
                     while not self.stop.is_set():
-                        cur = await conn.execute(
-                            query("relay", "status", self.config.schema_name),
-                            {"group": self.config.relay_group},
-                        )
-                        for row in await cur.fetchall():
+                        for row in await db.rows_async(conn, status, params):
                             label = str(row[0])
                             self.metrics.group_active.labels(label).set(1 if row[4] else 0)
                             self.metrics.backlog.labels(label).set(row[5])

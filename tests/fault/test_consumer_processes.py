@@ -146,8 +146,18 @@ def spawn(adapter: str, spawner: Callable[..., Worker]) -> Callable[..., Worker]
 def _fast_session(adapter: str) -> tuple[str, ...]:
     """A killed member is evicted after 6 s instead of the default 45 s."""
     if adapter == "confluent":
-        return ("--config", "session.timeout.ms=6000", "--config", "heartbeat.interval.ms=1000")
-    return ("--config", "session_timeout_ms=6000", "--config", "heartbeat_interval_ms=1000")
+        return (
+            "--kafka-option",
+            "session.timeout.ms=6000",
+            "--kafka-option",
+            "heartbeat.interval.ms=1000",
+        )
+    return (
+        "--kafka-option",
+        "session.timeout.ms=6000",
+        "--kafka-option",
+        "heartbeat.interval.ms=1000",
+    )
 
 
 def _row(db_url: str, event_id: str) -> dict[str, Any]:
@@ -251,7 +261,7 @@ def test_rebalance_mid_handler_one_effect(
         config += ["heartbeat_interval_ms=1000"]
     args: list[str] = ["--lease-seconds", "1.5"]
     for item in config:
-        args += ["--config", item]
+        args += ["--kafka-option", item]
     env = {"APP_SLOW_SECONDS": "25"}
     produce_event(outboxkit_kafka_bootstrap, topic, event_id, "slow-1", 10)
     first = spawn(topic, group=group, extra_env=env, args=tuple(args))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.relay_support import (
+    KAFKA_CLIENTS,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -36,6 +37,7 @@ def processes() -> Iterator[list[RelayProcess]]:
         proc.stop()
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 @pytest.mark.parametrize("point", ["after_claim", "after_produce", "after_kafka_commit"])
 def test_kill_point_loses_and_duplicates_nothing(
     outboxkit_db_url: str,
@@ -43,6 +45,7 @@ def test_kill_point_loses_and_duplicates_nothing(
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
     point: str,
+    client: str,
 ) -> None:
     topic = outboxkit_topic(partitions=2)
     set_shard_count(outboxkit_db_url, 1)
@@ -50,7 +53,11 @@ def test_kill_point_loses_and_duplicates_nothing(
     insert_rows(outboxkit_db_url, topic, expected)
     common = ["--batch-size", "10", "--mode", "exactly_once"]
     victim = RelayProcess(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, common, env={"OUTBOXKIT_FAULT": f"{point}:3"}
+        outboxkit_db_url,
+        outboxkit_kafka_bootstrap,
+        common,
+        env={"OUTBOXKIT_FAULT": f"{point}:3"},
+        client=client,
     )
     processes.append(victim.start())
     assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
@@ -64,6 +71,7 @@ def test_kill_point_loses_and_duplicates_nothing(
         outboxkit_kafka_bootstrap,
         common,
         checkpoint_topic=victim.checkpoint_topic,
+        client=client,
     )
     processes.append(successor.start())
     wait_for(
@@ -77,11 +85,13 @@ def test_kill_point_loses_and_duplicates_nothing(
         assert "reconciled 10 row(s)" in successor.log(), successor.log()
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_at_least_once_mode_loses_nothing_but_may_duplicate_after_kafka_ack(
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
+    client: str,
 ) -> None:
     """The documented difference: without transactions, (c) re-sends the acknowledged batch."""
     topic = outboxkit_topic()
@@ -94,10 +104,13 @@ def test_at_least_once_mode_loses_nothing_but_may_duplicate_after_kafka_ack(
         outboxkit_kafka_bootstrap,
         common,
         env={"OUTBOXKIT_FAULT": "after_kafka_commit:2"},
+        client=client,
     )
     processes.append(victim.start())
     assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
-    processes.append(RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, common).start())
+    processes.append(
+        RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, common, client=client).start()
+    )
     wait_for(lambda: row_states(outboxkit_db_url) == {"published": 30}, timeout=120)
     received = consume(outboxkit_kafka_bootstrap, topic, expect=40)
     values = [r.value for r in received]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
 from outboxkit.devstack import DevStack
 from tests.relay_support import (
+    KAFKA_CLIENTS,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -48,18 +50,22 @@ def _insert_retrying(db_url: str, topic: str, rows: list[tuple[str, bytes]]) -> 
             time.sleep(0.5)
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_broker_outage_of_20_seconds(
     outboxkit_stack: DevStack,
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
+    client: str,
 ) -> None:
     if outboxkit_stack.kafka is None:
         pytest.skip("external Kafka: cannot stop it")
     topic = outboxkit_topic(partitions=2)
     set_shard_count(outboxkit_db_url, 2)
-    relay = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV).start()
+    relay = RelayProcess(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV, client=client
+    ).start()
     processes.append(relay)
     expected = payloads("a", 20) + payloads("b", 20)
     insert_rows(outboxkit_db_url, topic, expected)
@@ -89,18 +95,22 @@ def test_broker_outage_of_20_seconds(
     )
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_postgres_restart(
     outboxkit_stack: DevStack,
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
+    client: str,
 ) -> None:
     if outboxkit_stack.postgres is None:
         pytest.skip("external PostgreSQL: cannot restart it")
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
-    relay = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV).start()
+    relay = RelayProcess(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV, client=client
+    ).start()
     processes.append(relay)
     expected = payloads("a", 30)
     insert_rows(outboxkit_db_url, topic, expected)
@@ -119,15 +129,19 @@ def test_postgres_restart(
     assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=60), expected)
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_relay_backends_terminated(
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
+    client: str,
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
-    relay = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV).start()
+    relay = RelayProcess(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV, client=client
+    ).start()
     processes.append(relay)
     expected = payloads("k", 20)
     insert_rows(outboxkit_db_url, topic, expected)
@@ -151,3 +165,50 @@ def test_relay_backends_terminated(
     assert relay.proc.poll() is None
     assert "AdminShutdown" in relay.log() or "terminat" in relay.log()
     assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=40), expected)
+
+
+def test_relay_started_while_postgres_is_down_waits_and_then_publishes(
+    outboxkit_stack: DevStack,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+) -> None:
+    """A standby that comes up before its database: it waits with back-off, says for what
+    (never the password), and starts publishing once PostgreSQL is back; no traceback."""
+    if outboxkit_stack.postgres is None:
+        pytest.skip("external PostgreSQL: cannot stop it")
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 1)
+    expected = payloads("a", 20)
+    insert_rows(outboxkit_db_url, topic, expected)
+    password = urlsplit(outboxkit_db_url).password
+    assert password
+    outboxkit_stack.postgres.stop()
+    try:
+        relay = RelayProcess(
+            outboxkit_db_url,
+            outboxkit_kafka_bootstrap,
+            env={"OUTBOXKIT_RELAY_BACKOFF_MAX": "1"},
+        ).start()
+        processes.append(relay)
+        wait_for(
+            lambda: relay.log().count("waiting for PostgreSQL at") >= 3,
+            timeout=60,
+            what="the relay waits for PostgreSQL, more than once",
+        )
+        assert relay.proc is not None
+        assert relay.proc.poll() is None  # still running
+    finally:
+        outboxkit_stack.postgres.start()
+    wait_for(
+        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
+        timeout=120,
+        what="the relay publishes once PostgreSQL is back",
+    )
+    assert_exactly_once_in_order(
+        consume(outboxkit_kafka_bootstrap, topic, expect=len(expected)), expected
+    )
+    log = relay.log()
+    assert "Traceback" not in log, log
+    assert password not in log, log

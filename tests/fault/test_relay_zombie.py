@@ -3,20 +3,25 @@
 Zombie: relay A freezes itself (SIGSTOP at a fault point) in the middle of a batch, past its
 lease; relay B takes over and publishes everything; A is resumed (SIGCONT). A must get no write
 through: its Kafka commit is fenced by B's ``init_transactions``, its database writes fail the
-token check, and it reports *lease lost* and goes back to standby.
+token check, and it reports *lease lost* (its own outcome: counted in
+``outboxkit_relay_lease_lost_total``, logged as lease lost, never an error retried) and goes back
+to standby.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+import socket
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
 from tests.relay_support import (
+    KAFKA_CLIENTS,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -32,6 +37,19 @@ pytestmark = pytest.mark.fault
 TopicFactory = Callable[..., str]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _lease_lost_total(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("outboxkit_relay_lease_lost_total{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
 @pytest.fixture
 def processes() -> Iterator[list[RelayProcess]]:
     started: list[RelayProcess] = []
@@ -40,9 +58,13 @@ def processes() -> Iterator[list[RelayProcess]]:
         proc.stop()
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 @pytest.mark.parametrize(
     ("point", "fenced_by"),
     [
+        # Resumed with its batch not sent yet: its records are refused as fenced in the middle
+        # of the send (librdkafka: a fatal error among the delivery callbacks).
+        ("before_send", r"fenced"),
         ("after_produce", r"fenced"),
         # Resumed before its mark: either the local trust deadline stops it first, or the mark
         # is refused by the token check in SQL (tests/integration/test_relay_lease.py proves
@@ -57,17 +79,20 @@ def test_zombie_gets_nothing_through(
     processes: list[RelayProcess],
     point: str,
     fenced_by: str,
+    client: str,
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
     expected = payloads("k", 30) + payloads("j", 30)
     insert_rows(outboxkit_db_url, topic, expected)
     common = ["--batch-size", "10"]
+    port = _free_port()
     zombie = RelayProcess(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
         common,
-        env={"OUTBOXKIT_FAULT": f"{point}:2:stop"},
+        env={"OUTBOXKIT_FAULT": f"{point}:2:stop", "OUTBOXKIT_RELAY_METRICS_PORT": str(port)},
+        client=client,
     ).start()
     processes.append(zombie)
     wait_for(lambda: f"fault point {point}: SIGSTOP" in zombie.log(), timeout=120, what="freeze")
@@ -78,6 +103,7 @@ def test_zombie_gets_nothing_through(
         outboxkit_kafka_bootstrap,
         common,
         checkpoint_topic=zombie.checkpoint_topic,
+        client=client,
     ).start()
     processes.append(successor)
     wait_for(
@@ -95,6 +121,11 @@ def test_zombie_gets_nothing_through(
     wait_for(lambda: "lease lost" in zombie.log(), timeout=60, what="zombie reports lease lost")
     log = zombie.log()
     assert re.search(fenced_by, log), log
+    # Lease lost is its own outcome: counted, and never an (unexpected) error that is retried.
+    assert _lease_lost_total(port) == 1.0
+    assert "unexpected error" not in log, log
+    assert not re.search(r"shard 0: .*retrying in", log), log
+    assert "SystemError" not in log, log
     time.sleep(1.0)  # give a zombie that wrongly went on the chance to write
     with psycopg.connect(outboxkit_db_url) as conn:
         after = conn.execute(

@@ -13,7 +13,7 @@ from tests.relay_support import (
     consume,
     insert_rows,
     payloads,
-    relay_config,
+    relay_settings,
     row_states,
     running_relay,
     set_shard_count,
@@ -34,12 +34,12 @@ async def test_long_open_transaction_is_published_after_it_commits(
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, batch_size=5)
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, batch_size=5)
     slow = psycopg.connect(outboxkit_db_url)  # T1: inserts first (lowest ids), commits last
     try:
         slow_rows = payloads("slow", 3)
         slow_ids = insert_rows(slow, topic, slow_rows)
-        async with running_relay(config):
+        async with running_relay(settings):
             fast_rows = []
             opened = time.monotonic()
             for n in range(10):  # T2..T11 commit while T1 stays open

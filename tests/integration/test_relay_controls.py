@@ -14,7 +14,7 @@ from outboxkit.cli import main
 from tests.relay_support import (
     insert_rows,
     payloads,
-    relay_config,
+    relay_settings,
     row_states,
     running_relay,
     set_shard_count,
@@ -37,15 +37,15 @@ async def test_pause_flag_is_obeyed_and_resume_continues(
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 2)
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=0.5)
-    async with running_relay(config):
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=0.5)
+    async with running_relay(settings):
         insert_rows(outboxkit_db_url, topic, payloads("a", 5))
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 5})
         assert "paused" in _cli(outboxkit_db_url, "relay", "pause", "--reason", "incident 42")
         # One poll interval for every relay to see the flag, plus slack for a loaded machine.
-        await asyncio.sleep(config.poll_interval + 1.5)
+        await asyncio.sleep(settings.relay.poll_interval + 1.5)
         insert_rows(outboxkit_db_url, topic, payloads("b", 5))
-        await asyncio.sleep(config.poll_interval * 4)
+        await asyncio.sleep(settings.relay.poll_interval * 4)
         assert row_states(outboxkit_db_url) == {"published": 5, "pending": 5}
         status = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
         assert status["paused"] is True
@@ -66,8 +66,8 @@ async def test_status_shows_holder_token_backlog_and_age(
     assert sum(s["backlog"] for s in before["shards"]) == 4
     busy = [s for s in before["shards"] if s["backlog"]]
     assert busy[0]["oldest_pending_seconds"] >= 0
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, owned_shards=(0, 1, 2))
-    async with running_relay(config) as relay:
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, shards=(0, 1, 2))
+    async with running_relay(settings) as relay:
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 4})
         after = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
         assert all(s["active"] and s["holder"] == relay.holder for s in after["shards"])
@@ -78,10 +78,11 @@ async def test_status_shows_holder_token_backlog_and_age(
 
 def test_control_commands_read_a_toml_file(outboxkit_db_url: str, tmp_path: Path) -> None:
     config = tmp_path / "relay.toml"
-    config.write_text('[relay]\nrelay_group = "blue"\nkafka_bootstrap = "unused:9092"\n')
+    config.write_text('[kafka]\nbootstrap = "unused:9092"\n[relay]\ngroup = "blue"\n')
     _cli(outboxkit_db_url, "relay", "--config", str(config), "pause", "--reason", "drill")
+    # The connection options are accepted after the command as well.
     status = json.loads(
-        _cli(outboxkit_db_url, "relay", "--config", str(config), "status", "--json")
+        _cli(outboxkit_db_url, "relay", "status", "--config", str(config), "--json")
     )
     assert status["group"] == "blue"
     assert status["paused"] is True

@@ -1,12 +1,19 @@
-"""The lease SQL and the token-conditional writes, directly against PostgreSQL."""
+"""The lease SQL and the token-conditional writes, directly against PostgreSQL.
+
+Expiry is tested by passing the statements a later ``now`` (what production leaves to the
+database clock) instead of sleeping through a TTL.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
+from outboxkit import db
 from outboxkit.errors import LeaseLostError
 from outboxkit.relay.lease import LeaseStore
 from outboxkit.relay.reader import ShardStore
@@ -15,13 +22,12 @@ from tests.relay_support import insert_rows, payloads, row_states, set_shard_cou
 pytestmark = pytest.mark.integration
 
 
-async def _conn(url: str) -> psycopg.AsyncConnection:
-    return await psycopg.AsyncConnection.connect(url, autocommit=True)
+async def _conn(url: str) -> psycopg.AsyncConnection[Any]:
+    return await db.connect_async(url)
 
 
-def _expire(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE outboxkit.relay_lease SET expires_at = now() - interval '1 second'")
+def _later(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
 
 
 async def test_one_holder_tokens_grow_and_only_expiry_or_release_hands_over(
@@ -32,11 +38,13 @@ async def test_one_holder_tokens_grow_and_only_expiry_or_release_hands_over(
         first = await leases.acquire(a, "g", 0, "A", 30)
         assert first is not None
         assert await leases.acquire(b, "g", 0, "B", 30) is None  # held and not expired
+        assert await leases.acquire(b, "g", 0, "B", 30, now=_later(29)) is None  # not yet
         assert await leases.renew(a, first)
-        _expire(outboxkit_db_url)
-        assert not await leases.renew(a, first)  # an expired lease is never revived
+        # 31 s later the renewed lease has expired: it is never revived...
+        assert not await leases.renew(a, first, now=_later(31))
         assert first.lost_reason is not None
-        second = await leases.acquire(b, "g", 0, "B", 30)
+        # ...and a standby may take it, with a greater token.
+        second = await leases.acquire(b, "g", 0, "B", 30, now=_later(31))
         assert second is not None
         assert second.token > first.token
         assert await leases.release(b, second)
@@ -69,8 +77,7 @@ async def test_writes_with_a_stale_token_change_nothing(outboxkit_db_url: str) -
     async with await _conn(outboxkit_db_url) as zombie, await _conn(outboxkit_db_url) as heir:
         old = await leases.acquire(zombie, "default", 0, "A", 30)
         assert old is not None
-        _expire(outboxkit_db_url)
-        new = await leases.acquire(heir, "default", 0, "B", 30)
+        new = await leases.acquire(heir, "default", 0, "B", 30, now=_later(31))
         assert new is not None
         for write in (
             store.mark_published(zombie, old, ids, delete=False),
@@ -84,3 +91,19 @@ async def test_writes_with_a_stale_token_change_nothing(outboxkit_db_url: str) -
         assert row_states(outboxkit_db_url) == {"pending": 3}
         assert await store.mark_published(heir, new, ids, delete=False) == 3
         assert row_states(outboxkit_db_url) == {"published": 3}
+
+
+async def test_retention_deletes_only_rows_older_than_the_window(outboxkit_db_url: str) -> None:
+    set_shard_count(outboxkit_db_url, 1)
+    ids = insert_rows(outboxkit_db_url, "t", payloads("k", 5))
+    leases = LeaseStore("outboxkit")
+    store = ShardStore("outboxkit")
+    async with await _conn(outboxkit_db_url) as conn:
+        term = await leases.acquire(conn, "default", 0, "A", 30)
+        assert term is not None
+        assert await store.mark_published(conn, term, ids, delete=False) == 5
+        hour = 3600.0
+        assert await store.retention(conn, term, hour, 10) == 0  # nothing is an hour old
+        assert await store.retention(conn, term, hour, 2, now=_later(hour + 1)) == 2  # batches
+        assert await store.retention(conn, term, hour, 10, now=_later(hour + 1)) == 3
+    assert row_states(outboxkit_db_url) == {}

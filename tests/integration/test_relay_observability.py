@@ -14,7 +14,7 @@ import pytest
 from tests.relay_support import (
     insert_rows,
     payloads,
-    relay_config,
+    relay_settings,
     row_states,
     running_relay,
     set_shard_count,
@@ -51,11 +51,11 @@ async def test_metrics_and_health(
     insert_rows(outboxkit_db_url, topic, rows)
     port = _free_port()
     # This relay watches shard 0 only: shard 1 has backlog and no holder -> unhealthy.
-    config = relay_config(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, metrics_port=port, owned_shards=(0,)
+    settings = relay_settings(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, metrics_port=port, shards=(0,)
     )
     base = f"http://127.0.0.1:{port}"
-    async with running_relay(config):
+    async with running_relay(settings):
 
         def shard_1_unhealthy() -> bool:
             code, body = _get(f"{base}/healthz")
@@ -76,8 +76,8 @@ async def test_metrics_and_health(
         assert "outboxkit_relay_lease_token" in metrics
         assert 'outboxkit_relay_lease_lost_total{shard="0"} 0.0' in metrics
     # A second relay for shard 1 as well: everything drains, health recovers.
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, metrics_port=port)
-    async with running_relay(config):
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, metrics_port=port)
+    async with running_relay(settings):
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": len(rows)})
         await wait_for_async(lambda: _get(f"{base}/healthz")[0] == 200, what="healthy")
         _, metrics = await asyncio.to_thread(_get, f"{base}/metrics")
@@ -95,12 +95,14 @@ async def test_retention_removes_published_rows_in_small_batches(
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
     insert_rows(outboxkit_db_url, topic, payloads("k", 30))
-    kept = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, retention_seconds=3600)
-    async with running_relay(kept):
+    kept = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, retention_seconds=3600)
+    async with running_relay(kept) as relay:
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 30})
-        await asyncio.sleep(kept.poll_interval * 6)  # a retention pass ran; nothing is old yet
-        assert row_states(outboxkit_db_url) == {"published": 30}
-    purge = relay_config(
+        worker = relay.workers[0]
+        passes = worker.retention_passes
+        await wait_for_async(lambda: worker.retention_passes > passes, what="a retention pass")
+        assert row_states(outboxkit_db_url) == {"published": 30}  # nothing is an hour old
+    purge = relay_settings(
         outboxkit_db_url, outboxkit_kafka_bootstrap, retention_seconds=0, retention_batch=7
     )
     async with running_relay(purge):

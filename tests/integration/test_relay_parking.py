@@ -24,7 +24,7 @@ from tests.relay_support import (
     consume,
     insert_rows,
     payloads,
-    relay_config,
+    relay_settings,
     row_states,
     running_relay,
     set_shard_count,
@@ -54,7 +54,7 @@ def _cli(db_url: str, *args: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("mode", "producer"),
+    ("mode", "client"),
     [("exactly_once", "confluent"), ("at_least_once", "confluent"), ("exactly_once", "aiokafka")],
 )
 async def test_oversized_and_unknown_topic_park_and_retry_in_order(
@@ -62,7 +62,7 @@ async def test_oversized_and_unknown_topic_park_and_retry_in_order(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     mode: str,
-    producer: str,
+    client: str,
 ) -> None:
     set_shard_count(outboxkit_db_url, 1)
     topic = outboxkit_topic(config={"max.message.bytes": "4000"})
@@ -76,10 +76,10 @@ async def test_oversized_and_unknown_topic_park_and_retry_in_order(
     insert_rows(outboxkit_db_url, topic, rows_big[1:])
     insert_rows(outboxkit_db_url, topic, payloads("lost", 2, start=1))  # behind the parked one
     insert_rows(outboxkit_db_url, topic, payloads("ok", 5, start=10))
-    config = relay_config(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=50, producer=producer
+    settings = relay_settings(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=50, client=client
     )
-    async with running_relay(config):
+    async with running_relay(settings):
         await wait_for_async(
             lambda: (
                 _states_by_key(outboxkit_db_url)
@@ -139,8 +139,8 @@ async def test_skip_policy_lets_same_key_rows_pass_and_discard_unblocks(
     missing = f"missing-{uuid.uuid4().hex[:8]}"
     insert_rows(outboxkit_db_url, missing, payloads("k", 1))
     insert_rows(outboxkit_db_url, topic, payloads("k", 2, start=1))
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, parked_key_policy="skip")
-    async with running_relay(config):
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, parked_key_policy="skip")
+    async with running_relay(settings):
         await wait_for_async(
             lambda: _states_by_key(outboxkit_db_url) == {"k": ["parked", "published", "published"]},
             what="skip policy publishes behind the parked row",
@@ -162,8 +162,8 @@ async def test_discard_unblocks_waiting_key(
     missing = f"missing-{uuid.uuid4().hex[:8]}"
     insert_rows(outboxkit_db_url, missing, payloads("k", 1))
     insert_rows(outboxkit_db_url, topic, payloads("k", 2, start=1))
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap)
-    async with running_relay(config):
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap)
+    async with running_relay(settings):
         await wait_for_async(
             lambda: _states_by_key(outboxkit_db_url) == {"k": ["parked", "pending", "pending"]},
             what="waiting behind the parked row",

@@ -8,11 +8,12 @@ import psycopg
 import pytest
 
 from tests.relay_support import (
+    KAFKA_CLIENTS,
     assert_exactly_once_in_order,
     consume,
     insert_rows,
     payloads,
-    relay_config,
+    relay_settings,
     row_states,
     running_relay,
     set_shard_count,
@@ -24,23 +25,23 @@ pytestmark = pytest.mark.integration
 TopicFactory = Callable[..., str]
 
 
-@pytest.mark.parametrize("producer", ["confluent", "aiokafka"])
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
 async def test_publishes_every_row_once_in_key_order(
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     mode: str,
-    producer: str,
+    client: str,
 ) -> None:
     topic = outboxkit_topic(partitions=3)
     set_shard_count(outboxkit_db_url, 2)
     expected = payloads("a", 30) + payloads("b", 30) + payloads("c", 30)
     insert_rows(outboxkit_db_url, topic, expected, headers={"traceparent": "00-abc-def-01"})
-    config = relay_config(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=7, producer=producer
+    settings = relay_settings(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, mode=mode, batch_size=7, client=client
     )
-    async with running_relay(config) as relay:
+    async with running_relay(settings) as relay:
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"published": 90}, what="all published"
         )
@@ -73,8 +74,8 @@ async def test_delete_mode_removes_published_rows(
     topic = outboxkit_topic()
     expected = payloads("k", 20)
     insert_rows(outboxkit_db_url, topic, expected)
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, on_publish="delete")
-    async with running_relay(config):
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, on_publish="delete")
+    async with running_relay(settings):
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {}, what="rows deleted")
     assert_exactly_once_in_order(
         consume(outboxkit_kafka_bootstrap, topic, expect=len(expected)), expected

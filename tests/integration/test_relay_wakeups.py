@@ -7,11 +7,11 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from outboxkit.outbox import notify_channel
+from outboxkit.schema import notify_channel
 from tests.relay_support import (
     insert_rows,
     payloads,
-    relay_config,
+    relay_settings,
     row_states,
     running_relay,
     set_shard_count,
@@ -39,8 +39,8 @@ async def test_notify_wakes_the_shard_worker(
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 2)
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=60.0)
-    async with running_relay(config) as relay:
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=60.0)
+    async with running_relay(settings) as relay:
         await wait_for_async(lambda: all(w.active.is_set() for w in relay.workers.values()))
         shard = _insert_and_notify(outboxkit_db_url, topic, "k")
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 1})
@@ -52,8 +52,8 @@ async def test_no_listen_mode_publishes_by_polling(
     outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
 ) -> None:
     topic = outboxkit_topic()
-    config = relay_config(outboxkit_db_url, outboxkit_kafka_bootstrap, listen=False)
-    async with running_relay(config) as relay:
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, listen=False)
+    async with running_relay(settings) as relay:
         _insert_and_notify(outboxkit_db_url, topic, "k")
         insert_rows(outboxkit_db_url, topic, payloads("j", 3))
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 4})

@@ -22,7 +22,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from outboxkit.relay.config import _ENV_FIELDS, ENV_PREFIX, load_config
+from outboxkit.settings import (
+    CONFIG_ENV,
+    PREFIX,
+    SCHEMA_ENV,
+    SECRETS_DIR_ENV,
+    ConsumerSettings,
+    DatabaseSettings,
+    KafkaSettings,
+    RelaySettings,
+    load_settings,
+)
 
 RELAY = Path(__file__).resolve().parents[2] / "relay"
 K8S = RELAY / "k8s"
@@ -32,10 +42,6 @@ INITDB = RELAY / "initdb"
 
 # The oldest Kubernetes the manifests are written for, and the newest the validator knows.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
-
-# Settings the deployment files already set but the relay does not read yet (their code lands
-# separately; until then the variable is ignored and the relay's old default applies).
-PENDING_RELAY_SETTINGS = {"OUTBOXKIT_RELAY_METRICS_HOST"}
 
 METRICS_PORT = 9400
 RELAY_ROLE = "outboxkit_relay"
@@ -255,15 +261,20 @@ def test_the_relay_opens_its_metrics_port_and_probes_healthz() -> None:
 
 
 def test_the_relay_settings_in_the_manifests_are_ones_the_relay_reads() -> None:
-    known = {ENV_PREFIX + suffix for suffix in _ENV_FIELDS} | PENDING_RELAY_SETTINGS
+    known = {CONFIG_ENV, SCHEMA_ENV, SECRETS_DIR_ENV}
+    for model in (DatabaseSettings, KafkaSettings, RelaySettings, ConsumerSettings):
+        prefix = str(model.model_config.get("env_prefix", ""))
+        known |= {(prefix + field).upper() for field in model.model_fields}
     for name, pod in _pod_specs(_resources()):
         for container in _containers(pod):
             for var in _env(container):
-                if var.startswith(ENV_PREFIX):
+                if var.startswith(PREFIX):
                     assert var in known, f"{name}: {var} is not a relay setting"
 
 
-def test_the_configmap_references_resolve_and_its_relay_toml_loads(tmp_path: Path) -> None:
+def test_the_configmap_references_resolve_and_its_relay_toml_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     configmap = _by_name("ConfigMap")["outboxkit-relay"]
     relay = _by_name("Deployment")["outboxkit-relay"]["spec"]["template"]["spec"]
     for container in relay["containers"]:
@@ -275,13 +286,18 @@ def test_the_configmap_references_resolve_and_its_relay_toml_loads(tmp_path: Pat
     toml = tmp_path / "relay.toml"
     toml.write_text(configmap["data"]["relay.toml"])
     tomllib.loads(toml.read_text())
-    env = {"OUTBOXKIT_DATABASE_URL": "postgresql://u@h/db", "OUTBOXKIT_KAFKA_BOOTSTRAP": "k:9092"}
-    assert load_config(toml, env=env).relay_group == "default"
+    _service_env(monkeypatch)
+    assert load_settings(toml).relay.group == "default"
 
 
-def test_the_example_toml_still_loads() -> None:
-    env = {"OUTBOXKIT_DATABASE_URL": "postgresql://u@h/db", "OUTBOXKIT_KAFKA_BOOTSTRAP": "k:9092"}
-    assert load_config(RELAY / "relay.example.toml", env=env).metrics_port == METRICS_PORT
+def _service_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOXKIT_DATABASE_URL", "postgresql://u@h/db")
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_BOOTSTRAP", "k:9092")
+
+
+def test_the_example_toml_still_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    _service_env(monkeypatch)
+    assert load_settings(RELAY / "relay.example.toml").relay.metrics_port == METRICS_PORT
 
 
 # --- Compose ------------------------------------------------------------------------------------

@@ -1,68 +1,24 @@
-"""Pure logic of the relay: configuration, fault specs, error kinds, back-off, lease trust."""
+"""Pure logic of the relay: fault specs, error kinds, back-off, lease trust, records.
+
+(Settings are tested in ``test_settings.py``.)"""
 
 from __future__ import annotations
 
 import random
 import uuid
-from pathlib import Path
 
 import pytest
 
-from outboxkit.errors import ConfigurationError, LeaseLostError
+from outboxkit.errors import LeaseLostError
+from outboxkit.kafka.api import RecordError, transactional_id
+from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
-from outboxkit.relay.config import Mode, OnPublish, ParkedKeyPolicy, load_config
 from outboxkit.relay.faults import parse_fault
 from outboxkit.relay.lease import LeaseTerm, trust_margin
-from outboxkit.relay.producer.base import RecordError, transactional_id
-from outboxkit.relay.producer.errors import ErrorKind, classify
 from outboxkit.relay.reader import OutboxRecord
-from outboxkit.relay.shard_worker import backoff_delay
+from outboxkit.relay.waiting import backoff_delay
 
 pytestmark = pytest.mark.unit
-
-SECRET_URL = "postgresql://relay:s3cret-pw@db.example:5432/app"
-
-
-def test_config_layers_file_then_env_then_overrides(tmp_path: Path) -> None:
-    path = tmp_path / "relay.toml"
-    path.write_text(
-        '[relay]\ndatabase_url = "postgresql:///file"\nkafka_bootstrap = "file:9092"\n'
-        'batch_size = 50\nmode = "at_least_once"\n'
-    )
-    env = {"OUTBOXKIT_KAFKA_BOOTSTRAP": "env:9092", "OUTBOXKIT_RELAY_SHARDS": "1,3"}
-    config = load_config(path, env=env, overrides={"batch_size": 7, "lease_ttl": None})
-    assert config.database_url.get_secret_value() == "postgresql:///file"
-    assert config.kafka_bootstrap == "env:9092"
-    assert config.batch_size == 7
-    assert config.owned_shards == (1, 3)
-    assert config.mode is Mode.AT_LEAST_ONCE
-    assert config.on_publish is OnPublish.MARK
-    assert config.parked_key_policy is ParkedKeyPolicy.WAIT
-    assert config.lease_ttl == 15.0
-
-
-def test_secrets_never_show_in_repr_summary_or_errors() -> None:
-    config = load_config(
-        env={"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_KAFKA_BOOTSTRAP": "k"}
-    )
-    assert "s3cret" not in repr(config)
-    assert "s3cret" not in str(config.safe_summary())
-    with pytest.raises(ConfigurationError) as caught:
-        load_config(env={"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_RELAY_BATCH_SIZE": "x"})
-    assert "s3cret" not in str(caught.value)
-    assert "batch_size" in str(caught.value)
-
-
-def test_retention_can_be_switched_off() -> None:
-    env = {
-        "OUTBOXKIT_DATABASE_URL": "x",
-        "OUTBOXKIT_KAFKA_BOOTSTRAP": "k",
-        "OUTBOXKIT_RELAY_RETENTION_SECONDS": "forever",
-        "OUTBOXKIT_RELAY_LISTEN": "false",
-    }
-    config = load_config(env=env)
-    assert config.retention_seconds is None
-    assert config.listen is False
 
 
 @pytest.mark.parametrize(
@@ -184,9 +140,37 @@ def test_record_headers_carry_identity_and_trace_context() -> None:
     assert "aggregate-id" not in headers
 
 
-def test_the_shipped_example_configuration_is_valid() -> None:
-    example = Path(__file__).resolve().parents[2] / "relay" / "relay.example.toml"
-    env = {"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_KAFKA_BOOTSTRAP": "kafka:9092"}
-    config = load_config(example, env=env)
-    assert config.mode is Mode.EXACTLY_ONCE
-    assert config.metrics_port == 9400
+class _BrokenError:
+    """A delivery error whose first call fails, as when confluent-kafka left the fatal
+    ``_FENCED`` exception pending before calling the delivery callback."""
+
+    def name(self) -> str:
+        from confluent_kafka import KafkaError, KafkaException
+
+        try:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer producer"))
+        except KafkaException as pending:
+            raise SystemError("<method 'name'> returned a result with an exception set") from (
+                pending
+            )
+
+    def str(self) -> str:
+        return "unused"
+
+
+def test_delivery_callback_never_raises_and_a_fenced_record_means_fenced() -> None:
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.errors import ProducerFencedError
+    from outboxkit.kafka.api import Delivery
+    from outboxkit.kafka.confluent_producer import _raise_if_fenced, _report
+
+    results: list[Delivery | None] = [None, None]
+    _report(results, 0, _BrokenError(), None)  # must not raise into librdkafka
+    first = results[0]
+    assert first is not None
+    assert first.error is not None
+    assert first.error.name == "_FENCED"
+    assert first.error.kind is ErrorKind.FENCED
+    with pytest.raises(ProducerFencedError):
+        _raise_if_fenced(results)
+    _raise_if_fenced([Delivery(error=RecordError("MSG_SIZE_TOO_LARGE", "x")), None])

@@ -6,21 +6,24 @@ SELECT shard_count FROM {schema}.outbox_setting;
 
 -- name: lease_acquire
 -- Take the lease when it is free, expired (by the database clock) or already ours (a restart of
--- our own session). A fresh token every time; nextval only grows.
+-- our own session). A fresh token every time; nextval only grows. The "now" parameter is NULL in
+-- production (the database clock); tests pass a later time instead of waiting for an expiry.
 INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
 VALUES (:group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
-        now() + :ttl * interval '1 second')
+        coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second')
 ON CONFLICT (relay_group, shard) DO UPDATE
 SET holder = excluded.holder, token = excluded.token, acquired_at = now(), renewed_at = now(),
     expires_at = excluded.expires_at
-WHERE l.holder IS NULL OR l.expires_at <= now() OR l.holder = excluded.holder
+WHERE l.holder IS NULL OR l.holder = excluded.holder
+   OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
 RETURNING token;
 
 -- name: lease_renew
 UPDATE {schema}.relay_lease
-SET renewed_at = now(), expires_at = now() + :ttl * interval '1 second'
+SET renewed_at = now(),
+    expires_at = coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
 WHERE relay_group = :group AND shard = :shard AND token = :token
-  AND holder = :holder AND expires_at > now()
+  AND holder = :holder AND expires_at > coalesce(CAST(:now AS timestamptz), now())
 RETURNING token;
 
 -- name: lease_release
@@ -133,7 +136,8 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 WITH {_lease_held}, victims AS (
     SELECT id FROM {schema}.outbox_message
     WHERE state = 'published' AND shard = :shard
-      AND published_at < now() - :keep_seconds * interval '1 second'
+      AND published_at
+          < coalesce(CAST(:now AS timestamptz), now()) - :keep_seconds * interval '1 second'
       AND EXISTS (SELECT 1 FROM lease)
     ORDER BY published_at
     LIMIT :limit
@@ -141,6 +145,10 @@ WITH {_lease_held}, victims AS (
     DELETE FROM {schema}.outbox_message m USING victims v WHERE m.id = v.id RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: listen
+-- The schema's LISTEN/NOTIFY channel (outboxkit.schema.notify_channel), quoted by the loader.
+LISTEN {channel};
 
 -- name: control_paused
 SELECT coalesce((SELECT paused FROM {schema}.relay_control WHERE relay_group = :group), false);

@@ -1,0 +1,126 @@
+"""Topic metadata and creation on aiokafka.
+
+Metadata is asked for with ``allow_auto_topic_creation=False`` (aiokafka's admin ``describe_topics``
+would let a broker with auto-creation on create the topic with its defaults: the checkpoint topic
+must be created compacted, by :meth:`create_topic`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
+
+from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.api import Admin, TopicInfo
+from outboxkit.kafka.config import aiokafka_options
+from outboxkit.settings import KafkaSettings
+
+_UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
+_TOPIC_ALREADY_EXISTS = 36
+
+
+def _entries(resource: dict[str, Any]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for entry in resource.get("config_entries", []):
+        name = entry.get("config_names", entry.get("config_name"))
+        out[str(name)] = entry.get("config_value")
+    return out
+
+
+class AiokafkaAdmin(Admin):
+    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._timeout = timeout
+        self._options = aiokafka_options(settings, request_timeout_ms=int(timeout * 1000))
+        self._clients: tuple[AIOKafkaAdminClient, AIOKafkaClient] | None = None
+
+    async def _ready(self) -> tuple[AIOKafkaAdminClient, AIOKafkaClient]:
+        """Both clients, started (made here: aiokafka wants a running event loop)."""
+        if self._clients is None:
+            admin = AIOKafkaAdminClient(**self._options)
+            client = AIOKafkaClient(**self._options)
+            try:
+                await self._call("cannot reach Kafka", admin.start())
+                await self._call("cannot reach Kafka", client.bootstrap())
+            except BaseException:
+                await admin.close()
+                await client.close()
+                raise
+            self._clients = (admin, client)
+        return self._clients
+
+    async def _call(self, what: str, awaitable: Any) -> Any:
+        try:
+            return await asyncio.wait_for(awaitable, self._timeout)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            raise PublishError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def describe_topic(self, topic: str) -> TopicInfo | None:
+        _, client = await self._ready()
+        request = MetadataRequest([topic], allow_auto_topic_creation=False)
+        response = await self._call(
+            f"metadata for topic {topic!r}", client.send(client.get_random_node(), request)
+        )
+        for found in response.to_object()["topics"]:
+            if found["topic"] != topic:
+                continue
+            if found["error_code"] == _UNKNOWN_TOPIC:
+                return None
+            if found["error_code"]:
+                raise PublishError(f"metadata for topic {topic!r}: error {found['error_code']}")
+            return TopicInfo(topic, len(found["partitions"]))
+        return None
+
+    async def _default_replication(self) -> int:
+        admin, client = await self._ready()
+        broker = next(iter(client.cluster.brokers())).nodeId
+        resource = ConfigResource(
+            ConfigResourceType.BROKER, str(broker), {"default.replication.factor": None}
+        )
+        (response,) = await self._call("broker configuration", admin.describe_configs([resource]))
+        (found,) = response.to_object()["resources"]
+        value = _entries(found).get("default.replication.factor")
+        return int(value) if value else 1
+
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        config: dict[str, str],
+        replication_factor: int | None = None,
+    ) -> None:
+        admin, _ = await self._ready()
+        if replication_factor is None:
+            replication_factor = await self._default_replication()
+        new = NewTopic(topic, partitions, replication_factor, topic_configs=dict(config))
+        response = await self._call(f"cannot create topic {topic!r}", admin.create_topics([new]))
+        for result in response.to_object()["topic_errors"]:
+            code = result["error_code"]
+            if code and code != _TOPIC_ALREADY_EXISTS:
+                raise PublishError(
+                    f"cannot create topic {topic!r}: error {code} {result.get('error_message')}"
+                )
+
+    async def topic_config(self, topic: str, name: str) -> str | None:
+        admin, _ = await self._ready()
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {name: None})
+        (response,) = await self._call(
+            f"configuration of topic {topic!r}", admin.describe_configs([resource])
+        )
+        (found,) = response.to_object()["resources"]
+        if found["error_code"] == _UNKNOWN_TOPIC:
+            raise PermanentPublishError(f"topic {topic!r} does not exist")
+        if found["error_code"]:
+            raise PublishError(f"configuration of topic {topic!r}: error {found['error_code']}")
+        return _entries(found).get(name)
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, None
+        if clients is not None:
+            await clients[0].close()
+            await clients[1].close()

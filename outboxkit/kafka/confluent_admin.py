@@ -1,0 +1,113 @@
+"""Topic metadata and creation on confluent-kafka's AdminClient (blocking calls in a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.api import Admin, TopicInfo
+from outboxkit.kafka.config import confluent_config
+from outboxkit.settings import KafkaSettings
+
+_MISSING = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_ID"})
+
+
+def _error(exc: KafkaException) -> KafkaError | None:
+    error = exc.args[0] if exc.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
+class ConfluentAdmin(Admin):
+    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._timeout = timeout
+        # Never let a metadata lookup create a topic with the broker's defaults: the checkpoint
+        # topic must be created compacted, by create_topic.
+        self._client: AdminClient | None = AdminClient(
+            confluent_config(settings, {"allow.auto.create.topics": False})
+        )
+
+    @property
+    def _c(self) -> AdminClient:
+        if self._client is None:
+            raise PublishError("admin client already closed")
+        return self._client
+
+    async def _call(self, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(call, *args, **kwargs)
+        except KafkaException as exc:
+            raise PublishError(f"{what}: {_error(exc) or exc}") from None
+        finally:
+            self._c.poll(0)  # serves librdkafka's log lines (and nothing else, for an admin)
+
+    async def describe_topic(self, topic: str) -> TopicInfo | None:
+        metadata = await self._call(
+            f"metadata for topic {topic!r}", self._c.list_topics, topic=topic, timeout=self._timeout
+        )
+        found = metadata.topics.get(topic)
+        if found is None:
+            return None
+        if found.error is not None:
+            if found.error.name() in _MISSING:
+                return None
+            raise PublishError(f"metadata for topic {topic!r}: {found.error}")
+        return TopicInfo(topic, len(found.partitions))
+
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        config: dict[str, str],
+        replication_factor: int | None = None,
+    ) -> None:
+        new = NewTopic(
+            topic,
+            num_partitions=partitions,
+            replication_factor=-1 if replication_factor is None else replication_factor,
+            config=dict(config),
+        )
+
+        def create() -> None:
+            futures = self._c.create_topics([new], operation_timeout=self._timeout)
+            for future in futures.values():
+                try:
+                    future.result(timeout=self._timeout)
+                except KafkaException as exc:
+                    error = _error(exc)
+                    if error is None or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise
+
+        await self._call(f"cannot create topic {topic!r}", create)
+
+    async def topic_config(self, topic: str, name: str) -> str | None:
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+
+        def describe() -> Any:
+            (future,) = self._c.describe_configs([resource], request_timeout=self._timeout).values()
+            try:
+                return future.result(timeout=self._timeout)
+            except KafkaException as exc:
+                error = _error(exc)
+                if error is not None and error.name() in _MISSING:
+                    return None
+                raise
+
+        entries = await self._call(f"configuration of topic {topic!r}", describe)
+        if entries is None:
+            raise PermanentPublishError(f"topic {topic!r} does not exist")
+        entry = entries.get(name)
+        return None if entry is None or entry.value is None else str(entry.value)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.poll(0)

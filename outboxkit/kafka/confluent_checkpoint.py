@@ -1,0 +1,70 @@
+"""Read one partition to its end, ``read_committed``, on confluent-kafka (in a worker thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from outboxkit.errors import PublishError
+from outboxkit.kafka.api import CheckpointReader
+from outboxkit.kafka.config import confluent_config
+from outboxkit.settings import KafkaSettings
+
+
+class ConfluentCheckpointReader(CheckpointReader):
+    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._settings = settings
+        self._timeout = timeout
+
+    @staticmethod
+    def _consumer_config() -> dict[str, Any]:
+        return {
+            "group.id": f"outboxkit-checkpoint-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+
+    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        return await asyncio.to_thread(self._last_committed, topic, partition, key)
+
+    def _last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        consumer = Consumer(confluent_config(self._settings, None, **self._consumer_config()))
+        start = TopicPartition(topic, partition, OFFSET_BEGINNING)
+        try:
+            _, high = consumer.get_watermark_offsets(start, timeout=self._timeout)
+            consumer.assign([start])
+            last: bytes | None = None
+            deadline = time.monotonic() + self._timeout
+            position = 0
+            while position < high:
+                if time.monotonic() > deadline:
+                    raise PublishError(f"{topic} [{partition}] not readable to its end in time")
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    # Aborted records and transaction markers are skipped without an EOF: ask.
+                    (now_at,) = consumer.position([start])
+                    position = max(position, now_at.offset or 0)
+                    continue
+                error = msg.error()
+                offset = msg.offset() or 0
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        position = max(position, offset)
+                        continue
+                    raise PublishError(f"reading {topic} [{partition}] failed: {error}")
+                position = offset + 1
+                if msg.key() == key:
+                    last = msg.value()
+            return last
+        except KafkaException as exc:
+            raise PublishError(f"reading {topic} [{partition}] failed: {exc}") from None
+        finally:
+            consumer.close()
+
+    async def close(self) -> None:
+        return None

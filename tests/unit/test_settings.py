@@ -1,0 +1,225 @@
+"""The one settings model: sources and their order, secrets, errors, ``config show``, relay CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.cli import main
+from outboxkit.errors import ConfigurationError
+from outboxkit.settings import KafkaClient, Mode, OnPublish, ParkedKeyPolicy, load_settings
+
+pytestmark = pytest.mark.unit
+
+SECRET_URL = "postgresql://relay:s3cret-pw@db.example:5432/app"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only what a test sets: no OUTBOXKIT_* from the surrounding environment."""
+    for name in list(os.environ):
+        if name.startswith("OUTBOXKIT_"):
+            monkeypatch.delenv(name)
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "outboxkit.toml"
+    path.write_text(text)
+    return path
+
+
+def test_sources_in_order_file_env_secret_files_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _toml(
+        tmp_path,
+        'schema = "from_file"\n'
+        '[database]\nurl = "postgresql:///file"\n'
+        '[kafka]\nbootstrap = "file:9092"\nclient = "aiokafka"\nsasl_username = "file-user"\n'
+        '[relay]\nbatch_size = 50\nmode = "at_least_once"\nlease_ttl = 9\n',
+    )
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "OUTBOXKIT_KAFKA_SASL_PASSWORD").write_text("from-file-secret\n")
+    (secrets / "OUTBOXKIT_RELAY_LEASE_TTL").write_text("12")
+    (secrets / "unrelated").write_text("ignored")
+    monkeypatch.setenv("OUTBOXKIT_SECRETS_DIR", str(secrets))
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_BOOTSTRAP", "env:9092")
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_SASL_PASSWORD", "from-env")
+    monkeypatch.setenv("OUTBOXKIT_RELAY_SHARDS", "1,3")
+    monkeypatch.setenv("OUTBOXKIT_RELAY_LEASE_TTL", "11")
+    monkeypatch.setenv("OUTBOXKIT_SCHEMA", "from_env")
+    monkeypatch.setenv("OUTBOXKIT_FAULT", "after_claim")  # not a setting: ignored
+    settings = load_settings(
+        path, overrides={"relay": {"batch_size": 7, "poll_interval": None}, "kafka": {}}
+    )
+    assert settings.database_url.get_secret_value() == "postgresql:///file"  # file
+    assert settings.kafka.bootstrap == "env:9092"  # env over file
+    assert settings.kafka.client is KafkaClient.AIOKAFKA
+    assert settings.kafka.sasl_username == "file-user"  # sections merge across sources
+    assert settings.kafka.sasl_password is not None
+    assert settings.kafka.sasl_password.get_secret_value() == "from-file-secret"  # file wins
+    assert settings.relay.lease_ttl == 12  # secret file over env over TOML
+    assert settings.relay.batch_size == 7  # override
+    assert settings.relay.poll_interval == 1.0  # an override of None is no override
+    assert settings.relay.shards == (1, 3)
+    assert settings.relay.mode is Mode.AT_LEAST_ONCE
+    assert settings.relay.on_publish is OnPublish.MARK
+    assert settings.relay.parked_key_policy is ParkedKeyPolicy.WAIT
+    assert settings.schema_name == "from_env"
+
+
+def test_config_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOXKIT_CONFIG", str(_toml(tmp_path, '[relay]\ngroup = "blue"\n')))
+    assert load_settings().relay.group == "blue"
+    assert load_settings(_toml(tmp_path, "")).relay.group == "default"  # an explicit path wins
+
+
+def test_defaults_need_nothing() -> None:
+    settings = load_settings()
+    assert settings.schema_name == "outboxkit"
+    assert settings.relay.metrics_host == "127.0.0.1"
+    assert settings.relay.shards is None
+    with pytest.raises(ConfigurationError, match="OUTBOXKIT_DATABASE_URL"):
+        _ = settings.database_url
+
+
+def test_off_values_and_json_properties(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOXKIT_RELAY_RETENTION_SECONDS", "forever")
+    monkeypatch.setenv("OUTBOXKIT_RELAY_LISTEN", "false")
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_PROPERTIES", '{"linger.ms": "7", "sasl.oauth": "tok"}')
+    settings = load_settings()
+    assert settings.relay.retention_seconds is None
+    assert settings.relay.listen is False
+    assert settings.kafka.properties["linger.ms"].get_secret_value() == "7"
+    assert "tok" not in repr(settings)
+    assert "tok" not in json.dumps(settings.redacted())
+
+
+def test_secrets_never_show_in_repr_redacted_or_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOXKIT_DATABASE_URL", SECRET_URL)
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_SASL_PASSWORD", "kafka-s3cret")
+    settings = load_settings()
+    shown = json.dumps(settings.redacted())
+    for text in (repr(settings), str(settings), shown):
+        assert "s3cret" not in text
+    assert "relay:***@db.example" in shown  # the URL stays useful, its password does not
+    monkeypatch.setenv("OUTBOXKIT_RELAY_BATCH_SIZE", "s3cret-not-a-number")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert "s3cret" not in str(caught.value)
+    assert "OUTBOXKIT_RELAY_BATCH_SIZE ([relay] batch_size)" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "named"),
+    [
+        ("OUTBOXKIT_RELAY_MODE", "s3cret-mode", "OUTBOXKIT_RELAY_MODE"),
+        ("OUTBOXKIT_RELAY_SHARDS", "1,-2", "OUTBOXKIT_RELAY_SHARDS"),
+        ("OUTBOXKIT_RELAY_TYPO", "s3cret", "OUTBOXKIT_RELAY_TYPO"),
+        ("OUTBOXKIT_KAFKA_PROPERTIES", "s3cret{", "OUTBOXKIT_KAFKA_PROPERTIES"),
+        ("OUTBOXKIT_KAFKA_SECURITY_PROTOCOL", "s3cret", "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL"),
+        ("OUTBOXKIT_SCHEMA", "s3cret\n", "OUTBOXKIT_SCHEMA"),
+        ("OUTBOXKIT_RELAY_BACKOFF_INITIAL", "99", "backoff_initial"),
+    ],
+)
+def test_invalid_settings_name_the_setting_never_the_value(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert named in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_unreadable_sources_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="cannot read configuration file"):
+        load_settings(_toml(tmp_path, "[relay\n"))
+    monkeypatch.setenv("OUTBOXKIT_SECRETS_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ConfigurationError, match="OUTBOXKIT_SECRETS_DIR"):
+        load_settings()
+
+
+def test_the_shipped_example_configuration_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOXKIT_DATABASE_URL", SECRET_URL)
+    settings = load_settings(ROOT / "relay" / "relay.example.toml")
+    assert settings.relay.mode is Mode.EXACTLY_ONCE
+    assert settings.relay.metrics_port == 9400
+    assert settings.kafka.bootstrap == "kafka:9092"
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def _invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=env)
+    return result.exit_code, result.output
+
+
+def test_config_show_prints_effective_settings_redacted(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[kafka]\nbootstrap = "file:9092"\n[relay]\nbatch_size = 9\n')
+    env = {"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_KAFKA_SASL_PASSWORD": "kafka-s3cret"}
+    code, out = _invoke("config", "show", "--config", str(path), "--json", env=env)
+    assert code == 0, out
+    shown = json.loads(out)
+    assert shown["relay"]["batch_size"] == 9
+    assert shown["kafka"]["bootstrap"] == "file:9092"
+    assert shown["kafka"]["sasl_password"] == "**********"
+    assert shown["schema"] == "outboxkit"
+    code, text = _invoke("config", "show", "--config", str(path), env=env)
+    assert code == 0, text
+    assert "[relay]" in text
+    assert "batch_size = 9" in text
+    assert "s3cret" not in out + text
+
+
+def test_config_show_reports_an_invalid_setting_in_one_line() -> None:
+    code, out = _invoke("config", "show", env={"OUTBOXKIT_RELAY_LEASE_TTL": "-1"})
+    assert code == 1
+    assert "OUTBOXKIT_RELAY_LEASE_TTL" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("relay", "--help"),
+        ("relay", "run", "--help"),
+        ("relay", "status", "--help"),
+        ("relay", "pause", "--help"),
+        ("config", "show", "--help"),
+    ],
+)
+def test_help_needs_no_configuration(args: tuple[str, ...]) -> None:
+    code, out = _invoke(*args)
+    assert code == 0, out
+    assert "Usage:" in out
+
+
+def test_relay_commands_without_a_database_url_say_which_setting() -> None:
+    for args in (("relay", "status"), ("relay", "run", "--kafka-bootstrap", "k:9092")):
+        code, out = _invoke(*args)
+        assert code == 1, out
+        assert "OUTBOXKIT_DATABASE_URL" in out
+        assert "Traceback" not in out
+
+
+def test_connection_options_on_the_group_and_on_the_command() -> None:
+    # No server listens on port 1: the URL reaches the connection attempt (and its password
+    # does not reach the output), whether given before or after the command.
+    url = "postgresql://u:s3cret-pw@127.0.0.1:1/db?connect_timeout=2"
+    for args in (
+        ("relay", "--database-url", url, "status"),
+        ("relay", "status", "--database-url", url),
+    ):
+        code, out = _invoke(*args)
+        assert code == 1, out
+        assert "127.0.0.1" in out
+        assert "s3cret" not in out
+        assert "Traceback" not in out
