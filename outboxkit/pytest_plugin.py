@@ -18,7 +18,10 @@ import pytest
 from psycopg import sql
 
 from outboxkit.devstack import DevStack, KafkaServer
+from outboxkit.devstack.aio import run_coroutine
 from outboxkit.devstack.postgres import database_url_with
+from outboxkit.kafka import KafkaClients
+from outboxkit.settings import KafkaSettings
 
 TopicFactory = Callable[..., str]
 
@@ -160,18 +163,19 @@ def outboxkit_empty_db_url(outboxkit_database_url: str) -> Iterator[str]:
 @pytest.fixture
 def outboxkit_topic(outboxkit_kafka_bootstrap: str) -> TopicFactory:
     """Factory: ``outboxkit_topic(partitions=3, config={...})`` creates a uniquely named topic."""
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
-    admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
+    settings = KafkaSettings(bootstrap=outboxkit_kafka_bootstrap, security_protocol="PLAINTEXT")
 
     def create(prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
-            operation_timeout=30,
-        )
-        for future in futures.values():
-            future.result(timeout=60)
+
+        async def make() -> None:
+            admin = KafkaClients(settings, timeout=60.0).admin()
+            try:
+                await admin.create_topic(name, partitions, config or {}, replication_factor=1)
+            finally:
+                await admin.close()
+
+        run_coroutine(make())
         return name
 
     return create

@@ -19,8 +19,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from psycopg import sql
 
 from outboxkit import Message, Outbox
-from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
 from outboxkit.db.migrator import upgrade
+from outboxkit.devstack.postgres import database_url_with, sqlalchemy_url
 
 KEYS = 1000
 PAYLOAD_BYTES = 500

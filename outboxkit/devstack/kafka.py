@@ -11,18 +11,22 @@ import base64
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Literal
 
+from pydantic import SecretStr
+
+from outboxkit.devstack.aio import run_coroutine
 from outboxkit.devstack.files import cache_dir, make_owned_dir, write_private
 from outboxkit.devstack.process import ManagedServer, ServiceProcess, free_port
 from outboxkit.devstack.sasl import SCRAM_SHA_512, SaslSslListener
 from outboxkit.devstack.tls import make_broker_tls
-from outboxkit.errors import DevStackError
+from outboxkit.errors import DevStackError, OutboxkitError
+from outboxkit.kafka import KafkaClients
+from outboxkit.settings import KafkaSettings, SecurityProtocol
 
 KAFKA_VERSION = "4.1.1"
 _LOG4J_VERSION = "2.24.3"
@@ -118,24 +122,22 @@ def _java() -> str:
     return java
 
 
-def _metadata_ok(bootstrap: str, client: dict[str, str] | None = None) -> bool:
-    """A real metadata request, through whichever Kafka client is installed."""
+def _metadata_ok(settings: KafkaSettings) -> bool:
+    """A real metadata request through the Kafka seam (whichever client is installed)."""
+    quiet = settings.model_copy(update={"properties": {"log_level": SecretStr("0")}})
+
+    async def probe() -> None:
+        admin = KafkaClients(quiet, timeout=2.0).admin()
+        try:
+            await admin.describe_topic("__consumer_offsets")
+        finally:
+            await admin.close()
+
     try:
-        from confluent_kafka.admin import AdminClient
-    except ImportError:  # pragma: no cover - the dev group installs confluent-kafka
-        host, port = bootstrap.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=1):
-            return True
-    admin = AdminClient(
-        {
-            **(client or {}),
-            "bootstrap.servers": bootstrap,
-            "socket.timeout.ms": 2000,
-            "log_level": 0,
-        }
-    )
-    meta = admin.list_topics(timeout=2)
-    return bool(meta.brokers)
+        run_coroutine(probe())
+    except OutboxkitError:
+        return False
+    return True
 
 
 class KafkaServer(ManagedServer):
@@ -294,12 +296,14 @@ class KafkaServer(ManagedServer):
             raise DevStackError(f"formatting Kafka storage failed:\n{output}")
 
     def _ready(self) -> bool:
-        if not _metadata_ok(self.plaintext_bootstrap):
+        plain = KafkaSettings(
+            bootstrap=self.plaintext_bootstrap, security_protocol=SecurityProtocol.PLAINTEXT
+        )
+        if not _metadata_ok(plain):
             return False
         if self.sasl_ssl_port is None:
             return True
-        listener = self.sasl_ssl.librdkafka_config()
-        return _metadata_ok(listener.pop("bootstrap.servers"), listener)
+        return _metadata_ok(self.sasl_ssl.kafka_settings())
 
     def start(self, timeout: float = 90.0) -> None:
         if self._service is None:

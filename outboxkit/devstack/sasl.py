@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import SecretStr
 
 from outboxkit.errors import DevStackError
+from outboxkit.settings import KafkaSettings, SaslMechanism, SecurityProtocol
 
 BOOTSTRAP_ENV = "OUTBOXKIT_KAFKA_BOOTSTRAP"
 SECURITY_PROTOCOL_ENV = "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL"
@@ -47,6 +51,17 @@ class SaslSslListener:
             SASL_PASSWORD_ENV: self.password,
             SSL_CA_LOCATION_ENV: self.ca_location,
         }
+
+    def kafka_settings(self) -> KafkaSettings:
+        """The same, as outboxkit's Kafka settings (every field given: nothing from the env)."""
+        return KafkaSettings(
+            bootstrap=self.bootstrap,
+            security_protocol=SecurityProtocol(self.protocol),
+            sasl_mechanism=SaslMechanism(self.mechanism),
+            sasl_username=self.username,
+            sasl_password=SecretStr(self.password),
+            ssl_ca_location=Path(self.ca_location),
+        )
 
     def librdkafka_config(self) -> dict[str, str]:
         """The same, as librdkafka (confluent-kafka) properties."""

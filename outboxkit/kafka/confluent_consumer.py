@@ -50,8 +50,10 @@ class ConfluentGroupConsumer(GroupConsumer):
     def __init__(
         self, settings: KafkaSettings, group_id: str, *, config: Mapping[str, Any] | None = None
     ) -> None:
-        options = {"group.id": group_id, "auto.offset.reset": "earliest", **(config or {})}
-        self._consumer = Consumer(confluent_config(settings, **options, **_FORCED))
+        defaults: dict[str, Any] = {"auto.offset.reset": "earliest"}
+        # The consumer's own options win over the shared properties; _FORCED over both.
+        forced: dict[str, Any] = {**(config or {}), "group.id": group_id, **_FORCED}
+        self._consumer = Consumer(confluent_config(settings, defaults, **forced))
         self._assigned_now: list[TopicPartition] = []
         self._on_assign: Rebalance = lambda tps: None
         self._on_revoke: Revoke = lambda tps: {}

@@ -31,6 +31,7 @@ class ConfluentRecordSender(RecordSender):
             self._producer = Producer(
                 confluent_config(
                     self._settings,
+                    None,
                     **{
                         "enable.idempotence": True,
                         "acks": "all",

@@ -52,8 +52,8 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
     },
     "relay": {
         "shard_count": set(),
-        "lease_acquire": {"group", "shard", "holder", "ttl"},
-        "lease_renew": _FENCE | {"holder", "ttl"},
+        "lease_acquire": {"group", "shard", "holder", "ttl", "now"},
+        "lease_renew": _FENCE | {"holder", "ttl", "now"},
         "lease_release": _FENCE,
         "claim_batch": {"shard", "skip_parked_keys", "in_flight", "limit"},
         "mark_published": _FENCE | {"ids"},
@@ -62,27 +62,28 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "delete_published": _FENCE | {"ids"},
         "park": _FENCE | {"id", "reason"},
         "record_failure": _FENCE | {"ids", "error"},
-        "retention_delete": _FENCE | {"keep_seconds", "limit"},
+        "retention_delete": _FENCE | {"keep_seconds", "limit", "now"},
         "control_paused": {"group"},
         "control_set": {"group", "paused", "reason", "changed_by"},
         "status": {"group"},
         "parked_list": {"limit"},
         "parked_retry": {"all", "ids"},
         "parked_discard": {"all", "ids"},
+        "listen": set(),
     },
     "inbox": {
         "claim": _INBOX_KEY | {
             "idempotency_key", "content_digest", "event_type", "owner", "lease_seconds", "topic",
-            "kafka_partition", "kafka_offset",
+            "kafka_partition", "kafka_offset", "now",
         },
         "get_state": _INBOX_KEY,
         "count_duplicate": _INBOX_KEY,
         "record_rejection": _INBOX_KEY | {
             "reason", "content_digest", "event_type", "topic", "kafka_partition", "kafka_offset",
         },
-        "renew_lease": _INBOX_KEY | {"lease_seconds", "token"},
+        "renew_lease": _INBOX_KEY | {"lease_seconds", "token", "now"},
         "mark_succeeded": _INBOX_KEY | {"token"},
-        "record_failure": _INBOX_KEY | {"error", "token"},
+        "record_failure": _INBOX_KEY | {"error", "token", "now"},
         "finish": _INBOX_KEY | {"state", "error", "token"},
         "record_lease_lost": _INBOX_KEY | {"error"},
         "cancel": _INBOX_KEY | {"reason"},
@@ -91,8 +92,8 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "list_messages": {"consumer", "state", "limit"},
         "list_rejections": {"consumer", "event_id", "limit"},
         "stats": set(),
-        "delete_finished_batch": {"window_seconds", "batch_size"},
-        "delete_rejections_batch": {"window_seconds", "batch_size"},
+        "delete_finished_batch": {"window_seconds", "batch_size", "now"},
+        "delete_rejections_batch": {"window_seconds", "batch_size", "now"},
     },
 }  # fmt: skip
 
@@ -128,7 +129,9 @@ def test_every_statement_compiles_to_psycopg_placeholders(q: Query) -> None:
 def test_one_schema_per_load() -> None:
     for q in all_queries("custom_schema"):
         assert '"outboxkit"' not in q.text
-    assert all('"custom_schema".' in q.text for q in all_queries("custom_schema"))
+    # Every statement that names a table names it in the custom schema (LISTEN names a channel).
+    tables = [q for q in all_queries("custom_schema") if q.name != "listen"]
+    assert all('"custom_schema".' in q.text for q in tables)
 
 
 def test_every_relay_write_is_fenced_by_the_lease_token() -> None:

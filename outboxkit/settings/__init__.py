@@ -1,0 +1,46 @@
+"""One settings model: defaults < TOML file < ``OUTBOXKIT_*`` variables < secret files < overrides.
+
+Each part reads its own variables (``OUTBOXKIT_DATABASE_URL``, ``OUTBOXKIT_KAFKA_*``,
+``OUTBOXKIT_RELAY_*``, ``OUTBOXKIT_CONSUMER_*``, ``OUTBOXKIT_SCHEMA``); ``load_settings`` builds
+the whole :class:`Settings`. Secrets are ``SecretStr`` everywhere.
+"""
+
+from __future__ import annotations
+
+from outboxkit.settings.loading import Settings, describe_errors, load_settings
+from outboxkit.settings.models import (
+    CONFIG_ENV,
+    PREFIX,
+    SCHEMA_ENV,
+    SECRETS_DIR_ENV,
+    ConsumerSettings,
+    DatabaseSettings,
+    KafkaClient,
+    KafkaSettings,
+    Mode,
+    OnPublish,
+    ParkedKeyPolicy,
+    RelaySettings,
+    SaslMechanism,
+    SecurityProtocol,
+)
+
+__all__ = [
+    "CONFIG_ENV",
+    "PREFIX",
+    "SCHEMA_ENV",
+    "SECRETS_DIR_ENV",
+    "ConsumerSettings",
+    "DatabaseSettings",
+    "KafkaClient",
+    "KafkaSettings",
+    "Mode",
+    "OnPublish",
+    "ParkedKeyPolicy",
+    "RelaySettings",
+    "SaslMechanism",
+    "SecurityProtocol",
+    "Settings",
+    "describe_errors",
+    "load_settings",
+]

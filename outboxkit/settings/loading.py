@@ -1,0 +1,220 @@
+"""The whole settings model and how it is loaded: defaults < TOML file < ``OUTBOXKIT_*``
+variables < secret files < overrides. Errors name the setting (its variable and its TOML key),
+never the value.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import ValidationError as PydanticValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.schema import DEFAULT_SCHEMA, validate_schema_name
+from outboxkit.settings.models import (
+    CONFIG_ENV,
+    PREFIX,
+    SCHEMA_ENV,
+    SECRETS_DIR_ENV,
+    ConsumerSettings,
+    DatabaseSettings,
+    KafkaSettings,
+    RelaySettings,
+)
+
+_TOML_FILE: ContextVar[Path | None] = ContextVar("outboxkit_toml_file", default=None)
+_SECRETS_DIR: ContextVar[Path | None] = ContextVar("outboxkit_secrets_dir", default=None)
+
+
+def _schema_alias(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``OUTBOXKIT_SCHEMA`` / TOML ``schema`` -> the ``schema_name`` field (``schema`` is taken
+    by pydantic's BaseModel)."""
+    out = dict(values)
+    for short in ("outboxkit_schema", "schema"):
+        if short in out:
+            out.setdefault(short + "_name", out.pop(short))
+    return out
+
+
+class _EnvSource(EnvSettingsSource):
+    """``OUTBOXKIT_*`` variables, with ``OUTBOXKIT_SCHEMA`` as the schema's name."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return _schema_alias(super()._load_env_vars())
+
+
+class _SecretFilesSource(EnvSettingsSource):
+    """Files named like the variables (``OUTBOXKIT_DATABASE_URL``, ...) in
+    ``OUTBOXKIT_SECRETS_DIR`` (a mounted Kubernetes secret, say). They win over variables."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        directory = _SECRETS_DIR.get()
+        if directory is None:
+            return {}
+        found: dict[str, str | None] = {}
+        for path in sorted(directory.iterdir()):
+            if path.name.upper().startswith(PREFIX) and path.is_file():
+                found[path.name.lower()] = path.read_text().rstrip("\r\n")
+        return _schema_alias(found)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The TOML file: ``[database]``, ``[kafka]``, ``[relay]``, ``[consumer]``, ``schema``."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads the whole document at once
+
+    def __call__(self) -> dict[str, Any]:
+        path = _TOML_FILE.get()
+        if path is None:
+            return {}
+        try:
+            with open(path, "rb") as handle:
+                document = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigurationError(f"cannot read configuration file {path}: {exc}") from None
+        return _schema_alias(document)
+
+
+class Settings(BaseSettings):
+    """Everything outboxkit's processes read; build it with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        env_nested_delimiter="_",
+        env_nested_max_split=1,  # OUTBOXKIT_KAFKA_SASL_PASSWORD -> kafka.sasl_password
+        extra="forbid",
+    )
+
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    relay: RelaySettings = Field(default_factory=RelaySettings)
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    schema_name: str = DEFAULT_SCHEMA
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, values: Any) -> Any:
+        return _schema_alias(values) if isinstance(values, Mapping) else values
+
+    @field_validator("schema_name")
+    @classmethod
+    def _valid_schema(cls, value: str) -> str:
+        try:
+            return validate_schema_name(value)
+        except Exception:
+            raise ValueError("use lower-case letters, digits and _ (at most 63)") from None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest first: overrides, secret files, variables, the TOML file (defaults last).
+        return (
+            init_settings,
+            _SecretFilesSource(settings_cls),
+            _EnvSource(settings_cls),
+            _TomlSource(settings_cls),
+        )
+
+    @property
+    def database_url(self) -> SecretStr:
+        """The URL, or a :class:`ConfigurationError` naming the setting."""
+        if self.database.url is None or not self.database.url.get_secret_value():
+            raise ConfigurationError(
+                "the database URL is not set (OUTBOXKIT_DATABASE_URL, [database] url"
+                " or --database-url)"
+            )
+        return self.database.url
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings as shown to people: secrets masked, the URL's password too."""
+        from outboxkit.db.connect import redact
+
+        shown = self.model_dump(mode="json")
+        shown["schema"] = shown.pop("schema_name")
+        url = self.database.url
+        if url is not None:
+            shown["database"]["url"] = redact(url.get_secret_value(), url)
+        return shown
+
+
+def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Overrides without the options nobody gave (``None``), at any depth."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            nested = _drop_none(value)
+            if nested:
+                out[key] = nested
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+def _setting_name(loc: tuple[int | str, ...]) -> str:
+    """``("relay", "batch_size")`` -> ``OUTBOXKIT_RELAY_BATCH_SIZE ([relay] batch_size)``."""
+    parts = [str(part) for part in loc]
+    if parts and parts[0] == "schema_name":
+        return f"{SCHEMA_ENV} (schema)"
+    if len(parts) >= 2 and parts[0] in Settings.model_fields:
+        variable = PREFIX + "_".join(parts[:2]).upper()
+        return f"{variable} ([{parts[0]}] {'.'.join(parts[1:])})"
+    return ".".join(parts) or "settings"
+
+
+def describe_errors(exc: PydanticValidationError) -> str:
+    """Where and what, never the value (pydantic's own text may echo the input)."""
+    return "; ".join(f"{_setting_name(err['loc'])}: {err['msg']}" for err in exc.errors())
+
+
+def _secrets_dir() -> Path | None:
+    raw = os.environ.get(SECRETS_DIR_ENV)
+    if not raw:
+        return None
+    directory = Path(raw)
+    if not directory.is_dir():
+        raise ConfigurationError(f"{SECRETS_DIR_ENV} is not a readable directory")
+    return directory
+
+
+def load_settings(
+    path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Build the settings; later sources win: defaults, the TOML file (``path`` or
+    ``OUTBOXKIT_CONFIG``), ``OUTBOXKIT_*`` variables, secret files in ``OUTBOXKIT_SECRETS_DIR``,
+    then ``overrides`` (nested by section; ``None`` values are ignored, as for CLI options not
+    given). Raises :class:`ConfigurationError` naming each invalid setting."""
+    toml = path if path is not None else os.environ.get(CONFIG_ENV) or None
+    tokens = (
+        _TOML_FILE.set(Path(toml) if toml is not None else None),
+        _SECRETS_DIR.set(_secrets_dir()),
+    )
+    try:
+        return Settings(**_drop_none(overrides or {}))
+    except PydanticValidationError as exc:
+        raise ConfigurationError(f"invalid settings: {describe_errors(exc)}") from None
+    except SettingsError as exc:
+        # e.g. a variable that should hold JSON does not; the message names the field only.
+        raise ConfigurationError(f"invalid settings: {exc}") from None
+    finally:
+        _SECRETS_DIR.reset(tokens[1])
+        _TOML_FILE.reset(tokens[0])

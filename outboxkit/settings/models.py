@@ -1,0 +1,226 @@
+"""The parts of the settings model: one class per process or engine, each with its own
+``OUTBOXKIT_*`` prefix, so the same Kafka settings reach every client the product creates.
+Secrets are ``SecretStr``: they never show in a repr, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    SettingsConfigDict,
+)
+
+PREFIX = "OUTBOXKIT_"
+CONFIG_ENV = "OUTBOXKIT_CONFIG"
+SECRETS_DIR_ENV = "OUTBOXKIT_SECRETS_DIR"
+SCHEMA_ENV = "OUTBOXKIT_SCHEMA"
+
+
+class SecurityProtocol(StrEnum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class SaslMechanism(StrEnum):
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+class KafkaClient(StrEnum):
+    CONFLUENT = "confluent"
+    AIOKAFKA = "aiokafka"
+
+
+class Mode(StrEnum):
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+class OnPublish(StrEnum):
+    MARK = "mark"
+    DELETE = "delete"
+
+
+class ParkedKeyPolicy(StrEnum):
+    WAIT = "wait"
+    SKIP = "skip"
+
+
+def _text(value: Any) -> str:
+    """A TOML value as librdkafka wants it (``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class DatabaseSettings(BaseSettings):
+    """``OUTBOXKIT_DATABASE_URL``: a libpq URL; ``sslmode`` and friends pass through in it."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_DATABASE_", extra="forbid")
+
+    url: SecretStr | None = None
+
+
+class KafkaSettings(BaseSettings):
+    """Connection and security settings shared by every Kafka client (``OUTBOXKIT_KAFKA_*``).
+
+    ``client`` picks the implementation (default: confluent-kafka when installed, else aiokafka).
+    ``properties`` are extra librdkafka properties for the confluent-kafka client (their values
+    are treated as secrets: a repr shows only their names).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_KAFKA_", extra="forbid")
+
+    bootstrap: str = ""
+    client: KafkaClient | None = None
+    client_id: str = "outboxkit"
+    security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    ssl_certificate_location: Path | None = None
+    ssl_key_location: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    properties: Annotated[dict[str, SecretStr], NoDecode] = Field(default_factory=dict)
+
+    @field_validator("properties", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):  # from a variable: a JSON object of strings
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON object of strings") from None
+        if isinstance(value, Mapping):
+            return {
+                str(name): item if isinstance(item, SecretStr) else _text(item)
+                for name, item in value.items()
+            }
+        return value
+
+    @field_serializer("properties")
+    def _names_only(self, value: dict[str, SecretStr]) -> dict[str, str]:
+        return dict.fromkeys(value, "**********")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in (
+            SecurityProtocol.SASL_SSL,
+            SecurityProtocol.SASL_PLAINTEXT,
+        )
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
+
+
+class RelaySettings(BaseSettings):
+    """The relay process (``outboxkit relay run``), ``OUTBOXKIT_RELAY_*``."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_RELAY_", extra="forbid")
+
+    group: str = Field("default", min_length=1)
+    # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
+    shards: Annotated[tuple[int, ...] | None, NoDecode] = None
+    batch_size: int = Field(500, ge=1, le=10_000)
+    poll_interval: float = Field(1.0, gt=0)  # the longest idle wait; pause/SIGTERM obey within it
+    lease_ttl: float = Field(15.0, gt=0)
+    mode: Mode = Mode.EXACTLY_ONCE
+    on_publish: OnPublish = OnPublish.MARK
+    parked_key_policy: ParkedKeyPolicy = ParkedKeyPolicy.WAIT
+    checkpoint_topic: str = Field("outboxkit.relay.checkpoint", min_length=1)
+    retention_seconds: float | None = Field(86_400.0, ge=0)  # None ("forever") keeps rows
+    retention_batch: int = Field(1000, ge=1)
+    metrics_port: int | None = Field(None, ge=0, le=65_535)
+    metrics_host: str = "127.0.0.1"  # the manifests set 0.0.0.0 inside a pod
+    listen: bool = True
+    backoff_initial: float = Field(0.2, gt=0)
+    backoff_max: float = Field(5.0, gt=0)
+    kafka_timeout: float = Field(30.0, gt=0)
+
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = [part.strip() for part in value.split(",")]
+            return tuple(int(part) for part in parts if part) or None
+        return value
+
+    @field_validator("shards")
+    @classmethod
+    def _non_negative(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and any(shard < 0 for shard in value):
+            raise ValueError("shard numbers must be non-negative")
+        return value
+
+    @field_validator("retention_seconds", "metrics_port", mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("none", "forever", "off", ""):
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> RelaySettings:
+        if self.backoff_initial > self.backoff_max:
+            raise ValueError("backoff_initial must not exceed backoff_max")
+        return self
+
+    @property
+    def lease_renew_interval(self) -> float:
+        return self.lease_ttl / 3
+
+
+class ConsumerSettings(BaseSettings):
+    """The consumer process (``outboxkit inbox run``), ``OUTBOXKIT_CONSUMER_*``.
+
+    ``registry`` and ``handler`` are ``module:attribute`` specs: the ``EventRegistry`` (with
+    handlers registered by ``@registry.handler(...)``), and optionally one function for every
+    event type without its own handler. ``topics`` is a comma-separated list or a JSON list.
+    ``kafka_options`` are extra consumer properties in the client's own spelling.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid")
+
+    name: str | None = None
+    group: str | None = None
+    topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    registry: str | None = None
+    handler: str | None = None
+    max_attempts: int = Field(default=5, ge=1)
+    retry_delay: float = Field(default=0.5, ge=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    dead_letter: str | None = "{topic}.dlq"
+    acks_topic: str | None = None
+    offset_commit_interval: float = Field(default=0.0, ge=0)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    dedup_window: float | None = Field(default=None, gt=0)
+    kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _split_topics(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [t.strip() for t in text.split(",") if t.strip()]
+        return value
+
+    def missing(self) -> list[str]:
+        """The variables ``outboxkit inbox run`` needs that are not set."""
+        needed = {"name": self.name, "group": self.group, "topics": self.topics}
+        needed["registry"] = self.registry or self.handler
+        return [f"OUTBOXKIT_CONSUMER_{k.upper()}" for k, v in needed.items() if not v]
