@@ -29,8 +29,8 @@ from outboxkit import DomainEvents, Event, install_flush_hook
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
-from outboxkit.relay import Mode, Relay, RelayConfig
-from outboxkit.settings import KafkaSettings
+from outboxkit.relay import Relay
+from outboxkit.settings import KafkaSettings, Mode, load_settings
 
 TOPIC = "example.payments"
 
@@ -80,8 +80,12 @@ async def write_payments(url: str, count: int) -> None:
 
 
 async def relay_until_drained(url: str, bootstrap: str) -> None:
-    config = RelayConfig(
-        database_url=url, kafka_bootstrap=bootstrap, mode=Mode.AT_LEAST_ONCE, poll_interval=0.5
+    config = load_settings(
+        overrides={
+            "database": {"url": url},
+            "kafka": {"bootstrap": bootstrap},
+            "relay": {"mode": Mode.AT_LEAST_ONCE, "poll_interval": 0.5},
+        }
     )
     stop = asyncio.Event()
     task = asyncio.create_task(Relay(config, stop=stop).run())

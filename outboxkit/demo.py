@@ -25,9 +25,9 @@ from outboxkit.inbox.confluent import ConfluentInboxConsumer
 from outboxkit.inbox.readback import stats
 from outboxkit.kafka import KafkaClients
 from outboxkit.outbox import Outbox
-from outboxkit.relay import Mode, Relay, RelayConfig
+from outboxkit.relay import Relay
 from outboxkit.schema import DEFAULT_SCHEMA, OutboxState
-from outboxkit.settings import KafkaSettings
+from outboxkit.settings import KafkaSettings, Mode, Settings, load_settings
 from outboxkit.testing import outboxed
 from outboxkit.wire import (
     HEADER_CONTENT_TYPE,
@@ -138,7 +138,7 @@ def _pending(engine: sa.Engine) -> int:
     return sum(int(count) for state, count in counts if state == OutboxState.PENDING)
 
 
-def _relay_until_drained(config: RelayConfig, engine: sa.Engine, timeout: float) -> float:
+def _relay_until_drained(config: Settings, engine: sa.Engine, timeout: float) -> float:
     async def main() -> float:
         stop = asyncio.Event()
         relay = Relay(config, stop=stop)
@@ -231,12 +231,12 @@ def run_demo(
             f" {report.conflicting_writes_rejected}"
         )
 
-        config = RelayConfig(
-            database_url=database_url,
-            kafka_bootstrap=kafka_bootstrap,
-            mode=Mode.EXACTLY_ONCE,
-            poll_interval=0.5,
-            lease_ttl=10,
+        config = load_settings(
+            overrides={
+                "database": {"url": database_url},
+                "kafka": {"bootstrap": kafka_bootstrap},
+                "relay": {"mode": Mode.EXACTLY_ONCE, "poll_interval": 0.5, "lease_ttl": 10},
+            }
         )
         report.relay_seconds = _relay_until_drained(config, engine, timeout=120)
         echo(
