@@ -271,7 +271,9 @@ class KafkaServer(ManagedServer):
 
     def _format(self, libs: Path, config: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        args = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+        # "--cluster-id=<id>": a random id may start with "-", which would read as an option.
+        args = ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}"]
+        args += ["-c", str(config)]
         if self.sasl_ssl_port is not None:
             # The SCRAM user is written into the cluster's first metadata, so it exists before
             # the broker serves anyone. Its password goes through a private Java argument file

@@ -87,12 +87,12 @@ class AiokafkaAdmin(Admin):
         value = _entries(found).get("default.replication.factor")
         return int(value) if value else 1
 
-    async def create_topic(
+    async def _create_topic(
         self,
         topic: str,
         partitions: int,
         config: dict[str, str],
-        replication_factor: int | None = None,
+        replication_factor: int | None,
     ) -> None:
         admin, _ = await self._ready()
         if replication_factor is None:

@@ -7,11 +7,14 @@ outboxkit errors: ``PublishError`` (retriable), ``PermanentPublishError``, ``Pro
 
 from __future__ import annotations
 
+import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from outboxkit.errors import PublishError
 from outboxkit.kafka.errors import ErrorKind, classify
 
 TopicPartition = tuple[str, int]
@@ -116,16 +119,33 @@ class Admin(ABC):
     async def describe_topic(self, topic: str) -> TopicInfo | None:
         """The topic's partition count, or None if it does not exist."""
 
-    @abstractmethod
     async def create_topic(
         self,
         topic: str,
         partitions: int,
         config: dict[str, str],
         replication_factor: int | None = None,
+        *,
+        visible_within: float = 30.0,
     ) -> None:
         """Create it (``replication_factor`` None: the broker's ``default.replication.factor``);
-        a topic that already exists is not an error."""
+        a topic that already exists is not an error. Returns once metadata shows the topic: a
+        broker may answer a metadata request from a cache the creation has not reached yet."""
+        await self._create_topic(topic, partitions, config, replication_factor)
+        deadline = time.monotonic() + visible_within
+        while await self.describe_topic(topic) is None:
+            if time.monotonic() > deadline:
+                raise PublishError(f"topic {topic!r} was created but is not visible yet")
+            await asyncio.sleep(0.05)
+
+    @abstractmethod
+    async def _create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        config: dict[str, str],
+        replication_factor: int | None,
+    ) -> None: ...
 
     @abstractmethod
     async def topic_config(self, topic: str, name: str) -> str | None:

@@ -14,9 +14,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
 
 LIBRDKAFKA_LOGGER = logging.getLogger("outboxkit.kafka.librdkafka")
+
+
+class _CredentialsHint(logging.Filter):
+    """A librdkafka line about a refused login also names the settings to check."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        hinted = with_credentials_hint(message)
+        if hinted is not message:
+            record.msg, record.args = hinted, None
+        return True
+
+
+LIBRDKAFKA_LOGGER.addFilter(_CredentialsHint())
 
 
 def _require_bootstrap(settings: KafkaSettings) -> str:

@@ -62,12 +62,12 @@ class ConfluentAdmin(Admin):
             raise PublishError(f"metadata for topic {topic!r}: {found.error}")
         return TopicInfo(topic, len(found.partitions))
 
-    async def create_topic(
+    async def _create_topic(
         self,
         topic: str,
         partitions: int,
         config: dict[str, str],
-        replication_factor: int | None = None,
+        replication_factor: int | None,
     ) -> None:
         new = NewTopic(
             topic,

@@ -17,6 +17,7 @@ from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.api import ConsumedRecord, GroupConsumer, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
@@ -97,7 +98,7 @@ class ConfluentGroupConsumer(GroupConsumer):
             elif error.fatal():
                 raise OutboxkitError(f"Kafka consumer failed: {error}")
             else:
-                logger.warning("consumer error: %s", error)
+                logger.warning("consumer error: %s", with_credentials_hint(str(error)))
         return records
 
     def _resume_assigned(self, partitions: list[TopicPartition]) -> None:

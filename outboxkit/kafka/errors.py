@@ -63,3 +63,29 @@ def classify(name: str) -> ErrorKind:
     if name in _FENCED:
         return ErrorKind.FENCED
     return ErrorKind.RETRIABLE
+
+
+_AUTH_MARKERS = (
+    "authentication failed",
+    "sasl authentication",
+    "_authentication",
+    "sasl_authentication_failed",
+    "saslauthenticationfailed",
+    "authenticationfailed",
+)
+CREDENTIALS_HINT = (
+    "Kafka refused the credentials: check OUTBOXKIT_KAFKA_SASL_USERNAME,"
+    " OUTBOXKIT_KAFKA_SASL_PASSWORD and OUTBOXKIT_KAFKA_SASL_MECHANISM"
+)
+
+
+def with_credentials_hint(text: str) -> str:
+    """``text``, naming the settings to check when it reports an authentication failure.
+
+    Clients report a refused login in their own words (librdkafka log lines, aiokafka exception
+    names); the operator needs to know which setting to fix.
+    """
+    lowered = text.lower()
+    if CREDENTIALS_HINT in text or not any(marker in lowered for marker in _AUTH_MARKERS):
+        return text
+    return f"{text} ({CREDENTIALS_HINT})"

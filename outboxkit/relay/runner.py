@@ -22,6 +22,7 @@ from outboxkit.db import migrator
 from outboxkit.errors import PublishError
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import TransactionalProducer, transactional_id
+from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.faults import FaultPoints
 from outboxkit.relay.metrics import RelayMetrics
@@ -107,7 +108,8 @@ class Relay:
                 what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"
                 problem = db.redact(str(exc).strip(), url)
             except PublishError as exc:
-                what, problem = f"Kafka at {self.settings.kafka.bootstrap}", str(exc)
+                what = f"Kafka at {self.settings.kafka.bootstrap}"
+                problem = with_credentials_hint(str(exc))
             self.startup_waits += 1
             delay = backoff_delay(
                 self.startup_waits, self.config.backoff_initial, self.config.backoff_max, rng

@@ -302,6 +302,8 @@ def _prepare_all(url: str, schema: str) -> dict[str, list[str]]:
     with db.connect(url) as conn, conn.cursor() as cur:
         for area in AREAS:
             for name, query in db.queries(area, schema).items():
+                if query.text.lstrip().upper().startswith("LISTEN"):
+                    continue  # a utility statement: not preparable, and it takes no parameters
                 order: list[str] = []
 
                 def number(match: Any, order: list[str] = order) -> str:
