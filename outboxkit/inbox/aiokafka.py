@@ -25,6 +25,12 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         return clients.async_group_consumer(group_id, config=config), clients.async_record_sender()
 
     async def start(self) -> None:
+        """Check the dead-letter topics, then join the group."""
+        try:
+            await self.check_dead_letters()
+        except BaseException:
+            await self.close()
+            raise
         await drive_async(self.loop.start(), self.executor)
 
     async def poll_once(self, wait: float | None = None) -> Outcome | None:

@@ -7,6 +7,7 @@ settings (so TLS and SASL reach it and the dead-letter/acks producer alike).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import TracebackType
 from typing import Any
@@ -25,6 +26,12 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
         return clients.group_consumer(group_id, config=config), clients.record_sender()
 
     def start(self) -> None:
+        """Check the dead-letter topics, then join the group."""
+        try:
+            asyncio.run(self.check_dead_letters())
+        except BaseException:
+            self.close()
+            raise
         drive_sync(self.loop.start(), self.executor)
 
     def poll_once(self, timeout: float | None = None) -> Outcome | None:

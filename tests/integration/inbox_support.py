@@ -353,8 +353,11 @@ class Harness:
         dead_letter: str | None = None,
         acks_topic: str | None = None,
         offset_commit_interval: float = 0.0,
+        consumer_options: dict[str, Any] | None = None,
     ) -> None:
         self.metrics = InboxMetrics()
+        # The suite's topics have no dead-letter topic unless a test makes one.
+        self.consumer_options = {"dead_letter_check": "warn", **(consumer_options or {})}
         self.acks_topic = acks_topic
         self.offset_commit_interval = offset_commit_interval
         self.adapter = adapter
@@ -398,6 +401,7 @@ class Harness:
             "acks_topic": self.acks_topic,
             "offset_commit_interval": self.offset_commit_interval,
             "metrics": self.metrics,
+            **self.consumer_options,
         }
 
     def _run_confluent(self) -> None:
