@@ -27,11 +27,10 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
     async def start(self) -> None:
         """Check the dead-letter topics, then join the group."""
         try:
-            await self.check_dead_letters()
+            await drive_async(self.loop.start(), self.executor)
         except BaseException:
             await self.close()
             raise
-        await drive_async(self.loop.start(), self.executor)
 
     async def poll_once(self, wait: float | None = None) -> Outcome | None:
         """Process one record (polling if none is buffered); ``None`` if nothing was."""

@@ -7,7 +7,6 @@ settings (so TLS and SASL reach it and the dead-letter/acks producer alike).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from types import TracebackType
 from typing import Any
@@ -28,11 +27,10 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
     def start(self) -> None:
         """Check the dead-letter topics, then join the group."""
         try:
-            asyncio.run(self.check_dead_letters())
+            drive_sync(self.loop.start(), self.executor)
         except BaseException:
             self.close()
             raise
-        drive_sync(self.loop.start(), self.executor)
 
     def poll_once(self, timeout: float | None = None) -> Outcome | None:
         """Process one record (polling if none is buffered); ``None`` if nothing was."""

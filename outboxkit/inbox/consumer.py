@@ -8,13 +8,13 @@ the driver (sync or async) and the client pair; everything they decide is in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from outboxkit.inbox.deadletter import (
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TOPIC,
+    DeadLetterCheck,
     DeadLetterTopic,
-    check_dead_letter_topics,
 )
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions, kafka_steps
 from outboxkit.inbox.middleware import AsyncInbox, Inbox
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
 
 InboxT = TypeVar("InboxT", Inbox, AsyncInbox)
-DeadLetterCheck = Literal["fail", "warn", "off"]
 Clients = tuple[GroupConsumer | AsyncGroupConsumer, RecordSender | AsyncRecordSender]
 
 
@@ -76,7 +75,6 @@ class InboxConsumer(Generic[InboxT]):
             raise ValueError("max_unexpected_errors must be at least 1")
         self.inbox: InboxT = inbox
         self.group_id = group_id
-        self.dead_letter_check = dead_letter_check
         self.loop = ConsumerLoop(
             inbox.core,
             LoopOptions(
@@ -90,23 +88,12 @@ class InboxConsumer(Generic[InboxT]):
                 max_unexpected_errors=max_unexpected_errors,
                 dead_letter_max_bytes=dead_letter_max_bytes,
                 retention=retention,
+                dead_letter_check=dead_letter_check,
             ),
         )
-        clients = self.clients = KafkaClients(kafka if kafka is not None else KafkaSettings())
+        clients = KafkaClients(kafka if kafka is not None else KafkaSettings())
         consumer, sender = self._clients(clients, group_id, dict(config or {}))
         self.executor: Executor = inbox.executor(kafka_steps(consumer, sender))
 
     def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:
         raise NotImplementedError
-
-    async def check_dead_letters(self) -> None:
-        """The start-up check of the dead-letter topics (see ``dead_letter_check``)."""
-        setting, topics = self.loop.options.dead_letter, self.loop.options.topics
-        if setting is None or self.dead_letter_check == "off":
-            return
-        admin = self.clients.admin()
-        try:
-            strict = self.dead_letter_check == "fail"
-            await check_dead_letter_topics(admin, setting, topics, strict=strict)
-        finally:
-            await admin.close()

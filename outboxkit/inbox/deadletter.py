@@ -6,14 +6,10 @@ dead-letter reader deduplicates by the ``event-id`` header it carries.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
+from typing import Literal
 
-from outboxkit.errors import ConfigurationError
 from outboxkit.inbox.envelope import Envelope
-from outboxkit.kafka.api import Admin
-
-logger = logging.getLogger("outboxkit.inbox.deadletter")
 
 HEADER_DLQ_EVENT_ID = "dlq-event-id"
 HEADER_DLQ_ERROR = "dlq-error"
@@ -22,6 +18,7 @@ HEADER_DLQ_CONSUMER = "dlq-consumer"
 HEADER_DLQ_SOURCE = "dlq-source"  # topic/partition/offset of the original delivery
 
 DeadLetterTopic = str | Callable[[str], str]
+DeadLetterCheck = Literal["fail", "warn", "off"]
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dlq"
 # The producers' default maximum request (confluent-kafka's message.max.bytes); a dead-letter
 # record is trimmed to fit it.
@@ -76,26 +73,13 @@ def dead_letter_headers(
     return kept + ours
 
 
-async def check_dead_letter_topics(
-    admin: Admin, setting: DeadLetterTopic, topics: list[str], *, strict: bool
-) -> list[str]:
-    """Problems with the dead-letter topics of ``topics`` (missing ones), checked at start-up.
+def missing_topic(name: str) -> str:
+    """The start-up problem of a dead-letter topic the cluster does not know.
 
-    A callable ``setting`` is checked for each topic too. ``strict`` raises
-    :class:`ConfigurationError` naming the first missing topic; otherwise each is logged.
     Write permission cannot be probed without writing: a refused publish at run time ends the
     event ``dead`` with the reason instead.
     """
-    problems = []
-    for name in sorted({dead_letter_topic(setting, topic) for topic in topics}):
-        if await admin.describe_topic(name) is None:
-            problems.append(
-                f"dead-letter topic {name!r} does not exist: create it (or set the dead-letter"
-                " topic to none); events that exhaust their attempts would end dead without a"
-                " dead-letter record"
-            )
-    for problem in problems:
-        if strict:
-            raise ConfigurationError(problem)
-        logger.warning(problem)
-    return problems
+    return (
+        f"dead-letter topic {name!r} does not exist: create it (or set no dead-letter topic);"
+        " events that exhaust their attempts would end dead without a dead-letter record"
+    )

@@ -22,14 +22,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from outboxkit.errors import PublishError
+from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.deadletter import (
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TOPIC,
+    DeadLetterCheck,
     DeadLetterTopic,
     dead_letter_headers,
     dead_letter_topic,
+    missing_topic,
 )
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
@@ -50,6 +52,7 @@ from outboxkit.inbox.steps import (
     Seek,
     StepTable,
     Subscribe,
+    TopicExists,
 )
 from outboxkit.kafka.api import (
     AsyncGroupConsumer,
@@ -83,6 +86,7 @@ class LoopOptions:
     max_unexpected_errors: int = 5
     dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES
     retention: Retention | None = None
+    dead_letter_check: DeadLetterCheck = "fail"
 
 
 class ConsumerLoop:
@@ -134,8 +138,25 @@ class ConsumerLoop:
     # -- plans ------------------------------------------------------------------------------------
     def start(self) -> Plan[None]:
         if not self.subscribed:
+            yield from self.check_dead_letters()
             self.subscribed = True
             yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
+
+    def check_dead_letters(self) -> Plan[list[str]]:
+        """Missing dead-letter topics, checked before joining the group (``dead_letter_check``:
+        ``"fail"`` raises :class:`ConfigurationError` naming the first, ``"warn"`` logs them)."""
+        setting, mode = self.options.dead_letter, self.options.dead_letter_check
+        if setting is None or mode == "off":
+            return []
+        problems = []
+        for name in sorted({dead_letter_topic(setting, t) for t in self.options.topics}):
+            if not (yield TopicExists(name)):
+                problems.append(missing_topic(name))
+        for problem in problems:
+            if mode == "fail":
+                raise ConfigurationError(problem)
+            logger.warning(problem)
+        return problems
 
     def run(self, stopped: Callable[[], bool], max_messages: int | None = None) -> Plan[int]:
         """Process until ``stopped()`` (or ``max_messages`` deliveries were settled)."""
@@ -287,6 +308,7 @@ def kafka_steps(
         Pause: lambda s: consumer.pause(s.partitions),
         Resume: lambda s: consumer.resume(s.partitions),
         Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
+        TopicExists: lambda s: sender.topic_exists(s.topic),
         CloseConsumer: lambda s: consumer.close(),
         CloseSender: lambda s: sender.close(),
     }

@@ -292,6 +292,9 @@ class Behaviour:
     fail_only: str | set[str] | None = None  # if set, only this event id (or these) fails
     started: threading.Event = field(default_factory=threading.Event)
     calls: list[tuple[str, int]] = field(default_factory=list)
+    # event id -> a statement run after the effect row with ``sql_params`` (to fail in the db)
+    sql: dict[str, Any] = field(default_factory=dict)
+    sql_params: dict[str, Any] = field(default_factory=dict)
 
     def before_return(self, ctx: HandlerContext) -> None:
         self.calls.append((ctx.event_id, ctx.attempt))
@@ -313,6 +316,8 @@ def _params(event: PaymentRequested, ctx: HandlerContext) -> dict[str, Any]:
 def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]:
     def handle(event: PaymentRequested, ctx: HandlerContext, session: Session) -> None:
         session.execute(INSERT_EFFECT, _params(event, ctx))
+        if ctx.event_id in b.sql:
+            session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
         if b.wait_until_lost:
             deadline = time.monotonic() + 60
@@ -326,6 +331,8 @@ def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]
 def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession], Any]:
     async def handle(event: PaymentRequested, ctx: HandlerContext, session: AsyncSession) -> None:
         await session.execute(INSERT_EFFECT, _params(event, ctx))
+        if ctx.event_id in b.sql:
+            await session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
         if b.wait_until_lost:
             for _ in range(1200):  # at most ~60 s
