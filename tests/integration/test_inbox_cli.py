@@ -133,3 +133,32 @@ def test_run_names_missing_and_invalid_settings_without_echoing_values(
     assert result.exit_code == 1
     assert "max_attempts" in result.output
     assert "s3cret-typo" not in result.output
+
+
+def test_show_prints_control_characters_and_escape_sequences_escaped(
+    outboxkit_db_url: str,
+) -> None:
+    consumer, hostile = f"c-{uuid.uuid4().hex[:6]}", "pay\x1b]0;owned\x07\x1b[2J\nment"
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_rejection"
+            " (consumer, event_id, reason, event_type, topic, kafka_partition, kafka_offset)"
+            " VALUES (%s, %s, %s, %s, 't', 0, 0)",
+            (consumer, "e-1", f"unknown event type {hostile}", hostile),
+        )
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_message"
+            " (consumer, event_id, state, last_error, finished_at)"
+            " VALUES (%s, 'e-1', 'dead', %s, now())",
+            (consumer, hostile),
+        )
+    for args in (
+        ["show", "--rejections", "--consumer", consumer],
+        ["show", "--consumer", consumer],
+        ["show", "--consumer", consumer, "--event-id", "e-1"],
+    ):
+        code, output = _run(args, outboxkit_db_url)
+        assert code == 0, output
+        assert "\x1b" not in output
+        assert "\x07" not in output
+        assert "\\x1b]0;owned\\x07\\x1b[2J\\nment" in output
