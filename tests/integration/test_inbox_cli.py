@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -162,3 +163,24 @@ def test_show_prints_control_characters_and_escape_sequences_escaped(
         assert "\x1b" not in output
         assert "\x07" not in output
         assert "\\x1b]0;owned\\x07\\x1b[2J\\nment" in output
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+def test_run_stops_at_once_naming_a_missing_dead_letter_topic(
+    client: str,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: Callable[..., str],
+) -> None:
+    topic = outboxkit_topic()
+    env = {
+        "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
+        "OUTBOXKIT_CONSUMER_NAME": "billing",
+        "OUTBOXKIT_CONSUMER_GROUP": f"g-{uuid.uuid4().hex[:8]}",
+    }
+    args = ["inbox", "run", "--adapter", client, "--topic", topic]
+    args += ["--registry", "tests.integration.inbox_support:REGISTRY"]
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 1, result.output
+    assert f"dead-letter topic '{topic}.dlq' does not exist" in result.output
