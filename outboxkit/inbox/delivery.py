@@ -265,6 +265,7 @@ class InboxCore:
         if (yield self.statements.renew(event_id, claim.token)).rowcount != 1:
             return (yield from self._lease_lost(run, f"not dead-lettered: {error}"))
         publish = run.dead_letter(run.env, event_id, error, claim.attempts)
+        alert = None
         if publish is not None:
             try:
                 yield publish
@@ -275,11 +276,12 @@ class InboxCore:
                 failure = error_text(exc, detail=self.settings.error_detail)
                 error = bounded(f"dead letter could not be published{where}: {failure}; {error}")
                 logger.error("event %s: %s", event_id, error)
+                alert = "dead_letter_failed"
         finish = self.statements.finish(event_id, claim.token, InboxState.DEAD, error)
         if (yield finish).rowcount != 1:
             return (yield from self._lease_lost(run, f"dead mark refused: {error}"))
         logger.warning("event %s is dead after %d attempts", event_id, claim.attempts)
-        return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error)
+        return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error, alert=alert)
 
     def give_up(self, env: Envelope, error: str, failures: int) -> Plan[Outcome]:
         """End a delivery that failed ``failures`` times outside the handler (a bug, a value the
@@ -294,7 +296,7 @@ class InboxCore:
         if event_id is not None:
             yield self.statements.abandon(event_id, reason)
         logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
-        return Outcome(OutcomeKind.REJECTED, event_id, error=reason)
+        return Outcome(OutcomeKind.REJECTED, event_id, error=reason, alert="given_up")
 
     def _lease_lost(self, run: _Run, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""

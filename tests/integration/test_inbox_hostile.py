@@ -140,7 +140,7 @@ def test_a_missing_dead_letter_topic_fails_fast_naming_it(
     outboxkit_topic: TopicFactory,
 ) -> None:
     topic = outboxkit_topic()
-    options = {"group_id": f"g-{uuid.uuid4().hex[:8]}", "topics": [topic]}
+    options: dict[str, Any] = {"group_id": f"g-{uuid.uuid4().hex[:8]}", "topics": [topic]}
     settings = InboxSettings(consumer="billing", registry=REGISTRY)
     kafka = KafkaSettings(bootstrap=outboxkit_kafka_bootstrap)
     missing = f"'{topic}.dlq' does not exist"
@@ -190,7 +190,7 @@ def test_a_dead_letter_that_cannot_be_published_ends_dead_with_the_reason(
         ],
     )
     behaviour = Behaviour(fail_attempts=10**6, fail_only=doomed)
-    start(
+    harness = start(
         [topic],
         behaviour,
         policy=RetryPolicy(max_attempts=1),
@@ -203,6 +203,8 @@ def test_a_dead_letter_that_cannot_be_published_ends_dead_with_the_reason(
     assert row["state"] == "dead"
     assert f"dead letter could not be published to '{dlq}'" in row["last_error"]
     assert "boom on attempt 1" in row["last_error"]
+    labels = {"consumer": "billing", "alert": "dead_letter_failed"}
+    assert harness.metrics.registry.get_sample_value("outboxkit_inbox_alerts_total", labels) == 1
 
 
 def test_error_text_carries_no_parameter_values(

@@ -127,20 +127,22 @@ def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> Non
             raise RuntimeError("refused a value")
         return Outcome(OutcomeKind.SUCCEEDED, "e6")
 
-    loop.core.deliver = deliver  # type: ignore[method-assign]
+    loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
     script = Script(answer)
-    kinds = []
+    kinds, alerts = [], []
     for _ in range(4):
         now[0] += 2  # past the retry hold
         outcome = drive_sync(loop.poll_once(), script)
         assert outcome is not None
         kinds.append(outcome.kind)
+        alerts.append(outcome.alert)
     assert kinds == [
         OutcomeKind.RETRY,
         OutcomeKind.RETRY,
         OutcomeKind.REJECTED,
         OutcomeKind.SUCCEEDED,
     ]
+    assert alerts == [None, None, "given_up", None]
     names = script.names()
     assert names.count("record_rejection") == 1
     assert names.count("abandon") == 1
@@ -166,6 +168,7 @@ def test_a_refused_dead_letter_ends_the_event_dead_with_the_reason() -> None:
     assert outcome.kind is OutcomeKind.DEAD
     assert "dead letter could not be published to 'orders.dlq'" in (outcome.error or "")
     assert "MSG_SIZE_TOO_LARGE" in (outcome.error or "")
+    assert outcome.alert == "dead_letter_failed"
     finish = next(s for s in script.steps if _name(s) == "finish")
     assert finish.params["error"] == outcome.error  # type: ignore[attr-defined]
 
