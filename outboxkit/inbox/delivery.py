@@ -32,7 +32,7 @@ from outboxkit.errors import DecodeError, LeaseLostError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.faults import fault_point
-from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text
+from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.policy import RetryPolicy
@@ -292,9 +292,19 @@ class InboxCore:
         except DecodeError:
             ident = None
         event_id = ident.event_id if ident is not None else None
-        yield self.statements.reject(env, reason, ident)
-        if event_id is not None:
-            yield self.statements.abandon(event_id, reason)
+        try:
+            yield self.statements.reject(env, reason, ident)
+        except Exception:
+            if ident is None:
+                raise
+            # The identity itself may be what the database refuses: record a hash of it.
+            event_id, ident = hashed(ident.event_id.encode("utf-8", "surrogatepass")), None
+            yield self.statements.reject(env, reason, event_id=event_id)
+        if ident is not None:
+            try:
+                yield self.statements.abandon(ident.event_id, reason)
+            except Exception as exc:  # recorded as a rejection already: do not hold the record
+                logger.error("marking %s dead failed: %s", ident.event_id, error_text(exc))
         logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
         return Outcome(OutcomeKind.REJECTED, event_id, error=reason, alert="given_up")
 

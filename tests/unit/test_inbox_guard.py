@@ -226,3 +226,21 @@ def test_retention_runs_on_its_timer_in_small_batches() -> None:
     drive_sync(loop.poll_once(), script)
     assert script.names().count("delete_finished_batch") == 4
     assert loop.purger.deleted == 7
+
+
+def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def answer(step: Step) -> Any:
+        if _name(step) == "record_rejection":
+            calls.append(dict(step.params))  # type: ignore[attr-defined]
+            if len(calls) == 1:
+                raise RuntimeError("the database refused the id")
+        return ONE
+
+    script = Script(answer)
+    outcome = drive_sync(_core().give_up(_env(), "DataError: x", 5), script)
+    assert "abandon" not in script.names()  # no row is touched under a refused id
+    assert outcome.kind is OutcomeKind.REJECTED
+    assert [c["event_id"] for c in calls] == ["e1", outcome.event_id]
+    assert (outcome.event_id or "").startswith("sha256:")
