@@ -14,6 +14,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
 from outboxkit.db import sqlalchemy_url
+from outboxkit.inbox.guard import escape
 from outboxkit.inbox.readback import (
     cancel_event,
     get_event,
@@ -50,6 +51,12 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _printable(value: Any) -> str:
+    """Stored text comes from producers: control characters and escape sequences are shown
+    escaped (``\x1b``), never sent to the terminal."""
+    return escape(str(value))
+
+
 def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
     dicts = [{k: _jsonable(v) for k, v in dataclasses.asdict(r).items()} for r in rows]
     if as_json:
@@ -58,10 +65,11 @@ def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
     if not dicts:
         click.echo("(none)")
         return
-    widths = {c: max(len(c), *(len(str(d[c])) for d in dicts)) for c in columns}
+    shown = [{c: _printable(d[c]) for c in columns} for d in dicts]
+    widths = {c: max(len(c), *(len(d[c]) for d in shown)) for c in columns}
     click.echo("  ".join(c.ljust(widths[c]) for c in columns))
-    for d in dicts:
-        click.echo("  ".join(str(d[c]).ljust(widths[c]) for c in columns))
+    for d in shown:
+        click.echo("  ".join(d[c].ljust(widths[c]) for c in columns))
 
 
 @click.group()
@@ -111,7 +119,7 @@ def show(
                 click.echo(json.dumps(detail, indent=2))
             else:
                 for key, value in detail.items():
-                    click.echo(f"{key:17} {value}")
+                    click.echo(f"{key:17} {_printable(value)}")
             return
         records = list_events(engine, consumer=consumer, state=state, limit=limit, schema=schema)
         columns = ["consumer", "event_id", "state", "attempts", "duplicate_count", "last_error"]
@@ -225,6 +233,22 @@ def _options(items: tuple[str, ...]) -> dict[str, str | int]:
     type=float,
     help="Seconds dedup rows are kept: checked against the topics' retention.ms (warns), and"
     " older replays of forgotten events are refused.",
+)
+@click.option(
+    "--dead-letter-check",
+    type=click.Choice(["fail", "warn", "off"]),
+    help="A missing dead-letter topic at start-up: fail (default), warn, or do not check.",
+)
+@click.option(
+    "--retention-window",
+    type=float,
+    help="Purge finished inbox rows and rejections older than this many seconds (default 7"
+    " days; 0: off).",
+)
+@click.option(
+    "--error-detail/--no-error-detail",
+    default=None,
+    help="Store full exception text (with SQL parameters) in last_error and dead letters.",
 )
 def run_command(
     config_path: str | None,

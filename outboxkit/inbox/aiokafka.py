@@ -25,7 +25,12 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         return clients.async_group_consumer(group_id, config=config), clients.async_record_sender()
 
     async def start(self) -> None:
-        await drive_async(self.loop.start(), self.executor)
+        """Check the dead-letter topics, then join the group."""
+        try:
+            await drive_async(self.loop.start(), self.executor)
+        except BaseException:
+            await self.close()
+            raise
 
     async def poll_once(self, wait: float | None = None) -> Outcome | None:
         """Process one record (polling if none is buffered); ``None`` if nothing was."""

@@ -25,7 +25,12 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
         return clients.group_consumer(group_id, config=config), clients.record_sender()
 
     def start(self) -> None:
-        drive_sync(self.loop.start(), self.executor)
+        """Check the dead-letter topics, then join the group."""
+        try:
+            drive_sync(self.loop.start(), self.executor)
+        except BaseException:
+            self.close()
+            raise
 
     def poll_once(self, timeout: float | None = None) -> Outcome | None:
         """Process one record (polling if none is buffered); ``None`` if nothing was."""

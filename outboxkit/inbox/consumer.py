@@ -10,9 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from outboxkit.inbox.deadletter import DEFAULT_DEAD_LETTER_TOPIC, DeadLetterTopic
+from outboxkit.inbox.deadletter import (
+    DEAD_LETTER_MAX_BYTES,
+    DEFAULT_DEAD_LETTER_TOPIC,
+    DeadLetterCheck,
+    DeadLetterTopic,
+)
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions, kafka_steps
 from outboxkit.inbox.middleware import AsyncInbox, Inbox
+from outboxkit.inbox.retention import Retention
 from outboxkit.inbox.steps import Executor
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import AsyncGroupConsumer, AsyncRecordSender, GroupConsumer, RecordSender
@@ -39,6 +45,11 @@ class InboxConsumer(Generic[InboxT]):
     ``kafka`` defaults to ``KafkaSettings()`` (the ``OUTBOXKIT_KAFKA_*`` variables); ``config``
     holds extra consumer properties in the client's own spelling (e.g. ``session.timeout.ms``
     for confluent-kafka, ``session_timeout_ms`` for aiokafka).
+
+    ``dead_letter_check``: at start-up, a missing dead-letter topic is an error (``"fail"``), a
+    warning (``"warn"``) or not looked for (``"off"``). ``retention`` purges finished inbox rows
+    and old rejections from this loop. ``max_unexpected_errors``: failures outside the handler
+    of one record in a row before it is given up (recorded as a rejection).
     """
 
     def __init__(
@@ -55,7 +66,13 @@ class InboxConsumer(Generic[InboxT]):
         metrics: InboxMetrics | None = None,
         poll_timeout: float = 0.5,
         max_records: int = 100,
+        dead_letter_check: DeadLetterCheck = "fail",
+        retention: Retention | None = None,
+        max_unexpected_errors: int = 5,
+        dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
     ) -> None:
+        if max_unexpected_errors < 1:
+            raise ValueError("max_unexpected_errors must be at least 1")
         self.inbox: InboxT = inbox
         self.group_id = group_id
         self.loop = ConsumerLoop(
@@ -68,6 +85,10 @@ class InboxConsumer(Generic[InboxT]):
                 poll_timeout=poll_timeout,
                 max_records=max_records,
                 metrics=metrics,
+                max_unexpected_errors=max_unexpected_errors,
+                dead_letter_max_bytes=dead_letter_max_bytes,
+                retention=retention,
+                dead_letter_check=dead_letter_check,
             ),
         )
         clients = KafkaClients(kafka if kafka is not None else KafkaSettings())

@@ -7,6 +7,7 @@ dead-letter reader deduplicates by the ``event-id`` header it carries.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from outboxkit.inbox.envelope import Envelope
 
@@ -17,7 +18,14 @@ HEADER_DLQ_CONSUMER = "dlq-consumer"
 HEADER_DLQ_SOURCE = "dlq-source"  # topic/partition/offset of the original delivery
 
 DeadLetterTopic = str | Callable[[str], str]
+DeadLetterCheck = Literal["fail", "warn", "off"]
 DEFAULT_DEAD_LETTER_TOPIC = "{topic}.dlq"
+# The producers' default maximum request (confluent-kafka's message.max.bytes); a dead-letter
+# record is trimmed to fit it.
+DEAD_LETTER_MAX_BYTES = 1_000_000
+RECORD_OVERHEAD = 128
+HEADER_OVERHEAD = 10
+MIN_ERROR_BYTES = 200
 
 
 def dead_letter_topic(setting: DeadLetterTopic, source_topic: str) -> str:
@@ -27,9 +35,23 @@ def dead_letter_topic(setting: DeadLetterTopic, source_topic: str) -> str:
     return setting.format(topic=source_topic)
 
 
+def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    """An upper estimate of a record's size in a batch (varints and per-record overhead)."""
+    size = RECORD_OVERHEAD + len(key or b"") + len(value or b"")
+    return size + sum(len(n) + len(v) + HEADER_OVERHEAD for n, v in headers)
+
+
 def dead_letter_headers(
-    env: Envelope, *, consumer: str, event_id: str, error: str, attempts: int
+    env: Envelope,
+    *,
+    consumer: str,
+    event_id: str,
+    error: str,
+    attempts: int,
+    max_bytes: int = DEAD_LETTER_MAX_BYTES,
 ) -> list[tuple[str, bytes]]:
+    """The original headers plus ours, trimmed so the record fits ``max_bytes``: first the
+    error text, then the original headers go (ours say why and where the record came from)."""
     extra = {
         HEADER_DLQ_EVENT_ID: event_id,
         HEADER_DLQ_ERROR: error[:4000],
@@ -38,4 +60,26 @@ def dead_letter_headers(
         HEADER_DLQ_SOURCE: f"{env.topic}/{env.partition}/{env.offset}",
     }
     kept = [(n, v) for n, v in env.raw_headers if v is not None and n not in extra]
-    return kept + [(n, v.encode()) for n, v in extra.items()]
+    ours = [(n, v.encode()) for n, v in extra.items()]
+    over = record_size(env.key, env.value, kept + ours) - max_bytes
+    if over <= 0:
+        return kept + ours
+    error_bytes = extra[HEADER_DLQ_ERROR].encode()
+    trimmed = error_bytes[: max(len(error_bytes) - over, MIN_ERROR_BYTES)]
+    extra[HEADER_DLQ_ERROR] = trimmed.decode("utf-8", errors="ignore")
+    ours = [(n, v.encode()) for n, v in extra.items()]
+    while kept and record_size(env.key, env.value, kept + ours) > max_bytes:
+        kept.pop()
+    return kept + ours
+
+
+def missing_topic(name: str) -> str:
+    """The start-up problem of a dead-letter topic the cluster does not know.
+
+    Write permission cannot be probed without writing: a refused publish at run time ends the
+    event ``dead`` with the reason instead.
+    """
+    return (
+        f"dead-letter topic {name!r} does not exist: create it (or set no dead-letter topic);"
+        " events that exhaust their attempts would end dead without a dead-letter record"
+    )

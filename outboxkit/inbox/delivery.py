@@ -32,6 +32,7 @@ from outboxkit.errors import DecodeError, LeaseLostError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.faults import fault_point
+from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.policy import RetryPolicy
@@ -42,6 +43,7 @@ from outboxkit.inbox.steps import (
     CommitHandler,
     EndDelivery,
     Plan,
+    Publish,
     StartLease,
     Step,
 )
@@ -78,6 +80,9 @@ class InboxSettings:
     ``replay_window`` (seconds): a delivery whose Kafka timestamp is older than this and whose
     dedup row no longer exists is refused (recorded in ``inbox_rejection``) instead of being
     applied again; set it to the retention window of the dedup rows.
+
+    ``error_detail``: store and publish the full exception text (with SQL parameters and row
+    values) instead of the class, SQLSTATE and first line (see :func:`guard.error_text`).
     """
 
     consumer: str
@@ -88,6 +93,7 @@ class InboxSettings:
     owner: str = field(default_factory=default_owner)
     event_id_from: EventIdFrom | None = None
     replay_window: float | None = None
+    error_detail: bool = False
 
     def too_old(self, env: Envelope, now: float | None = None) -> bool:
         if self.replay_window is None or env.timestamp_ms is None or env.timestamp_ms <= 0:
@@ -104,10 +110,6 @@ class _Run:
     ident: Identity
     claim: Claim
     dead_letter: DeadLetterStep
-
-
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:4000]
 
 
 def _context(
@@ -181,8 +183,10 @@ class InboxCore:
         try:
             ident = identify(env, settings.event_id_from)
         except DecodeError as exc:
-            yield statements.reject(env, str(exc))
-            return Outcome(OutcomeKind.REJECTED, None, error=str(exc))
+            event_id = exc.safe_event_id if isinstance(exc, InvalidHeaderError) else None
+            reason = bounded(str(exc))
+            yield statements.reject(env, reason, event_id=event_id)
+            return Outcome(OutcomeKind.REJECTED, event_id, error=reason)
         if settings.too_old(env) and not (yield statements.state(ident.event_id)).rows:
             reason = "replay older than the dedup retention window; refused"
             yield statements.reject(env, reason, ident)
@@ -226,7 +230,8 @@ class InboxCore:
         if isinstance(failure, LeaseLostError):
             return (yield from self._lease_lost(run, str(failure)))
         if failure is not None:
-            return (yield from self._failed(run, _error_text(failure)))
+            text = error_text(failure, detail=settings.error_detail)
+            return (yield from self._failed(run, text))
         if not committed:
             return (yield from self._lease_lost(run, "final succeeded update refused by token"))
         fault_point("after_db_commit")
@@ -234,7 +239,7 @@ class InboxCore:
 
     def _refuse(self, run: _Run, reason: str) -> Plan[Outcome]:
         """Undecodable or unhandled after the claim: the row ends ``rejected``."""
-        event_id, claim = run.ident.event_id, run.claim
+        event_id, claim, reason = run.ident.event_id, run.claim, bounded(reason)
         finish = self.statements.finish(event_id, claim.token, InboxState.REJECTED, reason)
         if (yield finish).rowcount != 1:
             return (yield from self._lease_lost(run, f"rejection refused: {reason}"))
@@ -260,13 +265,48 @@ class InboxCore:
         if (yield self.statements.renew(event_id, claim.token)).rowcount != 1:
             return (yield from self._lease_lost(run, f"not dead-lettered: {error}"))
         publish = run.dead_letter(run.env, event_id, error, claim.attempts)
+        alert = None
         if publish is not None:
-            yield publish
+            try:
+                yield publish
+            except Exception as exc:
+                # Retrying would hold the partition forever (missing topic, no ACL, too
+                # large): the event ends dead, and says why it has no dead-letter record.
+                where = f" to {publish.topic!r}" if isinstance(publish, Publish) else ""
+                failure = error_text(exc, detail=self.settings.error_detail)
+                error = bounded(f"dead letter could not be published{where}: {failure}; {error}")
+                logger.error("event %s: %s", event_id, error)
+                alert = "dead_letter_failed"
         finish = self.statements.finish(event_id, claim.token, InboxState.DEAD, error)
         if (yield finish).rowcount != 1:
             return (yield from self._lease_lost(run, f"dead mark refused: {error}"))
         logger.warning("event %s is dead after %d attempts", event_id, claim.attempts)
-        return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error)
+        return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error, alert=alert)
+
+    def give_up(self, env: Envelope, error: str, failures: int) -> Plan[Outcome]:
+        """End a delivery that failed ``failures`` times outside the handler (a bug, a value the
+        database refuses): recorded as a rejection, and its row (if any) marked ``dead``."""
+        reason = bounded(f"gave up after {failures} unexpected errors: {error}")
+        try:
+            ident: Identity | None = identify(env, self.settings.event_id_from)
+        except DecodeError:
+            ident = None
+        event_id = ident.event_id if ident is not None else None
+        try:
+            yield self.statements.reject(env, reason, ident)
+        except Exception:
+            if ident is None:
+                raise
+            # The identity itself may be what the database refuses: record a hash of it.
+            event_id, ident = hashed(ident.event_id.encode("utf-8", "surrogatepass")), None
+            yield self.statements.reject(env, reason, event_id=event_id)
+        if ident is not None:
+            try:
+                yield self.statements.abandon(ident.event_id, reason)
+            except Exception as exc:  # recorded as a rejection already: do not hold the record
+                logger.error("marking %s dead failed: %s", ident.event_id, error_text(exc))
+        logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
+        return Outcome(OutcomeKind.REJECTED, event_id, error=reason, alert="given_up")
 
     def _lease_lost(self, run: _Run, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""

@@ -6,6 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outboxkit.errors import MissingEventIdError
+from outboxkit.inbox.guard import (
+    HEADER_LIMITS,
+    InvalidHeaderError,
+    check_headers,
+    hashed,
+    header_problem,
+)
 from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.wire import (
     HEADER_CONTENT_TYPE,
@@ -79,9 +86,15 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
     relay duplicate sits at another offset, so such an id would silently defeat deduplication.
     It is rejected instead, unless the application supplies ``event_id_from``.
     """
+    check_headers(envelope.raw_headers)
     event_id = envelope.headers.get(HEADER_EVENT_ID) or None
     if event_id is None and event_id_from is not None:
         event_id = event_id_from(envelope) or None
+        raw = (event_id or "").encode("utf-8", errors="surrogatepass")
+        problem = header_problem(raw, HEADER_LIMITS[HEADER_EVENT_ID])
+        if problem is not None:
+            message = f"event id from event_id_from refused: {problem}"
+            raise InvalidHeaderError(message, safe_event_id=hashed(raw))
     if event_id is None:
         raise MissingEventIdError("the message has no event-id header")
     event_type = envelope.headers.get(HEADER_EVENT_TYPE) or None

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.steps import Plan, Sleep, Sql, TableExecutor, drive_async, drive_sync
 from outboxkit.inbox.store import InboxStatements
 
@@ -82,8 +83,9 @@ class LeaseSchedule:
             try:
                 renewed = yield self.statements.renew(handle.event_id, handle.token)
             except Exception as exc:
-                logger.warning("lease renewal for %s failed: %s", handle.event_id, exc)
-                handle.mark(f"renewal failed: {exc}")
+                text = error_text(exc)
+                logger.warning("lease renewal for %s failed: %s", handle.event_id, text)
+                handle.mark(f"renewal failed: {text}")
                 continue
             if renewed.rowcount != 1:
                 handle.mark(REFUSED)

@@ -22,19 +22,24 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from outboxkit.errors import PublishError
+from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.deadletter import (
+    DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TOPIC,
+    DeadLetterCheck,
     DeadLetterTopic,
     dead_letter_headers,
     dead_letter_topic,
+    missing_topic,
 )
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.gate import PartitionGate
+from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.inbox.retention import Purger, Retention
 from outboxkit.inbox.steps import (
     CloseConsumer,
     CloseSender,
@@ -47,6 +52,7 @@ from outboxkit.inbox.steps import (
     Seek,
     StepTable,
     Subscribe,
+    TopicExists,
 )
 from outboxkit.kafka.api import (
     AsyncGroupConsumer,
@@ -62,8 +68,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("outboxkit.inbox.consumer")
 
-# An unexpected error around a delivery (database down, dead-letter topic refusing): the
-# partition is held and the delivery retried after this long.
+# An unexpected error around a delivery (database down, a value the database refuses, a bug):
+# the partition is held and the delivery retried after this long, at most
+# ``max_unexpected_errors`` times in a row before it is given up (recorded, offset advanced).
 ERROR_RETRY_SECONDS = 1.0
 
 
@@ -76,6 +83,10 @@ class LoopOptions:
     poll_timeout: float = 0.5
     max_records: int = 100
     metrics: InboxMetrics | None = None
+    max_unexpected_errors: int = 5
+    dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES
+    retention: Retention | None = None
+    dead_letter_check: DeadLetterCheck = "fail"
 
 
 class ConsumerLoop:
@@ -95,10 +106,13 @@ class ConsumerLoop:
         self.current: TopicPartition | None = None
         self.revoked = False
         self.subscribed = False
+        self.failures: dict[tuple[str, int, int], int] = {}
+        self.purger = Purger(core.statements.schema, options.retention, clock())
 
     # -- rebalance callbacks (the client seam runs them inside its poll) ------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned.update(partitions)
+        self._forget_failures(partitions)
         self._drop(partitions)  # a hold from an earlier ownership means nothing now
 
     def on_revoke(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
@@ -106,8 +120,14 @@ class ConsumerLoop:
         if self.current in partitions:
             self.revoked = True
         self.assigned.difference_update(partitions)
+        self._forget_failures(partitions)
         self._drop(partitions)
         return self.pending.take(partitions) if self.pending is not None else {}
+
+    def _forget_failures(self, partitions: Iterable[TopicPartition]) -> None:
+        gone = set(partitions)
+        for where in [w for w in self.failures if w[:2] in gone]:
+            del self.failures[where]
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
@@ -118,8 +138,25 @@ class ConsumerLoop:
     # -- plans ------------------------------------------------------------------------------------
     def start(self) -> Plan[None]:
         if not self.subscribed:
+            yield from self.check_dead_letters()
             self.subscribed = True
             yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
+
+    def check_dead_letters(self) -> Plan[list[str]]:
+        """Missing dead-letter topics, checked before joining the group (``dead_letter_check``:
+        ``"fail"`` raises :class:`ConfigurationError` naming the first, ``"warn"`` logs them)."""
+        setting, mode = self.options.dead_letter, self.options.dead_letter_check
+        if setting is None or mode == "off":
+            return []
+        problems = []
+        for name in sorted({dead_letter_topic(setting, t) for t in self.options.topics}):
+            if not (yield TopicExists(name)):
+                problems.append(missing_topic(name))
+        for problem in problems:
+            if mode == "fail":
+                raise ConfigurationError(problem)
+            logger.warning(problem)
+        return problems
 
     def run(self, stopped: Callable[[], bool], max_messages: int | None = None) -> Plan[int]:
         """Process until ``stopped()`` (or ``max_messages`` deliveries were settled)."""
@@ -141,6 +178,7 @@ class ConsumerLoop:
                 yield Resume([tp])
         if self.pending is not None:
             yield from self._commit(self.pending.due(now))
+        yield from self.purger.run_due(now)
         if not self.buffer:
             wait = self.options.poll_timeout if timeout is None else timeout
             self.buffer.extend((yield Poll(wait, self.options.max_records)))
@@ -155,9 +193,9 @@ class ConsumerLoop:
         began = self.clock()
         try:
             outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
-        except Exception:
-            logger.exception("processing %s/%d/%d failed; retrying", *tp, env.offset)
-            outcome = Outcome(OutcomeKind.RETRY, None, retry_in=ERROR_RETRY_SECONDS)
+            self.failures.pop((*tp, env.offset), None)
+        except Exception as exc:
+            outcome = yield from self._unexpected(env, exc)
         finally:
             self.current = None
         if self.options.metrics is not None:
@@ -180,6 +218,26 @@ class ConsumerLoop:
             raise errors[0]
 
     # -- pieces -----------------------------------------------------------------------------------
+    def _unexpected(self, env: Envelope, exc: Exception) -> Plan[Outcome]:
+        """Retry after an error outside the handler; give the record up after too many."""
+        detail = self.core.settings.error_detail
+        text = error_text(exc, detail=detail)
+        where = (env.topic, env.partition, env.offset)
+        logger.error("processing %s/%d/%d failed: %s", *where, text, exc_info=detail)
+        if getattr(exc, "connection_invalidated", False):
+            count = 0  # the database went away: not this record's fault
+        else:
+            count = self.failures[where] = self.failures.get(where, 0) + 1
+        if count >= self.options.max_unexpected_errors:
+            try:
+                outcome = yield from self.core.give_up(env, text, count)
+                self.failures.pop(where, None)
+                return outcome
+            except Exception as again:
+                failed = error_text(again, detail=detail)
+                logger.error("giving %s/%d/%d up failed too: %s", *where, failed)
+        return Outcome(OutcomeKind.RETRY, None, retry_in=ERROR_RETRY_SECONDS)
+
     def _revoked(self) -> bool:
         return self.revoked
 
@@ -231,6 +289,7 @@ class ConsumerLoop:
             event_id=event_id,
             error=error,
             attempts=attempts,
+            max_bytes=self.options.dead_letter_max_bytes,
         )
         topic = dead_letter_topic(self.options.dead_letter, env.topic)
         return Publish(topic, env.key, env.value, headers)
@@ -249,6 +308,7 @@ def kafka_steps(
         Pause: lambda s: consumer.pause(s.partitions),
         Resume: lambda s: consumer.resume(s.partitions),
         Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
+        TopicExists: lambda s: sender.topic_exists(s.topic),
         CloseConsumer: lambda s: consumer.close(),
         CloseSender: lambda s: sender.close(),
     }

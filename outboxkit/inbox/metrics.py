@@ -28,6 +28,16 @@ class InboxMetrics:
             buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
 
+        self.alerts = Counter(
+            "outboxkit_inbox_alerts",
+            "Records that ended but need an operator: dead_letter_failed (dead without a"
+            " dead-letter record), given_up (repeated unexpected errors).",
+            ["consumer", "alert"],
+            registry=self.registry,
+        )
+
     def observe(self, consumer: str, outcome: Outcome, seconds: float) -> None:
         self.outcomes.labels(consumer, outcome.kind.value).inc()
+        if outcome.alert is not None:
+            self.alerts.labels(consumer, outcome.alert).inc()
         self.seconds.labels(consumer).observe(seconds)

@@ -28,3 +28,6 @@ class Outcome:
     attempts: int = 0
     error: str | None = None
     retry_in: float = 0.0
+    # Something an operator must hear about although the record ended: "dead_letter_failed"
+    # (the event is dead without a dead-letter record) or "given_up" (unexpected errors).
+    alert: str | None = None

@@ -23,6 +23,7 @@ import pydantic
 
 from outboxkit.errors import ConfigurationError, DecodeError, UnknownEventTypeError
 from outboxkit.events import Event
+from outboxkit.inbox.guard import excerpt
 from outboxkit.wire import JSON_CONTENT_TYPE
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
@@ -102,12 +103,15 @@ class EventRegistry:
             raise UnknownEventTypeError("the message has no event-type header")
         model = self._models.get(event_type)
         if model is None:
-            raise UnknownEventTypeError(f"unknown event type {event_type!r}")
+            raise UnknownEventTypeError(f"unknown event type {excerpt(repr(event_type))}")
         if content_type.split(";")[0].strip() != JSON_CONTENT_TYPE:
-            raise DecodeError(f"unsupported content type {content_type!r}")
+            raise DecodeError(f"unsupported content type {excerpt(repr(content_type))}")
         try:
             return model.model_validate_json(payload or b"")
+        except RecursionError as exc:  # a validator recursing through deeply nested input
+            raise DecodeError(f"payload of {event_type!r} nests too deeply") from exc
         except pydantic.ValidationError as exc:
             errors = exc.errors()
             where = f"{errors[0]['msg']} at {list(errors[0]['loc'])}" if errors else "invalid"
+            where = excerpt(where)
             raise DecodeError(f"payload is not a valid {event_type!r}: {where}") from exc

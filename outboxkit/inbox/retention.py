@@ -17,12 +17,67 @@ from sqlalchemy.engine import Engine
 
 from outboxkit import db
 from outboxkit.errors import RetentionWindowError
+from outboxkit.inbox.guard import error_text
+from outboxkit.inbox.steps import Plan, Sql
 from outboxkit.kafka.api import Admin
 from outboxkit.schema import DEFAULT_SCHEMA
 
 logger = logging.getLogger("outboxkit.inbox.retention")
 
 _PURGES = ("delete_finished_batch", "delete_rejections_batch")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Purge finished inbox rows and rejections older than ``window_seconds`` from the
+    consumer loop: every ``every_seconds``, at most ``max_batches`` of ``batch_size`` rows per
+    table, each batch its own short transaction (the loop waits for them, so keep them small).
+    """
+
+    window_seconds: float
+    every_seconds: float = 60.0
+    batch_size: int = 500
+    max_batches: int = 4
+
+    def __post_init__(self) -> None:
+        if self.window_seconds <= 0 or self.every_seconds <= 0 or self.batch_size < 1:
+            raise ValueError("retention window, interval and batch size must be positive")
+
+
+class Purger:
+    """The consumer loop's retention timer (sans-IO: yields the DELETE statements)."""
+
+    def __init__(self, schema: str, retention: Retention | None, now: float) -> None:
+        self.retention = retention
+        self.queries = db.queries("inbox", schema)
+        self.next_at = now  # the first purge runs at start-up
+        self.deleted = 0
+
+    def run_due(self, now: float) -> Plan[int]:
+        """Purge if due; a failure is logged and tried again at the next interval."""
+        retention = self.retention
+        if retention is None or now < self.next_at:
+            return 0
+        self.next_at = now + retention.every_seconds
+        params = {
+            "window_seconds": retention.window_seconds,
+            "batch_size": retention.batch_size,
+            "now": None,
+        }
+        deleted = 0
+        try:
+            for name in _PURGES:
+                for _ in range(retention.max_batches):
+                    result: db.Result = yield Sql(self.queries[name], params)
+                    deleted += result.rowcount
+                    if result.rowcount < retention.batch_size:
+                        break
+        except Exception as exc:
+            logger.warning("inbox retention purge failed (next try later): %s", error_text(exc))
+        if deleted:
+            logger.info("inbox retention purged %d rows", deleted)
+        self.deleted += deleted
+        return deleted
 
 
 @dataclass(frozen=True)

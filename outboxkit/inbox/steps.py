@@ -144,6 +144,13 @@ class Publish(Step):
     headers: Headers
 
 
+@dataclass(frozen=True, slots=True)
+class TopicExists(Step):
+    """Whether the cluster knows ``topic`` -> ``bool``."""
+
+    topic: str
+
+
 class CloseConsumer(Step):
     """Commit nothing more; leave the group."""
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from outboxkit import db
 from outboxkit.inbox.envelope import Envelope, Identity
+from outboxkit.inbox.guard import bounded
 from outboxkit.inbox.steps import HandlerSql, Plan, Sql
 from outboxkit.schema import DEFAULT_SCHEMA, TERMINAL_INBOX_STATES, InboxState
 
@@ -73,14 +74,27 @@ class InboxStatements:
         """-> one row ``(state, content_digest)``, or none."""
         return self._sql("get_state", event_id)
 
-    def reject(self, env: Envelope, reason: str, ident: Identity | None = None) -> Sql:
-        """A delivery refused without touching an inbox row (the rejection log)."""
+    def reject(
+        self,
+        env: Envelope,
+        reason: str,
+        ident: Identity | None = None,
+        *,
+        event_id: str | None = None,
+    ) -> Sql:
+        """A delivery refused without touching an inbox row (the rejection log).
+
+        ``event_id`` names a delivery without a usable identity (e.g. a hashed refused id).
+        """
+        event_type = ident.event_type if ident else env.headers.get("event-type")
+        if event_type is not None and (len(event_type) > 255 or not event_type.isprintable()):
+            event_type = None  # refused header: its excerpt is in the reason
         return self._sql(
             "record_rejection",
-            ident.event_id if ident else None,
-            reason=reason[:2000],
+            ident.event_id if ident else event_id,
+            reason=bounded(reason),
             content_digest=ident.digest if ident else None,
-            event_type=ident.event_type if ident else env.headers.get("event-type"),
+            event_type=event_type,
             topic=env.topic,
             kafka_partition=env.partition,
             kafka_offset=env.offset,
@@ -102,6 +116,10 @@ class InboxStatements:
     def finish(self, event_id: str, token: int, state: InboxState, error: str) -> Sql:
         """``dead`` or ``rejected``, by the handler run that holds the token."""
         return self._sql("finish", event_id, token=token, state=state.value, error=error)
+
+    def abandon(self, event_id: str, error: str) -> Sql:
+        """``dead`` whatever the token: a delivery given up after repeated unexpected errors."""
+        return self._sql("abandon", event_id, error=bounded(error))
 
     def record_lease_lost(self, event_id: str, error: str) -> Sql:
         return self._sql("record_lease_lost", event_id, error=error)

@@ -26,6 +26,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
+from outboxkit.inbox.retention import Retention
 from outboxkit.kafka import KafkaClients, resolve_client
 from outboxkit.schema import DEFAULT_SCHEMA
 from outboxkit.settings import (
@@ -65,7 +66,23 @@ def inbox_settings(consumer: ConsumerSettings, schema: str = DEFAULT_SCHEMA) -> 
         schema=schema,
         lease_seconds=consumer.lease_seconds,
         replay_window=consumer.dedup_window,
+        error_detail=consumer.error_detail,
     )
+
+
+def retention(consumer: ConsumerSettings) -> Retention | None:
+    """The purge timer of ``outboxkit inbox run`` (``retention_window`` 0 turns it off)."""
+    window = consumer.retention_window
+    if not window:
+        return None
+    if consumer.dedup_window is not None and window < consumer.dedup_window:
+        logger.warning(
+            "OUTBOXKIT_CONSUMER_RETENTION_WINDOW (%.0f s) is shorter than the dedup window"
+            " (%.0f s): replays in between would be applied again",
+            window,
+            consumer.dedup_window,
+        )
+    return Retention(window, every_seconds=consumer.retention_interval)
 
 
 def _metrics(consumer: ConsumerSettings) -> Any:
@@ -108,6 +125,9 @@ def run(config: Settings | None = None) -> None:
         "acks_topic": consumer.acks_topic,
         "offset_commit_interval": consumer.offset_commit_interval,
         "metrics": _metrics(consumer),
+        "dead_letter_check": consumer.dead_letter_check,
+        "retention": retention(consumer),
+        "max_unexpected_errors": consumer.max_unexpected_errors,
     }
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
         asyncio.run(_check_window(kafka, consumer))

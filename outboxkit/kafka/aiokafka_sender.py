@@ -45,6 +45,14 @@ class AiokafkaRecordSender(AsyncRecordSender):
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
             raise cls(f"publish to {topic!r} failed: {name}: {exc}") from exc
 
+    async def topic_exists(self, topic: str) -> bool:
+        try:
+            producer = await self._get()
+            metadata = await producer.client.fetch_all_metadata()
+        except KafkaError as exc:
+            raise PublishError(f"metadata of {topic!r} not readable: {exc}") from exc
+        return topic in metadata.topics()
+
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:

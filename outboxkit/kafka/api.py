@@ -180,6 +180,10 @@ class RecordSender(ABC):
     ) -> None: ...
 
     @abstractmethod
+    def topic_exists(self, topic: str) -> bool:
+        """Whether the cluster knows the topic (the start-up check of dead-letter topics)."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -190,6 +194,9 @@ class AsyncRecordSender(ABC):
     async def send(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
     ) -> None: ...
+
+    @abstractmethod
+    async def topic_exists(self, topic: str) -> bool: ...
 
     @abstractmethod
     async def close(self) -> None: ...

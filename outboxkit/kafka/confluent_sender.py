@@ -63,6 +63,14 @@ class ConfluentRecordSender(RecordSender):
         if outcome[0] is not None:
             raise _error(topic, outcome[0].name(), outcome[0].str())
 
+    def topic_exists(self, topic: str) -> bool:
+        try:
+            metadata = self._get().list_topics(topic, timeout=self._timeout)
+        except KafkaException as exc:
+            raise PublishError(f"metadata of {topic!r} not readable: {exc}") from exc
+        found = metadata.topics.get(topic)
+        return found is not None and found.error is None
+
     def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 from pydantic_settings import (
@@ -189,6 +189,8 @@ class ConsumerSettings(BaseSettings):
     handlers registered by ``@registry.handler(...)``), and optionally one function for every
     event type without its own handler. ``topics`` is a comma-separated list or a JSON list.
     ``kafka_options`` are extra consumer properties in the client's own spelling.
+    ``retention_window`` (seconds, 0 = off): finished inbox rows and rejections older than this
+    are purged by the running consumer every ``retention_interval`` seconds.
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid")
@@ -207,6 +209,11 @@ class ConsumerSettings(BaseSettings):
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     dedup_window: float | None = Field(default=None, gt=0)
+    dead_letter_check: Literal["fail", "warn", "off"] = "fail"
+    retention_window: float = Field(default=7 * 24 * 3600.0, ge=0)
+    retention_interval: float = Field(default=60.0, gt=0)
+    max_unexpected_errors: int = Field(default=5, ge=1)
+    error_detail: bool = False
     kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("topics", mode="before")

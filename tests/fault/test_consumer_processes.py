@@ -107,6 +107,7 @@ def spawner(
             "OUTBOXKIT_CONSUMER_NAME": "billing",
             "OUTBOXKIT_CONSUMER_GROUP": group,
             "OUTBOXKIT_CONSUMER_TOPICS": topic,
+            "OUTBOXKIT_CONSUMER_DEAD_LETTER_CHECK": "warn",
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }

@@ -292,6 +292,9 @@ class Behaviour:
     fail_only: str | set[str] | None = None  # if set, only this event id (or these) fails
     started: threading.Event = field(default_factory=threading.Event)
     calls: list[tuple[str, int]] = field(default_factory=list)
+    # event id -> a statement run after the effect row with ``sql_params`` (to fail in the db)
+    sql: dict[str, Any] = field(default_factory=dict)
+    sql_params: dict[str, Any] = field(default_factory=dict)
 
     def before_return(self, ctx: HandlerContext) -> None:
         self.calls.append((ctx.event_id, ctx.attempt))
@@ -313,6 +316,8 @@ def _params(event: PaymentRequested, ctx: HandlerContext) -> dict[str, Any]:
 def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]:
     def handle(event: PaymentRequested, ctx: HandlerContext, session: Session) -> None:
         session.execute(INSERT_EFFECT, _params(event, ctx))
+        if ctx.event_id in b.sql:
+            session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
         if b.wait_until_lost:
             deadline = time.monotonic() + 60
@@ -326,6 +331,8 @@ def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]
 def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession], Any]:
     async def handle(event: PaymentRequested, ctx: HandlerContext, session: AsyncSession) -> None:
         await session.execute(INSERT_EFFECT, _params(event, ctx))
+        if ctx.event_id in b.sql:
+            await session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
         if b.wait_until_lost:
             for _ in range(1200):  # at most ~60 s
@@ -353,8 +360,11 @@ class Harness:
         dead_letter: str | None = None,
         acks_topic: str | None = None,
         offset_commit_interval: float = 0.0,
+        consumer_options: dict[str, Any] | None = None,
     ) -> None:
         self.metrics = InboxMetrics()
+        # The suite's topics have no dead-letter topic unless a test makes one.
+        self.consumer_options = {"dead_letter_check": "warn", **(consumer_options or {})}
         self.acks_topic = acks_topic
         self.offset_commit_interval = offset_commit_interval
         self.adapter = adapter
@@ -398,6 +408,7 @@ class Harness:
             "acks_topic": self.acks_topic,
             "offset_commit_interval": self.offset_commit_interval,
             "metrics": self.metrics,
+            **self.consumer_options,
         }
 
     def _run_confluent(self) -> None:

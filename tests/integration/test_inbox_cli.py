@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -133,3 +134,53 @@ def test_run_names_missing_and_invalid_settings_without_echoing_values(
     assert result.exit_code == 1
     assert "max_attempts" in result.output
     assert "s3cret-typo" not in result.output
+
+
+def test_show_prints_control_characters_and_escape_sequences_escaped(
+    outboxkit_db_url: str,
+) -> None:
+    consumer, hostile = f"c-{uuid.uuid4().hex[:6]}", "pay\x1b]0;owned\x07\x1b[2J\nment"
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_rejection"
+            " (consumer, event_id, reason, event_type, topic, kafka_partition, kafka_offset)"
+            " VALUES (%s, %s, %s, %s, 't', 0, 0)",
+            (consumer, "e-1", f"unknown event type {hostile}", hostile),
+        )
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_message"
+            " (consumer, event_id, state, last_error, finished_at)"
+            " VALUES (%s, 'e-1', 'dead', %s, now())",
+            (consumer, hostile),
+        )
+    for args in (
+        ["show", "--rejections", "--consumer", consumer],
+        ["show", "--consumer", consumer],
+        ["show", "--consumer", consumer, "--event-id", "e-1"],
+    ):
+        code, output = _run(args, outboxkit_db_url)
+        assert code == 0, output
+        assert "\x1b" not in output
+        assert "\x07" not in output
+        assert "\\x1b]0;owned\\x07\\x1b[2J\\nment" in output
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+def test_run_stops_at_once_naming_a_missing_dead_letter_topic(
+    client: str,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: Callable[..., str],
+) -> None:
+    topic = outboxkit_topic()
+    env = {
+        "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
+        "OUTBOXKIT_CONSUMER_NAME": "billing",
+        "OUTBOXKIT_CONSUMER_GROUP": f"g-{uuid.uuid4().hex[:8]}",
+    }
+    args = ["inbox", "run", "--adapter", client, "--topic", topic]
+    args += ["--registry", "tests.integration.inbox_support:REGISTRY"]
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 1, result.output
+    assert f"dead-letter topic '{topic}.dlq' does not exist" in result.output

@@ -66,6 +66,7 @@ def start(
         acks_topic = settings.pop("acks_topic", None)
         interval = settings.pop("offset_commit_interval", 0.0)
         group_id = settings.pop("group_id", None)
+        consumer_options = settings.pop("consumer_options", None)
         harness = Harness(
             adapter,
             sa_url=sa_url,
@@ -77,6 +78,7 @@ def start(
             acks_topic=acks_topic,
             offset_commit_interval=interval,
             group_id=group_id,
+            consumer_options=consumer_options,
         )
         running.append(harness.start())
         return harness

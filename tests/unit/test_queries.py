@@ -85,6 +85,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "mark_succeeded": _INBOX_KEY | {"token"},
         "record_failure": _INBOX_KEY | {"error", "token", "now"},
         "finish": _INBOX_KEY | {"state", "error", "token"},
+        "abandon": _INBOX_KEY | {"error"},
         "record_lease_lost": _INBOX_KEY | {"error"},
         "cancel": _INBOX_KEY | {"reason"},
         "cancel_unseen": _INBOX_KEY | {"reason"},

@@ -78,6 +78,13 @@ SET state = :state, last_error = :error, finished_at = now(), updated_at = now()
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
   AND lease_token = :token;
 
+-- name: abandon
+-- Given up after repeated unexpected errors (whoever holds the lease): dead, with the reason.
+UPDATE {schema}.inbox_message
+SET state = 'dead', last_error = :error, finished_at = now(), updated_at = now(),
+    lease_expires_at = NULL
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing';
+
 -- name: record_lease_lost
 UPDATE {schema}.inbox_message
 SET lease_lost_count = lease_lost_count + 1,

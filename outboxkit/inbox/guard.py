@@ -1,0 +1,123 @@
+"""Hostile input kept out of SQL, logs and headers: header checks, safe ids, bounded excerpts,
+and exception text without bound parameters.
+
+Header values become primary-key columns: a NUL byte or a value past PostgreSQL's index row
+limit (~2.7 KB) fails the claim *and* the rejection insert, so they are checked before any SQL.
+A refused value is recorded under ``sha256:<hex>`` of its raw bytes: stable (a redelivery maps
+to the same id) and harmless to store and print.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from outboxkit.errors import DecodeError
+from outboxkit.wire import HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_IDEMPOTENCY_KEY
+
+# Byte caps of the identity headers (UTF-8), well inside the btree index row limit.
+HEADER_LIMITS: dict[str, int] = {
+    HEADER_EVENT_ID: 1024,
+    HEADER_IDEMPOTENCY_KEY: 1024,
+    HEADER_EVENT_TYPE: 255,
+}
+EXCERPT_CHARS = 200  # how much attacker-controlled text a stored reason may quote
+REASON_CHARS = 1000  # the cap of a stored reason / error text
+
+_QUOTED = re.compile(r'"[^"]*"')
+
+
+class InvalidHeaderError(DecodeError):
+    """A header value that cannot be stored safely."""
+
+    def __init__(self, message: str, *, safe_event_id: str | None) -> None:
+        super().__init__(message)
+        self.safe_event_id = safe_event_id
+
+
+def hashed(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def escape(text: str) -> str:
+    """Non-printable characters (NUL, ESC, newlines, ...) as ``\\x..`` escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """The first ``limit`` characters of ``text``, escaped, with how much was cut."""
+    cut = len(text) - limit
+    shown = escape(text[:limit])
+    return shown if cut <= 0 else f"{shown}...(+{cut} chars)"
+
+
+def bounded(text: str, limit: int = REASON_CHARS) -> str:
+    """A reason or error text fit to store and print: escaped and capped."""
+    return excerpt(text, limit)
+
+
+def header_problem(raw: bytes, limit: int) -> str | None:
+    """Why a raw header value is refused, or ``None``."""
+    if len(raw) > limit:
+        return f"{len(raw)} bytes (limit {limit})"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not valid UTF-8"
+    if not text.isprintable():
+        return "contains control characters"
+    return None
+
+
+def check_headers(raw_headers: tuple[tuple[str, bytes | None], ...]) -> None:
+    """Raise :class:`InvalidHeaderError` for the first identity header that is unsafe.
+
+    The last occurrence of a header counts (as in ``headers_to_dict``).
+    """
+    last: dict[str, bytes] = {}
+    for name, value in raw_headers:
+        if name in HEADER_LIMITS and value is not None:
+            last[name] = value
+    problems = {n: header_problem(v, HEADER_LIMITS[n]) for n, v in last.items()}
+    bad = [(n, p) for n, p in problems.items() if p is not None]
+    if not bad:
+        return
+    raw_id = last.get(HEADER_EVENT_ID)
+    if raw_id is None:
+        safe_id = None
+    elif problems.get(HEADER_EVENT_ID) is None:
+        safe_id = raw_id.decode("utf-8")
+    else:
+        safe_id = hashed(raw_id)
+    name, problem = bad[0]
+    raise InvalidHeaderError(
+        f"header {name!r} refused: {problem}; value {excerpt(repr(last[name]), 80)}",
+        safe_event_id=safe_id,
+    )
+
+
+def error_text(exc: BaseException, *, detail: bool = False) -> str:
+    """``Class: message`` of an exception, without bound SQL parameters unless ``detail``.
+
+    SQLAlchemy's text ends with ``[parameters: ...]`` and the driver's DETAIL lines quote row
+    values, so a database error is reported by the driver's class, SQLSTATE and first message
+    line; a data exception (SQLSTATE class 22) also loses its quoted parts (input values).
+    """
+    if detail:
+        return bounded(f"{type(exc).__name__}: {exc}", 4000)
+    orig = getattr(exc, "orig", None)
+    if orig is None and hasattr(exc, "statement") and hasattr(exc, "params"):
+        return f"{type(exc).__name__}: statement failed (details hidden)"
+    if isinstance(orig, BaseException):
+        exc = orig
+    sqlstate = getattr(exc, "sqlstate", None)
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if sqlstate is None:
+        return bounded(f"{type(exc).__name__}: {first}")
+    if str(sqlstate).startswith("22"):
+        first = _QUOTED.sub('"<value hidden>"', first)
+        first = first.split(": ", 1)[0] if "invalid input" in first else first
+    return bounded(f"{type(exc).__name__} (SQLSTATE {sqlstate}): {first}")

@@ -1,0 +1,246 @@
+"""Hostile input in the inbox core, without a database or Kafka: header checks before any SQL,
+error text without bound parameters, bounded unexpected errors, dead-letter failures, trimming
+and the retention timer (the real-stack counterpart is tests/integration/test_inbox_hostile.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy.exc
+
+from outboxkit.errors import PublishError
+from outboxkit.inbox import Envelope, OutcomeKind
+from outboxkit.inbox.deadletter import dead_letter_headers, record_size
+from outboxkit.inbox.guard import InvalidHeaderError, check_headers, error_text, escape, excerpt
+from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.retention import Retention
+from outboxkit.inbox.steps import Commit, Plan, Poll, Publish, Sql, Step, Subscribe, drive_sync
+from outboxkit.kafka.api import ConsumedRecord
+from tests.unit.test_inbox_core import ONE, Script, _core, _db, _env, _name
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("event-id", b"a\x00b", "control characters"),
+        ("event-id", b"x" * 3000, "3000 bytes"),
+        ("event-type", b"t\x1b[31m", "control characters"),
+        ("idempotency-key", b"\xff\xfe", "not valid UTF-8"),
+    ],
+)
+def test_unsafe_identity_headers_are_refused_before_any_sql(
+    name: str, value: bytes, problem: str
+) -> None:
+    headers = (("event-id", b"e1"), (name, value))
+    with pytest.raises(InvalidHeaderError) as caught:
+        check_headers(headers)
+    assert problem in str(caught.value)
+    assert "\x00" not in str(caught.value)
+    assert "\x1b" not in str(caught.value)
+    expected = "e1" if name != "event-id" else None
+    if expected is None:
+        assert (caught.value.safe_event_id or "").startswith("sha256:")
+    else:
+        assert caught.value.safe_event_id == expected
+    check_headers((("event-id", b"e1"), ("event-type", b"order.placed")))  # fine
+
+
+def test_a_nul_event_id_is_recorded_as_a_rejection_under_its_hash() -> None:
+    env = Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=4,
+        key=b"k",
+        value=b"{}",
+        headers=[("event-id", b"e\x001"), ("event-type", b"x\x00")],
+    )
+    script = Script(_db((7, 1, None)))
+    outcome = drive_sync(_core().deliver(env), script)
+    assert outcome.kind is OutcomeKind.REJECTED
+    assert script.names() == ["record_rejection", "EndDelivery"]
+    params = script.steps[0].params  # type: ignore[attr-defined]
+    assert params["event_id"].startswith("sha256:")
+    assert params["event_type"] is None
+    assert "\x00" not in params["reason"]
+    assert "\\x00" in params["reason"]
+
+
+class _Orig(Exception):
+    sqlstate = "23505"
+
+
+def test_database_error_text_carries_no_bound_parameters() -> None:
+    orig = _Orig(
+        'duplicate key value violates unique constraint "effect_pkey"\n'
+        "DETAIL:  Key (email)=(a@b.c) already exists."
+    )
+    exc = sqlalchemy.exc.IntegrityError(
+        "INSERT INTO effect VALUES (%(email)s, %(ssn)s)", {"email": "a@b.c", "ssn": "078-05"}, orig
+    )
+    assert "078-05" in str(exc)  # what SQLAlchemy would have stored
+    text = error_text(exc)
+    assert "a@b.c" not in text
+    assert "078-05" not in text
+    assert text.startswith("_Orig (SQLSTATE 23505): duplicate key value")
+    data = type("DataErr", (Exception,), {"sqlstate": "22P02"})(
+        'invalid input syntax for type integer: "078-05"'
+    )
+    assert "078-05" not in error_text(sqlalchemy.exc.DataError("SELECT", {}, data))
+    assert "078-05" in error_text(exc, detail=True)  # the opt-in
+
+
+def test_excerpts_are_bounded_and_escaped() -> None:
+    assert escape("a\x1b[2Jb\n") == "a\\x1b[2Jb\\n"
+    assert excerpt("z" * 1000) == "z" * 200 + "...(+800 chars)"
+
+
+def _record(offset: int) -> ConsumedRecord:
+    headers = (("event-id", f"e{offset}".encode()), ("event-type", b"x"))
+    return ConsumedRecord("orders", 0, offset, b"k", b"{}", headers, None)
+
+
+def _loop(**options: Any) -> tuple[ConsumerLoop, list[float]]:
+    now = [1000.0]
+    loop = ConsumerLoop(_core(), LoopOptions(topics=["orders"], **options), clock=lambda: now[0])
+    return loop, now
+
+
+def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> None:
+    loop, now = _loop(max_unexpected_errors=3)
+    polls = iter([[_record(5)], [_record(5)], [_record(5)], [_record(6)]])
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            step.on_assign([("orders", 0)])
+        if isinstance(step, Poll):
+            return next(polls)
+        return ONE
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        if env.offset == 5:
+            raise RuntimeError("refused a value")
+        return Outcome(OutcomeKind.SUCCEEDED, "e6")
+
+    loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
+    script = Script(answer)
+    kinds, alerts = [], []
+    for _ in range(4):
+        now[0] += 2  # past the retry hold
+        outcome = drive_sync(loop.poll_once(), script)
+        assert outcome is not None
+        kinds.append(outcome.kind)
+        alerts.append(outcome.alert)
+    assert kinds == [
+        OutcomeKind.RETRY,
+        OutcomeKind.RETRY,
+        OutcomeKind.REJECTED,
+        OutcomeKind.SUCCEEDED,
+    ]
+    assert alerts == [None, None, "given_up", None]
+    names = script.names()
+    assert names.count("record_rejection") == 1
+    assert names.count("abandon") == 1
+    rejection = next(s for s in script.steps if _name(s) == "record_rejection")
+    assert "gave up after 3 unexpected errors: RuntimeError" in rejection.params["reason"]  # type: ignore[attr-defined]
+    commits = [s.offsets for s in script.steps if isinstance(s, Commit)]
+    assert commits == [{("orders", 0): 6}, {("orders", 0): 7}]
+
+
+def test_a_refused_dead_letter_ends_the_event_dead_with_the_reason() -> None:
+    base = _db((7, 3, "earlier"))
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Publish):
+            raise PublishError("MSG_SIZE_TOO_LARGE: record too large")
+        return base(step)
+
+    def dead_letter(env: Envelope, event_id: str, error: str, attempts: int) -> Step:
+        return Publish("orders.dlq", env.key, env.value, [])
+
+    script = Script(answer)
+    outcome = drive_sync(_core().deliver(_env(), dead_letter=dead_letter), script)
+    assert outcome.kind is OutcomeKind.DEAD
+    assert "dead letter could not be published to 'orders.dlq'" in (outcome.error or "")
+    assert "MSG_SIZE_TOO_LARGE" in (outcome.error or "")
+    assert outcome.alert == "dead_letter_failed"
+    finish = next(s for s in script.steps if _name(s) == "finish")
+    assert finish.params["error"] == outcome.error  # type: ignore[attr-defined]
+
+
+def test_dead_letter_headers_are_trimmed_to_fit() -> None:
+    value = b"v" * 900_000
+    env = Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=1,
+        key=b"k",
+        value=value,
+        headers=[("event-id", b"e1"), *((f"h{n}", b"x" * 20_000) for n in range(6))],
+    )
+    headers = dead_letter_headers(
+        env, consumer="c", event_id="e1", error="E" * 4000, attempts=3, max_bytes=1_000_000
+    )
+    assert record_size(b"k", value, headers) <= 1_000_000
+    names = [n for n, _ in headers]
+    assert names[-5:] == ["dlq-event-id", "dlq-error", "dlq-attempts", "dlq-consumer", "dlq-source"]
+    assert "event-id" in names  # original headers dropped from the end, not all of them
+    roomy = dead_letter_headers(
+        env, consumer="c", event_id="e1", error="E" * 4000, attempts=3, max_bytes=2_000_000
+    )
+    assert len(roomy) == 12
+    assert dict(roomy)["dlq-error"] == b"E" * 4000
+
+
+def test_retention_runs_on_its_timer_in_small_batches() -> None:
+    loop, now = _loop(retention=Retention(600, every_seconds=60, batch_size=2, max_batches=3))
+    loop.subscribed = True
+    deleted = iter([2, 2, 2, 1])
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Poll):
+            return []
+        if isinstance(step, Sql):
+            from outboxkit.db import Result
+
+            return Result([], next(deleted, 0))
+        return ONE
+
+    script = Script(answer)
+    drive_sync(loop.poll_once(), script)
+    assert script.names() == [
+        "delete_finished_batch",
+        "delete_finished_batch",
+        "delete_finished_batch",
+        "delete_rejections_batch",
+        "Poll",
+    ]
+    drive_sync(loop.poll_once(), script)  # not due again yet
+    assert script.names().count("delete_finished_batch") == 3
+    now[0] += 61
+    drive_sync(loop.poll_once(), script)
+    assert script.names().count("delete_finished_batch") == 4
+    assert loop.purger.deleted == 7
+
+
+def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def answer(step: Step) -> Any:
+        if _name(step) == "record_rejection":
+            calls.append(dict(step.params))  # type: ignore[attr-defined]
+            if len(calls) == 1:
+                raise RuntimeError("the database refused the id")
+        return ONE
+
+    script = Script(answer)
+    outcome = drive_sync(_core().give_up(_env(), "DataError: x", 5), script)
+    assert "abandon" not in script.names()  # no row is touched under a refused id
+    assert outcome.kind is OutcomeKind.REJECTED
+    assert [c["event_id"] for c in calls] == ["e1", outcome.event_id]
+    assert (outcome.event_id or "").startswith("sha256:")
