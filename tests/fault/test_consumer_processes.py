@@ -155,9 +155,9 @@ def _fast_session(adapter: str) -> tuple[str, ...]:
         )
     return (
         "--kafka-option",
-        "session.timeout.ms=6000",
+        "session_timeout_ms=6000",
         "--kafka-option",
-        "heartbeat.interval.ms=1000",
+        "heartbeat_interval_ms=1000",
     )
 
 
