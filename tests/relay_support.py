@@ -14,19 +14,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError
 
 from outboxkit.relay.runner import Relay
 from outboxkit.settings import Settings, load_settings
 from outboxkit.wire import content_digest, headers_to_dict
+from tests.support.topics import read_topic
 
 SCHEMA = "outboxkit"
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,31 +104,6 @@ def pending_count(db_url: str) -> int:
     return row_states(db_url).get("pending", 0)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-
-
-async def wait_for_async(
-    predicate: Callable[[], Any], within: float = 60.0, what: str = "condition"
-) -> Any:
-    timeout = within
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await asyncio.to_thread(predicate)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 @dataclass
 class Received:
     key: str | None
@@ -151,50 +125,17 @@ def consume(
     timeout: float = 60.0,
     quiet: float = 2.0,
 ) -> list[Received]:
-    """Everything a ``read_committed`` consumer sees: until ``expect`` arrived and ``quiet``
-    seconds more passed with nothing new (so duplicates would be caught)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"relay-test-{uuid.uuid4().hex}",
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    got: list[Received] = []
-    deadline = time.monotonic() + timeout
-    quiet_until: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is not None:
-                error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise AssertionError(f"consumer error: {error}")
-                    continue
-                key = msg.key()
-                value = msg.value()
-                assert value is not None
-                got.append(
-                    Received(
-                        key.decode() if key is not None else None,
-                        value,
-                        headers_to_dict(msg.headers()),
-                        msg.partition() or 0,
-                        msg.offset() or 0,
-                    )
-                )
-                quiet_until = None
-            if len(got) >= expect:
-                quiet_until = quiet_until or time.monotonic() + quiet
-                if time.monotonic() > quiet_until:
-                    break
-    finally:
-        consumer.close()
-    return got
+    """Everything a ``read_committed`` consumer sees, as :class:`Received` records."""
+    return [
+        Received(
+            msg.key().decode() if msg.key() is not None else None,
+            msg.value(),
+            headers_to_dict(msg.headers()),
+            msg.partition() or 0,
+            msg.offset() or 0,
+        )
+        for msg in read_topic(bootstrap, topic, expect=expect, timeout=timeout, quiet=quiet)
+    ]
 
 
 def assert_exactly_once_in_order(

@@ -31,10 +31,10 @@ from tests.integration.inbox_support import (
     inbox_row,
     produce,
     produce_event,
-    read_topic,
-    wait_until,
 )
 from tests.support.blocking import env_without
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 
@@ -179,7 +179,7 @@ def test_sigkill_after_db_commit_before_offset_commit_applies_once(
     assert doomed.wait_exit() == -signal.SIGKILL, doomed.output()
     assert _row(outboxkit_db_url, event_id)["state"] == "succeeded"  # committed before the kill
     spawn(topic, group=group)  # offset was never committed: the event comes again
-    wait_until(lambda: _row(outboxkit_db_url, event_id).get("duplicate_count") == 1, what="dup")
+    wait_for(lambda: _row(outboxkit_db_url, event_id).get("duplicate_count") == 1, what="dup")
     assert effects(outboxkit_db_url) == [(event_id, "o-1", 10)]
     row = _row(outboxkit_db_url, event_id)
     assert (row["state"], row["attempts"]) == ("succeeded", 1)
@@ -199,7 +199,7 @@ def test_duplicates_reused_ids_and_garbage(
     produce(outboxkit_kafka_bootstrap, topic, [(None, b"\x89PNG garbage \x00\xff", [])])
     produce_event(outboxkit_kafka_bootstrap, topic, last, "o-2", 20)
     worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}")
-    wait_until(lambda: _row(outboxkit_db_url, last).get("state") == "succeeded", what="last")
+    wait_for(lambda: _row(outboxkit_db_url, last).get("state") == "succeeded", what="last")
     assert effects(outboxkit_db_url) == [(first, "o-1", 10), (last, "o-2", 20)]
     row = _row(outboxkit_db_url, first)
     assert (row["state"], row["duplicate_count"], row["kafka_offset"]) == ("succeeded", 1, 0)
@@ -230,7 +230,7 @@ def test_always_failing_handler_dead_letter_then_partition_proceeds(
         group=f"g-{uuid.uuid4().hex[:8]}",
         args=("--max-attempts", "3", "--retry-delay", "0.2", "--dead-letter", dlq),
     )
-    wait_until(lambda: _row(outboxkit_db_url, later).get("state") == "succeeded", what="later")
+    wait_for(lambda: _row(outboxkit_db_url, later).get("state") == "succeeded", what="later")
     row = _row(outboxkit_db_url, doomed)
     assert (row["state"], row["attempts"]) == ("dead", 3)
     assert "payment provider said no (attempt 3)" in row["last_error"]
@@ -266,16 +266,16 @@ def test_rebalance_mid_handler_one_effect(
     env = {"APP_SLOW_SECONDS": "25"}
     produce_event(outboxkit_kafka_bootstrap, topic, event_id, "slow-1", 10)
     first = spawn(topic, group=group, extra_env=env, args=tuple(args))
-    wait_until(lambda: _row(outboxkit_db_url, event_id).get("attempts") == 1, what="first claim")
+    wait_for(lambda: _row(outboxkit_db_url, event_id).get("attempts") == 1, what="first claim")
     second = spawn(topic, group=group, extra_env=env, args=tuple(args))
-    wait_until(
+    wait_for(
         lambda: _row(outboxkit_db_url, event_id).get("state") == "succeeded",
         timeout=120,
         what="succeeded",
     )
     # The slow first run outlived max.poll.interval: its partition went to a member that claimed
     # the event with a newer token; the first run was fenced (lease lost) and rolled back.
-    wait_until(
+    wait_for(
         lambda: _row(outboxkit_db_url, event_id)["lease_lost_count"] >= 1,
         timeout=60,
         what="first run fenced",
@@ -298,7 +298,7 @@ def test_cancel_during_processing_via_cli_sticks(
     waiting, after = str(uuid.uuid4()), str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, waiting, "wait-1", 10)
     spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", args=("--lease-seconds", "0.6"))
-    wait_until(lambda: _row(outboxkit_db_url, waiting).get("state") == "processing", what="claim")
+    wait_for(lambda: _row(outboxkit_db_url, waiting).get("state") == "processing", what="claim")
     result = subprocess.run(
         [*CANCEL, "--event-id", waiting, "--reason", "customer withdrew"],
         env={**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_db_url},
@@ -309,12 +309,12 @@ def test_cancel_during_processing_via_cli_sticks(
     )
     assert result.returncode == 0, result.stderr
     assert "cancelled" in result.stdout
-    wait_until(lambda: _row(outboxkit_db_url, waiting)["lease_lost_count"] == 1, what="refused")
+    wait_for(lambda: _row(outboxkit_db_url, waiting)["lease_lost_count"] == 1, what="refused")
     row = _row(outboxkit_db_url, waiting)
     assert (row["state"], row["last_error"]) == ("cancelled", "customer withdrew")
     assert effects(outboxkit_db_url, waiting) == []
     produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 1)
-    wait_until(lambda: _row(outboxkit_db_url, after).get("state") == "succeeded", what="after")
+    wait_for(lambda: _row(outboxkit_db_url, after).get("state") == "succeeded", what="after")
     assert _row(outboxkit_db_url, waiting)["state"] == "cancelled"
     again = subprocess.run(
         [*CANCEL, "--event-id", after],
@@ -395,7 +395,7 @@ def test_external_charge_applied_once_when_killed_between_call_and_commit(
     assert effects(outboxkit_db_url) == []
     assert _row(outboxkit_db_url, event_id)["state"] == "processing"
     spawn(topic, group=group, extra_env=env)
-    wait_until(lambda: _row(outboxkit_db_url, event_id).get("state") == "succeeded", what="done")
+    wait_for(lambda: _row(outboxkit_db_url, event_id).get("state") == "succeeded", what="done")
     assert payment_server.requests == 2  # called again with the same idempotency key ...
     assert list(payment_server.charges) == [f"idem-{event_id}"]  # ... charged once
     assert effects(outboxkit_db_url) == [(event_id, "pay-1", 4200)]
@@ -415,12 +415,12 @@ def test_sigkill_with_interval_offset_commits_redelivers_and_skips(
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o-{n}", n)
     args = ("--offset-commit-interval", "600")
     first = spawn(topic, group=group, args=args)
-    wait_until(lambda: _row(outboxkit_db_url, ids[-1]).get("state") == "succeeded", what="all")
+    wait_for(lambda: _row(outboxkit_db_url, ids[-1]).get("state") == "succeeded", what="all")
     first.proc.kill()  # no offset was committed yet
     assert first.wait_exit() == -signal.SIGKILL
     spawn(topic, group=group, args=args)
     for event_id in ids:
-        wait_until(
+        wait_for(
             lambda e=event_id: _row(outboxkit_db_url, e).get("duplicate_count") == 1,
             what=f"duplicate of {event_id}",
         )
@@ -457,7 +457,7 @@ def test_the_consumer_runs_with_only_one_client_library(
         without=blocked,
         args=("--max-attempts", "1", "--dead-letter", dlq),
     )
-    wait_until(lambda: _row(outboxkit_db_url, doomed).get("state") == "dead", what="dead")
+    wait_for(lambda: _row(outboxkit_db_url, doomed).get("state") == "dead", what="dead")
     assert _row(outboxkit_db_url, good)["state"] == "succeeded"
     assert effects(outboxkit_db_url) == [(good, "o-1", 10)]
     [record] = read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)

@@ -33,9 +33,9 @@ from tests.integration.inbox_support import (
     PaymentRequested,
     effects,
     inbox_row,
-    read_topic,
-    wait_until,
 )
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 
@@ -152,7 +152,7 @@ def test_relay_and_consumer_over_sasl_ssl_from_variables_only(
         done = [inbox_row(outboxkit_db_url, "billing", e) or {} for e in [*ok_ids, dead_id]]
         return all(row.get("state") in ("succeeded", "dead") for row in done)
 
-    wait_until(settled, timeout=180, what=f"every event settled; output:\n{processes.output()}")
+    wait_for(settled, timeout=180, what=f"every event settled; output:\n{processes.output()}")
     assert sorted(e[0] for e in effects(outboxkit_db_url) if e[0] in ok_ids) == sorted(ok_ids)
     assert (inbox_row(outboxkit_db_url, "billing", dead_id) or {})["state"] == "dead"
     dead_letters = read_topic(server.plaintext_bootstrap, f"{topic}.dlq", expect=1, quiet=1.0)

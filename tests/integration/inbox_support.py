@@ -108,48 +108,6 @@ def produce_event(
     produce(bootstrap, topic, [message], partition)
 
 
-def read_topic(bootstrap: str, topic: str, *, expect: int, quiet: float = 2.0) -> list[Any]:
-    """All messages of a topic (waits for ``expect`` then ``quiet`` seconds more)."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    consumer.subscribe([topic])
-    got: list[Any] = []
-    deadline = time.monotonic() + 60
-    quiet_until: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is not None and not msg.error():
-                got.append(msg)
-            if len(got) >= expect:
-                quiet_until = quiet_until or time.monotonic() + quiet
-                if time.monotonic() > quiet_until:
-                    break
-    finally:
-        consumer.close()
-    return got
-
-
-def wait_until(check: Callable[[], Any], *, timeout: float = 90.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
-        time.sleep(0.1)
-
-
 def run_sql(engine: Engine, step: Sql) -> db.Result:
     """One inbox statement on an autocommit connection (what the drivers do)."""
     with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:

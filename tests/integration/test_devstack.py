@@ -25,7 +25,7 @@ from outboxkit.devstack.state import live_states
 CLI = [sys.executable, "-c", "from outboxkit.cli import main; main()"]
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+def _wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -49,7 +49,7 @@ def test_services_die_with_a_sigkilled_owner(tmp_path: object) -> None:
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     owner.stdout.close()
-    assert _wait_until(lambda: not alive(postgres_pid)), "postgres outlived its SIGKILLed owner"
+    assert _wait_for(lambda: not alive(postgres_pid)), "postgres outlived its SIGKILLed owner"
     reap_orphans()  # the registry entry of the dead owner is cleaned up, not an error
 
 
@@ -79,7 +79,7 @@ def test_reaper_removes_the_data_dir_of_a_sigkilled_owner() -> None:
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     owner.stdout.close()
-    assert _wait_until(lambda: (reap_orphans() or True) and not base_dir.exists())
+    assert _wait_for(lambda: (reap_orphans() or True) and not base_dir.exists())
 
 
 def test_password_file_is_never_readable_by_others(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +155,7 @@ def test_dev_env_finds_its_stack_among_several(
                 [*CLI, "dev", "up"], env=env, stdout=out, stderr=subprocess.STDOUT
             )
         pid = ups[name].pid
-        assert _wait_until(lambda: pid in {s.pid for s in live_states()}, 60), (
+        assert _wait_for(lambda: pid in {s.pid for s in live_states()}, 60), (
             tmp_path / f"{name}.out"
         ).read_text()
 

@@ -31,9 +31,9 @@ from tests.integration.inbox_support import (
     poll_members,
     produce,
     produce_event,
-    read_topic,
-    wait_until,
 )
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_each_event_applied_once_and_succeeded(
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o{n}", 10 * n)
     harness = start([topic])
     for event_id in ids:
-        wait_until(lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded", what=event_id)
+        wait_for(lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded", what=event_id)
     assert [e[0] for e in effects(outboxkit_db_url)] == ids
     row = inbox_row(outboxkit_db_url, "billing", ids[0])
     assert row is not None
@@ -136,7 +136,7 @@ def test_same_event_twice_one_effect_one_duplicate(
     produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 5)
     produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 5)
     start([topic])
-    wait_until(
+    wait_for(
         lambda: (inbox_row(outboxkit_db_url, "billing", event_id) or {}).get("duplicate_count"),
         what="duplicate counted",
     )
@@ -157,7 +157,7 @@ def test_same_id_different_content_rejected_original_untouched(
     produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 5)
     produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o1", 999)
     start([topic])
-    rejections = wait_until(
+    rejections = wait_for(
         lambda: fetch(
             outboxkit_db_url,
             "SELECT reason, kafka_offset FROM outboxkit.inbox_rejection WHERE event_id = %s",
@@ -193,7 +193,7 @@ def test_garbage_and_unknown_types_rejected_consumer_keeps_going(
         ],
     )
     start([topic])
-    wait_until(lambda: _state(outboxkit_db_url, good) == "succeeded", what="good event")
+    wait_for(lambda: _state(outboxkit_db_url, good) == "succeeded", what="good event")
     assert effects(outboxkit_db_url) == [(good, "o-good", 7)]
     for event_id, reason in ((bad_json, "not a valid"), (unknown, "unknown event type")):
         row = inbox_row(outboxkit_db_url, "billing", event_id)
@@ -225,14 +225,14 @@ def test_always_failing_handler_goes_dead_with_one_dead_letter(
         policy=RetryPolicy(max_attempts=3, initial_delay=0.1),
         dead_letter=dlq,
     )
-    wait_until(lambda: _state(outboxkit_db_url, doomed) == "dead", what="dead")
+    wait_for(lambda: _state(outboxkit_db_url, doomed) == "dead", what="dead")
     row = inbox_row(outboxkit_db_url, "billing", doomed)
     assert row is not None
     assert row["attempts"] == 3
     assert "boom on attempt 3" in row["last_error"]
     assert effects(outboxkit_db_url, doomed) == []  # every failed attempt rolled back
     # The later event of the same partition runs only after the doomed one ended.
-    wait_until(lambda: behaviour.calls and behaviour.calls[-1][0] == later, what="later event ran")
+    wait_for(lambda: behaviour.calls and behaviour.calls[-1][0] == later, what="later event ran")
     assert [c for c in behaviour.calls if c[0] == doomed] == [(doomed, 1), (doomed, 2), (doomed, 3)]
     assert behaviour.calls.index((later, 1)) > behaviour.calls.index((doomed, 3))
     records = read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)
@@ -258,7 +258,7 @@ def test_transient_failure_retried_in_partition_order(
     produce_event(outboxkit_kafka_bootstrap, topic, first, "o1", 1)
     produce_event(outboxkit_kafka_bootstrap, topic, second, "o2", 2)
     start([topic], Behaviour(fail_attempts=2), policy=RetryPolicy(initial_delay=0.1))
-    wait_until(lambda: _state(outboxkit_db_url, second) == "succeeded", what="second event")
+    wait_for(lambda: _state(outboxkit_db_url, second) == "succeeded", what="second event")
     # The first event succeeded on its third run, before the second event: order kept.
     assert [e[0] for e in effects(outboxkit_db_url)] == [first, second]
     row = inbox_row(outboxkit_db_url, "billing", first)
@@ -286,9 +286,7 @@ def test_cancel_during_processing_sticks_and_rolls_back(
     finally:
         engine.dispose()
     assert (result.cancelled, result.state) == (True, "cancelled")
-    wait_until(
-        lambda: any(o.kind is OutcomeKind.CANCELLED for o in harness.outcomes), what="outcome"
-    )
+    wait_for(lambda: any(o.kind is OutcomeKind.CANCELLED for o in harness.outcomes), what="outcome")
     row = inbox_row(outboxkit_db_url, "billing", slow)
     assert row is not None
     assert (row["state"], row["last_error"]) == ("cancelled", "operator said so")
@@ -297,7 +295,7 @@ def test_cancel_during_processing_sticks_and_rolls_back(
     # The offset moved on: a later event is processed, and the cancelled one never reruns.
     behaviour.wait_until_lost = False
     produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 2)
-    wait_until(lambda: _state(outboxkit_db_url, after) == "succeeded", what="later event")
+    wait_for(lambda: _state(outboxkit_db_url, after) == "succeeded", what="later event")
     assert [c for c in behaviour.calls if c[0] == slow] == [(slow, 1)]
     assert _state(outboxkit_db_url, slow) == "cancelled"
 
@@ -315,7 +313,7 @@ def test_outcomes_are_acknowledged_on_the_acks_topic(
     produce_event(outboxkit_kafka_bootstrap, topic, good, "o1", 5)  # duplicate: not re-acked
     produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"{broken", headers_for(bad))])
     start([topic], acks_topic=acks)
-    wait_until(lambda: _state(outboxkit_db_url, bad) == "rejected", what="rejected")
+    wait_for(lambda: _state(outboxkit_db_url, bad) == "rejected", what="rejected")
     records = read_topic(outboxkit_kafka_bootstrap, acks, expect=2)
     bodies = [json.loads(r.value()) for r in records]
     assert [(b["event_id"], b["state"], b["consumer"]) for b in bodies] == [
@@ -338,12 +336,12 @@ def test_interval_offset_commits_are_flushed_on_close(
     for event_id in first:
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
     harness = start([topic], offset_commit_interval=600.0, group_id=group)
-    wait_until(lambda: _state(outboxkit_db_url, first[-1]) == "succeeded", what="first batch")
+    wait_for(lambda: _state(outboxkit_db_url, first[-1]) == "succeeded", what="first batch")
     harness.stop()  # nothing was due yet: close commits the settled offsets
     later = str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, later, "o", 2)
     second = start([topic], offset_commit_interval=600.0, group_id=group)
-    wait_until(lambda: _state(outboxkit_db_url, later) == "succeeded", what="later event")
+    wait_for(lambda: _state(outboxkit_db_url, later) == "succeeded", what="later event")
     assert [(o.kind, o.event_id) for o in second.outcomes] == [(OutcomeKind.SUCCEEDED, later)]
     assert len(effects(outboxkit_db_url)) == 4
 
@@ -373,7 +371,7 @@ def test_a_partition_held_for_retry_moves_again_after_a_member_joins_and_leaves(
         policy=RetryPolicy(initial_delay=600, max_delay=600),
         lease_seconds=3,
     )
-    wait_until(
+    wait_for(
         lambda: sum(o.kind is OutcomeKind.RETRY for o in harness.outcomes) == 2,
         what="both partitions held for a retry",
     )
@@ -385,7 +383,7 @@ def test_a_partition_held_for_retry_moves_again_after_a_member_joins_and_leaves(
         member.close()
     ids = [*first.values(), *later.values()]
     for event_id in ids:
-        wait_until(
+        wait_for(
             lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
             timeout=120,
             what=event_id,

@@ -29,10 +29,10 @@ from tests.integration.inbox_support import (
     inbox_row,
     payload,
     produce,
-    read_topic,
-    wait_until,
 )
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_every_hostile_record_ends_readable_and_later_records_run(
     ]
     produce(outboxkit_kafka_bootstrap, topic, [(k, v, h) for _, k, v, h in hostile])
     harness = start([topic], Behaviour(), dead_letter=dlq)
-    wait_until(lambda: _state(outboxkit_db_url, valid) == "succeeded", timeout=BOUND, what="valid")
+    wait_for(lambda: _state(outboxkit_db_url, valid) == "succeeded", timeout=BOUND, what="valid")
     assert _state(outboxkit_db_url, first) == "succeeded"
     assert _state(outboxkit_db_url, big) == "succeeded"
     rejected = _rejections(outboxkit_db_url, topic)
@@ -197,7 +197,7 @@ def test_a_dead_letter_that_cannot_be_published_ends_dead_with_the_reason(
         dead_letter=dlq,
         consumer_options={"dead_letter_check": "warn"},
     )
-    wait_until(lambda: _state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later")
+    wait_for(lambda: _state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later")
     row = inbox_row(outboxkit_db_url, "billing", doomed)
     assert row is not None
     assert row["state"] == "dead"
@@ -238,7 +238,7 @@ def test_error_text_carries_no_parameter_values(
         acks_topic=acks,
     )
     for event_id in statements:
-        wait_until(lambda e=event_id: _state(outboxkit_db_url, e) == "dead", what=event_id)
+        wait_for(lambda e=event_id: _state(outboxkit_db_url, e) == "dead", what=event_id)
         error = str((inbox_row(outboxkit_db_url, "billing", event_id) or {})["last_error"])
         assert SECRET not in error
         assert "SQLSTATE" in error

@@ -15,7 +15,10 @@ from outboxkit.kafka.api import ProduceRequest, TransactionalProducer
 from outboxkit.kafka.config import LIBRDKAFKA_LOGGER
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.settings import KafkaClient, KafkaSettings
-from tests.relay_support import KAFKA_CLIENTS, consume
+from tests.relay_support import (
+    KAFKA_CLIENTS,
+    consume,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ from tests.integration.inbox_support import (
     Sender,
     poll_members,
     produce,
-    read_topic,
 )
+from tests.support.topics import read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from tests.relay_support import (
     row_states,
     running_relay,
     set_shard_count,
-    wait_for_async,
 )
+from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 

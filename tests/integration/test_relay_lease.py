@@ -17,7 +17,12 @@ from outboxkit import db
 from outboxkit.errors import LeaseLostError
 from outboxkit.relay.lease import LeaseStore
 from outboxkit.relay.reader import ShardStore
-from tests.relay_support import insert_rows, payloads, row_states, set_shard_count
+from tests.relay_support import (
+    insert_rows,
+    payloads,
+    row_states,
+    set_shard_count,
+)
 
 pytestmark = pytest.mark.integration
 

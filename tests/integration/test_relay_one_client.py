@@ -19,9 +19,9 @@ from tests.relay_support import (
     payloads,
     row_states,
     set_shard_count,
-    wait_for,
 )
 from tests.support.blocking import env_without
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
