@@ -140,7 +140,8 @@ async def consume(url: str, bootstrap: str, expected: int) -> dict[str, int]:
 
 def create_topic(bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(TOPIC, num_partitions=2)]).values():
+    topics = [NewTopic(TOPIC, num_partitions=2), NewTopic(f"{TOPIC}.dlq", num_partitions=1)]
+    for future in admin.create_topics(topics).values():
         try:
             future.result(timeout=30)
         except Exception as exc:

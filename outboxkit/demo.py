@@ -222,6 +222,7 @@ def run_demo(
         _APP_SCHEMA.drop_all(engine)
         _APP_SCHEMA.create_all(engine)
         _create_topic(kafka, OrderPlaced.outbox_spec().topic, partitions=3)
+        _create_topic(kafka, f"{OrderPlaced.outbox_spec().topic}.dlq", partitions=1)
 
         _write_orders(engine, Outbox(), orders, report)
         echo(

@@ -32,6 +32,7 @@ class _CredentialsHint(logging.Filter):
 
 
 LIBRDKAFKA_LOGGER.addFilter(_CredentialsHint())
+logging.getLogger("aiokafka").addFilter(_CredentialsHint())  # aiokafka logs a refused login there
 
 
 def _require_bootstrap(settings: KafkaSettings) -> str:
