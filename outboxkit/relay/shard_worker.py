@@ -24,6 +24,7 @@ from outboxkit.errors import LeaseLostError, ProducerFencedError, PublishError
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.faults import FaultPoints
+from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
@@ -80,6 +81,7 @@ class ShardWorker:
             faults=faults,
         )
         self._faults = faults
+        self.housekeeping = Housekeeping(self.config, settings.schema_name)
         self._rng = random.Random()
         self._label = str(shard)
         for counter in (metrics.published, metrics.failed, metrics.parked, metrics.lease_lost):
@@ -293,6 +295,7 @@ class ShardWorker:
         return producer
 
     async def _retention(self, term: LeaseTerm, conn: Conn) -> None:
+        await self.housekeeping.run_if_due(conn, term, self.stop)
         keep = self.config.retention_seconds
         if keep is None or self.config.on_publish is OnPublish.DELETE:
             return

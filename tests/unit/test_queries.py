@@ -26,6 +26,7 @@ RELAY_WRITES = (
     "park",
     "record_failure",
     "retention_delete",
+    "housekeeping_delete",
 )
 _FENCE = {"group", "shard", "token"}
 _INBOX_KEY = {"consumer", "event_id"}
@@ -63,6 +64,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "park": _FENCE | {"id", "reason"},
         "record_failure": _FENCE | {"ids", "error"},
         "retention_delete": _FENCE | {"keep_seconds", "limit", "now"},
+        "housekeeping_delete": _FENCE | {"state", "keep_seconds", "limit", "now"},
         "control_paused": {"group"},
         "control_set": {"group", "paused", "reason", "changed_by"},
         "status": {"group"},
