@@ -1,4 +1,4 @@
-"""``outboxkit relay run|pause|resume|status``.
+"""``outboxkit relay run|pause|resume|status|shards``.
 
 Settings come from :func:`outboxkit.settings.load_settings` (TOML file, ``OUTBOXKIT_*`` variables,
 secret files); the options here override them. The connection options are accepted on the group
@@ -246,3 +246,38 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
             f"{s['shard']:>5} {s['holder'] or '-':<40} {s['token'] or '-':>7} {s['backlog']:>8} "
             f"{oldest if oldest is not None else '-':>9} {s['parked']}"
         )
+
+
+@relay.command()
+@connection_options
+@click.argument("count", type=click.IntRange(1, 1024))
+@click.pass_context
+def shards(ctx: click.Context, /, count: int, **options: Any) -> None:
+    """Set the shard count, keeping per-key order: refused while rows are pending or parked.
+
+    Run it as the schema owner. Writers wait (at most 5 s) while it checks and switches; restart
+    the relays afterwards so they watch the new set of shards.
+    """
+    settings = _settings(ctx, options)
+    schema = settings.schema_name
+    try:
+        with _connect(settings) as conn, conn.transaction():
+            db.execute(conn, db.query("relay", "shards_lock_timeout", schema))
+            db.execute(conn, db.query("relay", "shards_lock_table", schema))
+            blockers = db.rows(conn, db.query("relay", "shards_blockers", schema))
+            if blockers:
+                found = ", ".join(f"{int(n)} {state}" for state, n in blockers)
+                raise click.ClickException(
+                    f"refused: {found} row(s) in schema {schema}. Changing the shard count moves"
+                    " keys to other shards, so rows written afterwards could overtake them."
+                    " Let the relay drain the pending rows, retry or discard the parked ones"
+                    " (outboxkit outbox parked), then run this again."
+                )
+            row = db.one(conn, db.query("relay", "shards_set", schema), {"count": count})
+    except psycopg.Error as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {str(exc).strip()}") from None
+    assert row is not None
+    click.echo(
+        f"shard count of schema {schema} is now {row[0]}; restart the relays so they watch"
+        f" shards 0..{int(row[0]) - 1}"
+    )

@@ -213,3 +213,22 @@ WITH {_lease_held}, victims AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: shards_lock_timeout
+-- `outboxkit relay shards N`, in one short transaction as the schema owner: wait for writers in
+-- flight to finish and hold new ones back (SHARE conflicts with INSERT's ROW EXCLUSIVE), at
+-- most a few seconds, so no row is written with the old count after the check below.
+SELECT set_config('lock_timeout', '5s', true);
+
+-- name: shards_lock_table
+LOCK TABLE {schema}.outbox_message IN SHARE MODE;
+
+-- name: shards_blockers
+-- Rows still to publish: the switch would move their keys to another shard, and rows written
+-- after it could overtake them. Parked rows count too (a retry would publish them late).
+SELECT state, count(*) FROM {schema}.outbox_message
+WHERE state IN ('pending', 'parked')
+GROUP BY state ORDER BY state;
+
+-- name: shards_set
+UPDATE {schema}.outbox_setting SET shard_count = :count RETURNING shard_count;
