@@ -9,12 +9,13 @@ configuration.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import json
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -177,9 +178,18 @@ def _connect(settings: Settings) -> psycopg.Connection[Any]:
         raise click.ClickException(str(exc)) from None
 
 
+@contextlib.contextmanager
+def _database_errors() -> Iterator[None]:
+    """A database error as one line: its class and message, never a traceback or parameters."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {str(exc).strip()}") from None
+
+
 def _control(settings: Settings, paused: bool, reason: str | None) -> None:
     group = settings.relay.group
-    with _connect(settings) as conn:
+    with _database_errors(), _connect(settings) as conn:
         db.execute(
             conn,
             db.query("relay", "control_set", settings.schema_name),
@@ -218,7 +228,7 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
     """Each shard's holder, token, lease expiry, backlog and oldest pending age."""
     settings = _settings(ctx, options)
     group, schema = settings.relay.group, settings.schema_name
-    with _connect(settings) as conn:
+    with _database_errors(), _connect(settings) as conn:
         paused_row = db.one(conn, db.query("relay", "control_paused", schema), {"group": group})
         rows = db.rows(conn, db.query("relay", "status", schema), {"group": group})
     paused = bool(paused_row and paused_row[0])
@@ -260,22 +270,19 @@ def shards(ctx: click.Context, /, count: int, **options: Any) -> None:
     """
     settings = _settings(ctx, options)
     schema = settings.schema_name
-    try:
-        with _connect(settings) as conn, conn.transaction():
-            db.execute(conn, db.query("relay", "shards_lock_timeout", schema))
-            db.execute(conn, db.query("relay", "shards_lock_table", schema))
-            blockers = db.rows(conn, db.query("relay", "shards_blockers", schema))
-            if blockers:
-                found = ", ".join(f"{int(n)} {state}" for state, n in blockers)
-                raise click.ClickException(
-                    f"refused: {found} row(s) in schema {schema}. Changing the shard count moves"
-                    " keys to other shards, so rows written afterwards could overtake them."
-                    " Let the relay drain the pending rows, retry or discard the parked ones"
-                    " (outboxkit outbox parked), then run this again."
-                )
-            row = db.one(conn, db.query("relay", "shards_set", schema), {"count": count})
-    except psycopg.Error as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {str(exc).strip()}") from None
+    with _database_errors(), _connect(settings) as conn, conn.transaction():
+        db.execute(conn, db.query("relay", "shards_lock_timeout", schema))
+        db.execute(conn, db.query("relay", "shards_lock_table", schema))
+        blockers = db.rows(conn, db.query("relay", "shards_blockers", schema))
+        if blockers:
+            found = ", ".join(f"{int(n)} {state}" for state, n in blockers)
+            raise click.ClickException(
+                f"refused: {found} row(s) in schema {schema}. Changing the shard count moves"
+                " keys to other shards, so rows written afterwards could overtake them."
+                " Let the relay drain the pending rows, retry or discard the parked ones"
+                " (outboxkit outbox parked), then run this again."
+            )
+        row = db.one(conn, db.query("relay", "shards_set", schema), {"count": count})
     assert row is not None
     click.echo(
         f"shard count of schema {schema} is now {row[0]}; restart the relays so they watch"
