@@ -33,6 +33,7 @@ from outboxkit.settings import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+_EXTRA_OF = {"confluent_kafka": "confluent", "aiokafka": "aiokafka", "prometheus_client": "metrics"}
 _CONNECTION_KEYS = (
     "config_path",
     "database_url",
@@ -153,8 +154,9 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
     try:
         from outboxkit.relay.runner import Relay
     except ImportError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0], "confluent")
         raise click.ClickException(
-            f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[metrics]'"
+            f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[{extra}]'"
         ) from None
     _setup_logging(json_logs)
 
