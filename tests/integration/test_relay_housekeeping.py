@@ -15,8 +15,8 @@ from tests.relay_support import (
     relay_settings,
     row_states,
     running_relay,
-    wait_for_async,
 )
+from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 

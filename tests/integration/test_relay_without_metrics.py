@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.relay_support import RelayProcess, insert_rows, payloads, row_states, wait_for
+from tests.relay_support import RelayProcess, insert_rows, payloads, row_states
 from tests.support.blocking import env_without
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
