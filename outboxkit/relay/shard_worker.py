@@ -72,6 +72,7 @@ class ShardWorker:
         self._leases = LeaseStore(settings.schema_name)
         # Lease attempts while standby: on the process's shared connection (or one of our own).
         self._standby = standby or StandbyConnection(settings, self._leases)
+        self._owns_standby = standby is None  # then this worker closes it when it ends
         self._store = ShardStore(
             settings.schema_name,
             skip_parked_keys=self.config.parked_key_policy is ParkedKeyPolicy.SKIP,
@@ -95,6 +96,13 @@ class ShardWorker:
     # ----------------------------------------------------------------- outer loop (standby)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._owns_standby:
+                await self._standby.close()
+
+    async def _run(self) -> None:
         failures = 0
         while not self.stop.is_set():
             try:
