@@ -7,6 +7,7 @@ import sys
 import click
 import psycopg
 
+from outboxkit import db
 from outboxkit.db import migrator
 from outboxkit.errors import OutboxkitError
 from outboxkit.schema import DEFAULT_SCHEMA
@@ -118,4 +119,47 @@ def sql_(database_url: str | None, schema: str, after: int | None) -> None:
                 after = max(applied, default=0)
         click.echo(migrator.render_sql(schema, after=after), nl=False)
     except (OutboxkitError, psycopg.Error) as exc:
+        _fail(exc)
+
+
+@migrate.command()
+@click.option("--app", "app_role", default=None, help="Role of the application (writer).")
+@click.option("--relay", "relay_role", default=None, help="Role of the relay.")
+@click.option("--consumer", "consumer_role", default=None, help="Role of inbox consumers.")
+@click.option("--apply", "do_apply", is_flag=True, help="Run them (as the schema owner).")
+@click.option(
+    "--database-url",
+    envvar="OUTBOXKIT_DATABASE_URL",
+    default=None,
+    help="Needed with --apply (default: $OUTBOXKIT_DATABASE_URL).",
+)
+@_schema
+def grants(
+    app_role: str | None,
+    relay_role: str | None,
+    consumer_role: str | None,
+    do_apply: bool,
+    database_url: str | None,
+    schema: str,
+) -> None:
+    """Print (or --apply) the least-privilege GRANTs for the given roles (docs/security.md)."""
+    from outboxkit.db import grants as grant_sql
+
+    roles = {
+        k: v
+        for k, v in (("app", app_role), ("relay", relay_role), ("consumer", consumer_role))
+        if v
+    }
+    if not roles:
+        raise click.UsageError("name at least one of --app, --relay, --consumer")
+    try:
+        if not do_apply:
+            click.echo(grant_sql.render(schema, roles), nl=False)
+            return
+        if not database_url:
+            raise click.UsageError("--apply needs --database-url (or $OUTBOXKIT_DATABASE_URL)")
+        with db.connect(database_url) as conn:
+            count = grant_sql.apply(conn, schema, roles)
+        click.echo(f"applied {count} grant(s) in schema {schema} to {', '.join(roles.values())}")
+    except (OutboxkitError, ValueError, psycopg.Error) as exc:
         _fail(exc)

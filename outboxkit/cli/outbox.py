@@ -14,16 +14,23 @@ from outboxkit.schema import DEFAULT_SCHEMA
 
 
 @click.group()
-@click.option("--database-url", envvar="OUTBOXKIT_DATABASE_URL", required=True, show_envvar=True)
+@click.option(
+    "--database-url",
+    envvar="OUTBOXKIT_DATABASE_URL",
+    show_envvar=True,
+    help="libpq URL of the database (required to run a command; not for --help).",
+)
 @click.option("--schema", default=DEFAULT_SCHEMA, envvar="OUTBOXKIT_SCHEMA")
 @click.pass_context
-def outbox(ctx: click.Context, database_url: str, schema: str) -> None:
+def outbox(ctx: click.Context, database_url: str | None, schema: str) -> None:
     """Operate on outbox rows (parked rows: list, retry, discard)."""
-    ctx.obj = {"url": database_url, "schema": schema}
+    ctx.obj = {"url": database_url or "", "schema": schema}
 
 
 def _rows(obj: dict[str, str], name: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
     """One statement on a connection of our own; a database error is one line, password-free."""
+    if not obj["url"]:
+        raise click.UsageError("Missing option '--database-url' (or $OUTBOXKIT_DATABASE_URL).")
     try:
         with db.connect(obj["url"]) as conn:
             return db.rows(conn, db.query("relay", name, obj["schema"]), params)

@@ -1,4 +1,4 @@
-"""``outboxkit relay run|pause|resume|status``.
+"""``outboxkit relay run|pause|resume|status|shards``.
 
 Settings come from :func:`outboxkit.settings.load_settings` (TOML file, ``OUTBOXKIT_*`` variables,
 secret files); the options here override them. The connection options are accepted on the group
@@ -9,12 +9,13 @@ configuration.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import json
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -32,6 +33,7 @@ from outboxkit.settings import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+_EXTRA_OF = {"confluent_kafka": "confluent", "aiokafka": "aiokafka", "prometheus_client": "metrics"}
 _CONNECTION_KEYS = (
     "config_path",
     "database_url",
@@ -152,8 +154,9 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
     try:
         from outboxkit.relay.runner import Relay
     except ImportError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0], "confluent")
         raise click.ClickException(
-            f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[metrics]'"
+            f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[{extra}]'"
         ) from None
     _setup_logging(json_logs)
 
@@ -177,9 +180,18 @@ def _connect(settings: Settings) -> psycopg.Connection[Any]:
         raise click.ClickException(str(exc)) from None
 
 
+@contextlib.contextmanager
+def _database_errors() -> Iterator[None]:
+    """A database error as one line: its class and message, never a traceback or parameters."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {str(exc).strip()}") from None
+
+
 def _control(settings: Settings, paused: bool, reason: str | None) -> None:
     group = settings.relay.group
-    with _connect(settings) as conn:
+    with _database_errors(), _connect(settings) as conn:
         db.execute(
             conn,
             db.query("relay", "control_set", settings.schema_name),
@@ -218,7 +230,7 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
     """Each shard's holder, token, lease expiry, backlog and oldest pending age."""
     settings = _settings(ctx, options)
     group, schema = settings.relay.group, settings.schema_name
-    with _connect(settings) as conn:
+    with _database_errors(), _connect(settings) as conn:
         paused_row = db.one(conn, db.query("relay", "control_paused", schema), {"group": group})
         rows = db.rows(conn, db.query("relay", "status", schema), {"group": group})
     paused = bool(paused_row and paused_row[0])
@@ -246,3 +258,35 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
             f"{s['shard']:>5} {s['holder'] or '-':<40} {s['token'] or '-':>7} {s['backlog']:>8} "
             f"{oldest if oldest is not None else '-':>9} {s['parked']}"
         )
+
+
+@relay.command()
+@connection_options
+@click.argument("count", type=click.IntRange(1, 1024))
+@click.pass_context
+def shards(ctx: click.Context, /, count: int, **options: Any) -> None:
+    """Set the shard count, keeping per-key order: refused while rows are pending or parked.
+
+    Run it as the schema owner. Writers wait (at most 5 s) while it checks and switches; restart
+    the relays afterwards so they watch the new set of shards.
+    """
+    settings = _settings(ctx, options)
+    schema = settings.schema_name
+    with _database_errors(), _connect(settings) as conn, conn.transaction():
+        db.execute(conn, db.query("relay", "shards_lock_timeout", schema))
+        db.execute(conn, db.query("relay", "shards_lock_table", schema))
+        blockers = db.rows(conn, db.query("relay", "shards_blockers", schema))
+        if blockers:
+            found = ", ".join(f"{int(n)} {state}" for state, n in blockers)
+            raise click.ClickException(
+                f"refused: {found} row(s) in schema {schema}. Changing the shard count moves"
+                " keys to other shards, so rows written afterwards could overtake them."
+                " Let the relay drain the pending rows, retry or discard the parked ones"
+                " (outboxkit outbox parked), then run this again."
+            )
+        row = db.one(conn, db.query("relay", "shards_set", schema), {"count": count})
+    assert row is not None
+    click.echo(
+        f"shard count of schema {schema} is now {row[0]}; restart the relays so they watch"
+        f" shards 0..{int(row[0]) - 1}"
+    )

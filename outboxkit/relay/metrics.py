@@ -11,13 +11,36 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
+from outboxkit.errors import ConfigurationError
+
+try:
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        generate_latest,
+    )
+
+    HAVE_PROMETHEUS = True
+except ImportError:  # the `metrics` extra is optional: count into nothing
+    from outboxkit.relay.null_metrics import (  # type: ignore[assignment]
+        CONTENT_TYPE_LATEST,
+        generate_latest,
+    )
+    from outboxkit.relay.null_metrics import NullMetric as Counter  # type: ignore[assignment]
+    from outboxkit.relay.null_metrics import NullMetric as Gauge  # type: ignore[assignment]
+    from outboxkit.relay.null_metrics import NullMetric as Histogram  # type: ignore[assignment]
+    from outboxkit.relay.null_metrics import (  # type: ignore[assignment]
+        NullRegistry as CollectorRegistry,
+    )
+
+    HAVE_PROMETHEUS = False
+
+METRICS_EXTRA_MISSING = (
+    "metrics_port is set but prometheus_client is not installed:"
+    " pip install 'outboxkit[metrics]' (or unset metrics_port)"
 )
 
 
@@ -90,6 +113,8 @@ class RelayMetrics:
         return (not problems, {"shards_with_backlog_and_no_holder": problems})
 
     def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+        if not HAVE_PROMETHEUS:
+            raise ConfigurationError(METRICS_EXTRA_MISSING)
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):

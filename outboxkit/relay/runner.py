@@ -28,6 +28,7 @@ from outboxkit.relay.faults import FaultPoints
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
 from outboxkit.relay.shard_worker import ShardWorker
+from outboxkit.relay.standby import StandbyConnection
 from outboxkit.relay.waiting import backoff_delay, wait_any
 from outboxkit.settings import Mode, Settings
 
@@ -139,6 +140,7 @@ class Relay:
 
     async def _run(self, shards: list[int], checkpoints: CheckpointTopic | None) -> None:
         factory = make_producer_factory(self.settings, self.kafka)
+        standby = StandbyConnection(self.settings)  # one for every standby shard of this process
         for shard in shards:
             self.workers[shard] = ShardWorker(
                 self.settings,
@@ -149,6 +151,7 @@ class Relay:
                 checkpoints=checkpoints,
                 metrics=self.metrics,
                 faults=self.faults,
+                standby=standby,
             )
         logger.info(
             "relay %s starting: shards %s, Kafka client %s, settings %s",
@@ -177,6 +180,7 @@ class Relay:
             for task in tasks + helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            await standby.close()
             logger.info("relay %s stopped", self.holder)
 
     def _wake(self, shard: int | None) -> None:

@@ -24,10 +24,12 @@ from outboxkit.errors import LeaseLostError, ProducerFencedError, PublishError
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.faults import FaultPoints
+from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
+from outboxkit.relay.standby import StandbyConnection
 from outboxkit.relay.waiting import backoff_delay, wait_any
 from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
@@ -51,6 +53,7 @@ class ShardWorker:
         checkpoints: CheckpointTopic | None,
         metrics: RelayMetrics,
         faults: FaultPoints,
+        standby: StandbyConnection | None = None,
     ) -> None:
         self.config = settings.relay
         self._database_url = settings.database_url
@@ -67,6 +70,9 @@ class ShardWorker:
         self._checkpoints = checkpoints
         self._metrics = metrics
         self._leases = LeaseStore(settings.schema_name)
+        # Lease attempts while standby: on the process's shared connection (or one of our own).
+        self._standby = standby or StandbyConnection(settings, self._leases)
+        self._owns_standby = standby is None  # then this worker closes it when it ends
         self._store = ShardStore(
             settings.schema_name,
             skip_parked_keys=self.config.parked_key_policy is ParkedKeyPolicy.SKIP,
@@ -80,6 +86,7 @@ class ShardWorker:
             faults=faults,
         )
         self._faults = faults
+        self.housekeeping = Housekeeping(self.config, settings.schema_name)
         self._rng = random.Random()
         self._label = str(shard)
         for counter in (metrics.published, metrics.failed, metrics.parked, metrics.lease_lost):
@@ -89,6 +96,13 @@ class ShardWorker:
     # ----------------------------------------------------------------- outer loop (standby)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._owns_standby:
+                await self._standby.close()
+
+    async def _run(self) -> None:
         failures = 0
         while not self.stop.is_set():
             try:
@@ -125,21 +139,27 @@ class ShardWorker:
         )
 
     async def _one_session(self) -> None:
-        async with await self._connect() as lease_conn:
-            term = await self._wait_for_lease(lease_conn)
-            if term is None:
-                return
-            self.term = term
+        term = await self._wait_for_lease()
+        if term is None:
+            return
+        self.term = term
+        # Only now does this shard hold connections of its own: renewal, and data.
+        try:
+            own = await self._connect()
+        except BaseException:
+            await self._standby.release(term)  # hand the shard over rather than sit on it
+            raise
+        async with own as lease_conn:
             try:
                 async with await self._connect() as data_conn:
                     await self._active_term(term, lease_conn, data_conn)
             finally:
                 await self._release(lease_conn, term)
 
-    async def _wait_for_lease(self, conn: Conn) -> LeaseTerm | None:
+    async def _wait_for_lease(self) -> LeaseTerm | None:
         while not self.stop.is_set():
-            term = await self._leases.acquire(
-                conn, self.config.group, self.shard, self.holder, self.config.lease_ttl
+            term = await self._standby.acquire(
+                self.config.group, self.shard, self.holder, self.config.lease_ttl
             )
             if term is not None:
                 return term
@@ -293,6 +313,7 @@ class ShardWorker:
         return producer
 
     async def _retention(self, term: LeaseTerm, conn: Conn) -> None:
+        await self.housekeeping.run_if_due(conn, term, self.stop)
         keep = self.config.retention_seconds
         if keep is None or self.config.on_publish is OnPublish.DELETE:
             return

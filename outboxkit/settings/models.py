@@ -142,6 +142,11 @@ class RelaySettings(BaseSettings):
     checkpoint_topic: str = Field("outboxkit.relay.checkpoint", min_length=1)
     retention_seconds: float | None = Field(86_400.0, ge=0)  # None ("forever") keeps rows
     retention_batch: int = Field(1000, ge=1)
+    # Housekeeping of rows that never publish: discarded rows after a week; parked rows only
+    # when set (deleting a parked row gives up on it). Counted from when the row was parked.
+    discarded_retention_seconds: float | None = Field(7 * 86_400.0, ge=0)
+    parked_retention_seconds: float | None = Field(None, ge=0)
+    housekeeping_interval: float = Field(600.0, gt=0)
     metrics_port: int | None = Field(None, ge=0, le=65_535)
     metrics_host: str = "127.0.0.1"  # the manifests set 0.0.0.0 inside a pod
     listen: bool = True
@@ -164,7 +169,13 @@ class RelaySettings(BaseSettings):
             raise ValueError("shard numbers must be non-negative")
         return value
 
-    @field_validator("retention_seconds", "metrics_port", mode="before")
+    @field_validator(
+        "retention_seconds",
+        "discarded_retention_seconds",
+        "parked_retention_seconds",
+        "metrics_port",
+        mode="before",
+    )
     @classmethod
     def _off(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("none", "forever", "off", ""):

@@ -26,6 +26,7 @@ RELAY_WRITES = (
     "park",
     "record_failure",
     "retention_delete",
+    "housekeeping_delete",
 )
 _FENCE = {"group", "shard", "token"}
 _INBOX_KEY = {"consumer", "event_id"}
@@ -63,6 +64,11 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "park": _FENCE | {"id", "reason"},
         "record_failure": _FENCE | {"ids", "error"},
         "retention_delete": _FENCE | {"keep_seconds", "limit", "now"},
+        "housekeeping_delete": _FENCE | {"state", "keep_seconds", "limit", "now"},
+        "shards_lock_timeout": set(),
+        "shards_lock_table": set(),
+        "shards_blockers": set(),
+        "shards_set": {"count"},
         "control_paused": {"group"},
         "control_set": {"group", "paused", "reason", "changed_by"},
         "status": {"group"},
@@ -130,8 +136,11 @@ def test_every_statement_compiles_to_psycopg_placeholders(q: Query) -> None:
 def test_one_schema_per_load() -> None:
     for q in all_queries("custom_schema"):
         assert '"outboxkit"' not in q.text
-    # Every statement that names a table names it in the custom schema (LISTEN names a channel).
-    tables = [q for q in all_queries("custom_schema") if q.name != "listen"]
+    # Every statement that names a table names it in the custom schema (LISTEN names a channel,
+    # shards_lock_timeout only sets the transaction's lock timeout).
+    tables = [
+        q for q in all_queries("custom_schema") if q.name not in ("listen", "shards_lock_timeout")
+    ]
     assert all('"custom_schema".' in q.text for q in tables)
 
 

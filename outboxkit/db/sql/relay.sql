@@ -193,3 +193,42 @@ UPDATE {schema}.outbox_message
 SET state = 'discarded'
 WHERE state = 'parked' AND (:all OR id = ANY(:ids))
 RETURNING id;
+
+-- name: housekeeping_delete
+-- Housekeeping (outboxkit.relay.housekeeping): one small batch of this shard's rows in a final
+-- state other than published ('discarded', or 'parked' when parked retention is on), parked
+-- longer ago than the window. Token-conditional like every relay write. Parked rows use the
+-- partial parked index (shard, message_key); discarded rows have none, hence the long interval.
+WITH {_lease_held}, victims AS (
+    SELECT id FROM {schema}.outbox_message
+    WHERE shard = :shard AND state = :state
+      AND coalesce(parked_at, created_at)
+          < coalesce(CAST(:now AS timestamptz), now()) - :keep_seconds * interval '1 second'
+      AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY id
+    LIMIT :limit
+), done AS (
+    DELETE FROM {schema}.outbox_message m USING victims v
+    WHERE m.id = v.id AND m.state = :state
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: shards_lock_timeout
+-- `outboxkit relay shards N`, in one short transaction as the schema owner: wait for writers in
+-- flight to finish and hold new ones back (SHARE conflicts with INSERT's ROW EXCLUSIVE), at
+-- most a few seconds, so no row is written with the old count after the check below.
+SELECT set_config('lock_timeout', '5s', true);
+
+-- name: shards_lock_table
+LOCK TABLE {schema}.outbox_message IN SHARE MODE;
+
+-- name: shards_blockers
+-- Rows still to publish: the switch would move their keys to another shard, and rows written
+-- after it could overtake them. Parked rows count too (a retry would publish them late).
+SELECT state, count(*) FROM {schema}.outbox_message
+WHERE state IN ('pending', 'parked')
+GROUP BY state ORDER BY state;
+
+-- name: shards_set
+UPDATE {schema}.outbox_setting SET shard_count = :count RETURNING shard_count;

@@ -1,0 +1,34 @@
+-- Least-privilege grants, one block per role (docs/security.md explains each line).
+-- {role} is the grantee, quoted as an identifier by outboxkit.db.grants (psycopg.sql), never
+-- pasted as text. One statement per line; the owner/migrator runs them after `migrate up`.
+
+-- name: app
+-- The application (Outbox.add / add_many): insert rows, read back only what RETURNING and the
+-- idempotency re-read need (no payloads, no UPDATE, no DELETE), compute the shard.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT INSERT ON {schema}.outbox_message TO {role};
+GRANT SELECT (id, event_id, shard, xact_id, idempotency_key, content_digest) ON {schema}.outbox_message TO {role};
+GRANT USAGE ON SEQUENCE {schema}.outbox_message_id_seq TO {role};
+GRANT EXECUTE ON FUNCTION {schema}.outbox_shard(text, uuid, integer) TO {role};
+GRANT SELECT ON {schema}.outbox_setting TO {role};
+
+-- name: relay
+-- The relay: claim, mark, park, delete (on_publish=delete, retention, housekeeping) outbox rows;
+-- its leases and fencing tokens; read the pause switch, the shard count and the schema version.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_message TO {role};
+GRANT SELECT, INSERT, UPDATE ON {schema}.relay_lease TO {role};
+GRANT SELECT ON {schema}.relay_control TO {role};
+GRANT USAGE ON SEQUENCE {schema}.relay_fencing_token_seq TO {role};
+GRANT SELECT ON {schema}.outbox_setting TO {role};
+GRANT SELECT ON {schema}.schema_migration TO {role};
+
+-- name: consumer
+-- Inbox consumers: their dedup rows, rejections and lease tokens (their own effect tables are
+-- the application's business).
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.inbox_message TO {role};
+GRANT SELECT, INSERT, DELETE ON {schema}.inbox_rejection TO {role};
+GRANT USAGE ON SEQUENCE {schema}.inbox_rejection_id_seq TO {role};
+GRANT USAGE ON SEQUENCE {schema}.inbox_lease_token_seq TO {role};
+GRANT SELECT ON {schema}.schema_migration TO {role};

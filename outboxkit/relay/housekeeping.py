@@ -1,0 +1,97 @@
+"""Bounded outbox growth beyond published rows: the shard holder purges discarded rows (and,
+when configured, rows parked for longer than a long window) in small fenced batches.
+
+Published rows have their own retention (``retention_seconds``, every few poll intervals);
+these rows are rare and discarded ones have no index, so they are swept far less often
+(``housekeeping_interval``). Deleting a parked row gives up on it, like ``outbox discard``:
+same-key rows behind it then flow again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from outboxkit import db
+from outboxkit.errors import LeaseLostError
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.settings import RelaySettings
+
+logger = logging.getLogger("outboxkit.relay.housekeeping")
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+class Housekeeping:
+    """One shard's sweep; :meth:`run_if_due` is called from the holder's retention hook."""
+
+    def __init__(
+        self, config: RelaySettings, schema: str, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._config = config
+        self._query = db.query("relay", "housekeeping_delete", schema)
+        self._clock = clock
+        self._due = clock()  # the first sweep runs at the first retention hook of a term
+        self.passes = 0  # completed sweeps (tests wait on it)
+        self.deleted = 0
+
+    def windows(self) -> list[tuple[str, float]]:
+        """(state, keep seconds) of every state that has a retention window."""
+        out = []
+        if self._config.discarded_retention_seconds is not None:
+            out.append(("discarded", self._config.discarded_retention_seconds))
+        if self._config.parked_retention_seconds is not None:
+            out.append(("parked", self._config.parked_retention_seconds))
+        return out
+
+    async def run_if_due(
+        self, conn: Conn, term: LeaseTerm, stop: asyncio.Event, *, now: datetime | None = None
+    ) -> int:
+        """Sweep if the interval has passed: small batches, each its own short statement."""
+        if self._clock() < self._due:
+            return 0
+        self._due = self._clock() + self._config.housekeeping_interval
+        total = 0
+        for state, keep in self.windows():
+            while not stop.is_set():
+                deleted = await self._delete_batch(conn, term, state, keep, now)
+                total += deleted
+                if deleted < self._config.retention_batch:
+                    break
+            if total:
+                logger.info(
+                    "shard %s: housekeeping removed %d %s row(s) older than %ss",
+                    term.shard,
+                    total,
+                    state,
+                    keep,
+                )
+        self.passes += 1
+        self.deleted += total
+        return total
+
+    async def _delete_batch(
+        self, conn: Conn, term: LeaseTerm, state: str, keep: float, now: datetime | None
+    ) -> int:
+        params = {
+            **term.sql_params(),
+            "state": state,
+            "keep_seconds": keep,
+            "limit": self._config.retention_batch,
+            "now": now,
+        }
+        row = await db.one_async(conn, self._query, params)
+        assert row is not None
+        if not int(row[0]):
+            term.mark_lost("housekeeping: the token check failed (lease expired or taken over)")
+            raise LeaseLostError(
+                f"lease of shard {term.shard} lost during housekeeping", shard=term.shard
+            )
+        term.check()
+        return int(row[1])

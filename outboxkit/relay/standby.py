@@ -1,0 +1,67 @@
+"""One connection per relay process for every standby shard's lease attempts.
+
+A standby worker only tries, every poll interval, to take its shard's lease: a single short
+statement. Giving each standby a connection of its own would cost one server connection per
+watched shard and process (1,024 shards, a few processes: thousands). Here every standby of a
+process takes turns on one shared connection; only a worker that won its lease opens its own
+(lease renewal + data), so a process holds 2 per *active* shard plus a few of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import psycopg
+
+from outboxkit import db
+from outboxkit.relay.lease import LeaseStore, LeaseTerm
+from outboxkit.settings import Settings
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+class StandbyConnection:
+    """Serialised lease attempts on one lazily (re)opened autocommit connection."""
+
+    def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
+        self._url = settings.database_url
+        self._leases = leases or LeaseStore(settings.schema_name)
+        self._conn: Conn | None = None
+        self._lock = asyncio.Lock()
+        self.opened = 0  # connections opened so far (observability, tests)
+
+    async def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = await db.connect_async(
+                self._url, application_name="outboxkit-relay-standby", connect_timeout=10
+            )
+            self.opened += 1
+        return self._conn
+
+    async def acquire(self, group: str, shard: int, holder: str, ttl: float) -> LeaseTerm | None:
+        """One attempt to take ``shard``'s lease; a connection error drops the connection."""
+        async with self._lock:
+            conn = await self._connection()
+            try:
+                return await self._leases.acquire(conn, group, shard, holder, ttl)
+            except (psycopg.Error, OSError):
+                await self._drop()
+                raise
+
+    async def release(self, term: LeaseTerm) -> None:
+        """Best effort: give back a lease this process cannot use (no connection of its own)."""
+        with contextlib.suppress(psycopg.Error, OSError):
+            async with self._lock:
+                await self._leases.release(await self._connection(), term)
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()

@@ -1,0 +1,40 @@
+"""Invalid CLI options end in a short error, never a traceback (which could carry SQL
+parameters)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.cli import main
+
+pytestmark = pytest.mark.integration
+
+HUGE = str(10**20)
+CASES = [
+    ["outbox", "parked", "--limit", "-1"],
+    ["outbox", "parked", "--limit", HUGE],
+    ["outbox", "parked", "--limit", "abc"],
+    ["outbox", "retry", HUGE],
+    ["outbox", "discard", "--", "-5"],
+    ["relay", "status", "--group", "\x00"],
+    ["relay", "shards", "5000"],
+    ["relay", "pause", "--reason", "\x00"],
+    ["migrate", "grants", "--app", "a\x00b", "--apply"],
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=lambda a: " ".join(a)[:40])
+def test_no_traceback(args: list[str], outboxkit_db_url: str) -> None:
+    if args[0] == "outbox":
+        full = ["outbox", "--database-url", outboxkit_db_url, *args[1:]]
+    else:
+        full = [*args, "--database-url", outboxkit_db_url]
+    result = CliRunner().invoke(main, full)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
+    assert "Traceback" not in result.output
+    assert "parameters" not in result.output.lower()
+    if args[:2] not in (["outbox", "discard"], ["outbox", "retry"]):  # no such row: 0 changed
+        assert result.exit_code in (1, 2), result.output

@@ -1,0 +1,168 @@
+"""Least privilege: each part runs under its own role with exactly the documented grants.
+
+The owner role migrates a fresh schema and applies ``outboxkit migrate grants --apply``; the
+application writes, the relay publishes (exactly-once) and an inbox consumer processes, each as
+its own role; the application role is refused what it must never do.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from outboxkit import db
+from outboxkit.cli import main
+from outboxkit.db import migrator
+from outboxkit.events import Message
+from outboxkit.inbox import Inbox, InboxSettings, OutcomeKind
+from outboxkit.inbox.envelope import Envelope
+from outboxkit.outbox import Outbox
+from tests.integration.inbox_support import REGISTRY, headers_for, payload
+from tests.relay_support import consume, relay_settings, row_states, running_relay
+from tests.support.waiting import wait_for_async
+
+pytestmark = pytest.mark.integration
+
+KINDS = ("owner", "app", "relay", "consumer")
+
+
+def _as(url: str, role: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{role}:{password}@{host}"))
+
+
+@pytest.fixture
+def roles(outboxkit_db_url: str) -> Iterator[dict[str, str]]:
+    """kind -> URL of a fresh LOGIN role; the owner owns a freshly migrated schema."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {kind: f"ok_{kind}_{suffix}" for kind in KINDS}
+    password = uuid.uuid4().hex
+    dbname = urlsplit(outboxkit_db_url).path.lstrip("/")
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+        conn.execute("DROP SCHEMA outboxkit CASCADE")
+        conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO {names["owner"]}')
+    try:
+        yield {kind: _as(outboxkit_db_url, name, password) for kind, name in names.items()}
+    finally:
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS outboxkit CASCADE")
+            for name in names.values():
+                conn.execute(f"DROP OWNED BY {name}")
+                conn.execute(f"DROP ROLE {name}")
+
+
+def _role_names(urls: dict[str, str]) -> dict[str, str]:
+    return {kind: str(urlsplit(url).username) for kind, url in urls.items()}
+
+
+def _refused(url: str, statement: str) -> None:
+    with (
+        psycopg.connect(url, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute(statement)
+
+
+async def test_each_part_works_under_its_role(
+    roles: dict[str, str],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: object,
+) -> None:
+    names = _role_names(roles)
+    migrator.upgrade(roles["owner"], "outboxkit")
+    result = CliRunner().invoke(
+        main,
+        [
+            "migrate",
+            "grants",
+            "--app",
+            names["app"],
+            "--relay",
+            names["relay"],
+            "--consumer",
+            names["consumer"],
+            "--apply",
+            "--database-url",
+            roles["owner"],
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "applied" in result.output
+
+    # The application writes (one and many) with INSERT and the read-backs it needs only.
+    topic = outboxkit_topic()  # type: ignore[operator]
+    engine = sa.create_engine(db.sqlalchemy_url(roles["app"]))
+    try:
+        with engine.begin() as conn:
+            first = Outbox().add(conn, Message(topic, b"one", key="k"), idempotency_key="i-1")
+            Outbox().add_many(conn, [Message(topic, f"m{i}".encode(), key="k") for i in range(4)])
+        with engine.begin() as conn:  # an idempotent retry: the re-read path
+            again = Outbox().add(conn, Message(topic, b"one", key="k"), idempotency_key="i-1")
+        assert again.duplicate
+        assert again.event_id == first.event_id
+    finally:
+        engine.dispose()
+    assert row_states(outboxkit_db_url) == {"pending": 5}
+
+    # What the application must never do.
+    _refused(roles["app"], "UPDATE outboxkit.relay_lease SET holder = 'me'")
+    _refused(
+        roles["app"],
+        "INSERT INTO outboxkit.relay_lease (relay_group, shard, token,"
+        " expires_at) VALUES ('g', 0, 1, now())",
+    )
+    _refused(roles["app"], "UPDATE outboxkit.outbox_message SET state = 'discarded'")
+    _refused(roles["app"], "DELETE FROM outboxkit.outbox_message")
+    _refused(roles["app"], "SELECT payload FROM outboxkit.outbox_message")
+    _refused(roles["app"], "SELECT count(*) FROM outboxkit.inbox_message")
+    _refused(roles["app"], "SELECT count(*) FROM outboxkit.inbox_rejection")
+    _refused(roles["relay"], "SELECT count(*) FROM outboxkit.inbox_message")
+    _refused(roles["relay"], "UPDATE outboxkit.outbox_setting SET shard_count = 2")
+    _refused(roles["consumer"], "SELECT count(*) FROM outboxkit.outbox_message")
+
+    # The relay publishes everything, exactly once, as its role.
+    settings = relay_settings(roles["relay"], outboxkit_kafka_bootstrap, mode="exactly_once")
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 5}, what="published as relay"
+        )
+    assert [r.value for r in consume(outboxkit_kafka_bootstrap, topic, expect=5)] == [
+        b"one",
+        b"m0",
+        b"m1",
+        b"m2",
+        b"m3",
+    ]
+
+    # An inbox consumer processes (and deduplicates) as its role.
+    consumer_engine = sa.create_engine(db.sqlalchemy_url(roles["consumer"]))
+    try:
+        inbox = Inbox(
+            consumer_engine,
+            lambda event, ctx, session: None,
+            InboxSettings(consumer="billing", registry=REGISTRY),
+        )
+        event_id = str(uuid.uuid4())
+        env = Envelope.from_parts(
+            topic="payments",
+            partition=0,
+            offset=0,
+            key=b"k",
+            value=payload("o1", 1),
+            headers=headers_for(event_id),
+            timestamp_ms=None,
+        )
+        assert inbox.process(env).kind is OutcomeKind.SUCCEEDED
+        assert inbox.process(env).kind is OutcomeKind.DUPLICATE
+    finally:
+        consumer_engine.dispose()

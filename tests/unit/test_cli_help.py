@@ -1,0 +1,50 @@
+"""Every command's --help works without any configuration (walks the whole click tree)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.cli import main
+
+
+def _paths(group: click.Group, ctx: click.Context, prefix: list[str]) -> list[list[str]]:
+    found = [prefix]
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        if isinstance(command, click.Group):
+            found += _paths(command, click.Context(command, parent=ctx), [*prefix, name])
+        else:
+            found.append([*prefix, name])
+    return found
+
+
+PATHS = _paths(main, click.Context(main), [])
+
+
+def test_the_tree_is_walked() -> None:
+    assert ["outbox", "parked"] in PATHS
+    assert ["migrate", "grants"] in PATHS
+    assert ["relay", "shards"] in PATHS
+    assert len(PATHS) > 20
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "outboxkit")
+def test_help_needs_no_configuration(path: list[str], tmp_path: os.PathLike[str]) -> None:
+    clean = {k: None for k in os.environ if k.startswith("OUTBOXKIT_")}
+    runner = CliRunner(env=clean)
+    result = runner.invoke(main, [*path, "--help"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_a_command_without_its_database_url_is_a_one_line_usage_error() -> None:
+    clean = {k: None for k in os.environ if k.startswith("OUTBOXKIT_")}
+    result = CliRunner(env=clean).invoke(main, ["outbox", "parked"])
+    assert result.exit_code == 2
+    assert "--database-url" in result.output
+    assert "Traceback" not in result.output
