@@ -35,6 +35,8 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from proc_cpu import group_seconds, process_seconds  # noqa: E402
+
 from outboxkit import db  # noqa: E402
 from outboxkit.db.migrator import upgrade  # noqa: E402
 from outboxkit.devstack import DevStack  # noqa: E402
@@ -45,6 +47,10 @@ ROWS = int(os.environ.get("BENCH_ROWS", "200000"))
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 BATCH = 500
 KEYS = 1000
+MAX_BYTES = 16 * 1024 * 1024  # the relay's default max_batch_bytes (500 rows stay far below)
+# Process groups of the stack's PostgreSQL and Kafka (set by main), for CPU seconds from /proc.
+SERVICE_GROUPS: dict[str, int] = {}
+LOGS: dict[int, str] = {}  # relay pid -> its log file
 PAYLOAD_SQL = "convert_to(json_build_object('n', g, 'pad', repeat('x', 480))::text, 'UTF8')"
 
 
@@ -94,12 +100,17 @@ def published_span(url: str) -> tuple[int, float]:
     return int(row[0]), float(row[1] or 0.0)
 
 
-def wait_drained(url: str, rows: int, timeout: float = 600) -> None:
+def wait_drained(
+    url: str, rows: int, timeout: float = 600, procs: list[subprocess.Popen[bytes]] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         count, _ = published_span(url)
         if count >= rows:
             return
+        for proc in procs or []:
+            if proc.poll() is not None:
+                raise RuntimeError(f"relay exited with {proc.returncode}: {LOGS[proc.pid]}")
         time.sleep(0.5)
     raise RuntimeError("drain did not finish in time")
 
@@ -120,7 +131,13 @@ async def raw_drain_shard(url: str, shard: int) -> None:
             found = await db.rows_async(
                 conn,
                 claim,
-                {"shard": shard, "limit": BATCH, "skip_parked_keys": False, "in_flight": []},
+                {
+                    "shard": shard,
+                    "limit": BATCH,
+                    "max_bytes": MAX_BYTES,
+                    "skip_parked_keys": False,
+                    "in_flight": [],
+                },
             )
             ids = [row[0] for row in found]
             if not ids:
@@ -156,13 +173,18 @@ def relay_process(
         "OUTBOXKIT_RELAY_CHECKPOINT_TOPIC": f"bench.checkpoint.{uuid.uuid4().hex[:8]}",
         **extra_env,
     }
-    return subprocess.Popen(
+    # Its log goes to a file (named on exit if it died) instead of mixing with the figures.
+    log = open(f"/tmp/relay-bench-{uuid.uuid4().hex[:8]}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
         [sys.executable, "-m", "outboxkit.relay", "run"],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
+    log.close()
+    LOGS[proc.pid] = log.name
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -174,6 +196,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def service_seconds() -> dict[str, float]:
+    return {name: group_seconds(pgrp) for name, pgrp in SERVICE_GROUPS.items()}
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    """CPU seconds per 100k rows, by process (which one is the limit on a 2-core machine)."""
+    if not cpu:
+        return ""
+    return " (CPU s/100k rows: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + ")"
+
+
 def relay_throughput(
     server_url: str,
     bootstrap: str,
@@ -182,29 +215,35 @@ def relay_throughput(
     batch: int,
     processes: int,
     mode: str = "exactly_once",
-) -> float:
-    """``processes`` relay processes share the shards (each a separate Python interpreter)."""
+    extra_env: dict[str, str] | None = None,
+) -> tuple[float, dict[str, float]]:
+    """``processes`` relay processes share the shards (each a separate Python interpreter).
+
+    Returns rows/s and CPU seconds per 100k rows of the relay processes, PostgreSQL and Kafka
+    while they drained the backlog (the relay's include its start-up, about a second).
+    """
     url = fresh_database(server_url, shards)
     try:
         fill(url, topic, ROWS)
         procs = []
+        services_before = service_seconds()
         for n in range(processes):
             owned = ",".join(str(s) for s in range(shards) if s % processes == n)
-            procs.append(
-                relay_process(
-                    url,
-                    bootstrap,
-                    mode,
-                    {"OUTBOXKIT_RELAY_BATCH_SIZE": str(batch), "OUTBOXKIT_RELAY_SHARDS": owned},
-                )
-            )
+            env = {"OUTBOXKIT_RELAY_BATCH_SIZE": str(batch), "OUTBOXKIT_RELAY_SHARDS": owned}
+            procs.append(relay_process(url, bootstrap, mode, {**env, **(extra_env or {})}))
         try:
-            wait_drained(url, ROWS)
+            wait_drained(url, ROWS, procs=procs)
+            relay_cpu = sum(process_seconds(p.pid) for p in procs)
+            services_after = service_seconds()
         finally:
             for proc in procs:
                 stop(proc)
         count, span = published_span(url)
-        return count / span
+        per = 100_000 / count
+        cpu = {"relay": relay_cpu * per}
+        for name, after in services_after.items():
+            cpu[name] = (after - services_before[name]) * per
+        return count / span, cpu
     finally:
         drop_database(server_url, url)
 
@@ -226,7 +265,9 @@ def bare_producer(bootstrap: str, topic: str) -> float:
     return ROWS / (time.perf_counter() - started)
 
 
-def latency(server_url: str, bootstrap: str, mode: str) -> tuple[float, float, int]:
+def latency(
+    server_url: str, bootstrap: str, mode: str, extra_env: dict[str, str] | None = None
+) -> tuple[float, float, int]:
     topic = f"bench-latency-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, 4)
     url = fresh_database(server_url, 1)
@@ -259,7 +300,7 @@ def latency(server_url: str, bootstrap: str, mode: str) -> tuple[float, float, i
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
-    proc = relay_process(url, bootstrap, mode, {})
+    proc = relay_process(url, bootstrap, mode, extra_env or {})
     try:
         time.sleep(5)  # relay up, consumer assigned
         with psycopg.connect(url, autocommit=False) as conn:
@@ -310,10 +351,20 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         future.result(timeout=60)
 
 
+def watch_services(stack: DevStack) -> None:
+    """Remember the self-started servers' process groups (none when they are external)."""
+    for name, server in (("postgres", stack.postgres), ("kafka", stack.kafka)):
+        service = getattr(server, "_service", None)  # the dev stack's own process handle
+        pid = getattr(service, "pid", None)
+        if pid is not None:
+            SERVICE_GROUPS[name] = os.getpgid(pid)
+
+
 def main() -> None:
     started = time.monotonic()
     with DevStack(durable=True) as stack:
         server_url, bootstrap = stack.database_url, stack.kafka_bootstrap
+        watch_services(stack)
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         create_topic(bootstrap, topic, 4)
         print(f"backlog {ROWS} rows, 500-byte JSON payloads, {KEYS} keys, batch {BATCH}")
@@ -333,11 +384,13 @@ def main() -> None:
                     f" {results[raw_key]:,.0f} rows/s",
                     flush=True,
                 )
-            rate = relay_throughput(server_url, bootstrap, topic, shards, batch, processes, mode)
+            rate, cpu = relay_throughput(
+                server_url, bootstrap, topic, shards, batch, processes, mode
+            )
             results[label] = rate
             print(
                 f"relay (mark), {label}: {rate:,.0f} rows/s"
-                f" = {rate / results[raw_key]:.2f} x raw drain",
+                f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)}",
                 flush=True,
             )
         bare = bare_producer(bootstrap, topic)

@@ -35,8 +35,12 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         *,
         transactional_id: str | None,
         timeout: float = 30.0,
+        max_queue_bytes: int | None = None,
         **overrides: Any,
     ) -> None:
+        # max_queue_bytes needs no option here: aiokafka's send() already waits while a
+        # partition's batch (max_batch_size, 16 KiB) is full, so its buffer stays small.
+        del max_queue_bytes
         self.transactional = transactional_id is not None
         self._timeout = timeout
         defaults: dict[str, Any] = {

@@ -94,11 +94,18 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         *,
         transactional_id: str | None,
         timeout: float = 30.0,
+        max_queue_bytes: int | None = None,
         **overrides: Any,
     ) -> None:
         self.transactional = transactional_id is not None
         self._timeout = timeout
-        defaults: dict[str, Any] = {
+        defaults: dict[str, Any] = {}
+        if max_queue_bytes is not None:
+            # librdkafka queues up to 1 GiB by default: bound it by about one claim, plus room for
+            # one record larger than the cap (a claim always carries its first row). A full
+            # queue makes produce() wait for deliveries (send() serves BufferError).
+            defaults["queue.buffering.max.kbytes"] = -(-max_queue_bytes // 1024) + 2048
+        defaults |= {
             # Each batch is flushed at once (flush ignores linger), so linger costs no latency; it
             # lets librdkafka build full requests instead of one tiny request per message.
             "linger.ms": 5,

@@ -1,11 +1,13 @@
 """Exactly-once bookkeeping: the batch's outbox ids travel inside the same Kafka transaction.
 
 Each transaction also writes the outbox ids and event ids to a compacted checkpoint topic, keyed
-by ``<group>/<shard>``, on the shard's own partition. A relay that takes over a shard first calls
-``init_transactions`` (which fences the old producer and resolves its open transaction), then reads
-the last *committed* checkpoint of the shard (``read_committed``) and marks those rows published
-before publishing anything. So a relay killed after the Kafka commit but before the database mark
-leaves no duplicate behind for ``read_committed`` consumers.
+by ``<group>/<shard>`` (producer slot 0) or ``<group>/<shard>/<slot>`` (slot 1 and up: a shard
+uses its transactional ids in turn), on the shard's own partition. A relay that takes over a
+shard first calls ``init_transactions`` on every slot's id (which fences the old producer and
+resolves its open transaction), then reads the last *committed* checkpoint of every slot
+(``read_committed``) and marks those rows published, oldest first, before publishing anything.
+So a relay killed after the Kafka commit but before the database mark leaves no duplicate behind
+for ``read_committed`` consumers.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from outboxkit.kafka.api import ProduceRequest
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000"}
 
 
-def checkpoint_key(group: str, shard: int) -> bytes:
-    return f"{group}/{shard}".encode()
+def checkpoint_key(group: str, shard: int, slot: int = 0) -> bytes:
+    """Slot 0 keeps the key of a single-producer relay, so its checkpoints stay readable."""
+    return (f"{group}/{shard}" if slot == 0 else f"{group}/{shard}/{slot}").encode()
 
 
 @dataclass(frozen=True)
@@ -35,21 +38,24 @@ class Checkpoint:
     shard: int
     token: int
     rows: tuple[tuple[int, UUID], ...]
+    slot: int = 0
+    seq: int = 0  # commit order within the token's term (the slots commit strictly in turn)
 
     def encode(self) -> bytes:
         return json.dumps(
             {
                 "token": self.token,
+                "seq": self.seq,
                 "ids": [row_id for row_id, _ in self.rows],
                 "event_ids": [str(event_id) for _, event_id in self.rows],
             }
         ).encode()
 
     @classmethod
-    def decode(cls, group: str, shard: int, value: bytes) -> Checkpoint:
+    def decode(cls, group: str, shard: int, value: bytes, slot: int = 0) -> Checkpoint:
         body = json.loads(value)
         rows = tuple((int(i), UUID(e)) for i, e in zip(body["ids"], body["event_ids"], strict=True))
-        return cls(group, shard, int(body["token"]), rows)
+        return cls(group, shard, int(body["token"]), rows, slot, int(body.get("seq", 0)))
 
 
 class CheckpointTopic:
@@ -64,7 +70,7 @@ class CheckpointTopic:
         assert self._partitions is not None, "ensure() first"
         return ProduceRequest(
             topic=self.topic,
-            key=checkpoint_key(checkpoint.group, checkpoint.shard),
+            key=checkpoint_key(checkpoint.group, checkpoint.shard, checkpoint.slot),
             value=checkpoint.encode(),
             partition=checkpoint.shard % self._partitions,
         )
@@ -91,13 +97,18 @@ class CheckpointTopic:
         finally:
             await admin.close()
 
-    async def last_committed(self, group: str, shard: int) -> Checkpoint | None:
+    async def last_committed(self, group: str, shard: int, slot: int = 0) -> Checkpoint | None:
         assert self._partitions is not None, "ensure() first"
         reader = self._kafka.checkpoint_reader()
         try:
             value = await reader.last_committed(
-                self.topic, shard % self._partitions, checkpoint_key(group, shard)
+                self.topic, shard % self._partitions, checkpoint_key(group, shard, slot)
             )
         finally:
             await reader.close()
-        return None if value is None else Checkpoint.decode(group, shard, value)
+        return None if value is None else Checkpoint.decode(group, shard, value, slot)
+
+    async def all_committed(self, group: str, shard: int, slots: int) -> list[Checkpoint]:
+        """The last committed checkpoint of every slot, oldest first (token, then commit seq)."""
+        found = await asyncio.gather(*(self.last_committed(group, shard, n) for n in range(slots)))
+        return sorted((c for c in found if c is not None), key=lambda c: (c.token, c.seq))

@@ -3,7 +3,9 @@
 Enabled only by ``OUTBOXKIT_FAULT=<point>[:<n>][:stop]``: act the n-th time the point is reached
 (default 1); ``stop`` freezes the process with SIGSTOP instead of killing it (a zombie to resume
 with SIGCONT). Points: ``after_claim``, ``before_send`` (the Kafka transaction begun, nothing sent
-yet), ``after_produce``, ``after_kafka_commit``, ``after_mark``.
+yet), ``after_produce``, ``after_kafka_commit``, ``after_mark``; and, around the producers a
+shard uses in turn, ``before_commit_slot<n>`` (slot n's records sent, not committed, the other
+slot's last transaction committed) and ``after_commit_slot<n>`` (slot n committed, not marked).
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import sys
 from dataclasses import dataclass
 
 FAULT_ENV = "OUTBOXKIT_FAULT"
-POINTS = ("after_claim", "before_send", "after_produce", "after_kafka_commit", "after_mark")
+POINTS = (
+    "after_claim",
+    "before_send",
+    "after_produce",
+    "after_kafka_commit",
+    "after_mark",
+    *(f"{when}_commit_slot{n}" for n in range(4) for when in ("before", "after")),
+)
 
 
 @dataclass(frozen=True)

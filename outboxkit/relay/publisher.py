@@ -62,6 +62,7 @@ class BatchPublisher:
         self._isolate_remaining = 0
         self._known_topics: set[str] = set()
         self._pending_mark: asyncio.Task[None] | None = None
+        self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
 
     @property
     def limit(self) -> int:
@@ -139,8 +140,13 @@ class BatchPublisher:
         conn: Conn,
         producer: TransactionalProducer,
         batch: list[OutboxRecord],
+        slot: int = 0,
     ) -> tuple[Outcome, list[OutboxRecord]]:
-        """Send one batch (one Kafka transaction); returns the outcome and the next batch."""
+        """Send one batch (one Kafka transaction on ``producer``, the shard's producer ``slot``).
+
+        The caller hands the next batch to another slot only after this returns, i.e. after
+        this transaction's commit returned: transactions of one shard commit strictly in turn.
+        """
         started = time.monotonic()
         # Each topic is checked once per batch (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
@@ -171,7 +177,10 @@ class BatchPublisher:
                 self.shard,
                 term.token,
                 tuple((r.id, r.event_id) for r in to_send),
+                slot,
+                self._seq,
             )
+            self._seq += 1
             requests.append(self._checkpoints.request(checkpoint))
         # While Kafka takes this batch, the database side settles the previous batch's mark and
         # claims the next batch (excluding this one's rows): one batch in flight, order kept.
@@ -209,8 +218,10 @@ class BatchPublisher:
             # (exactly-once: if we die after it, this batch's checkpoint is the last committed
             # one, and the successor marks only its rows). The claim may still be running.
             if producer.transactional:
+                self._faults.reach(f"before_commit_slot{slot}")
                 await producer.commit()
                 term.check()
+                self._faults.reach(f"after_commit_slot{slot}")
             self._faults.reach("after_kafka_commit")
             prefetched = await next_batch
             term.check()

@@ -105,9 +105,12 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
 class ShardStore:
     """Claim and fenced writes of one shard, on an autocommit connection."""
 
-    def __init__(self, schema: str, *, skip_parked_keys: bool = False) -> None:
+    def __init__(
+        self, schema: str, *, skip_parked_keys: bool = False, max_bytes: int = 16 * 1024 * 1024
+    ) -> None:
         self._schema = schema
         self._skip_parked_keys = skip_parked_keys
+        self._max_bytes = max_bytes
 
     def _query(self, name: str) -> db.Query:
         return db.query("relay", name, self._schema)
@@ -121,6 +124,7 @@ class ShardStore:
             {
                 "shard": shard,
                 "limit": limit,
+                "max_bytes": self._max_bytes,
                 "skip_parked_keys": self._skip_parked_keys,
                 "in_flight": list(in_flight),
             },

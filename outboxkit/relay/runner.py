@@ -39,14 +39,22 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def slot_transactional_id(group: str, shard: int, slot: int) -> str:
+    """Slot 0 keeps the single-producer id (its zombie is fenced after an upgrade)."""
+    base = transactional_id(group, shard)
+    return base if slot == 0 else f"{base}.{slot}"
+
+
 def make_producer_factory(
     settings: Settings, kafka: KafkaClients
-) -> Callable[[int], TransactionalProducer]:
+) -> Callable[[int, int], TransactionalProducer]:
     config = settings.relay
 
-    def factory(shard: int) -> TransactionalProducer:
-        txn_id = transactional_id(config.group, shard) if config.mode is Mode.EXACTLY_ONCE else None
-        return kafka.transactional_producer(txn_id)
+    def factory(shard: int, slot: int) -> TransactionalProducer:
+        exactly_once = config.mode is Mode.EXACTLY_ONCE
+        txn_id = slot_transactional_id(config.group, shard, slot) if exactly_once else None
+        # The client's queue holds at most about one claim (bytes), so memory follows settings.
+        return kafka.transactional_producer(txn_id, max_queue_bytes=config.max_batch_bytes)
 
     return factory
 

@@ -35,7 +35,7 @@ from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
 
-ProducerFactory = Callable[[int], TransactionalProducer]
+ProducerFactory = Callable[[int, int], TransactionalProducer]  # (shard, slot)
 Conn = psycopg.AsyncConnection[Any]
 
 __all__ = ["Outcome", "ShardWorker", "backoff_delay", "wait_any"]
@@ -76,6 +76,7 @@ class ShardWorker:
         self._store = ShardStore(
             settings.schema_name,
             skip_parked_keys=self.config.parked_key_policy is ParkedKeyPolicy.SKIP,
+            max_bytes=self.config.max_batch_bytes,
         )
         self._publisher = BatchPublisher(
             self.config,
@@ -194,7 +195,8 @@ class ShardWorker:
 
     async def _active_term(self, term: LeaseTerm, lease_conn: Conn, conn: Conn) -> None:
         renewer = asyncio.create_task(self._renew_loop(term, lease_conn))
-        producer: TransactionalProducer | None = None
+        producers: list[TransactionalProducer] | None = None
+        turn = 0  # the slot whose transaction comes next; the slots commit strictly in turn
         publisher = self._publisher
         failures = 0
         idle_wait = self._min_wait
@@ -222,9 +224,9 @@ class ShardWorker:
                     prefetched = []
                     await wait_any([self.stop], self.config.poll_interval / 2)
                     continue
-                if producer is None:
+                if producers is None:
                     prefetched = []
-                    producer = await self._start_producer(term, conn)
+                    producers, turn = await self._start_producers(term, conn), 0
                 if prefetched:
                     batch, prefetched = prefetched, []
                 else:
@@ -242,7 +244,9 @@ class ShardWorker:
                 idle_wait = self._min_wait
                 self._faults.reach("after_claim")
                 try:
-                    outcome, prefetched = await publisher.publish(term, conn, producer, batch)
+                    outcome, prefetched = await publisher.publish(
+                        term, conn, producers[turn], batch, turn
+                    )
                 except ProducerFencedError as exc:
                     raise self._fenced(term, exc) from exc
                 except PublishError as exc:
@@ -250,9 +254,10 @@ class ShardWorker:
                     outcome, prefetched = Outcome.RETRY_LATER, []
                 if outcome is Outcome.PUBLISHED:
                     failures = 0
+                    turn = (turn + 1) % len(producers)
                     continue
-                await producer.close()
-                producer = None
+                await self._close_all(producers)
+                producers = None
                 if outcome is Outcome.RETRY_LATER:
                     failures += 1
                     self._metrics.failed.labels(self._label).inc()
@@ -267,8 +272,8 @@ class ShardWorker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer
             await publisher.abandon_mark()
-            if producer is not None:
-                await producer.close()
+            if producers is not None:
+                await self._close_all(producers)
 
     def _fenced(self, term: LeaseTerm, exc: ProducerFencedError) -> LeaseLostError:
         term.mark_lost(f"Kafka fenced our producer: {exc}")
@@ -282,35 +287,55 @@ class ShardWorker:
     def _min_wait(self) -> float:
         return min(self.config.poll_interval, 0.05)
 
-    async def _start_producer(self, term: LeaseTerm, conn: Conn) -> TransactionalProducer:
-        """A new producer life; in exactly-once mode, reconcile the last checkpoint first."""
-        producer = self._producer_factory(self.shard)
+    @staticmethod
+    async def _close_all(producers: list[TransactionalProducer]) -> None:
+        for producer in producers:
+            await producer.close()
+
+    async def _start_producers(self, term: LeaseTerm, conn: Conn) -> list[TransactionalProducer]:
+        """A new producer life for every slot; in exactly-once mode, reconcile first.
+
+        Every slot's ``init_transactions`` runs before any checkpoint is read: each fences its
+        zombie and settles (aborts) the open transaction of its id, so what is read next is all
+        that was committed and nothing can commit behind our back.
+        """
+        slots = self.config.producers_per_shard if self._checkpoints is not None else 1
+        producers: list[TransactionalProducer] = []
         try:
-            await producer.start()
-            term.check()
+            for slot in range(slots):
+                producers.append(self._producer_factory(self.shard, slot))
+                await producers[-1].start()
+                term.check()
             self._publisher.new_producer_life()
             if self._checkpoints is not None:
-                last = await self._checkpoints.last_committed(self.config.group, self.shard)
-                term.check()
-                if last is not None:
-                    changed = await self._store.reconcile(
-                        conn, term, last.rows, delete=self.config.on_publish is OnPublish.DELETE
-                    )
-                    if changed:
-                        logger.info(
-                            "shard %s: reconciled %d row(s) committed to Kafka by token %s",
-                            self.shard,
-                            changed,
-                            last.token,
-                        )
-                        self._metrics.published.labels(self._label).inc(changed)
+                await self._reconcile(term, conn, self._checkpoints, slots)
         except ProducerFencedError as exc:
-            await producer.close()
+            await self._close_all(producers)
             raise self._fenced(term, exc) from exc
         except BaseException:
-            await producer.close()
+            await self._close_all(producers)
             raise
-        return producer
+        return producers
+
+    async def _reconcile(
+        self, term: LeaseTerm, conn: Conn, checkpoints: CheckpointTopic, slots: int
+    ) -> None:
+        """Mark the rows of every slot's last committed checkpoint, oldest first."""
+        found = await checkpoints.all_committed(self.config.group, self.shard, slots)
+        term.check()
+        changed = 0
+        for last in found:
+            changed += await self._store.reconcile(
+                conn, term, last.rows, delete=self.config.on_publish is OnPublish.DELETE
+            )
+        if changed:
+            logger.info(
+                "shard %s: reconciled %d row(s) committed to Kafka by token %s",
+                self.shard,
+                changed,
+                found[-1].token,
+            )
+            self._metrics.published.labels(self._label).inc(changed)
 
     async def _retention(self, term: LeaseTerm, conn: Conn) -> None:
         await self.housekeeping.run_if_due(conn, term, self.stop)

@@ -134,6 +134,11 @@ class RelaySettings(BaseSettings):
     # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
     shards: Annotated[tuple[int, ...] | None, NoDecode] = None
     batch_size: int = Field(500, ge=1, le=10_000)
+    # A claim also stops at this many payload bytes (always at least one row): bounds memory.
+    max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
+    # transaction markers while the other works). Lower it only with the relay stopped cleanly.
+    producers_per_shard: int = Field(1, ge=1, le=4)
     poll_interval: float = Field(1.0, gt=0)  # the longest idle wait; pause/SIGTERM obey within it
     lease_ttl: float = Field(15.0, gt=0)
     mode: Mode = Mode.EXACTLY_ONCE

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -226,7 +228,12 @@ async def test_admin_describes_creates_and_reads_topic_configuration(
         config = {"cleanup.policy": "compact", "segment.ms": "600000"}
         await admin.create_topic(created, 2, config)
         await admin.create_topic(created, 2, config)  # already there: not an error
+        # Creation is asynchronous in Kafka: a loaded broker may not list the topic at once.
+        deadline = time.monotonic() + 30
         info = await admin.describe_topic(created)
+        while info is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            info = await admin.describe_topic(created)
         assert info is not None
         assert info.partitions == 2
         assert await admin.topic_config(created, "cleanup.policy") == "compact"

@@ -16,6 +16,7 @@ from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
 from outboxkit.relay.faults import parse_fault
 from outboxkit.relay.lease import LeaseTerm, trust_margin
 from outboxkit.relay.reader import OutboxRecord
+from outboxkit.relay.runner import slot_transactional_id
 from outboxkit.relay.waiting import backoff_delay
 
 pytestmark = pytest.mark.unit
@@ -112,6 +113,20 @@ def test_checkpoint_round_trip_and_key() -> None:
     assert checkpoint_key("g", 3) == b"g/3"
     assert transactional_id("g", 3) == "outboxkit-relay.g.3"
     assert transactional_id("g", 3) != transactional_id("g", 4)
+
+
+def test_producer_slots_have_their_own_ids_and_keys_and_slot_zero_keeps_the_old_ones() -> None:
+    rows = ((7, uuid.uuid4()),)
+    checkpoint = Checkpoint("g", 3, 42, rows, slot=1, seq=9)
+    assert Checkpoint.decode("g", 3, checkpoint.encode(), slot=1) == checkpoint
+    assert checkpoint_key("g", 3, 0) == b"g/3"
+    assert checkpoint_key("g", 3, 1) == b"g/3/1"
+    assert slot_transactional_id("g", 3, 0) == transactional_id("g", 3)
+    assert slot_transactional_id("g", 3, 1) == "outboxkit-relay.g.3.1"
+    assert slot_transactional_id("g", 3, 1) != slot_transactional_id("g", 31, 0)
+    # A checkpoint written before slots existed decodes as slot 0, sequence 0.
+    old = b'{"token": 5, "ids": [1], "event_ids": ["%s"]}' % str(rows[0][1]).encode()
+    assert Checkpoint.decode("g", 3, old) == Checkpoint("g", 3, 5, ((1, rows[0][1]),))
 
 
 def test_record_headers_carry_identity_and_trace_context() -> None:

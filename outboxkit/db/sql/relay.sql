@@ -37,9 +37,16 @@ RETURNING token;
 -- and found by a later claim once it commits. Keys with a parked row wait (policy 'wait').
 -- in_flight: rows of the batch being sent right now (the next batch is claimed meanwhile).
 -- Empty headers come back as NULL: the relay then has no JSON to decode for the usual row.
+-- max_bytes: the claim also stops where the running sum of payload sizes passes it, so memory is
+-- bounded by bytes, not only rows; the first row always comes (a large row is never stuck).
+-- octet_length of a bytea reads the TOAST header only; the window streams in index order.
+SELECT c.id, c.event_id, c.idempotency_key, c.topic, c.message_key, c.payload, c.content_type,
+       c.headers, c.event_type, c.schema_version, c.aggregate_type, c.aggregate_id, c.attempts
+FROM (
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
-       nullif(m.headers, '{}'::jsonb), m.event_type, m.schema_version, m.aggregate_type,
-       m.aggregate_id, m.attempts
+       nullif(m.headers, '{}'::jsonb) AS headers, m.event_type, m.schema_version,
+       m.aggregate_type, m.aggregate_id, m.attempts, octet_length(m.payload) AS size,
+       sum(octet_length(m.payload)) OVER (ORDER BY m.shard, m.id) AS running
 FROM {schema}.outbox_message m
 -- "shard BETWEEN x AND x" and "ORDER BY shard, id" (not "shard = x", "ORDER BY id") on purpose:
 -- only the partial pending index (shard, id) can deliver that order, so the planner never walks
@@ -53,7 +60,10 @@ WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
   AND m.id <> ALL(CAST(:in_flight AS bigint[]))
 ORDER BY m.shard, m.id
-LIMIT :limit;
+LIMIT :limit
+) c
+WHERE c.running <= :max_bytes OR c.running = c.size
+ORDER BY c.id;
 
 -- name: _lease_held
 -- A fragment: the fencing check every relay write starts with (WITH <fragment>, ...). The

@@ -1,0 +1,49 @@
+"""CPU seconds of a process, or of a whole process group, from /proc (Linux only).
+
+A process group covers a server and its workers (PostgreSQL's backends, Kafka's JVM threads are
+in its one process). Children that already exited are counted through the reaper's
+``cutime``/``cstime``, so short-lived backends are not lost between two readings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces: the fields after it start behind the last ')'.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_seconds(pid: int, *, children: bool = False) -> float:
+    """utime + stime (all threads); with ``children``, plus that of reaped children."""
+    fields = _fields(pid)
+    if fields is None:
+        return 0.0
+    # After the name: state(0) ppid(1) pgrp(2) ... utime(11) stime(12) cutime(13) cstime(14)
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICKS
+
+
+def group_seconds(pgrp: int) -> float:
+    """All live processes of a process group, plus the children its leader has reaped."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _fields(int(entry))
+        if fields is None or int(fields[2]) != pgrp:
+            continue
+        # Its own time plus its reaped children's (the postmaster reaps exited backends); a
+        # live child is never in its parent's cutime, so nothing is counted twice.
+        total += sum(int(f) for f in fields[11:15]) / TICKS
+    return total
