@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.errors import DecodeError, LeaseLostError
+from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
-from outboxkit.inbox.faults import fault_point
 from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind

@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 
 from outboxkit.errors import PublishError
+from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import ProduceRequest, RecordError, TransactionalProducer
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.relay.checkpoint import Checkpoint, CheckpointTopic
-from outboxkit.relay.faults import FaultPoints
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.reader import OutboxRecord, ShardStore

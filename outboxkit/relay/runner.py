@@ -20,11 +20,11 @@ import psycopg
 from outboxkit import db
 from outboxkit.db import migrator
 from outboxkit.errors import PublishError
+from outboxkit.faults import FaultPoints
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import TransactionalProducer, transactional_id
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.relay.checkpoint import CheckpointTopic
-from outboxkit.relay.faults import FaultPoints
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
 from outboxkit.relay.shard_worker import ShardWorker

@@ -21,9 +21,9 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError, ProducerFencedError, PublishError
+from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
-from outboxkit.relay.faults import FaultPoints
 from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics

@@ -10,10 +10,10 @@ import uuid
 import pytest
 
 from outboxkit.errors import LeaseLostError
+from outboxkit.faults import parse_fault
 from outboxkit.kafka.api import RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
-from outboxkit.relay.faults import parse_fault
 from outboxkit.relay.lease import LeaseTerm, trust_margin
 from outboxkit.relay.reader import OutboxRecord
 from outboxkit.relay.runner import slot_transactional_id

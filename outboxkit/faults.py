@@ -1,8 +1,10 @@
 """Fault points for the acceptance tests: SIGKILL (or SIGSTOP) this process at an instruction.
 
-Enabled only by ``OUTBOXKIT_FAULT=<point>[:<n>][:stop]``: act the n-th time the point is reached
-(default 1); ``stop`` freezes the process with SIGSTOP instead of killing it (a zombie to resume
-with SIGCONT). Points: ``after_claim``, ``before_send`` (the Kafka transaction begun, nothing sent
+One grammar for every process, enabled only by ``OUTBOXKIT_FAULT=<point>[:<n>][:stop]``: act the
+n-th time the point is reached (default 1); ``stop`` freezes the process with SIGSTOP instead of
+killing it (a zombie to resume with SIGCONT). Consumer points: ``before_db_commit`` and
+``after_db_commit`` (the handler's transaction committed, the Kafka offset not). Relay points:
+``after_claim``, ``before_send`` (the Kafka transaction begun, nothing sent
 yet), ``after_produce``, ``after_kafka_commit``, ``after_mark``; and, around the producers a
 shard uses in turn, ``before_commit_slot<n>`` (slot n's records sent, not committed, the other
 slot's last transaction committed) and ``after_commit_slot<n>`` (slot n committed, not marked).
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 
 FAULT_ENV = "OUTBOXKIT_FAULT"
 POINTS = (
+    "before_db_commit",
+    "after_db_commit",
     "after_claim",
     "before_send",
     "after_produce",
@@ -64,3 +68,14 @@ class FaultPoints:
         sys.stderr.write(f"outboxkit fault point {point}: {how.name}\n")
         sys.stderr.flush()
         os.kill(os.getpid(), how)
+
+
+_process_points: FaultPoints | None = None
+
+
+def fault_point(point: str) -> None:
+    """Reach ``point`` on this process's fault points (read from the environment once)."""
+    global _process_points
+    if _process_points is None:
+        _process_points = FaultPoints()
+    _process_points.reach(point)
