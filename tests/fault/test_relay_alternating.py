@@ -22,8 +22,8 @@ from tests.relay_support import (
     payloads,
     row_states,
     set_shard_count,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 

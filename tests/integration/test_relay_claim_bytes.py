@@ -6,7 +6,10 @@ import pytest
 
 from outboxkit import db
 from outboxkit.relay.reader import ShardStore
-from tests.relay_support import insert_rows, set_shard_count
+from tests.relay_support import (
+    insert_rows,
+    set_shard_count,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.relay_support import relay_settings, running_relay, set_shard_count
+from tests.relay_support import (
+    relay_settings,
+    running_relay,
+    set_shard_count,
+)
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from outboxkit.cli import main
-from tests.relay_support import SCHEMA, insert_rows, payloads
+from tests.relay_support import (
+    SCHEMA,
+    insert_rows,
+    payloads,
+)
 
 pytestmark = pytest.mark.integration
 

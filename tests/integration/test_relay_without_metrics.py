@@ -7,7 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.relay_support import RelayProcess, insert_rows, payloads, row_states
+from tests.relay_support import (
+    RelayProcess,
+    insert_rows,
+    payloads,
+    row_states,
+)
 from tests.support.blocking import env_without
 from tests.support.waiting import wait_for
 

@@ -24,7 +24,12 @@ from outboxkit.inbox import Inbox, InboxSettings, OutcomeKind
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.outbox import Outbox
 from tests.integration.inbox_support import REGISTRY, headers_for, payload
-from tests.relay_support import consume, relay_settings, row_states, running_relay
+from tests.relay_support import (
+    consume,
+    relay_settings,
+    row_states,
+    running_relay,
+)
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
