@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from outboxkit import db
 from outboxkit.schema import DEFAULT_SCHEMA
@@ -47,15 +47,24 @@ class OutboxedMessage:
         return json.loads(self.payload)
 
 
-def _params(
-    event_type: str | None, key: str | None, topic: str | None, aggregate_id: str | None
-) -> dict[str, Any]:
-    return {
-        "event_type": event_type,
-        "message_key": key,
-        "topic": topic,
-        "aggregate_id": aggregate_id,
+class Filters(TypedDict, total=False):
+    """What to match (every given filter must match); ``schema`` defaults to ``outboxkit``."""
+
+    event_type: str | None
+    key: str | None
+    topic: str | None
+    aggregate_id: str | None
+    schema: str
+
+
+def _statement(filters: Filters) -> tuple[db.Query, dict[str, Any]]:
+    params = {
+        "event_type": filters.get("event_type"),
+        "message_key": filters.get("key"),
+        "topic": filters.get("topic"),
+        "aggregate_id": filters.get("aggregate_id"),
     }
+    return db.query("outbox", "select_outboxed", filters.get("schema", DEFAULT_SCHEMA)), params
 
 
 def _to_messages(rows: Sequence[tuple[Any, ...]]) -> list[OutboxedMessage]:
@@ -71,38 +80,22 @@ def _to_messages(rows: Sequence[tuple[Any, ...]]) -> list[OutboxedMessage]:
     return out
 
 
-def outboxed(
-    target: db.SyncTarget,
-    *,
-    event_type: str | None = None,
-    key: str | None = None,
-    topic: str | None = None,
-    aggregate_id: str | None = None,
-    schema: str = DEFAULT_SCHEMA,
-) -> list[OutboxedMessage]:
+def outboxed(target: db.SyncTarget, **filters: Unpack[Filters]) -> list[OutboxedMessage]:
     """Outbox rows visible to ``target``'s transaction that match every given filter."""
-    statement = db.query("outbox", "select_outboxed", schema)
-    return _to_messages(db.rows(target, statement, _params(event_type, key, topic, aggregate_id)))
+    return _to_messages(db.rows(target, *_statement(filters)))
 
 
 async def outboxed_async(
-    target: db.AsyncTarget,
-    *,
-    event_type: str | None = None,
-    key: str | None = None,
-    topic: str | None = None,
-    aggregate_id: str | None = None,
-    schema: str = DEFAULT_SCHEMA,
+    target: db.AsyncTarget, **filters: Unpack[Filters]
 ) -> list[OutboxedMessage]:
-    statement = db.query("outbox", "select_outboxed", schema)
-    params = _params(event_type, key, topic, aggregate_id)
-    return _to_messages(await db.rows_async(target, statement, params))
+    """:func:`outboxed` for an AsyncSession / AsyncConnection."""
+    return _to_messages(await db.rows_async(target, *_statement(filters)))
 
 
 def _check(
-    found: list[OutboxedMessage], count: int | None, filters: dict[str, Any]
+    found: list[OutboxedMessage], count: int | None, filters: Filters
 ) -> list[OutboxedMessage]:
-    shown = ", ".join(f"{k}={v!r}" for k, v in filters.items() if v is not None) or "any"
+    shown = ", ".join(f"{k}={v!r}" for k, v in filters.items() if k != "schema") or "any"
     if count is None and not found:
         raise AssertionError(f"expected an outboxed message matching {shown}, found none")
     if count is not None and len(found) != count:
@@ -116,65 +109,18 @@ def _check(
 
 
 def assert_outboxed(
-    target: db.SyncTarget,
-    *,
-    event_type: str | None = None,
-    key: str | None = None,
-    topic: str | None = None,
-    aggregate_id: str | None = None,
-    count: int | None = None,
-    schema: str = DEFAULT_SCHEMA,
+    target: db.SyncTarget, *, count: int | None = None, **filters: Unpack[Filters]
 ) -> list[OutboxedMessage]:
     """Assert matching rows exist (exactly ``count`` of them if given); returns them."""
-    filters = {"event_type": event_type, "key": key, "topic": topic, "aggregate_id": aggregate_id}
-    found = outboxed(
-        target,
-        event_type=event_type,
-        key=key,
-        topic=topic,
-        aggregate_id=aggregate_id,
-        schema=schema,
-    )
-    return _check(found, count, filters)
+    return _check(outboxed(target, **filters), count, filters)
 
 
-def assert_not_outboxed(
-    target: db.SyncTarget,
-    *,
-    event_type: str | None = None,
-    key: str | None = None,
-    topic: str | None = None,
-    aggregate_id: str | None = None,
-    schema: str = DEFAULT_SCHEMA,
-) -> None:
-    assert_outboxed(
-        target,
-        event_type=event_type,
-        key=key,
-        topic=topic,
-        aggregate_id=aggregate_id,
-        count=0,
-        schema=schema,
-    )
+def assert_not_outboxed(target: db.SyncTarget, **filters: Unpack[Filters]) -> None:
+    assert_outboxed(target, count=0, **filters)
 
 
 async def assert_outboxed_async(
-    target: db.AsyncTarget,
-    *,
-    event_type: str | None = None,
-    key: str | None = None,
-    topic: str | None = None,
-    aggregate_id: str | None = None,
-    count: int | None = None,
-    schema: str = DEFAULT_SCHEMA,
+    target: db.AsyncTarget, *, count: int | None = None, **filters: Unpack[Filters]
 ) -> list[OutboxedMessage]:
-    filters = {"event_type": event_type, "key": key, "topic": topic, "aggregate_id": aggregate_id}
-    found = await outboxed_async(
-        target,
-        event_type=event_type,
-        key=key,
-        topic=topic,
-        aggregate_id=aggregate_id,
-        schema=schema,
-    )
-    return _check(found, count, filters)
+    """:func:`assert_outboxed` for an AsyncSession / AsyncConnection."""
+    return _check(await outboxed_async(target, **filters), count, filters)
