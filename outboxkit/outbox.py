@@ -5,7 +5,8 @@ The idempotency key is claimed by the table's UNIQUE constraint inside the calle
 its stored content digest: same content is a duplicate (the existing ``event_id`` is returned,
 nothing is written), other content raises :class:`IdempotencyKeyConflictError`. A concurrent
 transaction holding the same key makes the insert wait until it commits (then we re-read its row)
-or rolls back (then our insert goes through), so there is no race window.
+or rolls back (then our insert goes through), so there is no race window. ``add_many`` writes in
+a savepoint, so a conflict undoes its own rows by rolling back to it: no DELETE is needed.
 
 Everything that can be checked before writing (topic name, size, serialisation) is checked in
 Python first (:mod:`outboxkit.outbox_plan`): when validation fails nothing was sent to the
@@ -27,8 +28,8 @@ from sqlalchemy.orm import Session
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError
+from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_plan import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     OutboxConfig,
     Plan,
     Writable,
@@ -77,7 +78,10 @@ def _notified_get(info: dict[Any, Any], schema: str) -> tuple[str | None, list[i
     return entry[0], sorted(entry[1])
 
 
-def _notified_put(info: dict[Any, Any], schema: str, xact: str | None, shards: set[int]) -> None:
+def _notified_put(info: dict[Any, Any], schema: str, plan: Plan) -> None:
+    """Remember the shards notified in this transaction, once the rows that notified are kept
+    (a rolled-back savepoint takes its notifications with it)."""
+    xact, shards = plan.xact, plan.notified
     if xact is None or not shards:
         return
     per_schema = info.setdefault(_NOTIFY_INFO_KEY, {})
@@ -144,20 +148,24 @@ class Outbox:
 
     def _run(self, target: SyncTarget, plan: Plan) -> list[WriteResult]:
         conn = target.connection() if isinstance(target, Session) else target
-        info, schema = conn.info, self.config.schema
+        if plan.needs_savepoint:
+            with db.savepoint(conn):
+                results = self._write(conn, plan)
+        else:
+            results = self._write(conn, plan)
+        _notified_put(conn.info, self.config.schema, plan)
+        return results
+
+    def _write(self, conn: Connection, plan: Plan) -> list[WriteResult]:
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
         while True:
-            name, params = plan.insert_statement(_notified_get(info, schema))
-            xact, shards = plan.take_inserted(_execute(conn, schema, name, params))
-            _notified_put(info, schema, xact, shards)
+            plan.take_inserted(_execute(conn, schema, *plan.insert_statement(notified)))
             reread = plan.reread_statement()
             if reread is not None:
                 plan.take_reread(_execute(conn, schema, *reread))
             if not plan.needs_retry():
-                break
-        undo = plan.undo_statement()
-        if undo is not None:
-            _execute(conn, schema, *undo)
-        return plan.outcome()
+                return plan.outcome()
 
     # -- async ---------------------------------------------------------------------------
     async def add_async(
@@ -185,21 +193,25 @@ class Outbox:
 
     async def _run_async(self, target: AsyncTarget, plan: Plan) -> list[WriteResult]:
         conn = await target.connection() if isinstance(target, AsyncSession) else target
-        info, schema = conn.info, self.config.schema
+        if plan.needs_savepoint:
+            async with db.savepoint_async(conn):
+                results = await self._write_async(conn, plan)
+        else:
+            results = await self._write_async(conn, plan)
+        _notified_put(conn.info, self.config.schema, plan)
+        return results
+
+    async def _write_async(self, conn: AsyncConnection, plan: Plan) -> list[WriteResult]:
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
         while True:
-            name, params = plan.insert_statement(_notified_get(info, schema))
-            rows = await _execute_async(conn, schema, name, params)
-            xact, shards = plan.take_inserted(rows)
-            _notified_put(info, schema, xact, shards)
+            rows = await _execute_async(conn, schema, *plan.insert_statement(notified))
+            plan.take_inserted(rows)
             reread = plan.reread_statement()
             if reread is not None:
                 plan.take_reread(await _execute_async(conn, schema, *reread))
             if not plan.needs_retry():
-                break
-        undo = plan.undo_statement()
-        if undo is not None:
-            await _execute_async(conn, schema, *undo)
-        return plan.outcome()
+                return plan.outcome()
 
 
 _default = Outbox()

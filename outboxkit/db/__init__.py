@@ -24,6 +24,7 @@ from outboxkit.db.execute import (
 )
 from outboxkit.db.listen import listen, listen_async
 from outboxkit.db.queries import Query, queries, query
+from outboxkit.db.savepoint import savepoint, savepoint_async
 
 __all__ = [
     "AsyncTarget",
@@ -47,5 +48,7 @@ __all__ = [
     "rows_async",
     "run",
     "run_async",
+    "savepoint",
+    "savepoint_async",
     "sqlalchemy_url",
 ]

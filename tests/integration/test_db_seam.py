@@ -61,6 +61,15 @@ class Seam:
             return await getattr(db, f"{name}_async")(self.target, query, params)
         return getattr(db, name)(self.target, query, params)
 
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        if self.is_async:
+            async with db.savepoint_async(self.target):
+                yield
+        else:
+            with db.savepoint(self.target):
+                yield
+
     async def _finish(self, how: str) -> None:
         result = getattr(self.target, how)()
         if self.is_async:
@@ -184,10 +193,22 @@ async def test_run_one_rows_execute_give_the_same_results(outboxkit_db_url: str,
         assert [r[0] for r in many.rows] == [2, 3]
         assert many.rowcount == 2
         assert await seam.call("rows", q("state_counts")) == [("pending", 3)]
-        assert await seam.call("execute", q("delete_written"), {"ids": [1, 3]}) == 2
-        assert await seam.call("execute", q("delete_written"), {"ids": [1, 3]}) == 0
+        silent = _insert_many(["k4", "k5"], [b"4", b"5"])
+        for name in ("channel", "notified_xact", "notified_shards"):
+            del silent[name]
+        assert await seam.call("execute", q("insert_many_silent"), silent) == 2
+
+        async def insert_then_fail() -> None:
+            async with seam.savepoint():
+                await seam.run(q("insert_one"), _insert_one("k6", b"6"))
+                raise RuntimeError("undo k6 only")
+
+        with pytest.raises(RuntimeError):
+            await insert_then_fail()
+        async with seam.savepoint():
+            await seam.run(q("insert_one"), _insert_one("k7", b"7"))
         remaining = await seam.call("rows", q("select_outboxed"), _ANY)
-        assert [r[0] for r in remaining] == [2]
+        assert [r[2] for r in remaining] == ["k1", "k2", "k3", "k4", "k5", "k7"]
         await seam.rollback()
 
 

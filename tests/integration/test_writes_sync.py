@@ -143,7 +143,7 @@ def test_same_key_other_content_conflicts_and_transaction_stays_usable(
     assert len(rows(engine)) == 2
 
 
-def test_add_many_one_round_trip_in_order(engine: sa.Engine) -> None:
+def test_add_many_one_insert_in_a_savepoint_in_order(engine: sa.Engine) -> None:
     statements: list[object] = []
 
     class CountingCursor(psycopg.Cursor[Any]):
@@ -161,7 +161,11 @@ def test_add_many_one_round_trip_in_order(engine: sa.Engine) -> None:
         raw.cursor_factory = CountingCursor
         try:
             results = add_many(conn, events)
-            assert len(statements) == 1
+            assert [bytes(q)[:22] for q in statements] == [  # type: ignore[call-overload]
+                b"SAVEPOINT outboxkit_wr",
+                b'INSERT INTO "outboxkit',
+                b"RELEASE SAVEPOINT outb",
+            ]
         finally:
             raw.cursor_factory = original
     assert [r.duplicate for r in results] == [False] * 300
@@ -193,6 +197,7 @@ def test_add_many_conflict_writes_nothing_of_the_call(engine: sa.Engine) -> None
     with engine.begin() as conn:
         add(conn, Message("t", {"v": 1}), idempotency_key="a")
     with engine.connect() as conn:
+        add(conn, Message("t", {"v": 0}), idempotency_key="before")  # the caller's own row
         with pytest.raises(IdempotencyKeyConflictError):
             add_many(
                 conn,
@@ -202,8 +207,11 @@ def test_add_many_conflict_writes_nothing_of_the_call(engine: sa.Engine) -> None
                     Message("t", {"v": 9}, idempotency_key="new-2"),
                 ],
             )
-        assert [m.idempotency_key for m in outboxed(conn)] == ["a"]
-        conn.commit()
+        # Rolled back to the call's savepoint: its rows are gone, the caller's row stays, and
+        # the transaction goes on (new-1 is free again).
+        assert [m.idempotency_key for m in outboxed(conn)] == ["a", "before"]
+        add_many(conn, [Message("t", {"v": 9}, idempotency_key="new-1"), Message("t", b"x")])
+        conn.rollback()
     with engine.connect() as conn, pytest.raises(IdempotencyKeyConflictError):
         add_many(
             conn, [Message("t", b"1", idempotency_key="x"), Message("t", b"2", idempotency_key="x")]
