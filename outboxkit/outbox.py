@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -29,6 +30,14 @@ from sqlalchemy.orm import Session
 from outboxkit import db
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
+from outboxkit.outbox_copy import (
+    copy_input,
+    ids_statement,
+    notify_statement,
+    take_copied,
+    take_notified,
+    worth_copying,
+)
 from outboxkit.outbox_plan import (
     OutboxConfig,
     Plan,
@@ -159,6 +168,8 @@ class Outbox:
     def _write(self, conn: Connection, plan: Plan) -> list[WriteResult]:
         schema = self.config.schema
         notified = _notified_get(conn.info, schema)
+        if plan.needs_savepoint and worth_copying(plan) and self._copy(conn, plan, notified):
+            return plan.outcome()
         while True:
             plan.take_inserted(_execute(conn, schema, *plan.insert_statement(notified)))
             reread = plan.reread_statement()
@@ -166,6 +177,25 @@ class Outbox:
                 plan.take_reread(_execute(conn, schema, *reread))
             if not plan.needs_retry():
                 return plan.outcome()
+
+    def _copy(self, conn: Connection, plan: Plan, notified: tuple[str | None, list[int]]) -> bool:
+        """COPY the plan's rows (inside its savepoint); False: nothing written, insert instead."""
+        schema = self.config.schema
+        [(shard_count, encoding)] = _execute(conn, schema, "copy_setting", {})
+        if encoding != "UTF8":
+            return False
+        rows, shards = copy_input(plan, shard_count)
+        try:
+            if not db.copy_rows(conn, db.query("outbox", "copy_rows", schema), rows):
+                return False
+        except sa.exc.IntegrityError:  # a taken key or event id: the ON CONFLICT path decides
+            db.rollback_to_savepoint(conn)
+            return False
+        take_copied(plan, _execute(conn, schema, *ids_statement(plan)))
+        statement = notify_statement(plan, shards, notified)
+        if statement is not None:
+            take_notified(plan, _execute(conn, schema, *statement))
+        return True
 
     # -- async ---------------------------------------------------------------------------
     async def add_async(
@@ -204,6 +234,12 @@ class Outbox:
     async def _write_async(self, conn: AsyncConnection, plan: Plan) -> list[WriteResult]:
         schema = self.config.schema
         notified = _notified_get(conn.info, schema)
+        if (
+            plan.needs_savepoint
+            and worth_copying(plan)
+            and await self._copy_async(conn, plan, notified)
+        ):
+            return plan.outcome()
         while True:
             rows = await _execute_async(conn, schema, *plan.insert_statement(notified))
             plan.take_inserted(rows)
@@ -212,6 +248,26 @@ class Outbox:
                 plan.take_reread(await _execute_async(conn, schema, *reread))
             if not plan.needs_retry():
                 return plan.outcome()
+
+    async def _copy_async(
+        self, conn: AsyncConnection, plan: Plan, notified: tuple[str | None, list[int]]
+    ) -> bool:
+        schema = self.config.schema
+        [(shard_count, encoding)] = await _execute_async(conn, schema, "copy_setting", {})
+        if encoding != "UTF8":
+            return False
+        rows, shards = copy_input(plan, shard_count)
+        try:
+            if not await db.copy_rows_async(conn, db.query("outbox", "copy_rows", schema), rows):
+                return False
+        except sa.exc.IntegrityError:
+            await db.rollback_to_savepoint_async(conn)
+            return False
+        take_copied(plan, await _execute_async(conn, schema, *ids_statement(plan)))
+        statement = notify_statement(plan, shards, notified)
+        if statement is not None:
+            take_notified(plan, await _execute_async(conn, schema, *statement))
+        return True
 
 
 _default = Outbox()

@@ -46,6 +46,8 @@ from outboxkit.wire import (
 )
 
 _MAX_REREADS = 5
+#: From this many rows on, add_many COPYs (measured in benchmarks/writes.py; see docs/writes.md).
+DEFAULT_COPY_MIN_ROWS = 200
 
 Writable = Event | Message
 Statement = tuple[str, dict[str, Any]]  # (name in db/sql/outbox.sql, parameters)
@@ -59,6 +61,9 @@ class OutboxConfig:
     at most one per transaction and shard. Each notifying transaction takes PostgreSQL's global
     notify-queue lock at commit; switch it off when relays poll often enough.
 
+    ``copy_min_rows``: ``add_many`` COPYs batches of at least this many new rows (same
+    results and guarantees, less work per row); ``None`` never does.
+
     ``max_message_bytes``: the relay producer's ``message.max.bytes``. A message whose Kafka
     record (key, payload, every header, framing: :mod:`outboxkit.limits`) is larger is refused
     here rather than parked by the relay. Raise it only together with the producer's setting and
@@ -68,11 +73,14 @@ class OutboxConfig:
     schema: str = DEFAULT_SCHEMA
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     notify: bool = True
+    copy_min_rows: int | None = DEFAULT_COPY_MIN_ROWS
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
         if self.max_message_bytes < 1:
             raise ConfigurationError("max_message_bytes must be positive")
+        if self.copy_min_rows is not None and self.copy_min_rows < 2:
+            raise ConfigurationError("copy_min_rows must be at least 2 (or None: never COPY)")
 
 
 @dataclass(frozen=True)

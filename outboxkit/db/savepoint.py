@@ -57,3 +57,12 @@ async def savepoint_async(target: AsyncTarget) -> AsyncIterator[None]:
             logger.debug("could not roll back to the savepoint", exc_info=True)
         raise
     await run_async(target, RELEASE)
+
+
+def rollback_to_savepoint(target: SyncTarget) -> None:
+    """Undo everything since the open savepoint (which stays open), e.g. a failed COPY."""
+    run(target, ROLLBACK_TO)
+
+
+async def rollback_to_savepoint_async(target: AsyncTarget) -> None:
+    await run_async(target, ROLLBACK_TO)

@@ -323,6 +323,8 @@ def _prepare_all(url: str, schema: str) -> dict[str, list[str]]:
     with db.connect(url) as conn, conn.cursor() as cur:
         for area in AREAS:
             for name, query in db.queries(area, schema).items():
+                if query.text.startswith("COPY "):  # not preparable; run by the writer's tests
+                    continue
                 order: list[str] = []
 
                 def number(match: Any, order: list[str] = order) -> str:
@@ -345,7 +347,9 @@ def _prepare_all(url: str, schema: str) -> dict[str, list[str]]:
 
 def test_every_statement_prepares_on_the_real_schema(outboxkit_db_url: str) -> None:
     inferred = _prepare_all(outboxkit_db_url, "outboxkit")
-    assert len(inferred) == sum(len(db.queries(a, "outboxkit")) for a in AREAS)
+    copies = [q for a in AREAS for q in db.queries(a, "outboxkit").values() if "COPY" in q.text]
+    assert [q.name for q in copies] == ["copy_rows"]
+    assert len(inferred) == sum(len(db.queries(a, "outboxkit")) for a in AREAS) - len(copies)
     for name, types in inferred.items():
         assert "unknown" not in types, name
     assert inferred["outbox.insert_many"][0] == "uuid[]"

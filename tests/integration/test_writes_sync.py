@@ -143,16 +143,29 @@ def test_same_key_other_content_conflicts_and_transaction_stays_usable(
     assert len(rows(engine)) == 2
 
 
-def test_add_many_one_insert_in_a_savepoint_in_order(engine: sa.Engine) -> None:
-    statements: list[object] = []
+@pytest.mark.parametrize(
+    ("copy_min_rows", "expected"),
+    [
+        (None, ["SAVEPOINT", "INSERT", "RELEASE"]),
+        (
+            300,
+            ["SAVEPOINT", "SELECT shard_count", "SELECT e.event_id", "SELECT s.shard", "RELEASE"],
+        ),
+    ],
+)
+def test_add_many_one_statement_in_a_savepoint_in_order(
+    engine: sa.Engine, copy_min_rows: int | None, expected: list[str]
+) -> None:
+    statements: list[str] = []
 
     class CountingCursor(psycopg.Cursor[Any]):
-        """Counts what reaches the driver, whichever way it is sent."""
+        """Counts what reaches the driver, whichever way it is sent (COPY is not an execute)."""
 
         def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
-            statements.append(query)
+            statements.append(bytes(query).decode())
             return super().execute(query, params, **kw)
 
+    outbox = Outbox(copy_min_rows=copy_min_rows)
     events = [OrderPlaced(order_id=f"o-{i % 7}", total_cents=i) for i in range(300)]
     with engine.begin() as conn:
         raw = conn.connection.driver_connection
@@ -160,17 +173,14 @@ def test_add_many_one_insert_in_a_savepoint_in_order(engine: sa.Engine) -> None:
         original = raw.cursor_factory
         raw.cursor_factory = CountingCursor
         try:
-            results = add_many(conn, events)
-            assert [bytes(q)[:22] for q in statements] == [  # type: ignore[call-overload]
-                b"SAVEPOINT outboxkit_wr",
-                b'INSERT INTO "outboxkit',
-                b"RELEASE SAVEPOINT outb",
-            ]
+            results = outbox.add_many(conn, events)
         finally:
             raw.cursor_factory = original
+    assert [s for s in statements if not any(s.startswith(e) for e in expected)] == []
+    assert len(statements) == len(expected)
     assert [r.duplicate for r in results] == [False] * 300
     found = rows(engine)
-    assert [r["event_id"] for r in found] == [r.event_id for r in results]
+    assert [(r["id"], r["event_id"]) for r in found] == [(r.id, r.event_id) for r in results]
     assert [json.loads(bytes(r["payload"]))["total_cents"] for r in found] == list(range(300))
 
 

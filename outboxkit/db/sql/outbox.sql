@@ -99,3 +99,31 @@ ORDER BY id;
 -- name: state_counts
 -- How many rows are in each state (the demo waits for pending to reach zero).
 SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
+
+-- name: copy_setting
+-- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard
+-- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY).
+SELECT shard_count, current_setting('server_encoding') FROM {schema}.outbox_setting;
+
+-- name: copy_rows
+-- add_many of many rows: a COPY straight into the table (no ON CONFLICT: a taken key or event
+-- id fails it, the caller rolls back to its savepoint and inserts with ON CONFLICT instead).
+COPY {schema}.outbox_message (
+    event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
+    headers, event_type, schema_version, aggregate_type, aggregate_id, deliver_after, shard
+) FROM STDIN;
+
+-- name: copied_ids
+-- The ids of the rows just copied (COPY returns nothing): one event_id index probe each.
+SELECT e.event_id,
+       (SELECT m.id FROM {schema}.outbox_message m WHERE m.event_id = e.event_id)
+FROM unnest(CAST(:event_ids AS uuid[])) WITH ORDINALITY AS e (event_id, ord)
+ORDER BY e.ord;
+
+-- name: notify_shards
+-- After a COPY: notify each shard not yet notified in this transaction (as insert_many does).
+SELECT s.shard, CAST(pg_current_xact_id() AS text) AS xact_id,
+    (CASE WHEN CAST(pg_current_xact_id() AS text) IS DISTINCT FROM CAST(:notified_xact AS text)
+               OR s.shard <> ALL (CAST(:notified_shards AS integer[]))
+          THEN pg_notify(:channel, CAST(s.shard AS text)) END) IS NOT NULL AS notified
+FROM unnest(CAST(:shards AS integer[])) AS s (shard);
