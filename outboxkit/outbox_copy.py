@@ -62,8 +62,13 @@ def notify_statement(
 
 
 def take_copied(plan: Plan, result_rows: Sequence[Any]) -> None:
-    """Record the copied rows' ids (every row was written, or the COPY failed)."""
-    plan.take_inserted([(row_id, event_id) for event_id, row_id in result_rows])
+    """Record the copied rows' ids, in input order (every row was written, or the COPY
+    failed)."""
+    event_ids = [plan.rows[i].event_id for i in plan.pending()]
+    ids = [row_id for (row_id,) in result_rows]
+    if len(ids) != len(event_ids) or None in ids:
+        raise AssertionError("a copied row was not found again")  # cannot happen: same tx
+    plan.take_inserted(list(zip(ids, event_ids, strict=True)))
 
 
 def take_notified(plan: Plan, result_rows: Sequence[Any]) -> None:

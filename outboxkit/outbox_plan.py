@@ -112,33 +112,51 @@ class Row(NamedTuple):
     deliver_after: datetime | None
 
 
-def _header_size(name_bytes: int, value: str) -> int:
-    value_bytes = len(value.encode())
-    return varint_size(name_bytes) + name_bytes + varint_size(value_bytes) + value_bytes
+def _sized(text: str) -> int:
+    """A length-prefixed string in a Kafka record: varint of its UTF-8 length, then the bytes."""
+    n = len(text) if text.isascii() else len(text.encode())
+    return n + (1 if n < 64 else varint_size(n))
 
 
 # The relay's headers, from the row's columns (wire.py): they replace user headers of that name.
-_ALWAYS = (HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_CONTENT_TYPE)
-_OPTIONAL = (HEADER_EVENT_TYPE, HEADER_SCHEMA_VERSION, HEADER_AGGREGATE_TYPE, HEADER_AGGREGATE_ID)
-_RELAY_NAMES = frozenset(_ALWAYS + _OPTIONAL)
-_EVENT_ID_HEADER = _header_size(len(HEADER_EVENT_ID), "0" * 36)
+_RELAY_NAMES = frozenset(
+    (
+        HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_CONTENT_TYPE, HEADER_EVENT_TYPE,
+        HEADER_SCHEMA_VERSION, HEADER_AGGREGATE_TYPE, HEADER_AGGREGATE_ID,
+    )
+)  # fmt: skip
+# Framing, plus the headers every record carries except their values of variable length.
+_FIXED = (
+    RECORD_OVERHEAD_BYTES
+    + _sized(HEADER_EVENT_ID)
+    + _sized("0" * 36)
+    + _sized(HEADER_IDEMPOTENCY_KEY)
+    + _sized(HEADER_CONTENT_TYPE)
+)
+_EVENT_TYPE = _sized(HEADER_EVENT_TYPE)
+_SCHEMA_VERSION = _sized(HEADER_SCHEMA_VERSION)
+_AGGREGATE_TYPE = _sized(HEADER_AGGREGATE_TYPE)
+_AGGREGATE_ID = _sized(HEADER_AGGREGATE_ID)
 
 
 def _record_size(row: Row, headers: Mapping[str, str]) -> int:
     """The Kafka record's size as the producer counts it: key, payload, every header the relay
     will send (its own and the row's) and the record framing."""
-    size = RECORD_OVERHEAD_BYTES + len(row.payload) + _EVENT_ID_HEADER
-    if row.message_key:
-        size += len(row.message_key.encode())
-    size += _header_size(len(HEADER_IDEMPOTENCY_KEY), row.idempotency_key)
-    size += _header_size(len(HEADER_CONTENT_TYPE), row.content_type)
-    optional = (row.event_type, row.schema_version, row.aggregate_type, row.aggregate_id)
-    for name, value in zip(_OPTIONAL, optional, strict=True):
-        if value is not None:
-            size += _header_size(len(name), str(value))
+    size = _FIXED + len(row.payload) + _sized(row.idempotency_key) + _sized(row.content_type)
+    key = row.message_key
+    if key:
+        size += len(key) if key.isascii() else len(key.encode())
+    if row.event_type is not None:
+        size += _EVENT_TYPE + _sized(row.event_type)
+    if row.schema_version is not None:
+        size += _SCHEMA_VERSION + _sized(str(row.schema_version))
+    if row.aggregate_type is not None:
+        size += _AGGREGATE_TYPE + _sized(row.aggregate_type)
+    if row.aggregate_id is not None:
+        size += _AGGREGATE_ID + _sized(row.aggregate_id)
     for name, value in headers.items():
         if name not in _RELAY_NAMES:
-            size += _header_size(len(name.encode()), value)
+            size += _sized(name) + _sized(value)
     return size
 
 

@@ -114,9 +114,9 @@ COPY {schema}.outbox_message (
 ) FROM STDIN;
 
 -- name: copied_ids
--- The ids of the rows just copied (COPY returns nothing): one event_id index probe each.
-SELECT e.event_id,
-       (SELECT m.id FROM {schema}.outbox_message m WHERE m.event_id = e.event_id)
+-- The ids of the rows just copied (COPY returns nothing), in input order: one event_id index
+-- probe each (a correlated lookup, so no plan can turn it into a scan of the table).
+SELECT (SELECT m.id FROM {schema}.outbox_message m WHERE m.event_id = e.event_id)
 FROM unnest(CAST(:event_ids AS uuid[])) WITH ORDINALITY AS e (event_id, ord)
 ORDER BY e.ord;
 
