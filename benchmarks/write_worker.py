@@ -45,6 +45,7 @@ def _message(account: int) -> Message:
 def transaction(engine: sa.Engine, variant: str) -> Callable[[int], None]:
     """The application transaction of one variant: update one business row, then maybe write."""
     quiet, loud = Outbox(OutboxConfig(notify=False)), Outbox(OutboxConfig(notify=True))
+    pipelined = _pipelined() if variant == "pipelined" else None
 
     def one(account: int) -> None:
         with engine.begin() as conn:
@@ -60,10 +61,49 @@ def transaction(engine: sa.Engine, variant: str) -> Callable[[int], None]:
                 quiet.add(conn, _message(account))
             elif variant == "notify_on":
                 loud.add(conn, _message(account))
+            elif variant == "pipelined" and pipelined is not None:
+                pipelined(conn, account)
             elif variant != "base":
                 raise ValueError(f"unknown variant {variant!r}")
 
     return one
+
+
+def _pipelined() -> Callable[[Any, int], None]:
+    """An experiment, not the writer: the same outbox row, but its INSERT sent in a psycopg
+    pipeline together with the COMMIT, without waiting for the INSERT's reply on its own."""
+    from outboxkit.db import query  # this checkout's internals; the old workers never get here
+    from outboxkit.outbox_plan import prepare
+
+    config = OutboxConfig(notify=False)
+    sql = query("outbox", "insert_one_silent", config.schema).psycopg_binary
+
+    def write(conn: Any, account: int) -> None:
+        driver = conn.connection.driver_connection
+        params = prepare(_message(account), config)._asdict()
+        with driver.pipeline(), driver.cursor() as cur:
+            cur.execute(sql, params)
+            driver.commit()
+
+    return write
+
+
+def _backend_cpu_ns(engine: sa.Engine) -> Callable[[], int]:
+    """CPU time (ns) of the pool's one server process so far (the server runs on this machine).
+
+    CPU time, unlike wall time, barely depends on how busy other programs keep the machine."""
+    with engine.connect() as conn:
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+
+    def used() -> int:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+
+    return used
+
+
+def _cpu(backend: Callable[[], int]) -> int:
+    return time.process_time_ns() + backend()
 
 
 def run_transactions(engine: sa.Engine, command: dict[str, Any]) -> None:
@@ -75,16 +115,18 @@ def run_transactions(engine: sa.Engine, command: dict[str, Any]) -> None:
     _reply({"ready": True})
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("expected go")
+    backend = _backend_cpu_ns(engine)
+    cpu = _cpu(backend)
     done, end = 0, time.monotonic() + command["seconds"]
     while time.monotonic() < end:
         one(rng.choice(own))
         done += 1
-    _reply({"done": done})
+    _reply({"done": [done, _cpu(backend) - cpu]})
 
 
 def run_bulk(engine: sa.Engine, command: dict[str, Any]) -> None:
     """``add_many`` of ``rows`` messages in transactions of ``batch``; rows/s."""
-    outbox = Outbox(OutboxConfig(notify=False))
+    outbox = Outbox(OutboxConfig(notify=False, **command.get("config", {})))
     rows, batch = command["rows"], command["batch"]
     messages = [
         Message("account-events", {"account": i, "delta": 1, "note": "bulk"}, key=str(i % 997))
@@ -93,11 +135,13 @@ def run_bulk(engine: sa.Engine, command: dict[str, Any]) -> None:
     _reply({"ready": True})
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("expected go")
-    started = time.perf_counter()
+    backend = _backend_cpu_ns(engine)
+    cpu, started = _cpu(backend), time.perf_counter()
     for i in range(0, rows, batch):
         with engine.begin() as conn:
             outbox.add_many(conn, messages[i : i + batch])
-    _reply({"done": rows / (time.perf_counter() - started)})
+    elapsed = time.perf_counter() - started
+    _reply({"done": [rows / elapsed, (_cpu(backend) - cpu) / rows]})
 
 
 def _reply(obj: dict[str, Any]) -> None:

@@ -51,12 +51,14 @@ VARIANTS = [
     ("new", "notify_off"),
     ("old", "notify_on"),
     ("new", "notify_on"),
+    ("new", "pipelined"),
 ]
 LABELS = {
     "base": "business update only",
     "plain": "+ hand-written plain INSERT (reference)",
     "notify_off": "+ outbox row, notify off",
     "notify_on": "+ outbox row, notify on",
+    "pipelined": "+ outbox row, INSERT pipelined with COMMIT (experiment)",
 }
 
 
@@ -115,11 +117,10 @@ def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
 
 
-def part_a(
-    dsn: str, pools: dict[str, list[Worker]], seconds: float, rounds: int
-) -> dict[tuple[int, str, str], list[float]]:
+def part_a(dsn: str, pools: dict[str, list[Worker]], seconds: float, rounds: int) -> None:
     variants = [v for v in VARIANTS if v[0] in pools]
     tps: dict[tuple[int, str, str], list[float]] = {}
+    cpu: dict[tuple[int, str, str], list[float]] = {}  # client + server CPU s per transaction
     for round_ in range(rounds):
         reset(dsn)
         for conns in (1, 8):
@@ -128,25 +129,29 @@ def part_a(
                 done = run(
                     pools[code][:conns], {"cmd": "tx", "variant": variant, "seconds": seconds}
                 )
-                rate = sum(done) / seconds
-                tps.setdefault((conns, code, variant), []).append(rate)
+                count = sum(d[0] for d in done)
+                tps.setdefault((conns, code, variant), []).append(count / seconds)
+                cpu.setdefault((conns, code, variant), []).append(
+                    sum(d[1] for d in done) / 1e9 / max(count, 1)
+                )
         load = os.getloadavg()[0]
         print(f"  round {round_ + 1}/{rounds} done, load average {load:.1f}", flush=True)
-    ratios: dict[tuple[int, str, str], list[float]] = {}
-    print("\n(a) application transaction; cost = median over rounds of base tx/s / variant tx/s")
-    print("    (min-max over rounds in brackets)")
+    print("\n(a) application transaction. cost = median over rounds of the variant's / business")
+    print("    update only's figure of the same round (min-max in brackets): by throughput, and")
+    print("    by CPU time per transaction (client process + its PostgreSQL backend), which a")
+    print("    busy machine disturbs far less")
     for conns in (1, 8):
-        base = tps[(conns, *BASE)]
+        base, base_cpu = tps[(conns, *BASE)], cpu[(conns, *BASE)]
         for code, variant in variants:
-            runs = tps[(conns, code, variant)]
+            runs, runs_cpu = tps[(conns, code, variant)], cpu[(conns, code, variant)]
             ratio = [b / v for b, v in zip(base, runs, strict=True)]
-            ratios[(conns, code, variant)] = ratio
-            label = f"{LABELS[variant]}{' [' + code + ']' if variant.startswith('notify') else ''}"
+            cpu_ratio = [v / b for b, v in zip(base_cpu, runs_cpu, strict=True)]
+            label = LABELS[variant] + (f" [{code}]" if variant.startswith("notify") else "")
             print(
-                f"  {conns} conn  {label:<44} {statistics.median(runs):7.0f} tx/s"
-                f"   cost {_summary(ratio)}"
+                f"  {conns} conn  {label:<56} {statistics.median(runs):6.0f} tx/s"
+                f" cost {_summary(ratio)}   {statistics.median(runs_cpu) * 1e6:5.0f} us CPU/tx"
+                f" cost {_summary(cpu_ratio)}"
             )
-    return ratios
 
 
 def _bulk_messages(rows: int) -> list[Message]:
@@ -156,7 +161,7 @@ def _bulk_messages(rows: int) -> list[Message]:
     ]
 
 
-def run_copy(dsn: str, rows: int, batch: int) -> float:
+def run_copy(dsn: str, rows: int, batch: int) -> list[float]:
     """A raw psycopg COPY of the same rows, validated and serialised beforehand (untimed)."""
     config = OutboxConfig(notify=False)
     prepared = [prepare(m, config) for m in _bulk_messages(rows)]
@@ -164,8 +169,15 @@ def run_copy(dsn: str, rows: int, batch: int) -> float:
         "COPY outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
         " message_key, payload, content_type, headers, event_type, shard) FROM STDIN"
     )
-    started = time.perf_counter()
     with psycopg.connect(dsn) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        conn.commit()
+
+        def used() -> int:
+            with open(f"/proc/{pid}/schedstat") as f:
+                return time.process_time_ns() + int(f.read().split()[0])
+
+        cpu, started = used(), time.perf_counter()
         for i in range(0, rows, batch):
             with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
                 for r in prepared[i : i + batch]:
@@ -183,7 +195,7 @@ def run_copy(dsn: str, rows: int, batch: int) -> float:
                             0,
                         )
                     )
-    return rows / (time.perf_counter() - started)
+        return [rows / (time.perf_counter() - started), (used() - cpu) / rows]
 
 
 def run_prepare(rows: int, batch: int) -> float:
@@ -196,30 +208,41 @@ def run_prepare(rows: int, batch: int) -> float:
     return rows / (time.perf_counter() - started)
 
 
-def part_b(
-    dsn: str, pools: dict[str, list[Worker]], rows: int, batch: int, rounds: int
-) -> dict[str, list[float]]:
-    names = [f"add_many [{code}]" for code in ("old", "new") if code in pools] + ["COPY"]
+def part_b(dsn: str, pools: dict[str, list[Worker]], rows: int, batch: int, rounds: int) -> None:
+    names = [f"add_many [{code}]" for code in ("old", "new") if code in pools]
+    names += ["add_many [new, INSERT only]", "COPY"]
     rates: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}  # ns per row
     for round_ in range(rounds):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             reset(dsn)
             if name == "COPY":
-                rate = run_copy(dsn, rows, batch)
+                rate, per_row = run_copy(dsn, rows, batch)
             else:
-                code = name.split("[")[1].rstrip("]")
-                [rate] = run(pools[code][:1], {"cmd": "bulk", "rows": rows, "batch": batch})
+                code = name.split("[")[1].rstrip("]").split(",")[0]
+                config = {"copy_min_rows": None} if "INSERT only" in name else {}
+                command = {"cmd": "bulk", "rows": rows, "batch": batch, "config": config}
+                [(rate, per_row)] = run(pools[code][:1], command)
             rates[name].append(rate)
+            cpu[name].append(per_row)
     prep = statistics.median(run_prepare(rows, batch) for _ in range(rounds))
-    copy = rates["COPY"]
-    print(f"\n(b) bulk, {rows} rows in transactions of {batch}; medians over {rounds} rounds")
+    print(f"\n(b) bulk, {rows} rows in transactions of {batch}; medians over {rounds} rounds;")
+    print("    share of COPY by throughput, and by CPU time per row (client + its backend)")
     for name in names:
-        share = [r / c for r, c in zip(rates[name], copy, strict=True)]
-        extra = "" if name == "COPY" else f"   {_summary(share).replace('x', '', 1)} of COPY"
-        print(f"  {name:<16} {statistics.median(rates[name]):9.0f} rows/s{extra}")
+        share = [r / c for r, c in zip(rates[name], rates["COPY"], strict=True)]
+        cpu_share = [c / r for r, c in zip(cpu[name], cpu["COPY"], strict=True)]
+        extra = (
+            ""
+            if name == "COPY"
+            else f"   {_summary(share).replace('x', '', 1)} of COPY by rows/s,"
+            f" {_summary(cpu_share).replace('x', '', 1)} by CPU"
+        )
+        print(
+            f"  {name:<28} {statistics.median(rates[name]):7.0f} rows/s"
+            f" {statistics.median(cpu[name]) / 1e3:5.1f} us CPU/row{extra}"
+        )
     print(f"  (Python side of add_many [new] alone: {prep:.0f} rows/s)")
-    return rates
 
 
 @contextmanager
