@@ -28,7 +28,7 @@ def shard_of(message_key: str | None, event_id: uuid.UUID, shard_count: int) -> 
 
 
 def worth_copying(plan: Plan) -> bool:
-    """The COPY path pays three more short statements; it wins from a few hundred rows on."""
+    """The COPY path pays two more short statements; it costs less from about 100 rows on."""
     minimum = plan.config.copy_min_rows
     return minimum is not None and len(plan.pending()) >= minimum
 

@@ -47,7 +47,7 @@ from outboxkit.wire import (
 
 _MAX_REREADS = 5
 #: From this many rows on, add_many COPYs (measured in benchmarks/writes.py; see docs/writes.md).
-DEFAULT_COPY_MIN_ROWS = 200
+DEFAULT_COPY_MIN_ROWS = 100
 
 Writable = Event | Message
 Statement = tuple[str, dict[str, Any]]  # (name in db/sql/outbox.sql, parameters)
