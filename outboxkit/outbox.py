@@ -32,8 +32,8 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
     copy_input,
+    ids_statement,
     notify_statement,
-    setting_statement,
     take_copied,
     take_notified,
     worth_copying,
@@ -181,17 +181,17 @@ class Outbox:
     def _copy(self, conn: Connection, plan: Plan, notified: tuple[str | None, list[int]]) -> bool:
         """COPY the plan's rows (inside its savepoint); False: nothing written, insert instead."""
         schema = self.config.schema
-        [(shard_count, encoding, ids)] = _execute(conn, schema, *setting_statement(plan))
+        [(shard_count, encoding)] = _execute(conn, schema, "copy_setting", {})
         if encoding != "UTF8":
             return False
-        rows, shards = copy_input(plan, shard_count, ids)
+        rows, shards = copy_input(plan, shard_count)
         try:
             if not db.copy_rows(conn, db.query("outbox", "copy_rows", schema), rows):
                 return False
         except sa.exc.IntegrityError:  # a taken key or event id: the ON CONFLICT path decides
             db.rollback_to_savepoint(conn)
             return False
-        take_copied(plan, rows)
+        take_copied(plan, _execute(conn, schema, *ids_statement(plan)))
         statement = notify_statement(plan, shards, notified)
         if statement is not None:
             take_notified(plan, _execute(conn, schema, *statement))
@@ -253,19 +253,17 @@ class Outbox:
         self, conn: AsyncConnection, plan: Plan, notified: tuple[str | None, list[int]]
     ) -> bool:
         schema = self.config.schema
-        [(shard_count, encoding, ids)] = await _execute_async(
-            conn, schema, *setting_statement(plan)
-        )
+        [(shard_count, encoding)] = await _execute_async(conn, schema, "copy_setting", {})
         if encoding != "UTF8":
             return False
-        rows, shards = copy_input(plan, shard_count, ids)
+        rows, shards = copy_input(plan, shard_count)
         try:
             if not await db.copy_rows_async(conn, db.query("outbox", "copy_rows", schema), rows):
                 return False
         except sa.exc.IntegrityError:
             await db.rollback_to_savepoint_async(conn)
             return False
-        take_copied(plan, rows)
+        take_copied(plan, await _execute_async(conn, schema, *ids_statement(plan)))
         statement = notify_statement(plan, shards, notified)
         if statement is not None:
             take_notified(plan, await _execute_async(conn, schema, *statement))

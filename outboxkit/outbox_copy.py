@@ -2,11 +2,10 @@
 
 Large batches are copied straight into the outbox table instead of bound as arrays to an
 ``INSERT .. ON CONFLICT``: psycopg formats COPY rows in C and the server skips the speculative
-insertion. A COPY cannot compute the shard, return ids or skip taken keys. So the shard is
-computed here by the exact twin of the SQL function ``outbox_shard`` (the count read in the same
-transaction), the ids are taken from the table's identity sequence beforehand, and a taken key or
-event id fails the COPY: the writer rolls back to its savepoint and inserts the same rows with
-``ON CONFLICT`` instead, so duplicates and conflicts come out as on that path.
+insertion. A COPY cannot compute the shard or skip taken keys, so the shard is computed here by
+the exact twin of the SQL function ``outbox_shard`` (the count read in the same transaction), and
+a taken key or event id fails the COPY: the writer rolls back to its savepoint and inserts the
+same rows with ``ON CONFLICT`` instead, so duplicates and conflicts come out as on that path.
 """
 
 from __future__ import annotations
@@ -34,22 +33,19 @@ def worth_copying(plan: Plan) -> bool:
     return minimum is not None and len(plan.pending()) >= minimum
 
 
-def setting_statement(plan: Plan) -> Statement:
-    return "copy_setting", {"rows": len(plan.pending())}
-
-
-def copy_input(
-    plan: Plan, shard_count: int, ids: Sequence[int]
-) -> tuple[list[tuple[Any, ...]], set[int]]:
-    """The COPY's rows (a reserved id, the Row fields, the shard) and the shards they fall in.
-    Ids ascend in input order, as the INSERT path assigns them."""
+def copy_input(plan: Plan, shard_count: int) -> tuple[list[tuple[Any, ...]], set[int]]:
+    """The COPY's rows (the Row fields, then the shard) and the shards they fall in."""
     out, shards = [], set()
-    for row_id, i in zip(sorted(ids), plan.pending(), strict=True):
+    for i in plan.pending():
         row = plan.rows[i]
         shard = shard_of(row.message_key, row.event_id, shard_count)
         shards.add(shard)
-        out.append((row_id, *row, shard))
+        out.append((*row, shard))
     return out, shards
+
+
+def ids_statement(plan: Plan) -> Statement:
+    return "copied_ids", {"event_ids": [plan.rows[i].event_id for i in plan.pending()]}
 
 
 def notify_statement(
@@ -65,9 +61,14 @@ def notify_statement(
     }
 
 
-def take_copied(plan: Plan, rows: Sequence[tuple[Any, ...]]) -> None:
-    """Record the copied rows (each written with its reserved id, or the COPY failed)."""
-    plan.take_inserted([(row[0], row[1]) for row in rows])
+def take_copied(plan: Plan, result_rows: Sequence[Any]) -> None:
+    """Record the copied rows' ids, in input order (every row was written, or the COPY
+    failed)."""
+    event_ids = [plan.rows[i].event_id for i in plan.pending()]
+    ids = [row_id for (row_id,) in result_rows]
+    if len(ids) != len(event_ids) or None in ids:
+        raise AssertionError("a copied row was not found again")  # cannot happen: same tx
+    plan.take_inserted(list(zip(ids, event_ids, strict=True)))
 
 
 def take_notified(plan: Plan, result_rows: Sequence[Any]) -> None:

@@ -29,7 +29,6 @@ GRANT INSERT (event_id, idempotency_key, content_digest, topic, message_key, pay
     ON outboxkit.outbox_message TO {role};
 GRANT SELECT (id, event_id, idempotency_key, content_digest, shard, xact_id)
     ON outboxkit.outbox_message TO {role};
-GRANT USAGE ON SEQUENCE outboxkit.outbox_message_id_seq TO {role};
 """
 
 

@@ -101,22 +101,24 @@ ORDER BY id;
 SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
 
 -- name: copy_setting
--- What add_many's COPY path needs: the shard count and the encoding md5 sees text in (to compute
--- shards exactly as outbox_shard does; the Python twin assumes UTF8, else no COPY), and :rows
--- ids from the table's identity sequence, for the rows it is about to copy (COPY returns none).
-SELECT shard_count, current_setting('server_encoding'),
-       ARRAY(SELECT nextval(CAST(pg_get_serial_sequence('{schema}.outbox_message', 'id')
-                                 AS regclass))
-             FROM generate_series(1, CAST(:rows AS integer)))
-FROM {schema}.outbox_setting;
+-- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard
+-- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY).
+SELECT shard_count, current_setting('server_encoding') FROM {schema}.outbox_setting;
 
 -- name: copy_rows
 -- add_many of many rows: a COPY straight into the table (no ON CONFLICT: a taken key or event
 -- id fails it, the caller rolls back to its savepoint and inserts with ON CONFLICT instead).
 COPY {schema}.outbox_message (
-    id, event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
+    event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
     headers, event_type, schema_version, aggregate_type, aggregate_id, deliver_after, shard
 ) FROM STDIN;
+
+-- name: copied_ids
+-- The ids of the rows just copied (COPY returns nothing), in input order: one event_id index
+-- probe each (a correlated lookup, so no plan can turn it into a scan of the table).
+SELECT (SELECT m.id FROM {schema}.outbox_message m WHERE m.event_id = e.event_id)
+FROM unnest(CAST(:event_ids AS uuid[])) WITH ORDINALITY AS e (event_id, ord)
+ORDER BY e.ord;
 
 -- name: notify_shards
 -- After a COPY: notify each shard not yet notified in this transaction (as insert_many does).
