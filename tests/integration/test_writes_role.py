@@ -2,7 +2,7 @@
 
 The grants are those of docs/writes.md ("Database role"): INSERT of the written columns, SELECT
 of the columns RETURNING and the idempotency re-read use, SELECT of the shard count, EXECUTE of
-the shard function. No DELETE, no UPDATE, no payloads of other writers' rows.
+the shard function. No DELETE, no UPDATE, no sequence, no payloads of other writers' rows.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def test_every_write_path_works_under_the_application_role(
     app_engine: sa.Engine, notify: bool
 ) -> None:
     outbox = Outbox(notify=notify)
+    copying = Outbox(notify=notify, copy_min_rows=2)  # add_many's COPY path from 2 rows on
     with app_engine.begin() as conn:
         assert conn.execute(sa.text("SELECT current_user")).scalar() != "outboxkit"
         first = outbox.add(conn, Message("t", b"1"), idempotency_key="a")
@@ -75,11 +76,17 @@ def test_every_write_path_works_under_the_application_role(
             [Message("t", b"2", idempotency_key="b"), Message("t", b"1", idempotency_key="a")],
         )
         assert [r.duplicate for r in many] == [False, True]
+        copied = copying.add_many(conn, [Message("t", b"5"), Message("t", b"6")])
+        assert [r.duplicate for r in copied] == [False, False]
+        fell_back = copying.add_many(  # "a" is taken: the COPY fails, ON CONFLICT decides
+            conn, [Message("t", b"7"), Message("t", b"1", idempotency_key="a")]
+        )
+        assert [r.duplicate for r in fell_back] == [False, True]
     with app_engine.connect() as conn:
         with pytest.raises(IdempotencyKeyConflictError):
             outbox.add(conn, Message("t", b"other"), idempotency_key="a")
         with pytest.raises(IdempotencyKeyConflictError):  # undone by ROLLBACK TO SAVEPOINT
-            outbox.add_many(
+            copying.add_many(
                 conn,
                 [Message("t", b"3", idempotency_key="c"), Message("t", b"x", idempotency_key="b")],
             )
