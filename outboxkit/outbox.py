@@ -148,7 +148,7 @@ class Outbox:
         return self._run(target, plan)[0]
 
     def add_many(self, target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
-        """Add many events in one round trip; results in input order. All or nothing: on a
+        """Add many events with one statement; results in input order. All or nothing: on a
         conflict no row of this call stays written."""
         plan = self._plan_many(items)
         if not plan.rows:
