@@ -31,7 +31,7 @@ from outboxkit import db
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
-    copy_input,
+    Stream,
     ids_statement,
     notify_statement,
     take_copied,
@@ -150,6 +150,9 @@ class Outbox:
     def add_many(self, target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
         """Add many events with one statement; results in input order. All or nothing: on a
         conflict no row of this call stays written."""
+        items = list(items)
+        if worth_copying(self.config, items):
+            return self._run_copy(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
             return []
@@ -168,8 +171,6 @@ class Outbox:
     def _write(self, conn: Connection, plan: Plan) -> list[WriteResult]:
         schema = self.config.schema
         notified = _notified_get(conn.info, schema)
-        if plan.needs_savepoint and worth_copying(plan) and self._copy(conn, plan, notified):
-            return plan.outcome()
         while True:
             plan.take_inserted(_execute(conn, schema, *plan.insert_statement(notified)))
             reread = plan.reread_statement()
@@ -178,24 +179,41 @@ class Outbox:
             if not plan.needs_retry():
                 return plan.outcome()
 
-    def _copy(self, conn: Connection, plan: Plan, notified: tuple[str | None, list[int]]) -> bool:
-        """COPY the plan's rows (inside its savepoint); False: nothing written, insert instead."""
+    def _run_copy(self, target: SyncTarget, items: list[Writable]) -> list[WriteResult]:
+        """add_many by COPY, in a savepoint; a taken key or event id (the COPY fails) or a
+        database that is not UTF8 takes the INSERT path instead, in the same savepoint."""
+        conn = target.connection() if isinstance(target, Session) else target
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
+        with db.savepoint(conn):
+            plan = self._copy(conn, items, notified)
+            if plan is None:
+                plan = self._plan_many(items)
+                self._write(conn, plan)
+            results = plan.outcome()
+        _notified_put(conn.info, schema, plan)
+        return results
+
+    def _copy(
+        self, conn: Connection, items: list[Writable], notified: tuple[str | None, list[int]]
+    ) -> Plan | None:
         schema = self.config.schema
         [(shard_count, encoding)] = _execute(conn, schema, "copy_setting", {})
         if encoding != "UTF8":
-            return False
-        rows, shards = copy_input(plan, shard_count)
+            return None
+        stream = Stream(items, self.config, current_trace_headers(), shard_count)
         try:
-            if not db.copy_rows(conn, db.query("outbox", "copy_rows", schema), rows):
-                return False
+            if not db.copy_rows(conn, db.query("outbox", "copy_rows", schema), stream):
+                return None
         except sa.exc.IntegrityError:  # a taken key or event id: the ON CONFLICT path decides
             db.rollback_to_savepoint(conn)
-            return False
+            return None
+        plan = stream.plan()
         take_copied(plan, _execute(conn, schema, *ids_statement(plan)))
-        statement = notify_statement(plan, shards, notified)
+        statement = notify_statement(plan, stream.shards, notified)
         if statement is not None:
             take_notified(plan, _execute(conn, schema, *statement))
-        return True
+        return plan
 
     # -- async ---------------------------------------------------------------------------
     async def add_async(
@@ -216,6 +234,9 @@ class Outbox:
         self, target: AsyncTarget, items: Iterable[Writable]
     ) -> list[WriteResult]:
         """:meth:`add_many` for an AsyncSession or AsyncConnection."""
+        items = list(items)
+        if worth_copying(self.config, items):
+            return await self._run_copy_async(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
             return []
@@ -234,12 +255,6 @@ class Outbox:
     async def _write_async(self, conn: AsyncConnection, plan: Plan) -> list[WriteResult]:
         schema = self.config.schema
         notified = _notified_get(conn.info, schema)
-        if (
-            plan.needs_savepoint
-            and worth_copying(plan)
-            and await self._copy_async(conn, plan, notified)
-        ):
-            return plan.outcome()
         while True:
             rows = await _execute_async(conn, schema, *plan.insert_statement(notified))
             plan.take_inserted(rows)
@@ -249,25 +264,42 @@ class Outbox:
             if not plan.needs_retry():
                 return plan.outcome()
 
+    async def _run_copy_async(
+        self, target: AsyncTarget, items: list[Writable]
+    ) -> list[WriteResult]:
+        conn = await target.connection() if isinstance(target, AsyncSession) else target
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
+        async with db.savepoint_async(conn):
+            plan = await self._copy_async(conn, items, notified)
+            if plan is None:
+                plan = self._plan_many(items)
+                await self._write_async(conn, plan)
+            results = plan.outcome()
+        _notified_put(conn.info, schema, plan)
+        return results
+
     async def _copy_async(
-        self, conn: AsyncConnection, plan: Plan, notified: tuple[str | None, list[int]]
-    ) -> bool:
+        self, conn: AsyncConnection, items: list[Writable], notified: tuple[str | None, list[int]]
+    ) -> Plan | None:
         schema = self.config.schema
         [(shard_count, encoding)] = await _execute_async(conn, schema, "copy_setting", {})
         if encoding != "UTF8":
-            return False
-        rows, shards = copy_input(plan, shard_count)
+            return None
+        stream = Stream(items, self.config, current_trace_headers(), shard_count)
+        query = db.query("outbox", "copy_rows", schema)
         try:
-            if not await db.copy_rows_async(conn, db.query("outbox", "copy_rows", schema), rows):
-                return False
+            if not await db.copy_rows_async(conn, query, stream):
+                return None
         except sa.exc.IntegrityError:
             await db.rollback_to_savepoint_async(conn)
-            return False
+            return None
+        plan = stream.plan()
         take_copied(plan, await _execute_async(conn, schema, *ids_statement(plan)))
-        statement = notify_statement(plan, shards, notified)
+        statement = notify_statement(plan, stream.shards, notified)
         if statement is not None:
             take_notified(plan, await _execute_async(conn, schema, *statement))
-        return True
+        return plan
 
 
 _default = Outbox()

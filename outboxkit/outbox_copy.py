@@ -1,21 +1,23 @@
 """add_many's COPY path, without I/O: when to take it and what it sends.
 
 Large batches are copied straight into the outbox table instead of bound as arrays to an
-``INSERT .. ON CONFLICT``: psycopg formats COPY rows in C and the server skips the speculative
-insertion. A COPY cannot compute the shard or skip taken keys, so the shard is computed here by
-the exact twin of the SQL function ``outbox_shard`` (the count read in the same transaction), and
-a taken key or event id fails the COPY: the writer rolls back to its savepoint and inserts the
-same rows with ``ON CONFLICT`` instead, so duplicates and conflicts come out as on that path.
+``INSERT .. ON CONFLICT``: psycopg formats COPY rows in C, the server skips the speculative
+insertion, and the items are prepared while the COPY streams (:class:`Stream`). A COPY cannot
+compute the shard, return ids or skip taken keys. So the shard is computed here by the exact
+twin of the SQL function ``outbox_shard`` (the count read in the same transaction), the ids are
+read back by event id, and a taken key or event id fails the COPY: the writer rolls back to its
+savepoint and inserts the same items with ``ON CONFLICT`` instead, so duplicates and conflicts
+come out as on that path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from outboxkit.outbox_plan import Plan, Statement
+from outboxkit.outbox_plan import Folding, OutboxConfig, Plan, Statement, Writable, prepare
 from outboxkit.schema import notify_channel
 
 
@@ -27,21 +29,43 @@ def shard_of(message_key: str | None, event_id: uuid.UUID, shard_count: int) -> 
     return (first32 & 0x7FFFFFFF) % shard_count
 
 
-def worth_copying(plan: Plan) -> bool:
+def worth_copying(config: OutboxConfig, items: Sequence[Writable]) -> bool:
     """The COPY path pays two more short statements; it costs less from about 100 rows on."""
-    minimum = plan.config.copy_min_rows
-    return minimum is not None and len(plan.pending()) >= minimum
+    return config.copy_min_rows is not None and len(items) >= config.copy_min_rows
 
 
-def copy_input(plan: Plan, shard_count: int) -> tuple[list[tuple[Any, ...]], set[int]]:
-    """The COPY's rows (the Row fields, then the shard) and the shards they fall in."""
-    out, shards = [], set()
-    for i in plan.pending():
-        row = plan.rows[i]
-        shard = shard_of(row.message_key, row.event_id, shard_count)
-        shards.add(shard)
-        out.append((*row, shard))
-    return out, shards
+class Stream:
+    """add_many's items, prepared one by one while the COPY sends them: PostgreSQL stores the
+    rows already sent while Python validates and serialises the next ones (the two cores work
+    at once). Validation, folding of repeated keys and refusals happen as on the INSERT path;
+    an error stops the COPY, and the caller's savepoint takes back what was sent."""
+
+    def __init__(
+        self,
+        items: Sequence[Writable],
+        config: OutboxConfig,
+        trace_headers: Mapping[str, str],
+        shard_count: int,
+    ) -> None:
+        self.items, self.config, self.trace_headers = items, config, trace_headers
+        self.shard_count = shard_count
+        self.folding = Folding()
+        self.shards: set[int] = set()
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        config, trace_headers, shard_count = self.config, self.trace_headers, self.shard_count
+        for item in self.items:
+            row = prepare(item, config, trace_headers)
+            if self.folding.add(row):
+                shard = shard_of(row.message_key, row.event_id, shard_count)
+                self.shards.add(shard)
+                yield (*row, shard)
+
+    def plan(self) -> Plan:
+        """The call's plan, once every item went through the COPY."""
+        if len(self.folding.rows) != len(self.items):
+            raise AssertionError("the COPY stopped before the last item")
+        return Plan(self.config, self.folding)
 
 
 def ids_statement(plan: Plan) -> Statement:

@@ -247,37 +247,56 @@ def prepare(
     return row
 
 
+class Folding:
+    """Repeats of an idempotency key within one call, folded onto its first occurrence (same
+    content) or refused (other content); two distinct rows must not share an event id."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.first_of: list[int] = []
+        self.unique: list[int] = []
+        self._seen: dict[str, int] = {}
+        self._event_ids: set[uuid.UUID] = set()
+
+    def add(self, row: Row) -> bool:
+        """Take the next row of the call; True if it is the first of its key."""
+        index = len(self.rows)
+        self.rows.append(row)
+        first = self._seen.get(row.idempotency_key)
+        if first is None:
+            if row.event_id in self._event_ids:
+                raise ValidationError(f"event id {row.event_id} appears twice in one call")
+            self._event_ids.add(row.event_id)
+            self._seen[row.idempotency_key] = index
+            self.unique.append(index)
+            self.first_of.append(index)
+            return True
+        if self.rows[first].content_digest != row.content_digest:
+            raise IdempotencyKeyConflictError(
+                f"idempotency key {row.idempotency_key!r} is used twice in one call"
+                " with different content",
+                idempotency_key=row.idempotency_key,
+            )
+        self.first_of.append(first)
+        return False
+
+
 class Plan:
     """One add/add_many call: the prepared rows, their results, and the SQL still to run.
 
     The sync and async entry points drive the same plan; only the ``execute`` differs.
     """
 
-    def __init__(self, config: OutboxConfig, rows: Sequence[Row]) -> None:
+    def __init__(self, config: OutboxConfig, rows: Sequence[Row] | Folding) -> None:
         self.config = config
-        self.rows = rows
-        # Repeats of a key within the call are folded onto its first occurrence.
-        self.first_of: list[int] = []
-        self.unique: list[int] = []
-        seen: dict[str, int] = {}
-        event_ids: set[uuid.UUID] = set()
-        for index, row in enumerate(rows):
-            first = seen.get(row.idempotency_key)
-            if first is None:
-                if row.event_id in event_ids:
-                    raise ValidationError(f"event id {row.event_id} appears twice in one call")
-                event_ids.add(row.event_id)
-                seen[row.idempotency_key] = index
-                self.unique.append(index)
-                self.first_of.append(index)
-            elif rows[first].content_digest != row.content_digest:
-                raise IdempotencyKeyConflictError(
-                    f"idempotency key {row.idempotency_key!r} is used twice in one call"
-                    " with different content",
-                    idempotency_key=row.idempotency_key,
-                )
-            else:
-                self.first_of.append(first)
+        if isinstance(rows, Folding):
+            folding = rows
+        else:
+            folding = Folding()
+            for row in rows:
+                folding.add(row)
+        self.rows: Sequence[Row] = folding.rows
+        self.first_of, self.unique = folding.first_of, folding.unique
         self.results: dict[int, WriteResult] = {}
         self.conflict: IdempotencyKeyConflictError | None = None
         self.rereads = 0

@@ -13,7 +13,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from outboxkit.errors import IdempotencyKeyConflictError
+from outboxkit.errors import (
+    IdempotencyKeyConflictError,
+    InvalidTopicError,
+    PayloadTooLargeError,
+)
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox, WriteResult
 from outboxkit.outbox_copy import shard_of
@@ -194,3 +198,32 @@ async def test_async_copy(aengine: AsyncEngine) -> None:
         await conn.commit()
         count = await conn.execute(sa.text("SELECT count(*) FROM outboxkit.outbox_message"))
         assert count.scalar_one() == 25
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (Message("bad topic", b"x"), InvalidTopicError),
+        (Message("t", b"x" * 1_000_001), PayloadTooLargeError),
+        (Message("t", {"other": 1}, idempotency_key="s-3"), IdempotencyKeyConflictError),
+    ],
+)
+def test_an_invalid_item_mid_stream_leaves_nothing_of_the_call(
+    engine: sa.Engine, bad: Message, error: type
+) -> None:
+    """Items are prepared while the COPY streams: an invalid one stops it after earlier rows
+    were sent, and rolling back to the savepoint takes them back; the transaction goes on."""
+    messages = batch(400, "s")
+    messages.insert(390, bad)
+    last_id = sa.text("SELECT last_value FROM outboxkit.outbox_message_id_seq")
+    with engine.connect() as conn:
+        INSERTING.add(conn, Message("t", b"mine"), idempotency_key="before")
+        before = conn.execute(last_id).scalar_one()
+        with pytest.raises(error):
+            COPYING.add_many(conn, messages)
+        # The server had stored rows already (each took an id), then the savepoint undid them.
+        assert conn.execute(last_id).scalar_one() - before >= 100
+        COPYING.add_many(conn, batch(400, "s"))  # the same keys are free: nothing was kept
+        conn.commit()
+    keys = sorted(r.idempotency_key for r in stored(engine))
+    assert keys == sorted(["before"] + [f"s-{i}" for i in range(400)])
