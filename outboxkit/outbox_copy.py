@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from outboxkit.ids import uuid_text
 from outboxkit.outbox_plan import Folding, OutboxConfig, Plan, Statement, Writable, prepare
 from outboxkit.schema import notify_channel
 
@@ -24,7 +25,7 @@ from outboxkit.schema import notify_channel
 def shard_of(message_key: str | None, event_id: uuid.UUID, shard_count: int) -> int:
     """``outbox_shard`` in Python: the first 32 bits of md5(key, else the event id as text),
     as a signed integer, masked to 31 bits, modulo the count (UTF-8 text, as the server's)."""
-    text = message_key if message_key is not None else str(event_id)
+    text = message_key if message_key is not None else uuid_text(event_id)
     first32 = int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big")
     return (first32 & 0x7FFFFFFF) % shard_count
 

@@ -25,7 +25,7 @@ from outboxkit.errors import (
     ValidationError,
 )
 from outboxkit.events import Event, Message, encode_payload, validate_topic
-from outboxkit.ids import uuid7
+from outboxkit.ids import uuid7, uuid_text
 from outboxkit.limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PRODUCER_MESSAGE_MAX_BYTES,
@@ -217,7 +217,9 @@ def prepare(
             raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
     headers_json = json.dumps(headers, ensure_ascii=False) if headers else "{}"
     event_id = msg.event_id or uuid7()
-    idempotency_key = msg.idempotency_key if msg.idempotency_key is not None else str(event_id)
+    idempotency_key = (
+        msg.idempotency_key if msg.idempotency_key is not None else uuid_text(event_id)
+    )
     if not idempotency_key:
         raise ValidationError("the idempotency key must not be empty")
     row = Row(

@@ -20,7 +20,7 @@ from outboxkit.errors import (
     ValidationError,
 )
 from outboxkit.events import Event, Message, encode_payload, validate_topic
-from outboxkit.ids import uuid7, uuid7_time_ms
+from outboxkit.ids import uuid7, uuid7_time_ms, uuid_text
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_plan import OutboxConfig, Plan, prepare
 from outboxkit.schema import notify_channel
@@ -286,3 +286,16 @@ def test_traceparent_from_the_current_span() -> None:
         "tracestate": "vendor=v1",
     }
     assert json.loads(row.headers) == {**headers, "user": "h"}
+
+
+def test_fast_uuid_construction_and_text_equal_the_standard_ones() -> None:
+    for _ in range(2_000):
+        made = uuid7()
+        standard = uuid.UUID(int=made.int)
+        assert made == standard
+        assert hash(made) == hash(standard)
+        assert made.version == 7
+        assert made.is_safe == standard.is_safe
+        assert uuid_text(made) == str(standard) == str(made)
+        assert uuid_text(standard) == str(standard)
+    assert uuid_text(uuid.UUID(int=0)) == "00000000-0000-0000-0000-000000000000"
