@@ -14,6 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from outboxkit.wire import (
+    HEADER_AGGREGATE_ID,
+    HEADER_AGGREGATE_TYPE,
+    HEADER_CONTENT_TYPE,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_SCHEMA_VERSION,
+)
+
 #: librdkafka's default ``message.max.bytes``: the largest record its producer accepts.
 PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
 #: The broker's default ``message.max.bytes`` (and a topic's ``max.message.bytes``): one batch.
@@ -37,10 +47,45 @@ def varint_size(length: int) -> int:
     return size
 
 
-def record_size(key: bytes | None, value_len: int, headers: Mapping[str, str]) -> int:
-    """The size the producer checks against ``message.max.bytes`` for one record."""
-    size = RECORD_OVERHEAD_BYTES + value_len + (len(key) if key else 0)
+def _sized(text: str) -> int:
+    """A length-prefixed string in a record: varint of its UTF-8 length, then the bytes."""
+    n = len(text) if text.isascii() else len(text.encode())
+    return n + (1 if n < 64 else varint_size(n))
+
+
+# The relay's headers, from the row's columns (wire.py): they replace user headers of that name.
+_OPTIONAL = (HEADER_EVENT_TYPE, HEADER_SCHEMA_VERSION, HEADER_AGGREGATE_TYPE, HEADER_AGGREGATE_ID)
+_RELAY_NAMES = frozenset((HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_CONTENT_TYPE, *_OPTIONAL))
+_OPTIONAL_NAMES = tuple(_sized(name) for name in _OPTIONAL)
+# Framing, plus the headers every record carries, except their values of variable length.
+_FIXED = (
+    RECORD_OVERHEAD_BYTES
+    + _sized(HEADER_EVENT_ID)
+    + _sized("0" * 36)  # the event id as text
+    + _sized(HEADER_IDEMPOTENCY_KEY)
+    + _sized(HEADER_CONTENT_TYPE)
+)
+
+
+def record_size(
+    payload_len: int,
+    key: str | None,
+    idempotency_key: str,
+    content_type: str,
+    optional: tuple[str | None, int | None, str | None, str | None],
+    headers: Mapping[str, str],
+) -> int:
+    """The size the producer checks against ``message.max.bytes`` for the record the relay
+    sends: key, payload, its headers (event id, idempotency key, content type, then event type,
+    schema version, aggregate type and id when set; the row's own ``headers`` besides) and the
+    framing. ``optional``: event type, schema version, aggregate type, aggregate id."""
+    size = _FIXED + payload_len + _sized(idempotency_key) + _sized(content_type)
+    if key:
+        size += len(key) if key.isascii() else len(key.encode())
+    for name_size, value in zip(_OPTIONAL_NAMES, optional, strict=True):
+        if value is not None:
+            size += name_size + _sized(str(value))
     for name, text in headers.items():
-        name_len, text_len = len(name.encode()), len(text.encode())
-        size += varint_size(name_len) + name_len + varint_size(text_len) + text_len
+        if name not in _RELAY_NAMES:
+            size += _sized(name) + _sized(text)
     return size

@@ -30,18 +30,11 @@ from outboxkit.limits import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PRODUCER_MESSAGE_MAX_BYTES,
     RECORD_OVERHEAD_BYTES,
-    varint_size,
+    record_size,
 )
 from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
 from outboxkit.tracing import current_trace_headers
 from outboxkit.wire import (
-    HEADER_AGGREGATE_ID,
-    HEADER_AGGREGATE_TYPE,
-    HEADER_CONTENT_TYPE,
-    HEADER_EVENT_ID,
-    HEADER_EVENT_TYPE,
-    HEADER_IDEMPOTENCY_KEY,
-    HEADER_SCHEMA_VERSION,
     content_digest,
 )
 
@@ -110,54 +103,6 @@ class Row(NamedTuple):
     aggregate_type: str | None
     aggregate_id: str | None
     deliver_after: datetime | None
-
-
-def _sized(text: str) -> int:
-    """A length-prefixed string in a Kafka record: varint of its UTF-8 length, then the bytes."""
-    n = len(text) if text.isascii() else len(text.encode())
-    return n + (1 if n < 64 else varint_size(n))
-
-
-# The relay's headers, from the row's columns (wire.py): they replace user headers of that name.
-_RELAY_NAMES = frozenset(
-    (
-        HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_CONTENT_TYPE, HEADER_EVENT_TYPE,
-        HEADER_SCHEMA_VERSION, HEADER_AGGREGATE_TYPE, HEADER_AGGREGATE_ID,
-    )
-)  # fmt: skip
-# Framing, plus the headers every record carries except their values of variable length.
-_FIXED = (
-    RECORD_OVERHEAD_BYTES
-    + _sized(HEADER_EVENT_ID)
-    + _sized("0" * 36)
-    + _sized(HEADER_IDEMPOTENCY_KEY)
-    + _sized(HEADER_CONTENT_TYPE)
-)
-_EVENT_TYPE = _sized(HEADER_EVENT_TYPE)
-_SCHEMA_VERSION = _sized(HEADER_SCHEMA_VERSION)
-_AGGREGATE_TYPE = _sized(HEADER_AGGREGATE_TYPE)
-_AGGREGATE_ID = _sized(HEADER_AGGREGATE_ID)
-
-
-def _record_size(row: Row, headers: Mapping[str, str]) -> int:
-    """The Kafka record's size as the producer counts it: key, payload, every header the relay
-    will send (its own and the row's) and the record framing."""
-    size = _FIXED + len(row.payload) + _sized(row.idempotency_key) + _sized(row.content_type)
-    key = row.message_key
-    if key:
-        size += len(key) if key.isascii() else len(key.encode())
-    if row.event_type is not None:
-        size += _EVENT_TYPE + _sized(row.event_type)
-    if row.schema_version is not None:
-        size += _SCHEMA_VERSION + _sized(str(row.schema_version))
-    if row.aggregate_type is not None:
-        size += _AGGREGATE_TYPE + _sized(row.aggregate_type)
-    if row.aggregate_id is not None:
-        size += _AGGREGATE_ID + _sized(row.aggregate_id)
-    for name, value in headers.items():
-        if name not in _RELAY_NAMES:
-            size += _sized(name) + _sized(value)
-    return size
 
 
 def _too_large(row: Row, size: int, config: OutboxConfig) -> PayloadTooLargeError:
@@ -243,7 +188,14 @@ def prepare(
         aggregate_id=msg.aggregate_id,
         deliver_after=msg.deliver_after,
     )
-    size = _record_size(row, headers)
+    size = record_size(
+        len(row.payload),
+        row.message_key,
+        row.idempotency_key,
+        row.content_type,
+        (row.event_type, row.schema_version, row.aggregate_type, row.aggregate_id),
+        headers,
+    )
     if size > config.max_message_bytes:
         raise _too_large(row, size, config)
     return row
