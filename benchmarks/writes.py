@@ -1,12 +1,17 @@
-"""What the outbox costs an application transaction, and how fast bulk writes go.
+"""What the outbox costs an application transaction, and how fast bulk writes go: old vs new.
 
-Run: ``python benchmarks/writes.py`` (starts its own durable PostgreSQL unless
+Run: ``python benchmarks/writes.py [--old PATH]`` (starts its own durable PostgreSQL unless
 ``OUTBOXKIT_DATABASE_URL`` names a server; then a scratch database is created on it and dropped).
+``--old`` names a checkout of an earlier outboxkit (e.g. ``git worktree add /tmp/old v0.1``): its
+writer runs in the same rounds, next to this one, so both see the same machine load.
 
-(a) Throughput of an application transaction that updates one business row, without and with one
-    outbox row, at 1 and 8 connections (separate processes, so Python's GIL is not the limit),
-    with the writer's NOTIFY off and on. Variants run interleaved, best of the rounds is kept.
-(b) ``add_many`` rows/s against a raw psycopg ``COPY`` of the same rows into the outbox table.
+(a) Transactions/s of an application transaction that updates one business row: alone, with a
+    hand-written INSERT, and with one outbox row (notify off and on; old and new writer), at 1
+    and 8 connections (worker processes, so Python's GIL is not the limit). Every round measures
+    every variant back to back, in a rotating order; a variant's cost is the median over rounds
+    of (business-only tx/s / variant tx/s) of the same round, which cancels most of the drift of
+    a shared machine.
+(b) ``add_many`` rows/s (old and new) against a raw psycopg ``COPY`` of the same prepared rows.
 Nothing here asserts on speed; it prints numbers.
 """
 
@@ -14,20 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import random
 import statistics
+import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 
 from outboxkit.db import migrator
@@ -37,117 +40,69 @@ from outboxkit.events import Message
 from outboxkit.outbox import Outbox, OutboxConfig
 from outboxkit.outbox_plan import prepare
 
+HERE = Path(__file__).resolve().parent
 ACCOUNTS = 10_000
-TRIGGER = "outbox_message_notify"  # a relay-side NOTIFY trigger, if the schema has one
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    outbox: bool
-    notify: bool = False
-    trigger: bool = False
-    plain_insert: bool = False
-
-
+BASE = ("new", "base")
+# (code, variant): code "new" is this checkout, "old" the one given with --old.
 VARIANTS = [
-    Variant("business update only", outbox=False),
-    Variant("+ plain hand-written INSERT (reference)", outbox=False, plain_insert=True),
-    Variant("+ outbox row, notify off", outbox=True),
-    Variant("+ outbox row, notify on", outbox=True, notify=True),
+    BASE,
+    ("new", "plain"),
+    ("old", "notify_off"),
+    ("new", "notify_off"),
+    ("old", "notify_on"),
+    ("new", "notify_on"),
+    ("new", "pipelined"),
 ]
+LABELS = {
+    "base": "business update only",
+    "plain": "+ hand-written plain INSERT (reference)",
+    "notify_off": "+ outbox row, notify off",
+    "notify_on": "+ outbox row, notify on",
+    "pipelined": "+ outbox row, INSERT pipelined with COMMIT (experiment)",
+}
 
 
-def _worker(
-    url: str,
-    variant: Variant,
-    worker: int,
-    workers: int,
-    ready: Any,
-    start: Any,
-    seconds: float,
-    out: Any,
-) -> None:
-    engine = sa.create_engine(url, pool_size=1, max_overflow=0)
-    outbox = Outbox(notify=variant.notify)
-    update = sa.text("UPDATE account SET balance = balance + 1 WHERE id = :id")
-    plain = sa.text(
-        "INSERT INTO outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
-        " message_key, payload, content_type, event_type)"
-        " VALUES (:e, :k, '', 'account-events', :key, :p, 'application/json', 'balance.changed')"
-    )
-    rng = random.Random(worker)
-    own = [i for i in range(1, ACCOUNTS + 1) if i % workers == worker]  # no lock waits
+class Worker:
+    """A write_worker.py process importing outboxkit from ``code_dir``."""
 
-    def one() -> None:
-        account = rng.choice(own)
-        with engine.begin() as conn:
-            conn.execute(update, {"id": account})
-            if variant.plain_insert:
-                event_id = uuid.uuid4()
-                payload = json.dumps({"account": account, "delta": 1, "note": "balance changed"})
-                conn.execute(
-                    plain,
-                    {"e": event_id, "k": str(event_id), "key": str(account), "p": payload.encode()},
-                )
-            if variant.outbox:
-                outbox.add(
-                    conn,
-                    Message(
-                        "account-events",
-                        {"account": account, "delta": 1, "note": "balance changed"},
-                        key=str(account),
-                        event_type="balance.changed",
-                    ),
-                )
+    def __init__(self, url: str, code_dir: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(code_dir)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "write_worker.py"), url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.read()
 
-    for _ in range(50):
-        one()
-    ready.put(worker)
-    start.wait()
-    done = 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        one()
-        done += 1
-    out.put(done)
-    engine.dispose()
+    def send(self, obj: dict[str, Any] | str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark worker exited ({self.proc.wait()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def close(self) -> None:
+        self.send({"cmd": "exit"})
+        self.proc.wait(timeout=60)
 
 
-def measure_tps(url: str, variant: Variant, workers: int, seconds: float) -> float:
-    ctx = mp.get_context("fork")
-    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(target=_worker, args=(url, variant, w, workers, ready, start, seconds, out))
-        for w in range(workers)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=120)
-    started = time.monotonic()
-    start.set()
-    total = sum(out.get(timeout=seconds + 120) for _ in procs)
-    elapsed = time.monotonic() - started
-    for p in procs:
-        p.join(timeout=60)
-    return total / max(elapsed, seconds)
-
-
-def set_trigger(dsn: str, enabled: bool) -> bool:
-    """Switch the schema's NOTIFY trigger, if there is one; returns whether it exists."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT 1 FROM pg_trigger WHERE tgname = %s AND NOT tgisinternal", (TRIGGER,)
-        ).fetchone()
-        if row:
-            action = "ENABLE" if enabled else "DISABLE"
-            conn.execute(
-                sql.SQL("ALTER TABLE outboxkit.outbox_message {} TRIGGER {}").format(
-                    sql.SQL(action), sql.Identifier(TRIGGER)
-                )
-            )
-        return row is not None
+def run(workers: list[Worker], command: dict[str, Any]) -> list[Any]:
+    """Start ``command`` on every worker, release them together, collect their answers."""
+    for i, w in enumerate(workers):
+        w.send({**command, "index": i, "workers": len(workers)})
+    for w in workers:
+        w.read()  # ready (warmed up)
+    for w in workers:
+        w.send("go")
+    return [w.read()["done"] for w in workers]
 
 
 def reset(dsn: str) -> None:
@@ -158,182 +113,143 @@ def reset(dsn: str) -> None:
         conn.execute("CHECKPOINT")
 
 
-def part_a(dsn: str, url: str, seconds: float, rounds: int) -> dict[tuple[str, int], float]:
-    variants = list(VARIANTS)
-    if set_trigger(dsn, enabled=False):
-        variants.append(
-            Variant(f"+ outbox row, notify off, {TRIGGER} trigger on", True, False, True)
-        )
-    best: dict[tuple[str, int], float] = {}
-    per_round: dict[tuple[str, int], list[float]] = {}
+def _summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def part_a(dsn: str, pools: dict[str, list[Worker]], seconds: float, rounds: int) -> None:
+    variants = [v for v in VARIANTS if v[0] in pools]
+    tps: dict[tuple[int, str, str], list[float]] = {}
+    cpu: dict[tuple[int, str, str], list[float]] = {}  # client + server CPU s per transaction
     for round_ in range(rounds):
-        for workers in (1, 8):
-            for variant in variants:
-                reset(dsn)
-                set_trigger(dsn, enabled=variant.trigger)
-                tps = measure_tps(url, variant, workers, seconds)
-                key = (variant.name, workers)
-                best[key] = max(best.get(key, 0.0), tps)
-                per_round.setdefault(key, []).append(tps)
-                print(f"  round {round_ + 1} {workers} conn  {variant.name:<48} {tps:8.0f} tx/s")
-    set_trigger(dsn, enabled=True)
-    print("\n(a) application transaction. cost = best baseline tx/s / best variant tx/s over the")
-    print("    rounds (the least-disturbed runs); paired = median of per-round ratios")
-    ratios: dict[tuple[str, int], float] = {}
-    for workers in (1, 8):
-        base = best[(VARIANTS[0].name, workers)]
-        base_runs = per_round[(VARIANTS[0].name, workers)]
-        for variant in variants:
-            key = (variant.name, workers)
-            ratios[key] = base / best[key]
-            paired = statistics.median(
-                b / v for b, v in zip(base_runs, per_round[key], strict=True)
-            )
+        reset(dsn)
+        for conns in (1, 8):
+            shift = round_ % len(variants)
+            for code, variant in variants[shift:] + variants[:shift]:
+                done = run(
+                    pools[code][:conns], {"cmd": "tx", "variant": variant, "seconds": seconds}
+                )
+                count = sum(d[0] for d in done)
+                tps.setdefault((conns, code, variant), []).append(count / seconds)
+                cpu.setdefault((conns, code, variant), []).append(
+                    sum(d[1] for d in done) / 1e9 / max(count, 1)
+                )
+        load = os.getloadavg()[0]
+        print(f"  round {round_ + 1}/{rounds} done, load average {load:.1f}", flush=True)
+    print("\n(a) application transaction; cost = variant / business update only, by throughput")
+    print("    and by CPU time per transaction (client process + its PostgreSQL backend, which a")
+    print("    busy machine disturbs less). paired: median over rounds of the same round's ratio")
+    print("    (min-max); best: best round of each (the least disturbed; noise only slows)")
+    for conns in (1, 8):
+        base, base_cpu = tps[(conns, *BASE)], cpu[(conns, *BASE)]
+        for code, variant in variants:
+            runs, runs_cpu = tps[(conns, code, variant)], cpu[(conns, code, variant)]
+            ratio = [b / v for b, v in zip(base, runs, strict=True)]
+            cpu_ratio = [v / b for b, v in zip(base_cpu, runs_cpu, strict=True)]
+            label = LABELS[variant] + (f" [{code}]" if variant.startswith("notify") else "")
             print(
-                f"  {workers} conn  {variant.name:<48} {best[key]:8.0f} tx/s"
-                f"   cost {ratios[key]:.2f}x (paired {paired:.2f}x)"
+                f"  {conns} conn  {label:<56} {max(runs):6.0f} tx/s best;"
+                f" cost paired {_summary(ratio)}, best {max(base) / max(runs):.2f}x;"
+                f"  {min(runs_cpu) * 1e6:5.0f} us CPU/tx best;"
+                f" CPU cost paired {_summary(cpu_ratio)}, best {min(runs_cpu) / min(base_cpu):.2f}x"
             )
-    return ratios
 
 
-def part_b(dsn: str, url: str, rows: int, batch: int, rounds: int) -> tuple[float, float, float]:
-    messages = [
-        Message(
-            "account-events",
-            {"account": i, "delta": 1, "note": "bulk"},
-            key=str(i % 997),
-            event_type="balance.changed",
-        )
+def _bulk_messages(rows: int) -> list[Message]:
+    return [
+        Message("account-events", {"account": i, "delta": 1, "note": "bulk"}, key=str(i % 997))
         for i in range(rows)
     ]
-    engine = sa.create_engine(url)
+
+
+def run_copy(dsn: str, rows: int, batch: int) -> list[float]:
+    """A raw psycopg COPY of the same rows, validated and serialised beforehand (untimed)."""
+    config = OutboxConfig(notify=False)
+    prepared = [prepare(m, config) for m in _bulk_messages(rows)]
+    copy_sql = (
+        "COPY outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
+        " message_key, payload, content_type, headers, event_type, shard) FROM STDIN"
+    )
+    with psycopg.connect(dsn) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        conn.commit()
+
+        def used() -> int:
+            with open(f"/proc/{pid}/schedstat") as f:
+                return time.process_time_ns() + int(f.read().split()[0])
+
+        cpu, started = used(), time.perf_counter()
+        for i in range(0, rows, batch):
+            with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                for r in prepared[i : i + batch]:
+                    copy.write_row(
+                        (
+                            r.event_id,
+                            r.idempotency_key,
+                            r.content_digest,
+                            r.topic,
+                            r.message_key,
+                            r.payload,
+                            r.content_type,
+                            r.headers,
+                            r.event_type,
+                            0,
+                        )
+                    )
+        return [rows / (time.perf_counter() - started), (used() - cpu) / rows]
+
+
+def run_prepare(rows: int, batch: int) -> float:
+    """This checkout's Python side of add_many alone (validation, serialisation, digest)."""
     outbox = Outbox(OutboxConfig(notify=False))
-    set_trigger(dsn, enabled=False)
+    messages = _bulk_messages(rows)
+    started = time.perf_counter()
+    for i in range(0, rows, batch):
+        outbox._plan_many(messages[i : i + batch])
+    return rows / (time.perf_counter() - started)
 
-    def run_add_many() -> float:
-        reset(dsn)
-        started = time.perf_counter()
-        for i in range(0, rows, batch):
-            with engine.begin() as conn:
-                outbox.add_many(conn, messages[i : i + batch])
-        return rows / (time.perf_counter() - started)
 
-    def run_add_many_prepared() -> float:
-        """add_many's database part alone: rows validated and serialised beforehand."""
-        reset(dsn)
-        plans = [outbox._plan_many(messages[i : i + batch]) for i in range(0, rows, batch)]
-        started = time.perf_counter()
-        for plan in plans:
-            with engine.begin() as conn:
-                outbox._run(conn, plan)
-        return rows / (time.perf_counter() - started)
-
-    def run_copy() -> float:
-        reset(dsn)
-        prepared = [prepare(m, outbox.config) for m in messages]  # same rows, prep untimed
-        copy_sql = (
-            "COPY outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
-            " message_key, payload, content_type, headers, event_type, shard) FROM STDIN"
-        )
-        started = time.perf_counter()
-        with psycopg.connect(dsn) as conn:
-            for i in range(0, rows, batch):
-                with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
-                    for r in prepared[i : i + batch]:
-                        copy.write_row(
-                            (
-                                r.event_id,
-                                r.idempotency_key,
-                                r.content_digest,
-                                r.topic,
-                                r.message_key,
-                                r.payload,
-                                r.content_type,
-                                r.headers,
-                                r.event_type,
-                                0,
-                            )
-                        )
-        return rows / (time.perf_counter() - started)
-
-    def run_copy_from_messages() -> float:
-        """A hand-written COPY that also builds its rows (ids, JSON) from the same messages."""
-        reset(dsn)
-        copy_sql = (
-            "COPY outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
-            " message_key, payload, content_type, event_type, shard) FROM STDIN"
-        )
-        started = time.perf_counter()
-        with psycopg.connect(dsn) as conn:
-            for i in range(0, rows, batch):
-                with conn.transaction(), conn.cursor() as cur, cur.copy(copy_sql) as copy:
-                    for m in messages[i : i + batch]:
-                        event_id = uuid.uuid4()
-                        copy.write_row(
-                            (
-                                event_id,
-                                str(event_id),
-                                b"",
-                                m.topic,
-                                m.key,
-                                json.dumps(m.payload).encode(),
-                                "application/json",
-                                m.event_type,
-                                0,
-                            )
-                        )
-        return rows / (time.perf_counter() - started)
-
-    def run_prepare() -> float:
-        started = time.perf_counter()
-        for i in range(0, rows, batch):
-            outbox._plan_many(messages[i : i + batch])  # what add_many does before any SQL
-        return rows / (time.perf_counter() - started)
-
-    runs: dict[str, Callable[[], float]] = {
-        "add_many": run_add_many,
-        "add_many_db": run_add_many_prepared,
-        "copy": run_copy,
-        "copy_e2e": run_copy_from_messages,
-        "prepare": run_prepare,
-    }
-    results: dict[str, list[float]] = {name: [] for name in runs}
+def part_b(dsn: str, pools: dict[str, list[Worker]], rows: int, batch: int, rounds: int) -> None:
+    names = [f"add_many [{code}]" for code in ("old", "new") if code in pools]
+    names += ["add_many [new, INSERT only]", "COPY"]
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}  # ns per row
     for round_ in range(rounds):
-        for name, fn in runs.items():
-            rate = fn()
-            results[name].append(rate)
-            print(f"  round {round_ + 1} {name:<9} {rate:9.0f} rows/s")
-    engine.dispose()
-    set_trigger(dsn, enabled=True)
-    add_many_rate, db_rate, copy_rate, e2e_rate, prep_rate = (
-        max(results[k]) for k in ("add_many", "add_many_db", "copy", "copy_e2e", "prepare")
-    )
-    print(f"\n(b) bulk, {rows} rows in transactions of {batch}, best of {rounds}")
-    label = "add_many (validation, serialisation, digest, INSERT..unnest)"
-    print(f"  {label} {add_many_rate:9.0f} rows/s")
-    label = "add_many, database part only (rows prepared beforehand)"
-    print(f"  {label:<61} {db_rate:9.0f} rows/s")
-    print(f"  raw psycopg COPY of the same prepared rows                  {copy_rate:9.0f} rows/s")
-    print(f"  raw COPY that also builds its rows (uuid4, json.dumps)     {e2e_rate:9.0f} rows/s")
-    print(
-        f"  add_many / COPY = {add_many_rate / copy_rate:.2f} (prepared rows),"
-        f" {add_many_rate / e2e_rate:.2f} (COPY building its rows)"
-    )
-    print(
-        f"  (Python-side preparation alone: {prep_rate:.0f} rows/s;"
-        f" database part / COPY = {db_rate / copy_rate:.2f})"
-    )
-    return add_many_rate, copy_rate, e2e_rate
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            reset(dsn)
+            if name == "COPY":
+                rate, per_row = run_copy(dsn, rows, batch)
+            else:
+                code = name.split("[")[1].rstrip("]").split(",")[0]
+                config = {"copy_min_rows": None} if "INSERT only" in name else {}
+                command = {"cmd": "bulk", "rows": rows, "batch": batch, "config": config}
+                [(rate, per_row)] = run(pools[code][:1], command)
+            rates[name].append(rate)
+            cpu[name].append(per_row)
+    prep = statistics.median(run_prepare(rows, batch) for _ in range(rounds))
+    print(f"\n(b) bulk, {rows} rows in transactions of {batch}, {rounds} rounds; share of COPY")
+    print("    by throughput and by CPU time per row (client + its backend); paired and best")
+    copy, copy_cpu = rates["COPY"], cpu["COPY"]
+    for name in names:
+        share = [r / c for r, c in zip(rates[name], copy, strict=True)]
+        cpu_share = [c / r for r, c in zip(cpu[name], copy_cpu, strict=True)]
+        extra = (
+            ""
+            if name == "COPY"
+            else f"; rows/s {_summary(share).replace('x', '', 1)}, best"
+            f" {max(rates[name]) / max(copy):.2f}; CPU {_summary(cpu_share).replace('x', '', 1)},"
+            f" best {min(copy_cpu) / min(cpu[name]):.2f}"
+        )
+        print(
+            f"  {name:<28} {max(rates[name]):7.0f} rows/s best,"
+            f" {min(cpu[name]) / 1e3:5.1f} us CPU/row best{extra}"
+        )
+    print(f"  (Python side of add_many [new] alone: {prep:.0f} rows/s)")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="per throughput measurement")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bulk-rows", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=1_000)
-    args = parser.parse_args()
-
+@contextmanager
+def scratch_database() -> Iterator[str]:
     with ExitStack() as stack:
         server_url = os.environ.get("OUTBOXKIT_DATABASE_URL")
         if not server_url:
@@ -351,7 +267,20 @@ def main() -> int:
                 conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
         stack.callback(drop)
-        dsn = database_url_with(server_url, name)
+        yield database_url_with(server_url, name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", type=Path, help="checkout of an earlier outboxkit to compare")
+    parser.add_argument("--seconds", type=float, default=1.5, help="per throughput measurement")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--bulk-rows", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--skip", choices=["a", "b"], help="leave out one part")
+    args = parser.parse_args()
+
+    with scratch_database() as dsn, ExitStack() as stack:
         migrator.upgrade(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE account (id integer PRIMARY KEY, balance bigint NOT NULL)")
@@ -362,29 +291,28 @@ def main() -> int:
                 "SELECT current_setting('fsync'), current_setting('synchronous_commit'),"
                 " current_setting('server_version')"
             ).fetchone()
+        assert settings is not None
         print(f"fsync={settings[0]} synchronous_commit={settings[1]} PostgreSQL {settings[2]}")
-        print(f"CPUs: {os.cpu_count()}, Python {sys.version.split()[0]}\n")
-        url = sqlalchemy_url(dsn)
-        started = time.monotonic()
-        best = part_a(dsn, url, args.seconds, args.rounds)
-        print()
-        add_many_rate, copy_rate, e2e_rate = part_b(
-            dsn, url, args.bulk_rows, args.batch, args.rounds
-        )
-        print("\nsummary")
-        for workers, goal in ((1, 1.25), (8, 1.5)):
-            plain = best[(VARIANTS[1].name, workers)]
-            off = best[(VARIANTS[2].name, workers)]
-            on = best[(VARIANTS[3].name, workers)]
-            print(
-                f"  {workers} conn: outbox row costs {off:.2f}x (notify off),"
-                f" {on:.2f}x (notify on); plain INSERT {plain:.2f}x; goal <= {goal}x"
-            )
         print(
-            f"  add_many / COPY: {add_many_rate / copy_rate:.2f} of a COPY of prepared rows,"
-            f" {add_many_rate / e2e_rate:.2f} of a COPY building its rows (goal >= 0.8)"
+            f"CPUs: {os.cpu_count()}, Python {sys.version.split()[0]},"
+            f" load average at start {os.getloadavg()[0]:.1f}\n"
         )
-        print(f"  total {time.monotonic() - started:.0f}s")
+        url = sqlalchemy_url(dsn)
+        dirs = {"new": HERE.parent} | ({"old": args.old.resolve()} if args.old else {})
+        pools: dict[str, list[Worker]] = {}
+        for code, code_dir in dirs.items():
+            pools[code] = [Worker(url, code_dir) for _ in range(8)]
+            for w in pools[code]:
+                stack.callback(w.close)
+        started = time.monotonic()
+        if args.skip != "a":
+            part_a(dsn, pools, args.seconds, args.rounds)
+        if args.skip != "b":
+            part_b(dsn, pools, args.bulk_rows, args.batch, args.rounds)
+        print(
+            f"\ntotal {time.monotonic() - started:.0f}s,"
+            f" load average at the end {os.getloadavg()[0]:.1f}"
+        )
     return 0
 
 

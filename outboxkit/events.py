@@ -189,6 +189,10 @@ class Message:
         )
 
 
+# Built once: json.dumps with options builds a new encoder per call.
+_json_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes, str]:
     """Serialise a payload to bytes and pick its content type (or raise SerializationError)."""
     if isinstance(payload, Event):
@@ -206,7 +210,7 @@ def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes
         except (PydanticSerializationError, ValueError, TypeError) as exc:
             raise SerializationError(f"payload could not be serialised: {exc}") from exc
     try:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _json_encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from exc
     try:

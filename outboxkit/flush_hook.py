@@ -60,7 +60,7 @@ class FlushHook:
         self._targets: list[Any] = []
 
     def write_pending(self, session: Session) -> list[WriteResult]:
-        """Write every recorded event now (in one round trip), then forget them."""
+        """Write every recorded event now (one add_many), then forget them."""
         sources = list(_sources(session))
         if not sources:
             return []

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 import uuid
+from typing import Any
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -60,7 +61,29 @@ def uuid7() -> uuid.UUID:
     value |= counter << 64
     value |= 0b10 << 62
     value |= rand_b
-    return uuid.UUID(int=value)
+    return _from_int(value)
+
+
+def _from_int(
+    value: int,
+    _new: Any = object.__new__,
+    _set: Any = object.__setattr__,
+    _unknown: uuid.SafeUUID = uuid.SafeUUID.unknown,
+) -> uuid.UUID:
+    """``uuid.UUID(int=value)`` for a value known to be a valid 128-bit UUIDv7, without the
+    constructor's argument parsing (a third of the cost of an id). Equal, hashed and printed
+    exactly as the constructor's result: ``UUID`` keeps only ``int`` and ``is_safe``."""
+    made = _new(uuid.UUID)
+    _set(made, "int", value)
+    _set(made, "is_safe", _unknown)
+    result: uuid.UUID = made
+    return result
+
+
+def uuid_text(value: uuid.UUID) -> str:
+    """``str(value)``, about three times faster (the writer needs it for every default key)."""
+    h = f"{value.int:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def uuid7_time_ms(value: uuid.UUID) -> int:

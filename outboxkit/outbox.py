@@ -5,7 +5,8 @@ The idempotency key is claimed by the table's UNIQUE constraint inside the calle
 its stored content digest: same content is a duplicate (the existing ``event_id`` is returned,
 nothing is written), other content raises :class:`IdempotencyKeyConflictError`. A concurrent
 transaction holding the same key makes the insert wait until it commits (then we re-read its row)
-or rolls back (then our insert goes through), so there is no race window.
+or rolls back (then our insert goes through), so there is no race window. ``add_many`` writes in
+a savepoint, so a conflict undoes its own rows by rolling back to it: no DELETE is needed.
 
 Everything that can be checked before writing (topic name, size, serialisation) is checked in
 Python first (:mod:`outboxkit.outbox_plan`): when validation fails nothing was sent to the
@@ -21,14 +22,23 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError
+from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
+from outboxkit.outbox_copy import (
+    Stream,
+    ids_statement,
+    notify_statement,
+    take_copied,
+    take_notified,
+    worth_copying,
+)
 from outboxkit.outbox_plan import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     OutboxConfig,
     Plan,
     Writable,
@@ -77,7 +87,10 @@ def _notified_get(info: dict[Any, Any], schema: str) -> tuple[str | None, list[i
     return entry[0], sorted(entry[1])
 
 
-def _notified_put(info: dict[Any, Any], schema: str, xact: str | None, shards: set[int]) -> None:
+def _notified_put(info: dict[Any, Any], schema: str, plan: Plan) -> None:
+    """Remember the shards notified in this transaction, once the rows that notified are kept
+    (a rolled-back savepoint takes its notifications with it)."""
+    xact, shards = plan.xact, plan.notified
     if xact is None or not shards:
         return
     per_schema = info.setdefault(_NOTIFY_INFO_KEY, {})
@@ -135,8 +148,11 @@ class Outbox:
         return self._run(target, plan)[0]
 
     def add_many(self, target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
-        """Add many events in one round trip; results in input order. All or nothing: on a
+        """Add many events with one statement; results in input order. All or nothing: on a
         conflict no row of this call stays written."""
+        items = list(items)
+        if worth_copying(self.config, items):
+            return self._run_copy(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
             return []
@@ -144,20 +160,60 @@ class Outbox:
 
     def _run(self, target: SyncTarget, plan: Plan) -> list[WriteResult]:
         conn = target.connection() if isinstance(target, Session) else target
-        info, schema = conn.info, self.config.schema
+        if plan.needs_savepoint:
+            with db.savepoint(conn):
+                results = self._write(conn, plan)
+        else:
+            results = self._write(conn, plan)
+        _notified_put(conn.info, self.config.schema, plan)
+        return results
+
+    def _write(self, conn: Connection, plan: Plan) -> list[WriteResult]:
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
         while True:
-            name, params = plan.insert_statement(_notified_get(info, schema))
-            xact, shards = plan.take_inserted(_execute(conn, schema, name, params))
-            _notified_put(info, schema, xact, shards)
+            plan.take_inserted(_execute(conn, schema, *plan.insert_statement(notified)))
             reread = plan.reread_statement()
             if reread is not None:
                 plan.take_reread(_execute(conn, schema, *reread))
             if not plan.needs_retry():
-                break
-        undo = plan.undo_statement()
-        if undo is not None:
-            _execute(conn, schema, *undo)
-        return plan.outcome()
+                return plan.outcome()
+
+    def _run_copy(self, target: SyncTarget, items: list[Writable]) -> list[WriteResult]:
+        """add_many by COPY, in a savepoint; a taken key or event id (the COPY fails) or a
+        database that is not UTF8 takes the INSERT path instead, in the same savepoint."""
+        conn = target.connection() if isinstance(target, Session) else target
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
+        with db.savepoint(conn):
+            plan = self._copy(conn, items, notified)
+            if plan is None:
+                plan = self._plan_many(items)
+                self._write(conn, plan)
+            results = plan.outcome()
+        _notified_put(conn.info, schema, plan)
+        return results
+
+    def _copy(
+        self, conn: Connection, items: list[Writable], notified: tuple[str | None, list[int]]
+    ) -> Plan | None:
+        schema = self.config.schema
+        [(shard_count, encoding)] = _execute(conn, schema, "copy_setting", {})
+        if encoding != "UTF8":
+            return None
+        stream = Stream(items, self.config, current_trace_headers(), shard_count)
+        try:
+            if not db.copy_rows(conn, db.query("outbox", "copy_rows", schema), stream):
+                return None
+        except sa.exc.IntegrityError:  # a taken key or event id: the ON CONFLICT path decides
+            db.rollback_to_savepoint(conn)
+            return None
+        plan = stream.plan()
+        take_copied(plan, _execute(conn, schema, *ids_statement(plan)))
+        statement = notify_statement(plan, stream.shards, notified)
+        if statement is not None:
+            take_notified(plan, _execute(conn, schema, *statement))
+        return plan
 
     # -- async ---------------------------------------------------------------------------
     async def add_async(
@@ -178,6 +234,9 @@ class Outbox:
         self, target: AsyncTarget, items: Iterable[Writable]
     ) -> list[WriteResult]:
         """:meth:`add_many` for an AsyncSession or AsyncConnection."""
+        items = list(items)
+        if worth_copying(self.config, items):
+            return await self._run_copy_async(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
             return []
@@ -185,21 +244,62 @@ class Outbox:
 
     async def _run_async(self, target: AsyncTarget, plan: Plan) -> list[WriteResult]:
         conn = await target.connection() if isinstance(target, AsyncSession) else target
-        info, schema = conn.info, self.config.schema
+        if plan.needs_savepoint:
+            async with db.savepoint_async(conn):
+                results = await self._write_async(conn, plan)
+        else:
+            results = await self._write_async(conn, plan)
+        _notified_put(conn.info, self.config.schema, plan)
+        return results
+
+    async def _write_async(self, conn: AsyncConnection, plan: Plan) -> list[WriteResult]:
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
         while True:
-            name, params = plan.insert_statement(_notified_get(info, schema))
-            rows = await _execute_async(conn, schema, name, params)
-            xact, shards = plan.take_inserted(rows)
-            _notified_put(info, schema, xact, shards)
+            rows = await _execute_async(conn, schema, *plan.insert_statement(notified))
+            plan.take_inserted(rows)
             reread = plan.reread_statement()
             if reread is not None:
                 plan.take_reread(await _execute_async(conn, schema, *reread))
             if not plan.needs_retry():
-                break
-        undo = plan.undo_statement()
-        if undo is not None:
-            await _execute_async(conn, schema, *undo)
-        return plan.outcome()
+                return plan.outcome()
+
+    async def _run_copy_async(
+        self, target: AsyncTarget, items: list[Writable]
+    ) -> list[WriteResult]:
+        conn = await target.connection() if isinstance(target, AsyncSession) else target
+        schema = self.config.schema
+        notified = _notified_get(conn.info, schema)
+        async with db.savepoint_async(conn):
+            plan = await self._copy_async(conn, items, notified)
+            if plan is None:
+                plan = self._plan_many(items)
+                await self._write_async(conn, plan)
+            results = plan.outcome()
+        _notified_put(conn.info, schema, plan)
+        return results
+
+    async def _copy_async(
+        self, conn: AsyncConnection, items: list[Writable], notified: tuple[str | None, list[int]]
+    ) -> Plan | None:
+        schema = self.config.schema
+        [(shard_count, encoding)] = await _execute_async(conn, schema, "copy_setting", {})
+        if encoding != "UTF8":
+            return None
+        stream = Stream(items, self.config, current_trace_headers(), shard_count)
+        query = db.query("outbox", "copy_rows", schema)
+        try:
+            if not await db.copy_rows_async(conn, query, stream):
+                return None
+        except sa.exc.IntegrityError:
+            await db.rollback_to_savepoint_async(conn)
+            return None
+        plan = stream.plan()
+        take_copied(plan, await _execute_async(conn, schema, *ids_statement(plan)))
+        statement = notify_statement(plan, stream.shards, notified)
+        if statement is not None:
+            take_notified(plan, await _execute_async(conn, schema, *statement))
+        return plan
 
 
 _default = Outbox()

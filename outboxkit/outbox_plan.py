@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from outboxkit.errors import (
     ConfigurationError,
@@ -25,23 +25,22 @@ from outboxkit.errors import (
     ValidationError,
 )
 from outboxkit.events import Event, Message, encode_payload, validate_topic
-from outboxkit.ids import uuid7
+from outboxkit.ids import uuid7, uuid_text
+from outboxkit.limits import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    PRODUCER_MESSAGE_MAX_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    record_size,
+)
 from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
 from outboxkit.tracing import current_trace_headers
 from outboxkit.wire import (
-    HEADER_AGGREGATE_ID,
-    HEADER_AGGREGATE_TYPE,
-    HEADER_CONTENT_TYPE,
-    HEADER_EVENT_ID,
-    HEADER_EVENT_TYPE,
-    HEADER_IDEMPOTENCY_KEY,
-    HEADER_SCHEMA_VERSION,
     content_digest,
 )
 
-#: The producer's default ``max.request.size`` (the broker's ``message.max.bytes`` is 1048588).
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
 _MAX_REREADS = 5
+#: From this many rows on, add_many COPYs (measured in benchmarks/writes.py; see docs/writes.md).
+DEFAULT_COPY_MIN_ROWS = 100
 
 Writable = Event | Message
 Statement = tuple[str, dict[str, Any]]  # (name in db/sql/outbox.sql, parameters)
@@ -54,16 +53,27 @@ class OutboxConfig:
     ``notify``: send a transactional ``pg_notify`` (delivered on commit) so relays wake early;
     at most one per transaction and shard. Each notifying transaction takes PostgreSQL's global
     notify-queue lock at commit; switch it off when relays poll often enough.
+
+    ``copy_min_rows``: ``add_many`` COPYs batches of at least this many new rows (same
+    results and guarantees, less work per row); ``None`` never does.
+
+    ``max_message_bytes``: the relay producer's ``message.max.bytes``. A message whose Kafka
+    record (key, payload, every header, framing: :mod:`outboxkit.limits`) is larger is refused
+    here rather than parked by the relay. Raise it only together with the producer's setting and
+    the topics' ``max.message.bytes``.
     """
 
     schema: str = DEFAULT_SCHEMA
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     notify: bool = True
+    copy_min_rows: int | None = DEFAULT_COPY_MIN_ROWS
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
         if self.max_message_bytes < 1:
             raise ConfigurationError("max_message_bytes must be positive")
+        if self.copy_min_rows is not None and self.copy_min_rows < 2:
+            raise ConfigurationError("copy_min_rows must be at least 2 (or None: never COPY)")
 
 
 @dataclass(frozen=True)
@@ -77,9 +87,8 @@ class WriteResult:
     id: int | None = None
 
 
-@dataclass(frozen=True)
-class Row:
-    """A validated, serialised message, ready for the INSERT."""
+class Row(NamedTuple):
+    """A validated, serialised message, ready for the INSERT (a tuple: cheap to build)."""
 
     event_id: uuid.UUID
     idempotency_key: str
@@ -96,37 +105,22 @@ class Row:
     deliver_after: datetime | None
 
 
-_RELAY_HEADER_NAMES = (
-    HEADER_EVENT_ID,
-    HEADER_IDEMPOTENCY_KEY,
-    HEADER_CONTENT_TYPE,
-    HEADER_EVENT_TYPE,
-    HEADER_SCHEMA_VERSION,
-    HEADER_AGGREGATE_TYPE,
-    HEADER_AGGREGATE_ID,
-)
-_RELAY_HEADER_NAME_BYTES = sum(len(n) for n in _RELAY_HEADER_NAMES)
-
-
-def _record_size(row: Row, headers: Mapping[str, str]) -> int:
-    """Bytes the Kafka record will carry: payload, key, user headers and the relay's headers
-    (names and values; an upper bound, as the relay may leave empty ones out)."""
-    size = len(row.payload) + _RELAY_HEADER_NAME_BYTES + 36  # the event id as text
-    for text in (
-        row.message_key,
-        row.idempotency_key,
-        row.content_type,
-        row.event_type,
-        row.aggregate_type,
-        row.aggregate_id,
-    ):
-        if text:
-            size += len(text.encode())
-    if row.schema_version is not None:
-        size += len(str(row.schema_version))
-    for name, value in headers.items():
-        size += len(name.encode()) + len(value.encode())
-    return size
+def _too_large(row: Row, size: int, config: OutboxConfig) -> PayloadTooLargeError:
+    limit = config.max_message_bytes
+    why = (
+        "librdkafka's default message.max.bytes, below the broker's default 1048588 per batch"
+        if limit == PRODUCER_MESSAGE_MAX_BYTES
+        else "OutboxConfig(max_message_bytes=...), which must match the relay producer's"
+        " message.max.bytes"
+    )
+    return PayloadTooLargeError(
+        f"message for topic {row.topic!r} would be a {size}-byte Kafka record (payload"
+        f" {len(row.payload)} bytes, plus key, headers and {RECORD_OVERHEAD_BYTES} bytes of"
+        f" framing); the limit is {limit} bytes: {why}. The relay's producer would refuse it,"
+        " so it is not written.",
+        size=size,
+        max_message_bytes=limit,
+    )
 
 
 _topic_ok = lru_cache(maxsize=4096)(validate_topic)
@@ -168,7 +162,9 @@ def prepare(
             raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
     headers_json = json.dumps(headers, ensure_ascii=False) if headers else "{}"
     event_id = msg.event_id or uuid7()
-    idempotency_key = msg.idempotency_key if msg.idempotency_key is not None else str(event_id)
+    idempotency_key = (
+        msg.idempotency_key if msg.idempotency_key is not None else uuid_text(event_id)
+    )
     if not idempotency_key:
         raise ValidationError("the idempotency key must not be empty")
     row = Row(
@@ -192,15 +188,51 @@ def prepare(
         aggregate_id=msg.aggregate_id,
         deliver_after=msg.deliver_after,
     )
-    size = _record_size(row, headers)
+    size = record_size(
+        len(row.payload),
+        row.message_key,
+        row.idempotency_key,
+        row.content_type,
+        (row.event_type, row.schema_version, row.aggregate_type, row.aggregate_id),
+        headers,
+    )
     if size > config.max_message_bytes:
-        raise PayloadTooLargeError(
-            f"message for topic {topic!r} is {size} bytes (payload, key and headers);"
-            f" the configured maximum is {config.max_message_bytes}",
-            size=size,
-            max_message_bytes=config.max_message_bytes,
-        )
+        raise _too_large(row, size, config)
     return row
+
+
+class Folding:
+    """Repeats of an idempotency key within one call, folded onto its first occurrence (same
+    content) or refused (other content); two distinct rows must not share an event id."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.first_of: list[int] = []
+        self.unique: list[int] = []
+        self._seen: dict[str, int] = {}
+        self._event_ids: set[uuid.UUID] = set()
+
+    def add(self, row: Row) -> bool:
+        """Take the next row of the call; True if it is the first of its key."""
+        index = len(self.rows)
+        self.rows.append(row)
+        first = self._seen.get(row.idempotency_key)
+        if first is None:
+            if row.event_id in self._event_ids:
+                raise ValidationError(f"event id {row.event_id} appears twice in one call")
+            self._event_ids.add(row.event_id)
+            self._seen[row.idempotency_key] = index
+            self.unique.append(index)
+            self.first_of.append(index)
+            return True
+        if self.rows[first].content_digest != row.content_digest:
+            raise IdempotencyKeyConflictError(
+                f"idempotency key {row.idempotency_key!r} is used twice in one call"
+                " with different content",
+                idempotency_key=row.idempotency_key,
+            )
+        self.first_of.append(first)
+        return False
 
 
 class Plan:
@@ -209,80 +241,61 @@ class Plan:
     The sync and async entry points drive the same plan; only the ``execute`` differs.
     """
 
-    def __init__(self, config: OutboxConfig, rows: Sequence[Row]) -> None:
+    def __init__(self, config: OutboxConfig, rows: Sequence[Row] | Folding) -> None:
         self.config = config
-        self.rows = rows
-        # Repeats of a key within the call are folded onto its first occurrence.
-        self.first_of: list[int] = []
-        self.unique: list[int] = []
-        seen: dict[str, int] = {}
-        event_ids: set[uuid.UUID] = set()
-        for index, row in enumerate(rows):
-            first = seen.get(row.idempotency_key)
-            if first is None:
-                if row.event_id in event_ids:
-                    raise ValidationError(f"event id {row.event_id} appears twice in one call")
-                event_ids.add(row.event_id)
-                seen[row.idempotency_key] = index
-                self.unique.append(index)
-                self.first_of.append(index)
-            elif rows[first].content_digest != row.content_digest:
-                raise IdempotencyKeyConflictError(
-                    f"idempotency key {row.idempotency_key!r} is used twice in one call"
-                    " with different content",
-                    idempotency_key=row.idempotency_key,
-                )
-            else:
-                self.first_of.append(first)
+        if isinstance(rows, Folding):
+            folding = rows
+        else:
+            folding = Folding()
+            for row in rows:
+                folding.add(row)
+        self.rows: Sequence[Row] = folding.rows
+        self.first_of, self.unique = folding.first_of, folding.unique
         self.results: dict[int, WriteResult] = {}
-        self.written_ids: list[int] = []
         self.conflict: IdempotencyKeyConflictError | None = None
         self.rereads = 0
+        self.xact: str | None = None
+        self.notified: set[int] = set()
+
+    @property
+    def needs_savepoint(self) -> bool:
+        """Whether a conflict could leave rows of this call written (then they are undone by
+        rolling back to a savepoint): only with two or more distinct rows."""
+        return len(self.unique) > 1
 
     def pending(self) -> list[int]:
         return [i for i in self.unique if i not in self.results]
 
     def insert_statement(self, notified: tuple[str | None, list[int]]) -> Statement:
-        channel = notify_channel(self.config.schema) if self.config.notify else None
-        common = {"channel": channel, "notified_xact": notified[0], "notified_shards": notified[1]}
         todo = [self.rows[i] for i in self.pending()]
-        if len(todo) == 1:
-            row = todo[0]
-            return "insert_one", {
-                **common,
-                **vars(row),
+        if self.config.notify:
+            suffix = ""
+            common = {
+                "channel": notify_channel(self.config.schema),
+                "notified_xact": notified[0],
+                "notified_shards": notified[1],
             }
-        return "insert_many", {
-            **common,
-            "event_ids": [r.event_id for r in todo],
-            "idempotency_keys": [r.idempotency_key for r in todo],
-            "content_digests": [r.content_digest for r in todo],
-            "topics": [r.topic for r in todo],
-            "message_keys": [r.message_key for r in todo],
-            "payloads": [r.payload for r in todo],
-            "content_types": [r.content_type for r in todo],
-            "headers": [r.headers for r in todo],
-            "event_types": [r.event_type for r in todo],
-            "schema_versions": [r.schema_version for r in todo],
-            "aggregate_types": [r.aggregate_type for r in todo],
-            "aggregate_ids": [r.aggregate_id for r in todo],
-            "deliver_afters": [r.deliver_after for r in todo],
+        else:
+            suffix, common = "_silent", {}
+        if len(todo) == 1:
+            return "insert_one" + suffix, {**common, **todo[0]._asdict()}
+        arrays = {
+            name: list(column)
+            for name, column in zip(_ARRAY_PARAMS, zip(*todo, strict=True), strict=True)
         }
+        return "insert_many" + suffix, {**common, **arrays}
 
-    def take_inserted(self, result_rows: Sequence[Any]) -> tuple[str | None, set[int]]:
-        """Record the rows an insert wrote; returns (transaction id, shards notified)."""
+    def take_inserted(self, result_rows: Sequence[Any]) -> None:
+        """Record the rows an insert wrote (and, with notify on, the shards it notified)."""
         by_event_id = {self.rows[i].event_id: i for i in self.pending()}
-        xact: str | None = None
-        shards: set[int] = set()
-        for row_id, event_id, shard, xact_id, notified in result_rows:
+        for row_id, event_id, *notify in result_rows:
             self.results[by_event_id[event_id]] = WriteResult(
                 event_id=event_id, duplicate=False, id=row_id
             )
-            self.written_ids.append(row_id)
-            xact = xact_id
-            if notified:
-                shards.add(shard)
-        return xact, shards
+            if notify:
+                shard, self.xact, notified = notify
+                if notified:
+                    self.notified.add(shard)
 
     def reread_statement(self) -> Statement | None:
         todo = self.pending()
@@ -302,19 +315,16 @@ class Plan:
         """Rows whose conflicting row vanished (deleted) between insert and re-read."""
         if self.conflict is not None or not self.pending():
             return False
-        if self.rereads >= _MAX_REREADS:  # give up, but undo this call's rows first
+        if self.rereads >= _MAX_REREADS:  # give up; the caller undoes this call's rows
             self.conflict = IdempotencyKeyConflictError(
                 "could not settle the idempotency keys of this call (rows keep disappearing)"
             )
             return False
         return True
 
-    def undo_statement(self) -> Statement | None:
-        if self.conflict is None or not self.written_ids:
-            return None
-        return "delete_written", {"ids": self.written_ids}
-
     def outcome(self) -> list[WriteResult]:
+        """The results in input order, or the conflict (raised inside the call's savepoint,
+        so that rolling back to it undoes the rows this call wrote)."""
         if self.conflict is not None:
             raise self.conflict
         out = []
@@ -336,3 +346,11 @@ class Plan:
                 idempotency_key=row.idempotency_key,
                 existing_event_id=event_id,
             )
+
+
+# insert_many's array parameters, in Row's field order.
+_ARRAY_PARAMS = (
+    "event_ids", "idempotency_keys", "content_digests", "topics", "message_keys", "payloads",
+    "content_types", "headers", "event_types", "schema_versions", "aggregate_types",
+    "aggregate_ids", "deliver_afters",
+)  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from outboxkit.db import migrator
 from outboxkit.db.connect import Url, connect, connect_async, redact, sqlalchemy_url
+from outboxkit.db.copy import copy_rows, copy_rows_async
 from outboxkit.db.execute import (
     AsyncTarget,
     Result,
@@ -24,6 +25,12 @@ from outboxkit.db.execute import (
 )
 from outboxkit.db.listen import listen, listen_async
 from outboxkit.db.queries import Query, queries, query
+from outboxkit.db.savepoint import (
+    rollback_to_savepoint,
+    rollback_to_savepoint_async,
+    savepoint,
+    savepoint_async,
+)
 
 __all__ = [
     "AsyncTarget",
@@ -33,6 +40,8 @@ __all__ = [
     "Url",
     "connect",
     "connect_async",
+    "copy_rows",
+    "copy_rows_async",
     "execute",
     "execute_async",
     "listen",
@@ -43,9 +52,13 @@ __all__ = [
     "queries",
     "query",
     "redact",
+    "rollback_to_savepoint",
+    "rollback_to_savepoint_async",
     "rows",
     "rows_async",
     "run",
     "run_async",
+    "savepoint",
+    "savepoint_async",
     "sqlalchemy_url",
 ]

@@ -61,6 +61,15 @@ class Seam:
             return await getattr(db, f"{name}_async")(self.target, query, params)
         return getattr(db, name)(self.target, query, params)
 
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        if self.is_async:
+            async with db.savepoint_async(self.target):
+                yield
+        else:
+            with db.savepoint(self.target):
+                yield
+
     async def _finish(self, how: str) -> None:
         result = getattr(self.target, how)()
         if self.is_async:
@@ -184,10 +193,22 @@ async def test_run_one_rows_execute_give_the_same_results(outboxkit_db_url: str,
         assert [r[0] for r in many.rows] == [2, 3]
         assert many.rowcount == 2
         assert await seam.call("rows", q("state_counts")) == [("pending", 3)]
-        assert await seam.call("execute", q("delete_written"), {"ids": [1, 3]}) == 2
-        assert await seam.call("execute", q("delete_written"), {"ids": [1, 3]}) == 0
+        silent = _insert_many(["k4", "k5"], [b"4", b"5"])
+        for name in ("channel", "notified_xact", "notified_shards"):
+            del silent[name]
+        assert await seam.call("execute", q("insert_many_silent"), silent) == 2
+
+        async def insert_then_fail() -> None:
+            async with seam.savepoint():
+                await seam.run(q("insert_one"), _insert_one("k6", b"6"))
+                raise RuntimeError("undo k6 only")
+
+        with pytest.raises(RuntimeError):
+            await insert_then_fail()
+        async with seam.savepoint():
+            await seam.run(q("insert_one"), _insert_one("k7", b"7"))
         remaining = await seam.call("rows", q("select_outboxed"), _ANY)
-        assert [r[0] for r in remaining] == [2]
+        assert [r[2] for r in remaining] == ["k1", "k2", "k3", "k4", "k5", "k7"]
         await seam.rollback()
 
 
@@ -302,8 +323,8 @@ def _prepare_all(url: str, schema: str) -> dict[str, list[str]]:
     with db.connect(url) as conn, conn.cursor() as cur:
         for area in AREAS:
             for name, query in db.queries(area, schema).items():
-                if query.text.lstrip().upper().startswith(("LISTEN", "LOCK")):
-                    continue  # a utility statement: not preparable, and it takes no parameters
+                if query.text.lstrip().upper().startswith(("LISTEN", "LOCK", "COPY")):
+                    continue  # utility statements: not preparable (COPY: the writer's tests)
                 order: list[str] = []
 
                 def number(match: Any, order: list[str] = order) -> str:
@@ -326,11 +347,11 @@ def _prepare_all(url: str, schema: str) -> dict[str, list[str]]:
 
 def test_every_statement_prepares_on_the_real_schema(outboxkit_db_url: str) -> None:
     inferred = _prepare_all(outboxkit_db_url, "outboxkit")
-    utility = [  # LISTEN, LOCK TABLE: not preparable (and parameterless)
+    utility = [  # LISTEN, LOCK TABLE, COPY: not preparable
         q for a in AREAS for q in db.queries(a, "outboxkit").values()
-        if q.text.lstrip().upper().startswith(("LISTEN", "LOCK"))
+        if q.text.lstrip().upper().startswith(("LISTEN", "LOCK", "COPY"))
     ]  # fmt: skip
-    assert len(utility) == 2
+    assert sorted(q.name for q in utility) == ["copy_rows", "listen", "shards_lock_table"]
     assert len(inferred) == sum(len(db.queries(a, "outboxkit")) for a in AREAS) - len(utility)
     for name, types in inferred.items():
         assert "unknown" not in types, name

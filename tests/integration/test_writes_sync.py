@@ -143,16 +143,29 @@ def test_same_key_other_content_conflicts_and_transaction_stays_usable(
     assert len(rows(engine)) == 2
 
 
-def test_add_many_one_round_trip_in_order(engine: sa.Engine) -> None:
-    statements: list[object] = []
+@pytest.mark.parametrize(
+    ("copy_min_rows", "expected"),
+    [
+        (None, ["SAVEPOINT", "INSERT", "RELEASE"]),
+        (
+            300,
+            ["SAVEPOINT", "SELECT shard_count", "SELECT (SELECT m.id", "SELECT s.shard", "RELEASE"],
+        ),
+    ],
+)
+def test_add_many_one_statement_in_a_savepoint_in_order(
+    engine: sa.Engine, copy_min_rows: int | None, expected: list[str]
+) -> None:
+    statements: list[str] = []
 
     class CountingCursor(psycopg.Cursor[Any]):
-        """Counts what reaches the driver, whichever way it is sent."""
+        """Counts what reaches the driver, whichever way it is sent (COPY is not an execute)."""
 
         def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
-            statements.append(query)
+            statements.append(bytes(query).decode())
             return super().execute(query, params, **kw)
 
+    outbox = Outbox(copy_min_rows=copy_min_rows)
     events = [OrderPlaced(order_id=f"o-{i % 7}", total_cents=i) for i in range(300)]
     with engine.begin() as conn:
         raw = conn.connection.driver_connection
@@ -160,13 +173,14 @@ def test_add_many_one_round_trip_in_order(engine: sa.Engine) -> None:
         original = raw.cursor_factory
         raw.cursor_factory = CountingCursor
         try:
-            results = add_many(conn, events)
-            assert len(statements) == 1
+            results = outbox.add_many(conn, events)
         finally:
             raw.cursor_factory = original
+    assert [s for s in statements if not any(s.startswith(e) for e in expected)] == []
+    assert len(statements) == len(expected)
     assert [r.duplicate for r in results] == [False] * 300
     found = rows(engine)
-    assert [r["event_id"] for r in found] == [r.event_id for r in results]
+    assert [(r["id"], r["event_id"]) for r in found] == [(r.id, r.event_id) for r in results]
     assert [json.loads(bytes(r["payload"]))["total_cents"] for r in found] == list(range(300))
 
 
@@ -193,6 +207,7 @@ def test_add_many_conflict_writes_nothing_of_the_call(engine: sa.Engine) -> None
     with engine.begin() as conn:
         add(conn, Message("t", {"v": 1}), idempotency_key="a")
     with engine.connect() as conn:
+        add(conn, Message("t", {"v": 0}), idempotency_key="before")  # the caller's own row
         with pytest.raises(IdempotencyKeyConflictError):
             add_many(
                 conn,
@@ -202,8 +217,11 @@ def test_add_many_conflict_writes_nothing_of_the_call(engine: sa.Engine) -> None
                     Message("t", {"v": 9}, idempotency_key="new-2"),
                 ],
             )
-        assert [m.idempotency_key for m in outboxed(conn)] == ["a"]
-        conn.commit()
+        # Rolled back to the call's savepoint: its rows are gone, the caller's row stays, and
+        # the transaction goes on (new-1 is free again).
+        assert [m.idempotency_key for m in outboxed(conn)] == ["a", "before"]
+        add_many(conn, [Message("t", {"v": 9}, idempotency_key="new-1"), Message("t", b"x")])
+        conn.rollback()
     with engine.connect() as conn, pytest.raises(IdempotencyKeyConflictError):
         add_many(
             conn, [Message("t", b"1", idempotency_key="x"), Message("t", b"2", idempotency_key="x")]

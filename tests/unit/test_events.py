@@ -20,7 +20,8 @@ from outboxkit.errors import (
     ValidationError,
 )
 from outboxkit.events import Event, Message, encode_payload, validate_topic
-from outboxkit.ids import uuid7, uuid7_time_ms
+from outboxkit.ids import uuid7, uuid7_time_ms, uuid_text
+from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_plan import OutboxConfig, Plan, prepare
 from outboxkit.schema import notify_channel
 from outboxkit.tracing import current_trace_headers
@@ -151,23 +152,64 @@ def test_prepare_fills_ids_digest_and_headers() -> None:
 
 
 def test_size_counts_payload_key_and_headers() -> None:
-    config = OutboxConfig(max_message_bytes=400)
+    config = OutboxConfig(max_message_bytes=600)
     prepare(Message("t", b"x" * 200), config)
     with pytest.raises(PayloadTooLargeError) as info:
-        prepare(Message("t", b"x" * 401), config)
+        prepare(Message("t", b"x" * 600), config)
     assert isinstance(info.value, ValidationError)
     assert isinstance(info.value, OutboxkitError)
+    assert "OutboxConfig(max_message_bytes=...)" in str(info.value)
     with pytest.raises(PayloadTooLargeError):
-        prepare(Message("t", b"x" * 200, key="k" * 200), config)
+        prepare(Message("t", b"x" * 200, key="k" * 300), config)
     with pytest.raises(PayloadTooLargeError):
-        prepare(Message("t", b"x" * 200, headers={"h": "v" * 200}), config)
+        prepare(Message("t", b"x" * 200, headers={"h": "v" * 300}), config)
+    # A user header named like one of the relay's is replaced by it, not sent twice.
+    prepare(Message("t", b"x" * 200, headers={"event-type": "v" * 300}, event_type="e"), config)
 
 
-def test_default_max_matches_kafka() -> None:
-    assert OutboxConfig().max_message_bytes == 1_048_576
-    prepare(Message("t", b"x" * 1_000_000), OutboxConfig())
+# Message("t", payload, key="k"), bytes payload: the record the relay sends carries the key (1),
+# the headers event-id (1 + 8 + 1 + 36), idempotency-key (1 + 15 + 1 + 36: the event id) and
+# content-type (1 + 12 + 1 + 24: application/octet-stream), and librdkafka's 36 framing bytes.
+_FIXED = 1 + 46 + 53 + 38 + 36
+
+
+def _boundary(size: int) -> Message:
+    return Message("t", b"x" * size, key="k")
+
+
+def test_default_limit_is_the_producers_at_the_byte() -> None:
+    assert OutboxConfig().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES == 1_000_000
+    row = prepare(_boundary(1_000_000 - _FIXED), OutboxConfig())
+    assert len(row.payload) == 999_826
+    with pytest.raises(PayloadTooLargeError) as info:
+        prepare(_boundary(1_000_000 - _FIXED + 1), OutboxConfig())
+    message = str(info.value)
+    assert "1000001-byte Kafka record" in message
+    assert "limit is 1000000 bytes: librdkafka's default message.max.bytes" in message
+    assert info.value.context == {"size": 1_000_001, "max_message_bytes": 1_000_000}
+    # The case from the field: a 1 040 000-byte payload used to pass, then was parked.
     with pytest.raises(PayloadTooLargeError):
-        prepare(Message("t", b"x" * 1_048_577), OutboxConfig())
+        prepare(Message("t", b"x" * 1_040_000), OutboxConfig())
+
+
+def test_the_limit_agrees_with_librdkafka() -> None:
+    """The real producer accepts the largest record the writer lets through, and refuses one
+    byte more (librdkafka checks the size in produce(), before any broker is involved)."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": 0, "message.timeout.ms": 1000}
+    )
+    row = prepare(_boundary(1_000_000 - _FIXED), OutboxConfig())
+    headers = [
+        ("event-id", str(row.event_id).encode()),
+        ("idempotency-key", row.idempotency_key.encode()),
+        ("content-type", row.content_type.encode()),
+    ]
+    producer.produce("t", value=row.payload, key=b"k", headers=headers)  # accepted
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        producer.produce("t", value=row.payload + b"x", key=b"k", headers=headers)
+    assert info.value.args[0].code() == confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE
+    producer.purge()
 
 
 def test_headers_must_be_strings() -> None:
@@ -244,3 +286,16 @@ def test_traceparent_from_the_current_span() -> None:
         "tracestate": "vendor=v1",
     }
     assert json.loads(row.headers) == {**headers, "user": "h"}
+
+
+def test_fast_uuid_construction_and_text_equal_the_standard_ones() -> None:
+    for _ in range(2_000):
+        made = uuid7()
+        standard = uuid.UUID(int=made.int)
+        assert made == standard
+        assert hash(made) == hash(standard)
+        assert made.version == 7
+        assert made.is_safe == standard.is_safe
+        assert uuid_text(made) == str(standard) == str(made)
+        assert uuid_text(standard) == str(standard)
+    assert uuid_text(uuid.UUID(int=0)) == "00000000-0000-0000-0000-000000000000"

@@ -7,16 +7,14 @@ The integration test ``test_db_seam.py`` PREPAREs every statement on the real se
 from __future__ import annotations
 
 import re
-import uuid
 
 import pytest
 
 from outboxkit.db import queries
 from outboxkit.db.queries import AREAS, Query, _check
-from outboxkit.errors import IdempotencyKeyConflictError
 from outboxkit.events import Message
 from outboxkit.outbox_plan import OutboxConfig, Plan, prepare
-from outboxkit.testing import _params as outboxed_params
+from outboxkit.testing import _statement as outboxed_statement
 
 RELAY_WRITES = (
     "mark_published",
@@ -30,24 +28,31 @@ RELAY_WRITES = (
 )
 _FENCE = {"group", "shard", "token"}
 _INBOX_KEY = {"consumer", "event_id"}
+_ONE = {
+    "event_id", "idempotency_key", "content_digest", "topic", "message_key", "payload",
+    "content_type", "headers", "event_type", "schema_version", "aggregate_type", "aggregate_id",
+    "deliver_after",
+}  # fmt: skip
+_MANY = {
+    "event_ids", "idempotency_keys", "content_digests", "topics", "message_keys", "payloads",
+    "content_types", "headers", "event_types", "schema_versions", "aggregate_types",
+    "aggregate_ids", "deliver_afters",
+}  # fmt: skip
+_NOTIFY = {"channel", "notified_xact", "notified_shards"}
 
 # The parameters each statement takes, i.e. what its callers pass. Changing a statement's
 # parameters means changing its callers: this table makes that a conscious step.
 PARAMETERS: dict[str, dict[str, set[str]]] = {
     "outbox": {
-        "insert_one": {
-            "event_id", "idempotency_key", "content_digest", "topic", "message_key", "payload",
-            "content_type", "headers", "event_type", "schema_version", "aggregate_type",
-            "aggregate_id", "deliver_after", "channel", "notified_xact", "notified_shards",
-        },
-        "insert_many": {
-            "event_ids", "idempotency_keys", "content_digests", "topics", "message_keys",
-            "payloads", "content_types", "headers", "event_types", "schema_versions",
-            "aggregate_types", "aggregate_ids", "deliver_afters", "channel", "notified_xact",
-            "notified_shards",
-        },
+        "insert_one": _ONE | _NOTIFY,
+        "insert_one_silent": _ONE,
+        "insert_many": _MANY | _NOTIFY,
+        "insert_many_silent": _MANY,
         "select_by_idempotency_keys": {"idempotency_keys"},
-        "delete_written": {"ids"},
+        "copy_setting": set(),
+        "copy_rows": set(),
+        "copied_ids": {"event_ids"},
+        "notify_shards": {"shards"} | _NOTIFY,
         "select_outboxed": {"event_type", "message_key", "topic", "aggregate_id"},
         "state_counts": set(),
     },
@@ -137,10 +142,9 @@ def test_one_schema_per_load() -> None:
     for q in all_queries("custom_schema"):
         assert '"outboxkit"' not in q.text
     # Every statement that names a table names it in the custom schema (LISTEN names a channel,
-    # shards_lock_timeout only sets the transaction's lock timeout).
-    tables = [
-        q for q in all_queries("custom_schema") if q.name not in ("listen", "shards_lock_timeout")
-    ]
+    # shards_lock_timeout only sets the lock timeout, notify_shards only notifies).
+    no_table = {"listen", "shards_lock_timeout", "notify_shards"}
+    tables = [q for q in all_queries("custom_schema") if q.name not in no_table]
     assert all('"custom_schema".' in q.text for q in tables)
 
 
@@ -173,21 +177,19 @@ def test_a_name_is_never_cut_short() -> None:
 
 
 def test_the_writer_passes_exactly_the_insert_parameters() -> None:
-    config = OutboxConfig()
     messages = [Message("t", b"1", key="k"), Message("t", b"2", idempotency_key="i")]
-    rows = [prepare(m, config) for m in messages]
     notified = (None, [])
-    one = Plan(config, rows[:1]).insert_statement(notified)
-    many = Plan(config, rows).insert_statement(notified)
-    for name, params in (one, many):
-        assert set(params) == PARAMETERS["outbox"][name]
+    names = set()
+    for config in (OutboxConfig(), OutboxConfig(notify=False)):
+        rows = [prepare(m, config) for m in messages]
+        one = Plan(config, rows[:1]).insert_statement(notified)
+        many = Plan(config, rows).insert_statement(notified)
+        for name, params in (one, many):
+            assert set(params) == PARAMETERS["outbox"][name]
+            names.add(name)
+    assert names == {"insert_one", "insert_many", "insert_one_silent", "insert_many_silent"}
     plan = Plan(config, rows)
     reread = plan.reread_statement()
     assert reread is not None
     assert set(reread[1]) == PARAMETERS["outbox"][reread[0]]
-    plan.written_ids.append(1)
-    plan.conflict = IdempotencyKeyConflictError("test", existing_event_id=uuid.uuid4())
-    undo = plan.undo_statement()
-    assert undo is not None
-    assert set(undo[1]) == PARAMETERS["outbox"][undo[0]]
-    assert set(outboxed_params(None, None, None, None)) == PARAMETERS["outbox"]["select_outboxed"]
+    assert set(outboxed_statement({})[1]) == PARAMETERS["outbox"]["select_outboxed"]

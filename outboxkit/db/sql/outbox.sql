@@ -5,13 +5,11 @@
 -- NOTIFY: at most once per (transaction, shard); the caller passes the transaction id and the
 -- shards it already notified in it, so later writes in the same transaction send nothing.
 
--- name: insert_one
--- One message. Returns its row if inserted; nothing if the idempotency key is taken (after
--- waiting for a concurrent holder of the key to commit or roll back): the caller then re-reads.
-INSERT INTO {schema}.outbox_message (
-    event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
+-- name: _columns
+event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
     headers, event_type, schema_version, aggregate_type, aggregate_id, shard, deliver_after
-)
+
+-- name: _one_row
 VALUES (
     CAST(:event_id AS uuid), :idempotency_key, :content_digest, :topic, :message_key,
     :payload, :content_type, CAST(:headers AS jsonb), :event_type, :schema_version,
@@ -20,21 +18,8 @@ VALUES (
                           (SELECT shard_count FROM {schema}.outbox_setting)),
     :deliver_after
 )
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id, event_id, shard, CAST(xact_id AS text) AS xact_id,
-    (CASE WHEN CAST(:channel AS text) IS NOT NULL
-           AND (CAST(xact_id AS text) IS DISTINCT FROM CAST(:notified_xact AS text)
-                OR shard <> ALL (CAST(:notified_shards AS integer[])))
-          THEN pg_notify(:channel, CAST(shard AS text)) END) IS NOT NULL AS notified;
 
--- name: insert_many
--- Many messages in one round trip (ids follow the input order). Same meaning as insert_one,
--- per row. Idempotency keys must be unique within the call (the caller folds repeats).
--- PostgreSQL folds identical notifications of one transaction, so one per shard is delivered.
-INSERT INTO {schema}.outbox_message (
-    event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
-    headers, event_type, schema_version, aggregate_type, aggregate_id, shard, deliver_after
-)
+-- name: _many_rows
 SELECT i.event_id, i.idempotency_key, i.content_digest, i.topic, i.message_key, i.payload,
        i.content_type, i.headers, i.event_type, i.schema_version, i.aggregate_type,
        i.aggregate_id,
@@ -54,12 +39,44 @@ FROM unnest(
     headers, event_type, schema_version, aggregate_type, aggregate_id, deliver_after, ord
 )
 ORDER BY i.ord
-ON CONFLICT (idempotency_key) DO NOTHING
+
+-- name: _notify
 RETURNING id, event_id, shard, CAST(xact_id AS text) AS xact_id,
     (CASE WHEN CAST(:channel AS text) IS NOT NULL
            AND (CAST(xact_id AS text) IS DISTINCT FROM CAST(:notified_xact AS text)
                 OR shard <> ALL (CAST(:notified_shards AS integer[])))
-          THEN pg_notify(:channel, CAST(shard AS text)) END) IS NOT NULL AS notified;
+          THEN pg_notify(:channel, CAST(shard AS text)) END) IS NOT NULL AS notified
+
+-- name: insert_one
+-- One message. Returns its row if inserted; nothing if the idempotency key is taken (after
+-- waiting for a concurrent holder of the key to commit or roll back): the caller then re-reads.
+INSERT INTO {schema}.outbox_message ({_columns})
+{_one_row}
+ON CONFLICT (idempotency_key) DO NOTHING
+{_notify};
+
+-- name: insert_one_silent
+-- insert_one without NOTIFY: fewer parameters and a shorter RETURNING (relays poll).
+INSERT INTO {schema}.outbox_message ({_columns})
+{_one_row}
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, event_id;
+
+-- name: insert_many
+-- Many messages in one round trip (ids follow the input order). Same meaning as insert_one,
+-- per row. Idempotency keys must be unique within the call (the caller folds repeats).
+-- PostgreSQL folds identical notifications of one transaction, so one per shard is delivered.
+INSERT INTO {schema}.outbox_message ({_columns})
+{_many_rows}
+ON CONFLICT (idempotency_key) DO NOTHING
+{_notify};
+
+-- name: insert_many_silent
+-- insert_many without NOTIFY.
+INSERT INTO {schema}.outbox_message ({_columns})
+{_many_rows}
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, event_id;
 
 -- name: select_by_idempotency_keys
 -- The rows holding keys our insert skipped. A new statement, so in READ COMMITTED it also sees
@@ -67,10 +84,6 @@ RETURNING id, event_id, shard, CAST(xact_id AS text) AS xact_id,
 SELECT idempotency_key, event_id, content_digest
 FROM {schema}.outbox_message
 WHERE idempotency_key = ANY (CAST(:idempotency_keys AS text[]));
-
--- name: delete_written
--- Undo this call's own rows when a later row of the same add_many conflicts.
-DELETE FROM {schema}.outbox_message WHERE id = ANY (CAST(:ids AS bigint[]));
 
 -- name: select_outboxed
 -- outboxkit.testing: the rows visible to the caller's transaction, optionally filtered.
@@ -86,3 +99,31 @@ ORDER BY id;
 -- name: state_counts
 -- How many rows are in each state (the demo waits for pending to reach zero).
 SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
+
+-- name: copy_setting
+-- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard
+-- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY).
+SELECT shard_count, current_setting('server_encoding') FROM {schema}.outbox_setting;
+
+-- name: copy_rows
+-- add_many of many rows: a COPY straight into the table (no ON CONFLICT: a taken key or event
+-- id fails it, the caller rolls back to its savepoint and inserts with ON CONFLICT instead).
+COPY {schema}.outbox_message (
+    event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
+    headers, event_type, schema_version, aggregate_type, aggregate_id, deliver_after, shard
+) FROM STDIN;
+
+-- name: copied_ids
+-- The ids of the rows just copied (COPY returns nothing), in input order: one event_id index
+-- probe each (a correlated lookup, so no plan can turn it into a scan of the table).
+SELECT (SELECT m.id FROM {schema}.outbox_message m WHERE m.event_id = e.event_id)
+FROM unnest(CAST(:event_ids AS uuid[])) WITH ORDINALITY AS e (event_id, ord)
+ORDER BY e.ord;
+
+-- name: notify_shards
+-- After a COPY: notify each shard not yet notified in this transaction (as insert_many does).
+SELECT s.shard, CAST(pg_current_xact_id() AS text) AS xact_id,
+    (CASE WHEN CAST(pg_current_xact_id() AS text) IS DISTINCT FROM CAST(:notified_xact AS text)
+               OR s.shard <> ALL (CAST(:notified_shards AS integer[]))
+          THEN pg_notify(:channel, CAST(s.shard AS text)) END) IS NOT NULL AS notified
+FROM unnest(CAST(:shards AS integer[])) AS s (shard);

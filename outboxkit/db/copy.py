@@ -1,0 +1,77 @@
+"""COPY rows into a table on the caller's connection (psycopg only).
+
+A COPY streams rows in PostgreSQL's text format, which psycopg formats in C: for large batches
+it costs the client and the server far less than the same rows as bound arrays. It has no
+``ON CONFLICT`` and no ``RETURNING``; callers run it in a savepoint and know what to do when
+it fails. Errors reach the caller as :func:`outboxkit.db.run` raises them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outboxkit.db.execute import AsyncTarget, SyncTarget, _wrap
+from outboxkit.db.queries import Query
+
+Rows = Iterable[Sequence[Any]]
+
+
+def _check(query: Query) -> None:
+    if not query.text.upper().startswith("COPY ") or query.parameters:
+        raise TypeError(f"outboxkit {query.area}.{query.name}: not a parameterless COPY")
+
+
+def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
+    """COPY ``rows`` with ``query`` (``COPY .. FROM STDIN``); False, having sent nothing, when
+    the connection's driver is not psycopg."""
+    _check(query)
+    if isinstance(target, psycopg.Connection):
+        with target.cursor() as cur, cur.copy(query.text) as copy:
+            for row in rows:
+                copy.write_row(row)
+        return True
+    conn = target.connection() if isinstance(target, Session) else target
+    if not conn.in_transaction():
+        conn.begin()
+    driver = conn.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        return False
+    try:
+        with driver.cursor() as cur, cur.copy(query.text) as copy:
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.Error as exc:
+        if driver.broken:
+            conn.invalidate(exc)
+        raise _wrap(exc, query, driver.broken) from exc
+    return True
+
+
+async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool:
+    """:func:`copy_rows` for async targets."""
+    _check(query)
+    if isinstance(target, psycopg.AsyncConnection):
+        async with target.cursor() as cur, cur.copy(query.text) as copy:
+            for row in rows:
+                await copy.write_row(row)
+        return True
+    conn = await target.connection() if isinstance(target, AsyncSession) else target
+    if not conn.in_transaction():
+        await conn.begin()
+    driver = (await conn.get_raw_connection()).driver_connection
+    if not isinstance(driver, psycopg.AsyncConnection):
+        return False
+    try:
+        async with driver.cursor() as cur, cur.copy(query.text) as copy:
+            for row in rows:
+                await copy.write_row(row)
+    except psycopg.Error as exc:
+        if driver.broken:
+            await conn.invalidate(exc)
+        raise _wrap(exc, query, driver.broken) from exc
+    return True

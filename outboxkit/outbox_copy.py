@@ -1,0 +1,103 @@
+"""add_many's COPY path, without I/O: when to take it and what it sends.
+
+Large batches are copied straight into the outbox table instead of bound as arrays to an
+``INSERT .. ON CONFLICT``: psycopg formats COPY rows in C, the server skips the speculative
+insertion, and the items are prepared while the COPY streams (:class:`Stream`). A COPY cannot
+compute the shard, return ids or skip taken keys. So the shard is computed here by the exact
+twin of the SQL function ``outbox_shard`` (the count read in the same transaction), the ids are
+read back by event id, and a taken key or event id fails the COPY: the writer rolls back to its
+savepoint and inserts the same items with ``ON CONFLICT`` instead, so duplicates and conflicts
+come out as on that path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from outboxkit.ids import uuid_text
+from outboxkit.outbox_plan import Folding, OutboxConfig, Plan, Statement, Writable, prepare
+from outboxkit.schema import notify_channel
+
+
+def shard_of(message_key: str | None, event_id: uuid.UUID, shard_count: int) -> int:
+    """``outbox_shard`` in Python: the first 32 bits of md5(key, else the event id as text),
+    as a signed integer, masked to 31 bits, modulo the count (UTF-8 text, as the server's)."""
+    text = message_key if message_key is not None else uuid_text(event_id)
+    first32 = int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big")
+    return (first32 & 0x7FFFFFFF) % shard_count
+
+
+def worth_copying(config: OutboxConfig, items: Sequence[Writable]) -> bool:
+    """The COPY path pays two more short statements; it costs less from about 100 rows on."""
+    return config.copy_min_rows is not None and len(items) >= config.copy_min_rows
+
+
+class Stream:
+    """add_many's items, prepared one by one while the COPY sends them: PostgreSQL stores the
+    rows already sent while Python validates and serialises the next ones (the two cores work
+    at once). Validation, folding of repeated keys and refusals happen as on the INSERT path;
+    an error stops the COPY, and the caller's savepoint takes back what was sent."""
+
+    def __init__(
+        self,
+        items: Sequence[Writable],
+        config: OutboxConfig,
+        trace_headers: Mapping[str, str],
+        shard_count: int,
+    ) -> None:
+        self.items, self.config, self.trace_headers = items, config, trace_headers
+        self.shard_count = shard_count
+        self.folding = Folding()
+        self.shards: set[int] = set()
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        config, trace_headers, shard_count = self.config, self.trace_headers, self.shard_count
+        for item in self.items:
+            row = prepare(item, config, trace_headers)
+            if self.folding.add(row):
+                shard = shard_of(row.message_key, row.event_id, shard_count)
+                self.shards.add(shard)
+                yield (*row, shard)
+
+    def plan(self) -> Plan:
+        """The call's plan, once every item went through the COPY."""
+        if len(self.folding.rows) != len(self.items):
+            raise AssertionError("the COPY stopped before the last item")
+        return Plan(self.config, self.folding)
+
+
+def ids_statement(plan: Plan) -> Statement:
+    return "copied_ids", {"event_ids": [plan.rows[i].event_id for i in plan.pending()]}
+
+
+def notify_statement(
+    plan: Plan, shards: set[int], notified: tuple[str | None, list[int]]
+) -> Statement | None:
+    if not plan.config.notify or not shards:
+        return None
+    return "notify_shards", {
+        "shards": sorted(shards),
+        "channel": notify_channel(plan.config.schema),
+        "notified_xact": notified[0],
+        "notified_shards": notified[1],
+    }
+
+
+def take_copied(plan: Plan, result_rows: Sequence[Any]) -> None:
+    """Record the copied rows' ids, in input order (every row was written, or the COPY
+    failed)."""
+    event_ids = [plan.rows[i].event_id for i in plan.pending()]
+    ids = [row_id for (row_id,) in result_rows]
+    if len(ids) != len(event_ids) or None in ids:
+        raise AssertionError("a copied row was not found again")  # cannot happen: same tx
+    plan.take_inserted(list(zip(ids, event_ids, strict=True)))
+
+
+def take_notified(plan: Plan, result_rows: Sequence[Any]) -> None:
+    for shard, xact, notified in result_rows:
+        plan.xact = xact
+        if notified:
+            plan.notified.add(shard)

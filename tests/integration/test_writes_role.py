@@ -1,0 +1,112 @@
+"""The writer works under the application role's documented grants, and needs no more.
+
+The grants are those of docs/writes.md ("Database role"): INSERT of the written columns, SELECT
+of the columns RETURNING and the idempotency re-read use, SELECT of the shard count, EXECUTE of
+the shard function. No DELETE, no UPDATE, no sequence, no payloads of other writers' rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from outboxkit.errors import IdempotencyKeyConflictError
+from outboxkit.events import Message
+from outboxkit.outbox import Outbox
+
+pytestmark = pytest.mark.integration
+
+GRANTS = """
+GRANT USAGE ON SCHEMA outboxkit TO {role};
+GRANT SELECT ON outboxkit.outbox_setting TO {role};
+GRANT EXECUTE ON FUNCTION outboxkit.outbox_shard(text, uuid, integer) TO {role};
+GRANT INSERT (event_id, idempotency_key, content_digest, topic, message_key, payload,
+              content_type, headers, event_type, schema_version, aggregate_type, aggregate_id,
+              shard, deliver_after)
+    ON outboxkit.outbox_message TO {role};
+GRANT SELECT (id, event_id, idempotency_key, content_digest, shard, xact_id)
+    ON outboxkit.outbox_message TO {role};
+"""
+
+
+@pytest.fixture
+def app_engine(sa_url: str) -> Iterator[sa.Engine]:
+    """An engine whose connections act as a fresh role holding only the documented grants."""
+    role = f"app_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(sa_url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} NOLOGIN"))
+        conn.execute(sa.text("REVOKE EXECUTE ON FUNCTION outboxkit.outbox_shard FROM PUBLIC"))
+        for statement in GRANTS.format(role=role).split(";"):
+            if statement.strip():
+                conn.execute(sa.text(statement))
+    engine = sa.create_engine(sa_url)
+
+    @sa.event.listens_for(engine, "connect")
+    def become_the_role(dbapi_conn: object, _record: object) -> None:
+        with dbapi_conn.cursor() as cur:  # type: ignore[attr-defined]
+            cur.execute(f"SET ROLE {role}")
+        dbapi_conn.commit()  # type: ignore[attr-defined]
+
+    yield engine
+    engine.dispose()
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"DROP OWNED BY {role}"))
+        conn.execute(sa.text(f"DROP ROLE {role}"))
+    admin.dispose()
+
+
+@pytest.mark.parametrize("notify", [True, False])
+def test_every_write_path_works_under_the_application_role(
+    app_engine: sa.Engine, notify: bool
+) -> None:
+    outbox = Outbox(notify=notify)
+    copying = Outbox(notify=notify, copy_min_rows=2)  # add_many's COPY path from 2 rows on
+    with app_engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT current_user")).scalar() != "outboxkit"
+        first = outbox.add(conn, Message("t", b"1"), idempotency_key="a")
+        again = outbox.add(conn, Message("t", b"1"), idempotency_key="a")
+        assert again.duplicate
+        assert again.event_id == first.event_id
+        many = outbox.add_many(
+            conn,
+            [Message("t", b"2", idempotency_key="b"), Message("t", b"1", idempotency_key="a")],
+        )
+        assert [r.duplicate for r in many] == [False, True]
+        copied = copying.add_many(conn, [Message("t", b"5"), Message("t", b"6")])
+        assert [r.duplicate for r in copied] == [False, False]
+        fell_back = copying.add_many(  # "a" is taken: the COPY fails, ON CONFLICT decides
+            conn, [Message("t", b"7"), Message("t", b"1", idempotency_key="a")]
+        )
+        assert [r.duplicate for r in fell_back] == [False, True]
+    with app_engine.connect() as conn:
+        with pytest.raises(IdempotencyKeyConflictError):
+            outbox.add(conn, Message("t", b"other"), idempotency_key="a")
+        with pytest.raises(IdempotencyKeyConflictError):  # undone by ROLLBACK TO SAVEPOINT
+            copying.add_many(
+                conn,
+                [Message("t", b"3", idempotency_key="c"), Message("t", b"x", idempotency_key="b")],
+            )
+        outbox.add_many(conn, [Message("t", b"3", idempotency_key="c"), Message("t", b"4")])
+        conn.commit()
+    with app_engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT idempotency_key FROM outboxkit.outbox_message"))
+        assert sorted(k for (k,) in keys if len(k) == 1) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM outboxkit.outbox_message",
+        "UPDATE outboxkit.outbox_message SET state = 'discarded'",
+        "SELECT payload FROM outboxkit.outbox_message",
+        "UPDATE outboxkit.outbox_setting SET shard_count = 2",
+        "SELECT * FROM outboxkit.relay_lease",
+    ],
+)
+def test_the_application_role_can_do_nothing_else(app_engine: sa.Engine, statement: str) -> None:
+    with app_engine.connect() as conn, pytest.raises(sa.exc.ProgrammingError, match="denied"):
+        conn.execute(sa.text(statement))
