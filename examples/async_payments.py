@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from outboxkit import DomainEvents, Event, install_flush_hook
+from outboxkit import DomainEvents, Event, FlushHook
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
@@ -70,7 +70,7 @@ async def write_payments(url: str, count: int) -> None:
         await conn.run_sync(Base.metadata.create_all)
     for number in range(count):
         async with AsyncSession(engine) as session:
-            hook = install_flush_hook(session.sync_session)
+            hook = FlushHook().install(session.sync_session)
             async with session.begin():
                 payment = Payment(id=f"pay-{number}", amount_cents=500 + number)
                 session.add(payment)

@@ -19,17 +19,13 @@ from outboxkit.errors import (
     ValidationError,
 )
 from outboxkit.events import Event, EventSpec, Message
-from outboxkit.flush_hook import DomainEvents, FlushHook, install_flush_hook
+from outboxkit.flush_hook import DomainEvents, FlushHook
 from outboxkit.ids import uuid7
 from outboxkit.outbox import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Outbox,
     OutboxConfig,
     WriteResult,
-    add,
-    add_async,
-    add_many,
-    add_many_async,
 )
 
 __version__ = "0.1.0.dev0"
@@ -54,10 +50,5 @@ __all__ = [
     "ValidationError",
     "WriteResult",
     "__version__",
-    "add",
-    "add_async",
-    "add_many",
-    "add_many_async",
-    "install_flush_hook",
     "uuid7",
 ]

@@ -91,8 +91,3 @@ class FlushHook:
             event.remove(target, "before_flush", self._before_flush)
             event.remove(target, "before_commit", self._before_commit)
         self._targets.clear()
-
-
-def install_flush_hook(target: Any, outbox: Outbox | None = None) -> FlushHook:
-    """Shortcut for ``FlushHook(outbox).install(target)``."""
-    return FlushHook(outbox).install(target)

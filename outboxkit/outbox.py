@@ -62,10 +62,6 @@ __all__ = [
     "SyncTarget",
     "Writable",
     "WriteResult",
-    "add",
-    "add_async",
-    "add_many",
-    "add_many_async",
 ]
 
 
@@ -300,23 +296,3 @@ class Outbox:
         if statement is not None:
             take_notified(plan, await _execute_async(conn, schema, *statement))
         return plan
-
-
-_default = Outbox()
-
-
-def add(target: SyncTarget, item: Writable, **options: Any) -> WriteResult:
-    """:meth:`Outbox.add` with the default configuration (schema ``outboxkit``)."""
-    return _default.add(target, item, **options)
-
-
-def add_many(target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
-    return _default.add_many(target, items)
-
-
-async def add_async(target: AsyncTarget, item: Writable, **options: Any) -> WriteResult:
-    return await _default.add_async(target, item, **options)
-
-
-async def add_many_async(target: AsyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
-    return await _default.add_many_async(target, items)

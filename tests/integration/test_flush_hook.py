@@ -11,7 +11,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit.errors import InvalidTopicError
 from outboxkit.events import Event, Message
-from outboxkit.flush_hook import DomainEvents, FlushHook, install_flush_hook
+from outboxkit.flush_hook import DomainEvents, FlushHook
 from outboxkit.testing import assert_outboxed, outboxed
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ def engine(sa_url: str) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def hook() -> Iterator[FlushHook]:
-    installed = install_flush_hook(Session)
+    installed = FlushHook().install(Session)
     yield installed
     installed.remove()
 
@@ -124,7 +124,7 @@ async def test_async_session(sa_url: str, engine: sa.Engine) -> None:
     aengine = create_async_engine(sa_url)
     try:
         async with AsyncSession(aengine) as session:
-            hook = install_flush_hook(session.sync_session)
+            hook = FlushHook().install(session.sync_session)
             try:
                 async with session.begin():
                     order = Order.place("o-async")

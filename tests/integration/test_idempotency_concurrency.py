@@ -19,7 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outboxkit.errors import IdempotencyKeyConflictError
 from outboxkit.events import Message
-from outboxkit.outbox import WriteResult, add, add_async, add_many, add_many_async
+from outboxkit.outbox import Outbox, WriteResult
+
+_OUTBOX = Outbox()  # the default configuration (schema "outboxkit")
+add = _OUTBOX.add
+add_async = _OUTBOX.add_async
+add_many = _OUTBOX.add_many
+add_many_async = _OUTBOX.add_many_async
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,12 @@ from outboxkit.errors import (
     SerializationError,
 )
 from outboxkit.events import Event, Message
-from outboxkit.outbox import Outbox, add_async, add_many_async
+from outboxkit.outbox import Outbox
 from outboxkit.testing import assert_outboxed_async, outboxed_async
+
+_OUTBOX = Outbox()  # the default configuration (schema "outboxkit")
+add_async = _OUTBOX.add_async
+add_many_async = _OUTBOX.add_many_async
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,11 @@ from click.testing import CliRunner
 
 from outboxkit.cli import main
 from outboxkit.events import Message
-from outboxkit.outbox import add_many
+from outboxkit.outbox import Outbox
 from outboxkit.testing import outboxed
+
+_OUTBOX = Outbox()  # the default configuration (schema "outboxkit")
+add_many = _OUTBOX.add_many
 
 pytestmark = pytest.mark.integration
 

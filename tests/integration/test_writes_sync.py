@@ -22,9 +22,13 @@ from outboxkit.errors import (
     SerializationError,
 )
 from outboxkit.events import Event, Message
-from outboxkit.outbox import Outbox, add, add_many
+from outboxkit.outbox import Outbox
 from outboxkit.schema import notify_channel
 from outboxkit.testing import assert_not_outboxed, assert_outboxed, outboxed
+
+_OUTBOX = Outbox()  # the default configuration (schema "outboxkit")
+add = _OUTBOX.add
+add_many = _OUTBOX.add_many
 
 pytestmark = pytest.mark.integration
 
