@@ -9,13 +9,14 @@ under ``~/.cache/outboxkit/debezium-<version>/`` with a marker file, like the br
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from outboxkit.devstack import KAFKA_VERSION
 from outboxkit.devstack.files import cache_dir
+from outboxkit.devstack.kafka import maven_copy_dependencies
+from outboxkit.errors import DevStackError
 
 HERE = Path(__file__).resolve().parent
 DEBEZIUM_VERSION = "3.6.1.Final"
@@ -38,27 +39,10 @@ def _mvn(pom: Path, output: Path, *extra: str) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise FetchError("Maven (mvn) is not installed; Debian: apt-get install maven")
-    result = subprocess.run(
-        [
-            mvn,
-            "-B",
-            "-q",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={output}",
-            "-DincludeScope=runtime",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    if result.returncode != 0:
-        raise FetchError(
-            f"mvn failed for {pom.name}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
+    try:
+        maven_copy_dependencies(mvn, pom, output, *extra, what=pom.name)
+    except DevStackError as exc:
+        raise FetchError(str(exc)) from exc
 
 
 def _fetch_into(target: Path, marker: Path, pom: Path, marker_text: str, *extra: str) -> Path:

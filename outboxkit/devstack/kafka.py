@@ -65,6 +65,17 @@ logger.broker.level = INFO
 """
 
 
+def maven_copy_dependencies(mvn: str, pom: Path, output: Path, *extra: str, what: str) -> None:
+    """``mvn dependency:copy-dependencies`` of ``pom`` into ``output`` (runtime scope)."""
+    argv = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies"]
+    argv += [f"-DoutputDirectory={output}", "-DincludeScope=runtime", *extra]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
+    if result.returncode != 0:
+        raise DevStackError(
+            f"fetching {what} with Maven failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+
+
 def kafka_libs(version: str = KAFKA_VERSION) -> Path:
     """The directory holding the broker's jars, fetched with Maven on first use."""
     target = cache_dir() / f"kafka-{version}"
@@ -83,27 +94,7 @@ def kafka_libs(version: str = KAFKA_VERSION) -> Path:
         pom = Path(work) / "pom.xml"
         pom.write_text(_POM.format(kafka=version, slf4j=_SLF4J_VERSION, log4j=_LOG4J_VERSION))
         staging = Path(work) / "libs"
-        result = subprocess.run(
-            [
-                mvn,
-                "-B",
-                "-q",
-                "-f",
-                str(pom),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={staging}",
-                "-DincludeScope=runtime",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=900,
-        )
-        if result.returncode != 0:
-            raise DevStackError(
-                f"fetching Kafka {version} with Maven failed:\n{result.stdout[-3000:]}"
-                f"\n{result.stderr[-3000:]}"
-            )
+        maven_copy_dependencies(mvn, pom, staging, what=f"Kafka {version}")
         shutil.rmtree(libs, ignore_errors=True)
         shutil.move(str(staging), str(libs))
     marker.write_text(version)
