@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from outboxkit.db import sqlalchemy_url
+from tests.relay_support import RelayProcess
 
 pytest_plugins = ["outboxkit.pytest_plugin"]
 
@@ -21,3 +24,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for kind in ("unit", "integration", "fault"):
             if f"/tests/{kind}/" in str(item.path):
                 item.add_marker(getattr(pytest.mark, kind))
+
+
+@pytest.fixture
+def processes() -> Iterator[list[RelayProcess]]:
+    """Relay processes a test starts (append them); stopped when it ends."""
+    started: list[RelayProcess] = []
+    yield started
+    for proc in started:
+        proc.stop()

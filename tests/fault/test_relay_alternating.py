@@ -9,7 +9,7 @@ lost, no duplicate for a ``read_committed`` reader and per-key order kept, once 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -36,14 +36,6 @@ CASES = [
     ("before_commit_slot0:2", 2, 0),  # batch 2 open on slot 0, batch 1 (slot 1) committed
     ("before_commit_slot1:2", 3, 0),  # batch 3 open on slot 1, batch 2 (slot 0) committed
 ]
-
-
-@pytest.fixture
-def processes() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)

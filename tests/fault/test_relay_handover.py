@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -24,14 +24,6 @@ pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
 LEASE_TTL = 10.0  # long, so a takeover by expiry could not pass for a takeover by release
-
-
-@pytest.fixture
-def processes() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 def test_sigterm_hands_over_to_standby_within_a_poll_interval(

@@ -8,7 +8,7 @@ Kafka commit, before the database mark. A second relay process then finishes the
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -27,14 +27,6 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
-
-
-@pytest.fixture
-def processes() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)

@@ -4,7 +4,7 @@ database session; nothing is lost and (exactly-once mode) nothing is duplicated.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import psycopg
@@ -27,14 +27,6 @@ pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
 ENV = {"OUTBOXKIT_RELAY_KAFKA_TIMEOUT": "10", "OUTBOXKIT_RELAY_BACKOFF_MAX": "2"}
-
-
-@pytest.fixture
-def processes() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 def _insert_retrying(db_url: str, topic: str, rows: list[tuple[str, bytes]]) -> None:

@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -48,14 +48,6 @@ def _lease_lost_total(port: int) -> float:
         text = response.read().decode()
     (line,) = [x for x in text.splitlines() if x.startswith("outboxkit_relay_lease_lost_total{")]
     return float(line.rsplit(" ", 1)[1])
-
-
-@pytest.fixture
-def processes() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -27,14 +27,6 @@ pytestmark = pytest.mark.integration
 
 TopicFactory = Callable[..., str]
 LIBRARIES = {"confluent": "confluent_kafka", "aiokafka": "aiokafka"}
-
-
-@pytest.fixture
-def processes() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 @pytest.mark.parametrize(
