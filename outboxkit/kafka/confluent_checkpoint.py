@@ -36,10 +36,10 @@ class ConfluentCheckpointReader(CheckpointReader):
         consumer = Consumer(confluent_config(self._settings, None, **self._consumer_config()))
         start = TopicPartition(topic, partition, OFFSET_BEGINNING)
         try:
-            _, high = consumer.get_watermark_offsets(start, timeout=self._timeout)
+            deadline = time.monotonic() + self._timeout
+            high = _high_watermark(consumer, start, deadline)
             consumer.assign([start])
             last: bytes | None = None
-            deadline = time.monotonic() + self._timeout
             position = 0
             while position < high:
                 if time.monotonic() > deadline:
@@ -68,3 +68,36 @@ class ConfluentCheckpointReader(CheckpointReader):
 
     async def close(self) -> None:
         return None
+
+
+# A topic just created, or a partition whose leader moved, answers these for a moment; librdkafka
+# does not retry ``get_watermark_offsets`` itself, so a takeover would fail on a transient state.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+def _high_watermark(consumer: Consumer, start: TopicPartition, deadline: float) -> int:
+    """The partition's high watermark, asked again while the broker answers a transient error."""
+    pause = 0.05
+    while True:
+        try:
+            _, high = consumer.get_watermark_offsets(
+                start, timeout=max(0.1, deadline - time.monotonic())
+            )
+            return int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            transient = isinstance(error, KafkaError) and (
+                error.code() in _TRANSIENT or error.retriable()
+            )
+            if not transient or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)  # back-off between metadata retries, not a test wait
+        pause = min(pause * 2, 1.0)
