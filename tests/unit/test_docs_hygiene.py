@@ -149,14 +149,27 @@ def test_every_documented_command_and_option_exists() -> None:
     assert checked > 30
 
 
-def test_relative_links_resolve() -> None:
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.DOTALL), re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_relative_links_and_anchors_resolve() -> None:
+    checked = 0
     for path, text in DOC_TEXTS.items():
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
             if re.match(r"[a-z]+:", target):
                 continue
-            resolved = (path.parent / target).resolve()
+            resolved = (path.parent / target).resolve() if target else path
             relative = resolved.relative_to(ROOT).as_posix()
-            assert resolved.exists() or relative in PENDING_DOCS, f"{path.name}: {target}"
+            if relative in PENDING_DOCS:
+                continue
+            assert resolved.exists(), f"{path.name}: {target}"
+            if anchor and resolved.suffix == ".md":
+                assert anchor in _anchors(resolved.read_text()), f"{path.name}: {target}#{anchor}"
+                checked += 1
+    assert checked > 10
 
 
 @functools.cache
