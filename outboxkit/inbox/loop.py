@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from outboxkit.db.availability import database_unavailable
 from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.deadletter import (
@@ -224,8 +225,8 @@ class ConsumerLoop:
         text = error_text(exc, detail=detail)
         where = (env.topic, env.partition, env.offset)
         logger.error("processing %s/%d/%d failed: %s", *where, text, exc_info=detail)
-        if getattr(exc, "connection_invalidated", False):
-            count = 0  # the database went away: not this record's fault
+        if database_unavailable(exc):
+            count = 0  # the database is away: not this record's fault, never given up for it
         else:
             count = self.failures[where] = self.failures.get(where, 0) + 1
         if count >= self.options.max_unexpected_errors:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy.exc
 
@@ -150,6 +151,61 @@ def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> Non
     assert "gave up after 3 unexpected errors: RuntimeError" in rejection.params["reason"]  # type: ignore[attr-defined]
     commits = [s.offsets for s in script.steps if isinstance(s, Commit)]
     assert commits == [{("orders", 0): 6}, {("orders", 0): 7}]
+
+
+def _refused() -> Exception:
+    driver = psycopg.OperationalError('connection to server at "127.0.0.1", port 5 failed')
+    return sqlalchemy.exc.OperationalError("SELECT 1", {}, driver)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_refused, psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow],
+    ids=["refused", "admin-shutdown", "starting-up"],
+)
+def test_a_database_outage_never_counts_against_the_record(make: Any) -> None:
+    """PostgreSQL down for many attempts, then back: the record runs, it is not given up."""
+    loop, now = _loop(max_unexpected_errors=2)
+    attempts = 6
+    polls = iter([[_record(5)] for _ in range(attempts + 1)])
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            step.on_assign([("orders", 0)])
+        if isinstance(step, Poll):
+            return next(polls)
+        return ONE
+
+    failing = [attempts]
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        if failing[0]:
+            failing[0] -= 1
+            raise make()
+        return Outcome(OutcomeKind.SUCCEEDED, "e5")
+
+    loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
+    script = Script(answer)
+    kinds = []
+    for _ in range(attempts + 1):
+        now[0] += 2  # past the retry hold
+        outcome = drive_sync(loop.poll_once(), script)
+        assert outcome is not None
+        kinds.append(outcome.kind)
+    assert kinds == [OutcomeKind.RETRY] * attempts + [OutcomeKind.SUCCEEDED]
+    assert "record_rejection" not in script.names()
+
+
+def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
+    from outboxkit.db.availability import database_unavailable
+
+    assert database_unavailable(_refused())
+    assert not database_unavailable(psycopg.errors.InvalidTextRepresentation("bad"))
+    assert not database_unavailable(RuntimeError("bug"))
+    assert not database_unavailable(
+        sqlalchemy.exc.DataError("SELECT", {}, psycopg.errors.CharacterNotInRepertoire("x"))
+    )
 
 
 def test_a_refused_dead_letter_ends_the_event_dead_with_the_reason() -> None:
