@@ -10,8 +10,8 @@ key, so consumers see them in order.
 
     eval $(outboxkit dev env) && outboxkit migrate up
     uvicorn --app-dir examples/01_fastapi_service orders_api:app    # or python .../orders_api.py
-    curl -X POST localhost:8000/orders -H 'Idempotency-Key: k1' -H 'Content-Type: application/json' \
-         -d '{"customer": "ada", "total_cents": 1250}'
+    curl -X POST localhost:8000/orders -H 'Idempotency-Key: k1' \
+         -H 'Content-Type: application/json' -d '{"customer": "ada", "total_cents": 1250}'
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def shipments(engine: Engine) -> dict[str, int]:
         rows = session.execute(
             select(Shipment.order_id, func.count()).group_by(Shipment.order_id)
         ).all()
-    return {order_id: count for order_id, count in rows}
+    return dict(rows)
 
 
 def main(

@@ -86,7 +86,7 @@ async def awards(engine: AsyncEngine) -> dict[str, int]:
         rows = await session.execute(
             select(PointsAward.order_id, func.count()).group_by(PointsAward.order_id)
         )
-        return {order_id: count for order_id, count in rows.all()}
+        return dict(rows.all())
 
 
 async def main(

@@ -48,7 +48,7 @@ async def states(engine: AsyncEngine) -> Counter[str]:
         return Counter(message.state for message in await outboxed_async(conn, topic=TOPIC))
 
 
-async def publish_pending(settings: Settings, timeout: float = 60.0) -> Counter[str]:
+async def publish_pending(settings: Settings, patience: float = 60.0) -> Counter[str]:
     """Run the relay as a task of this event loop until our topic has nothing pending."""
     stop = asyncio.Event()
     relay = Relay(settings, stop=stop)
@@ -56,12 +56,12 @@ async def publish_pending(settings: Settings, timeout: float = 60.0) -> Counter[
     url = make_url(settings.database_url.get_secret_value()).set(drivername="postgresql+psycopg")
     engine = create_async_engine(url)
     try:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + patience
         while (found := await states(engine))["pending"]:
             if task.done():
                 task.result()  # the relay ended early: raise its error
             if time.monotonic() > deadline:
-                raise TimeoutError(f"still pending after {timeout:.0f} s: {dict(found)}")
+                raise TimeoutError(f"still pending after {patience:.0f} s: {dict(found)}")
             await asyncio.sleep(0.1)
         return found
     finally:
