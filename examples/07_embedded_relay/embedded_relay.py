@@ -19,27 +19,26 @@ import os
 import time
 from collections import Counter
 
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from outboxkit.kafka import KafkaClients
 from outboxkit.relay import Relay
-from outboxkit.settings import Settings, load_settings
+from outboxkit.settings import KafkaSettings, Settings, load_settings
 from outboxkit.testing import outboxed_async
 
 TOPIC = os.environ.get("EXAMPLE_TOPIC", "example.orders")
 
 
-def create_topics(bootstrap: str, *names: str) -> None:
-    """The dev stack's broker does not auto-create topics (nor should production's)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=2) for name in names])
-    for future in futures.values():
-        try:
-            future.result(timeout=30)
-        except Exception as exc:
-            if "already exists" not in str(exc).lower():
-                raise
+async def create_topics(kafka: KafkaSettings, *names: str) -> None:
+    """The dev stack's broker does not auto-create topics (nor should production's). The admin
+    client is built from the same settings as the relay's clients (TLS/SASL included)."""
+    admin = KafkaClients(kafka).admin()
+    try:
+        for name in names:  # an existing topic is fine
+            await admin.create_topic(name, partitions=2, config={})
+    finally:
+        await admin.close()
 
 
 async def states(engine: AsyncEngine) -> Counter[str]:
@@ -81,7 +80,7 @@ async def main(database_url: str | None = None, bootstrap: str | None = None) ->
         }
     )
     # The dead-letter topic is for the consumers of examples 04 and 05.
-    create_topics(settings.kafka.bootstrap, TOPIC, f"{TOPIC}.dlq")
+    await create_topics(settings.kafka, TOPIC, f"{TOPIC}.dlq")
     return await publish_pending(settings)
 
 

@@ -191,11 +191,7 @@ async def run_08(request: pytest.FixtureRequest) -> None:
     assert aiokafka_options(kafka)["security_protocol"] == "SASL_SSL"
 
     relay = load("07_embedded_relay", "embedded_relay")
-    relay.create_topics(
-        request.getfixturevalue("outboxkit_secure_kafka").plaintext_bootstrap,
-        relay.TOPIC,
-        f"{relay.TOPIC}.dlq",
-    )
+    await relay.create_topics(kafka, relay.TOPIC, f"{relay.TOPIC}.dlq")
     orders = load("02_sync_script", "place_orders").main(db_url, count=2).order_ids
     assert await relay.publish_pending(settings) == Counter(published=len(orders))
     consumer = load("04_consumer_confluent", "shipping_consumer")
