@@ -26,7 +26,7 @@ revision are unaffected.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -105,11 +105,13 @@ include_object = include_object_for()
 
 def include_name_for(
     schema: str = DEFAULT_SCHEMA,
-) -> Callable[[str | None, str, dict[str, Any]], bool]:
-    """An ``include_name`` (with ``include_schemas=True``) that does not reflect ``schema``."""
+) -> Callable[[str | None, str, Mapping[Any, Any]], bool]:
+    """An ``include_name`` (with ``include_schemas=True``) that does not reflect ``schema``.
+    (``Mapping[Any, Any]``: Alembic passes a mapping keyed by literals, so ``dict[str, Any]``
+    would not type-check in a strictly typed ``env.py``.)"""
     validate_schema_name(schema)
 
-    def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+    def include_name(name: str | None, type_: str, parent_names: Mapping[Any, Any]) -> bool:
         return not (type_ == "schema" and name == schema)
 
     return include_name
