@@ -1,0 +1,249 @@
+"""The story the demo tells, step by step, against a running PostgreSQL + Kafka.
+
+Writers place orders while two relays (one active, one standby) publish them and a consumer
+charges them. Midway the active relay is SIGKILLed and the standby takes over; the consumer is
+killed between its database commit and its Kafka offset commit and restarted, so the event comes
+again and the inbox suppresses it. Then :mod:`outboxkit.demo.checks` judges the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TextIO
+
+import sqlalchemy as sa
+
+from outboxkit import db
+from outboxkit.demo.app import TABLES
+from outboxkit.demo.checks import Check, Faults, render, verify
+from outboxkit.demo.processes import DemoProcess, Services, start_consumer, start_relay
+from outboxkit.demo.progress import Display, Sample, Sampler, status_lines
+from outboxkit.demo.writers import WritePlan, Writers
+from outboxkit.errors import OutboxkitError
+from outboxkit.kafka import KafkaClients
+from outboxkit.settings import KafkaSettings
+
+TICK = 0.1
+
+
+class DemoError(OutboxkitError):
+    """The demo could not run its story (a process died, a deadline passed)."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    plan: WritePlan = field(default_factory=WritePlan)
+    relay_kill_share: float = 0.3  # SIGKILL the active relay once this share is published
+    consumer_kill_share: float = 0.5  # the consumer dies at about this share of deliveries
+    timeout: float = 90.0  # for the whole story, after the services are up
+
+    def expected_events(self) -> int:
+        """Roughly how many events the writers commit (for the kill points, not the checks)."""
+        plan = self.plan
+        return int(plan.writers * plan.orders_per_writer * (1 - plan.rollback_share) * 3)
+
+
+@dataclass
+class DemoResult:
+    checks: list[Check]
+    faults: Faults
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+
+@dataclass
+class _Story:
+    """What happened so far (read by the loop, turned into :class:`Faults` at the end)."""
+
+    services: Services
+    children: list[DemoProcess]  # every process started, to stop at the end
+    relay_a: DemoProcess
+    relay_b: DemoProcess
+    consumer: DemoProcess
+    killed_at: datetime | None = None  # database clock
+    token_before: int | None = None
+    takeover: float | None = None
+    token_after: int | None = None
+    consumer_killed: bool = False
+    duplicate_told: bool = False
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    async def create() -> None:
+        admin = KafkaClients(KafkaSettings(bootstrap=bootstrap)).admin()
+        try:
+            await admin.create_topic(topic, partitions, {})
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+
+
+def _wait(what: str, condition: Callable[[], bool], deadline: float) -> None:
+    while not condition():
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out waiting for {what}")
+        time.sleep(TICK)
+
+
+def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None) -> DemoResult:
+    """Tell the story on ``out``, then verify; the caller decides the exit code."""
+    options = options or DemoOptions()
+    started = time.monotonic()
+    display = Display(out)
+    engine = sa.create_engine(db.sqlalchemy_url(services.database_url), pool_size=8)
+    children: list[DemoProcess] = []
+    writers = Writers(engine, services.topic, options.plan)
+    try:
+        db.migrator.upgrade(services.database_url)
+        TABLES.drop_all(engine)
+        TABLES.create_all(engine)
+        _create_topic(services.kafka_bootstrap, services.topic, partitions=3)
+        sampler = Sampler(
+            services.database_url, services.topic, services.consumer, services.relay_group
+        )
+        try:
+            story = _start(services, options, display, sampler, children)
+            writers.start()
+            display.event(
+                f"  {options.plan.writers} writers placing orders (each with its events in the"
+                " same transaction; some transactions rolled back)"
+            )
+            _run(story, writers, sampler, display, options, started)
+            last = sampler.sample()
+        finally:
+            writers.stop.set()
+            writers.join(30)
+            for child in reversed(children):
+                child.stop()
+            sampler.close()
+        display.finish()
+        faults = Faults(
+            takeover_seconds=story.takeover,
+            token_before=story.token_before,
+            token_after=story.token_after,
+            consumer_killed=story.consumer_killed,
+            duplicates_suppressed=last.duplicates,
+            takeover_limit=services.lease_ttl + 5,
+        )
+        checks = verify(engine, writers.log, faults)
+    finally:
+        engine.dispose()
+    result = DemoResult(checks, faults, time.monotonic() - started)
+    out.write("\nVerification\n")
+    for line in render(checks, color=out.isatty()):
+        out.write(line + "\n")
+    out.flush()
+    return result
+
+
+def _start(
+    services: Services,
+    options: DemoOptions,
+    display: Display,
+    sampler: Sampler,
+    children: list[DemoProcess],
+) -> _Story:
+    deadline = time.monotonic() + 60
+    kill_at = max(2, int(options.expected_events() * options.consumer_kill_share))
+    consumer = start_consumer(services, "consumer", fault=f"after_db_commit:{kill_at}")
+    children.append(consumer)
+    relay_a = start_relay(services, "relay A")
+    children.append(relay_a)
+    _wait(
+        "relay A to take the lease", lambda: sampler.sample().holder_pid() == relay_a.pid, deadline
+    )
+    display.event(
+        f"  relay A (pid {relay_a.pid}) is active: it holds the lease,"
+        f" fencing token {sampler.sample().token}"
+    )
+    relay_b = start_relay(services, "relay B")
+    children.append(relay_b)
+    display.event(f"  relay B (pid {relay_b.pid}) is standby: it retries the lease every 0.25s")
+    display.event(
+        f"  consumer (pid {consumer.pid}) armed to die after its DB commit of delivery"
+        f" #{kill_at}, before committing the Kafka offset"
+    )
+    return _Story(services, children, relay_a, relay_b, consumer)
+
+
+def _run(
+    story: _Story,
+    writers: Writers,
+    sampler: Sampler,
+    display: Display,
+    options: DemoOptions,
+    started: float,
+) -> None:
+    deadline = time.monotonic() + options.timeout
+    kill_relay_at = int(options.expected_events() * options.relay_kill_share)
+    while True:
+        sample = sampler.sample()
+        written = writers.log.written
+        _react(story, sample, kill_relay_at, sampler, display)
+        for relay in (story.relay_b, story.relay_a):
+            if relay.exit_code not in (None, -9):
+                raise DemoError(f"{relay.name} exited with {relay.exit_code}; see {relay.log}")
+        names = {story.relay_a.pid: "relay A", story.relay_b.pid: "relay B"}
+        display.status(
+            status_lines(
+                sample,
+                written,
+                writers.log.rolled_back_transactions,
+                names,
+                time.monotonic() - started,
+            )
+        )
+        finished = not writers.alive and sample.consumed >= written
+        if finished and story.takeover is not None and story.duplicate_told:
+            return
+        if time.monotonic() > deadline:
+            display.event(f"  gave up after {options.timeout:.0f}s: the checks below say what")
+            return
+        time.sleep(TICK)
+
+
+def _react(
+    story: _Story, sample: Sample, kill_relay_at: int, sampler: Sampler, display: Display
+) -> None:
+    """Play the faults and narrate what the sample shows."""
+    if story.killed_at is None and sample.published >= kill_relay_at:
+        story.token_before = sample.token
+        story.relay_a.kill()
+        story.killed_at = sampler.sample().db_now
+        display.event(
+            f"  SIGKILL relay A (pid {story.relay_a.pid}) after {sample.published} published,"
+            " writers still writing: no clean shutdown, no lease release"
+        )
+    elif (
+        story.killed_at is not None
+        and story.takeover is None
+        and sample.holder_pid() == story.relay_b.pid
+    ):
+        story.takeover = max(0.0, (sample.acquired_at - story.killed_at).total_seconds())
+        story.token_after = sample.token
+        display.event(
+            f"  relay B took over {story.takeover:.1f}s after the kill (fencing token"
+            f" {story.token_before} -> {story.token_after}: writes under the old token are"
+            " refused)"
+        )
+    consumer = story.consumer
+    if not story.consumer_killed and consumer.exit_code is not None:
+        story.consumer_killed = consumer.exit_code == -9
+        how = "killed" if story.consumer_killed else f"exited with {consumer.exit_code}"
+        display.event(
+            f"  consumer {how} after committing its DB transaction, before its Kafka offset"
+        )
+        story.consumer = start_consumer(story.services, "consumer")
+        story.children.append(story.consumer)
+        display.event(f"  consumer restarted (pid {story.consumer.pid}): it gets the event again")
+    if not story.duplicate_told and sample.duplicates >= 1:
+        story.duplicate_told = True
+        display.event("  the inbox recognised the redelivered event: suppressed, not charged twice")
