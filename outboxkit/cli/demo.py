@@ -48,7 +48,10 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
     log_dir.mkdir(parents=True, exist_ok=True)
     _log_to(log_dir / "demo.log")
     click.echo(f"outboxkit demo (logs: {log_dir})")
-    click.echo("Starting PostgreSQL and Kafka (unless OUTBOXKIT_* variables name running ones)")
+    click.echo(
+        "Starting PostgreSQL and Kafka, unless OUTBOXKIT_* variables name running ones"
+        " (a first run also fetches Kafka with Maven)..."
+    )
     started = time.monotonic()
     plan = WritePlan(writers=writers, orders_per_writer=orders, seconds=seconds)
     with DevStack() as stack:

@@ -66,6 +66,12 @@ class DemoProcess:
                 command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
+    def rename(self, name: str) -> None:
+        """Its role is known once it runs: name it (and its log file) after it."""
+        self.name = name
+        log = self.log.with_name(f"{name.replace(' ', '-')}.log")
+        self.log = self.log.rename(log)  # the child keeps writing to the same file
+
     @property
     def pid(self) -> int:
         return self.proc.pid

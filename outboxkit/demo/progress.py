@@ -24,7 +24,9 @@ SELECT
      AND holder IS NOT NULL AND expires_at > now()),
   (SELECT token FROM outboxkit.relay_lease WHERE relay_group = %(group)s AND shard = 0),
   (SELECT acquired_at FROM outboxkit.relay_lease WHERE relay_group = %(group)s AND shard = 0),
-  now()
+  now(),
+  (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+     AND application_name = 'outboxkit-relay-standby')
 """
 
 
@@ -37,6 +39,8 @@ class Sample:
     token: int | None
     acquired_at: Any  # datetime (database clock) of the current term
     db_now: Any
+    # Relay processes polling for a lease: every relay keeps its one lease-attempt connection.
+    relays_polling: int
 
     def holder_pid(self) -> int | None:
         parts = (self.holder or "").split(":")
@@ -61,6 +65,7 @@ class Sampler:
             None if row[4] is None else int(row[4]),
             row[5],
             row[6],
+            int(row[7]),
         )
 
     def close(self) -> None:
@@ -70,18 +75,25 @@ class Sampler:
 class Display:
     """Redraws the status block on a TTY; prints a line every ``every`` seconds otherwise."""
 
-    def __init__(self, out: TextIO, *, tty: bool | None = None, every: float = 2.0) -> None:
+    def __init__(
+        self, out: TextIO, started: float, *, tty: bool | None = None, every: float = 2.0
+    ) -> None:
         self._out = out
+        self._started = started
         self._tty = out.isatty() if tty is None else tty
         self._every = every
         self._drawn = 0  # lines of the status block currently on screen
         self._last_plain = 0.0
         self._last_status: list[str] = []
 
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
     def event(self, text: str) -> None:
         """A story line (stays on screen, above the live block)."""
         self._clear()
-        self._out.write(text + "\n")
+        self._out.write(f"  [{self.elapsed:5.1f}s] {text}\n")
         if self._tty and self._last_status:
             self._draw(self._last_status)
         self._out.flush()

@@ -74,6 +74,12 @@ class _Story:
     consumer_killed: bool = False
     duplicate_told: bool = False
 
+    @property
+    def played_out(self) -> bool:
+        """Every fault that happened has shown its outcome (takeover, suppressed redelivery)."""
+        relay = self.killed_at is None or self.takeover is not None
+        return relay and (not self.consumer_killed or self.duplicate_told)
+
 
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     async def create() -> None:
@@ -97,7 +103,7 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
     """Tell the story on ``out``, then verify; the caller decides the exit code."""
     options = options or DemoOptions()
     started = time.monotonic()
-    display = Display(out)
+    display = Display(out, started)
     engine = sa.create_engine(db.sqlalchemy_url(services.database_url), pool_size=8)
     children: list[DemoProcess] = []
     writers = Writers(engine, services.topic, options.plan)
@@ -113,10 +119,10 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
             story = _start(services, options, display, sampler, children)
             writers.start()
             display.event(
-                f"  {options.plan.writers} writers placing orders (each with its events in the"
+                f"{options.plan.writers} writers placing orders (each with its events in the"
                 " same transaction; some transactions rolled back)"
             )
-            _run(story, writers, sampler, display, options, started)
+            _run(story, writers, sampler, display, options)
             last = sampler.sample()
         finally:
             writers.stop.set()
@@ -155,20 +161,24 @@ def _start(
     kill_at = max(2, int(options.expected_events() * options.consumer_kill_share))
     consumer = start_consumer(services, "consumer", fault=f"after_db_commit:{kill_at}")
     children.append(consumer)
-    relay_a = start_relay(services, "relay A")
-    children.append(relay_a)
-    _wait(
-        "relay A to take the lease", lambda: sampler.sample().holder_pid() == relay_a.pid, deadline
-    )
+    # Both relays start together; whichever takes the lease first is "A", the active one.
+    relays = [start_relay(services, f"relay {n}") for n in (1, 2)]
+    children.extend(relays)
+    pids = {relay.pid: relay for relay in relays}
+    _wait("a relay to take the lease", lambda: sampler.sample().holder_pid() in pids, deadline)
+    first = sampler.sample()
+    relay_a = pids[first.holder_pid() or 0]
+    relay_b = relays[1] if relay_a is relays[0] else relays[0]
+    relay_a.rename("relay A")
+    relay_b.rename("relay B")
+    # Every relay keeps one lease-attempt connection: two of them means B is polling too.
+    _wait("relay B to poll the lease", lambda: sampler.sample().relays_polling >= 2, deadline)
     display.event(
-        f"  relay A (pid {relay_a.pid}) is active: it holds the lease,"
-        f" fencing token {sampler.sample().token}"
+        f"relay A (pid {relay_a.pid}) is active: it holds the lease, fencing token {first.token}"
     )
-    relay_b = start_relay(services, "relay B")
-    children.append(relay_b)
-    display.event(f"  relay B (pid {relay_b.pid}) is standby: it retries the lease every 0.25s")
+    display.event(f"relay B (pid {relay_b.pid}) is standby: it tries to take the lease every 0.25s")
     display.event(
-        f"  consumer (pid {consumer.pid}) armed to die after its DB commit of delivery"
+        f"consumer (pid {consumer.pid}) armed to die after its DB commit of delivery"
         f" #{kill_at}, before committing the Kafka offset"
     )
     return _Story(services, children, relay_a, relay_b, consumer)
@@ -180,14 +190,13 @@ def _run(
     sampler: Sampler,
     display: Display,
     options: DemoOptions,
-    started: float,
 ) -> None:
     deadline = time.monotonic() + options.timeout
     kill_relay_at = int(options.expected_events() * options.relay_kill_share)
     while True:
         sample = sampler.sample()
         written = writers.log.written
-        _react(story, sample, kill_relay_at, sampler, display)
+        _react(story, sample, written, kill_relay_at, sampler, display)
         for relay in (story.relay_b, story.relay_a):
             if relay.exit_code not in (None, -9):
                 raise DemoError(f"{relay.name} exited with {relay.exit_code}; see {relay.log}")
@@ -198,20 +207,24 @@ def _run(
                 written,
                 writers.log.rolled_back_transactions,
                 names,
-                time.monotonic() - started,
+                display.elapsed,
             )
         )
-        finished = not writers.alive and sample.consumed >= written
-        if finished and story.takeover is not None and story.duplicate_told:
+        if not writers.alive and sample.consumed >= written and story.played_out:
             return
         if time.monotonic() > deadline:
-            display.event(f"  gave up after {options.timeout:.0f}s: the checks below say what")
+            display.event(f"gave up after {options.timeout:.0f}s: the checks below say what")
             return
         time.sleep(TICK)
 
 
 def _react(
-    story: _Story, sample: Sample, kill_relay_at: int, sampler: Sampler, display: Display
+    story: _Story,
+    sample: Sample,
+    written: int,
+    kill_relay_at: int,
+    sampler: Sampler,
+    display: Display,
 ) -> None:
     """Play the faults and narrate what the sample shows."""
     if story.killed_at is None and sample.published >= kill_relay_at:
@@ -219,8 +232,8 @@ def _react(
         story.relay_a.kill()
         story.killed_at = sampler.sample().db_now
         display.event(
-            f"  SIGKILL relay A (pid {story.relay_a.pid}) after {sample.published} published,"
-            " writers still writing: no clean shutdown, no lease release"
+            f"SIGKILL relay A (pid {story.relay_a.pid}) after it published {sample.published}"
+            f" of the {written} events written so far: no clean shutdown, no lease release"
         )
     elif (
         story.killed_at is not None
@@ -230,7 +243,7 @@ def _react(
         story.takeover = max(0.0, (sample.acquired_at - story.killed_at).total_seconds())
         story.token_after = sample.token
         display.event(
-            f"  relay B took over {story.takeover:.1f}s after the kill (fencing token"
+            f"relay B took over {story.takeover:.1f}s after the kill (fencing token"
             f" {story.token_before} -> {story.token_after}: writes under the old token are"
             " refused)"
         )
@@ -239,11 +252,11 @@ def _react(
         story.consumer_killed = consumer.exit_code == -9
         how = "killed" if story.consumer_killed else f"exited with {consumer.exit_code}"
         display.event(
-            f"  consumer {how} after committing its DB transaction, before its Kafka offset"
+            f"consumer {how} after committing its DB transaction, before its Kafka offset"
         )
         story.consumer = start_consumer(story.services, "consumer")
         story.children.append(story.consumer)
-        display.event(f"  consumer restarted (pid {story.consumer.pid}): it gets the event again")
+        display.event(f"consumer restarted (pid {story.consumer.pid}): it gets the event again")
     if not story.duplicate_told and sample.duplicates >= 1:
         story.duplicate_told = True
-        display.event("  the inbox recognised the redelivered event: suppressed, not charged twice")
+        display.event("the inbox recognised the redelivered event: suppressed, not charged twice")

@@ -34,7 +34,18 @@ def test_demo_shows_takeover_and_suppressed_duplicate_all_green(
     }
     logs = tmp_path / "logs"
     done = subprocess.run(
-        [OUTBOXKIT, "demo", "--orders", "8", "--seconds", "4", "--log-dir", str(logs)],
+        [
+            OUTBOXKIT,
+            "demo",
+            "--writers",
+            "3",
+            "--orders",
+            "6",
+            "--seconds",
+            "3",
+            "--log-dir",
+            str(logs),
+        ],
         env=env,
         cwd=ROOT,
         capture_output=True,
