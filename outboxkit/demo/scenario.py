@@ -38,7 +38,7 @@ class DemoError(OutboxkitError):
 class DemoOptions:
     plan: WritePlan = field(default_factory=WritePlan)
     relay_kill_share: float = 0.3  # SIGKILL the active relay once this share is published
-    consumer_kill_share: float = 0.5  # the consumer dies at about this share of deliveries
+    consumer_kill_share: float = 0.25  # the consumer dies at about this share of deliveries
     timeout: float = 90.0  # for the whole story, after the services are up
 
     def expected_events(self) -> int:
@@ -109,14 +109,12 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
     writers = Writers(engine, services.topic, options.plan)
     try:
         db.migrator.upgrade(services.database_url)
-        TABLES.drop_all(engine)
-        TABLES.create_all(engine)
         _create_topic(services.kafka_bootstrap, services.topic, partitions=3)
         sampler = Sampler(
             services.database_url, services.topic, services.consumer, services.relay_group
         )
         try:
-            story = _start(services, options, display, sampler, children)
+            story = _start(services, options, display, sampler, children, engine)
             writers.start()
             display.event(
                 f"{options.plan.writers} writers placing orders (each with its events in the"
@@ -156,6 +154,7 @@ def _start(
     display: Display,
     sampler: Sampler,
     children: list[DemoProcess],
+    engine: sa.Engine,
 ) -> _Story:
     deadline = time.monotonic() + 60
     kill_at = max(2, int(options.expected_events() * options.consumer_kill_share))
@@ -165,6 +164,8 @@ def _start(
     relays = [start_relay(services, f"relay {n}") for n in (1, 2)]
     children.extend(relays)
     pids = {relay.pid: relay for relay in relays}
+    TABLES.drop_all(engine)  # while the processes start: the handler needs them only later
+    TABLES.create_all(engine)
     _wait("a relay to take the lease", lambda: sampler.sample().holder_pid() in pids, deadline)
     first = sampler.sample()
     relay_a = pids[first.holder_pid() or 0]
