@@ -5,12 +5,14 @@ of its own, all keyed by the order id. The consumer charges an order when it see
 records every event it applied. The effect tables deliberately have no unique constraints: only
 the inbox stands between a redelivered event and a double charge.
 
-The consumer process imports :data:`REGISTRY` (``outboxkit inbox run --registry``).
+The consumer process imports :data:`REGISTRY` or :data:`ASYNC_REGISTRY`, by Kafka client
+(``outboxkit inbox run --registry``).
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outboxkit.events import Event
@@ -67,18 +69,31 @@ class OrderShipped(
 
 LIFECYCLE: tuple[type[OrderEvent], ...] = (OrderPlaced, OrderPacked, OrderShipped)
 
-REGISTRY = EventRegistry()
+REGISTRY = EventRegistry()  # for the sync driver (confluent-kafka)
+ASYNC_REGISTRY = EventRegistry()  # for the asyncio driver (aiokafka)
+
+
+def _effects(event: OrderEvent, ctx: HandlerContext) -> list[sa.Insert]:
+    """The handler's writes: a charge when an order is placed, and a record of every event."""
+    applied = demo_applied.insert().values(
+        order_id=event.order_id, seq=event.seq, event_id=ctx.event_id
+    )
+    if not isinstance(event, OrderPlaced):
+        return [applied]
+    charge = demo_charge.insert().values(
+        order_id=event.order_id, amount_cents=event.amount_cents, event_id=ctx.event_id
+    )
+    return [charge, applied]
 
 
 @REGISTRY.handler(*LIFECYCLE)
 def apply(event: OrderEvent, ctx: HandlerContext, session: Session) -> None:
     """The effects, in the same transaction as the inbox row that makes them happen once."""
-    if isinstance(event, OrderPlaced):
-        session.execute(
-            demo_charge.insert().values(
-                order_id=event.order_id, amount_cents=event.amount_cents, event_id=ctx.event_id
-            )
-        )
-    session.execute(
-        demo_applied.insert().values(order_id=event.order_id, seq=event.seq, event_id=ctx.event_id)
-    )
+    for statement in _effects(event, ctx):
+        session.execute(statement)
+
+
+@ASYNC_REGISTRY.handler(*LIFECYCLE)
+async def apply_async(event: OrderEvent, ctx: HandlerContext, session: AsyncSession) -> None:
+    for statement in _effects(event, ctx):
+        await session.execute(statement)

@@ -7,7 +7,6 @@ file each in the run's log folder, never to the demo's screen.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from outboxkit.faults import FAULT_ENV
+from outboxkit.kafka import resolve_client
+from outboxkit.settings import KafkaClient, KafkaSettings
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,18 @@ class Services:
         return f"demo-{self.run_id}"
 
     @property
-    def consumer_group(self) -> str:
-        return f"demo-billing-{self.run_id}"
-
-    @property
     def consumer(self) -> str:
-        """The inbox's consumer name: a run never counts an earlier run's rows."""
+        """The inbox's consumer name and the Kafka group: a run never counts an earlier one's."""
         return f"demo-billing-{self.run_id}"
 
     def base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+        """This environment with the demo's settings: Kafka's (client, security) are kept, any
+        other ``OUTBOXKIT_*`` (a fault point, relay tuning) would change the story."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("OUTBOXKIT_") or k.startswith("OUTBOXKIT_KAFKA_")
+        }
         return {
             **env,
             "OUTBOXKIT_DATABASE_URL": self.database_url,
@@ -110,14 +113,18 @@ def start_relay(services: Services, name: str) -> DemoProcess:
     return DemoProcess(name, command, env, services.log_dir / f"{name.replace(' ', '-')}.log")
 
 
-def _group_options(instance: str) -> list[str]:
-    """Static membership: the restarted consumer takes its killed predecessor's place at once,
-    instead of the group waiting out the dead member's session (spelling per client)."""
-    if importlib.util.find_spec("confluent_kafka") is not None:
+def _client_options(instance: str) -> list[str]:
+    """The handlers for the driver the child will pick (sync for confluent-kafka, asyncio for
+    aiokafka), and static membership: the restarted consumer takes its killed predecessor's
+    place at once instead of the group waiting out the dead member's session."""
+    if resolve_client(KafkaSettings()) is KafkaClient.CONFLUENT:  # as the child will decide
+        registry = "REGISTRY"
         pairs = {"group.instance.id": instance, "session.timeout.ms": "6000"}
     else:
+        registry = "ASYNC_REGISTRY"
         pairs = {"group_instance_id": instance, "session_timeout_ms": "6000"}
-    return [part for key, value in pairs.items() for part in ("--kafka-option", f"{key}={value}")]
+    options = [part for pair in pairs.items() for part in ("--kafka-option", "=".join(pair))]
+    return ["--registry", f"outboxkit.demo.app:{registry}", *options]
 
 
 def start_consumer(services: Services, name: str, fault: str | None = None) -> DemoProcess:
@@ -129,18 +136,16 @@ def start_consumer(services: Services, name: str, fault: str | None = None) -> D
         sys.executable,
         "-m",
         "outboxkit.inbox.worker",
-        "--registry",
-        "outboxkit.demo.app:REGISTRY",
         "--consumer",
         services.consumer,
         "--group",
-        services.consumer_group,
+        services.consumer,
         "--topic",
         services.topic,
         "--dead-letter-check",
         "off",
         "--retention-window",
         "0",
-        *_group_options(services.consumer),
+        *_client_options(services.consumer),
     ]
     return DemoProcess(name, command, env, services.log_dir / "consumer.log")

@@ -9,6 +9,7 @@ again and the inbox suppresses it. Then :mod:`outboxkit.demo.checks` judges the 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -199,7 +200,7 @@ def _run(
         written = writers.log.written
         _react(story, sample, written, kill_relay_at, sampler, display)
         for relay in (story.relay_b, story.relay_a):
-            if relay.exit_code not in (None, -9):
+            if relay.exit_code not in (None, -signal.SIGKILL):
                 raise DemoError(f"{relay.name} exited with {relay.exit_code}; see {relay.log}")
         names = {story.relay_a.pid: "relay A", story.relay_b.pid: "relay B"}
         display.status(
@@ -249,12 +250,13 @@ def _react(
             " refused)"
         )
     consumer = story.consumer
-    if not story.consumer_killed and consumer.exit_code is not None:
-        story.consumer_killed = consumer.exit_code == -9
-        how = "killed" if story.consumer_killed else f"exited with {consumer.exit_code}"
-        display.event(
-            f"consumer {how} after committing its DB transaction, before its Kafka offset"
-        )
+    if consumer.exit_code is None:
+        pass
+    elif consumer.exit_code != -signal.SIGKILL or story.consumer_killed:
+        raise DemoError(f"the consumer exited with {consumer.exit_code}; see {consumer.log}")
+    else:  # the armed fault point: SIGKILL between the DB commit and the offset commit
+        story.consumer_killed = True
+        display.event("consumer killed after committing its DB transaction, before its offset")
         story.consumer = start_consumer(story.services, "consumer")
         story.children.append(story.consumer)
         display.event(f"consumer restarted (pid {story.consumer.pid}): it gets the event again")
