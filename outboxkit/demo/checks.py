@@ -118,8 +118,8 @@ def _takeover(faults: Faults) -> Check:
         detail = "the standby never took over"
     else:
         detail = (
-            f"{seconds:.1f}s after the SIGKILL (lease TTL bound {faults.takeover_limit:.0f}s);"
-            f" fencing token {faults.token_before} -> {faults.token_after}"
+            f"{seconds:.1f}s after the SIGKILL (limit {faults.takeover_limit:.0f}s: lease TTL"
+            f" + 5s); fencing token {faults.token_before} -> {faults.token_after}"
         )
     return Check("standby relay took over from the killed one", ok, detail)
 

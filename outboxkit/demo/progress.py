@@ -7,27 +7,13 @@ every couple of seconds, so a log stays readable.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import psycopg
-
-_SAMPLE = """
-SELECT
-  (SELECT count(*) FROM outboxkit.outbox_message WHERE topic = %(topic)s AND state = 'published'),
-  (SELECT count(*) FROM outboxkit.inbox_message WHERE consumer = %(consumer)s
-     AND state = 'succeeded'),
-  (SELECT coalesce(sum(duplicate_count), 0) FROM outboxkit.inbox_message
-     WHERE consumer = %(consumer)s),
-  (SELECT holder FROM outboxkit.relay_lease WHERE relay_group = %(group)s AND shard = 0
-     AND holder IS NOT NULL AND expires_at > now()),
-  (SELECT token FROM outboxkit.relay_lease WHERE relay_group = %(group)s AND shard = 0),
-  (SELECT acquired_at FROM outboxkit.relay_lease WHERE relay_group = %(group)s AND shard = 0),
-  now(),
-  (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-     AND application_name = 'outboxkit-relay-standby')
-"""
+from outboxkit import db
+from outboxkit.schema import DEFAULT_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -51,11 +37,12 @@ class Sampler:
     """One autocommit connection; a sample is one round trip."""
 
     def __init__(self, database_url: str, topic: str, consumer: str, relay_group: str) -> None:
-        self._conn = psycopg.connect(database_url, autocommit=True)
+        self._conn = db.connect(database_url)
+        self._query = db.query("demo", "progress", DEFAULT_SCHEMA)
         self._params = {"topic": topic, "consumer": consumer, "group": relay_group}
 
     def sample(self) -> Sample:
-        row = self._conn.execute(_SAMPLE, self._params).fetchone()
+        row = db.one(self._conn, self._query, self._params)
         assert row is not None
         return Sample(
             int(row[0]),
@@ -105,7 +92,7 @@ class Display:
             self._draw(lines)
         elif time.monotonic() - self._last_plain >= self._every:
             self._last_plain = time.monotonic()
-            self._out.write("  " + " | ".join(line.strip() for line in lines) + "\n")
+            self._out.write("  " + "; ".join(" ".join(line.split()) for line in lines) + "\n")
         self._out.flush()
 
     def finish(self) -> None:
@@ -114,8 +101,10 @@ class Display:
         self._last_status = []
 
     def _draw(self, lines: list[str]) -> None:
+        # A wrapped line would take two rows and break the redraw: cut to the terminal's width.
+        width = shutil.get_terminal_size().columns - 1
         for line in lines:
-            self._out.write("\x1b[2K" + line + "\n")
+            self._out.write("\x1b[2K" + line[:width] + "\n")
         self._drawn = len(lines)
 
     def _clear(self) -> None:
@@ -131,8 +120,8 @@ def status_lines(
     holder = names.get(pid, f"pid {pid}") if pid is not None else "nobody (lease expired)"
     token = "-" if sample.token is None else str(sample.token)
     return [
-        f"  [{elapsed:5.1f}s] written {written:4d} (rolled back {rolled_back:3d})"
-        f"  published {sample.published:4d}  consumed {sample.consumed:4d}"
-        f"  duplicates suppressed {sample.duplicates}",
-        f"           lease: {holder}, fencing token {token}",
+        f"  [{elapsed:5.1f}s] written   {written:4d} events"
+        f" ({rolled_back} transactions rolled back)",
+        f"           published {sample.published:4d}; lease: {holder}, fencing token {token}",
+        f"           consumed  {sample.consumed:4d}; duplicates suppressed: {sample.duplicates}",
     ]
