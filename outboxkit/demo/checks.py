@@ -37,7 +37,16 @@ class Faults:
     takeover_limit: float
 
 
-def verify(engine: sa.Engine, log: WriteLog, faults: Faults) -> list[Check]:
+@dataclass(frozen=True)
+class Outcome:
+    """What the consumer's side of the database holds after the run."""
+
+    orders: set[str]  # demo_order ids (only committed orders exist)
+    charges: Counter[str]  # charges per order id
+    applied: list[tuple[str, int, str]]  # (order id, seq, event id) in the order applied
+
+
+def read_outcome(engine: sa.Engine) -> Outcome:
     with engine.connect() as conn:
         orders = {str(r[0]) for r in conn.execute(sa.select(demo_order.c.id))}
         charges = Counter(str(r[0]) for r in conn.execute(sa.select(demo_charge.c.order_id)))
@@ -46,12 +55,18 @@ def verify(engine: sa.Engine, log: WriteLog, faults: Faults) -> list[Check]:
                 demo_applied.c.order_id, demo_applied.c.seq, demo_applied.c.event_id
             ).order_by(demo_applied.c.id)
         ).all()
-    every_event = _every_event_once(log, [str(r[2]) for r in applied])
+    return Outcome(orders, charges, [(str(o), int(seq), str(e)) for o, seq, e in applied])
+
+
+def judge(log: WriteLog, outcome: Outcome, faults: Faults) -> list[Check]:
+    """Every row of the verification table (pure: the unit tests feed it broken outcomes)."""
+    events = [event for _, _, event in outcome.applied]
+    every_event = _every_event_once(log, events)
     return [
-        _charged_once(log, orders, charges),
+        _charged_once(log, outcome.orders, outcome.charges),
         every_event,
-        _nothing_phantom(log, orders, charges, [str(r[2]) for r in applied]),
-        _order_kept(log, [(str(r[0]), int(r[1])) for r in applied]),
+        _nothing_phantom(log, outcome.orders, outcome.charges, events),
+        _order_kept(log, [(order, seq) for order, seq, _ in outcome.applied]),
         _takeover(faults),
         _duplicate_suppressed(faults),
         _relay_exactly_once(faults, every_event.ok),

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from outboxkit import db
 from outboxkit.demo.app import TABLES
-from outboxkit.demo.checks import Check, Faults, render, verify
+from outboxkit.demo.checks import Check, Faults, judge, read_outcome, render
 from outboxkit.demo.processes import DemoProcess, Services, start_consumer, start_relay
 from outboxkit.demo.progress import Display, Sample, Sampler, status_lines
 from outboxkit.demo.writers import WritePlan, Writers
@@ -138,7 +138,7 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
             duplicates_suppressed=last.duplicates,
             takeover_limit=services.lease_ttl + 5,
         )
-        checks = verify(engine, writers.log, faults)
+        checks = judge(writers.log, read_outcome(engine), faults)
     finally:
         engine.dispose()
     result = DemoResult(checks, faults, time.monotonic() - started)
