@@ -9,7 +9,9 @@ again and the inbox suppresses it. Then :mod:`outboxkit.demo.checks` judges the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from outboxkit.kafka import KafkaClients
 from outboxkit.settings import KafkaSettings
 
 TICK = 0.1
+logger = logging.getLogger("outboxkit.demo")
 
 
 class DemoError(OutboxkitError):
@@ -68,6 +71,7 @@ class _Story:
     relay_a: DemoProcess
     relay_b: DemoProcess
     consumer: DemoProcess
+    victim: DemoProcess | None = None  # the relay that held the lease when the kill came
     killed_at: datetime | None = None  # database clock
     token_before: int | None = None
     takeover: float | None = None
@@ -93,6 +97,27 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     asyncio.run(create())
 
 
+def _warm_transactions(bootstrap: str, run_id: str) -> None:
+    """A fresh broker loads its transaction coordinator on first use, which takes seconds: do
+    that now, while the relays start, so relay A's first transaction does not wait for it."""
+
+    async def warm() -> None:
+        kafka = KafkaClients(KafkaSettings(bootstrap=bootstrap))
+        producer = kafka.transactional_producer(f"outboxkit-demo-warmup-{run_id}")
+        try:
+            await producer.start()
+        finally:
+            await producer.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(warm())
+        except OutboxkitError as exc:  # only a head start: the relays retry on their own
+            logger.info("transaction coordinator warm-up failed: %s", exc)
+
+    threading.Thread(target=run, name="demo-kafka-warm-up", daemon=True).start()
+
+
 def _wait(what: str, condition: Callable[[], bool], deadline: float) -> None:
     while not condition():
         if time.monotonic() > deadline:
@@ -109,6 +134,7 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
     children: list[DemoProcess] = []
     writers = Writers(engine, services.topic, options.plan)
     try:
+        _warm_transactions(services.kafka_bootstrap, services.run_id)
         db.migrator.upgrade(services.database_url)
         _create_topic(services.kafka_bootstrap, services.topic, partitions=3)
         sampler = Sampler(
@@ -194,7 +220,7 @@ def _run(
     options: DemoOptions,
 ) -> None:
     deadline = time.monotonic() + options.timeout
-    kill_relay_at = int(options.expected_events() * options.relay_kill_share)
+    kill_relay_at = max(1, int(options.expected_events() * options.relay_kill_share))
     while True:
         sample = sampler.sample()
         written = writers.log.written
@@ -229,23 +255,28 @@ def _react(
     display: Display,
 ) -> None:
     """Play the faults and narrate what the sample shows."""
-    if story.killed_at is None and sample.published >= kill_relay_at:
-        story.token_before = sample.token
-        story.relay_a.kill()
+    relays = {story.relay_a.pid: story.relay_a, story.relay_b.pid: story.relay_b}
+    holder = relays.get(sample.holder_pid() or 0)
+    if story.victim is None and sample.published >= kill_relay_at and holder is not None:
+        # The active relay is A unless an overloaded A already lost its lease to B.
+        story.victim, story.token_before = holder, sample.token
+        holder.kill()
         story.killed_at = sampler.sample().db_now
         display.event(
-            f"SIGKILL relay A (pid {story.relay_a.pid}) after it published {sample.published}"
+            f"SIGKILL {holder.name} (pid {holder.pid}) after it published {sample.published}"
             f" of the {written} events written so far: no clean shutdown, no lease release"
         )
     elif (
         story.killed_at is not None
         and story.takeover is None
-        and sample.holder_pid() == story.relay_b.pid
+        and holder is not None
+        and holder is not story.victim
+        and sample.acquired_at >= story.killed_at
     ):
-        story.takeover = max(0.0, (sample.acquired_at - story.killed_at).total_seconds())
+        story.takeover = (sample.acquired_at - story.killed_at).total_seconds()
         story.token_after = sample.token
         display.event(
-            f"relay B took over {story.takeover:.1f}s after the kill (fencing token"
+            f"{holder.name} took over {story.takeover:.1f}s after the kill (fencing token"
             f" {story.token_before} -> {story.token_after}: writes under the old token are"
             " refused)"
         )

@@ -53,9 +53,11 @@ def test_demo_shows_takeover_and_suppressed_duplicate_all_green(
         timeout=180,
     )
     out = done.stdout
+    print(out)  # shown by pytest when the test fails: the story and the table
     assert done.returncode == 0, out + done.stderr
-    assert "SIGKILL relay A" in out, out
-    assert "relay B took over" in out, out
+    # A unless an overloaded A lost its lease to B before the kill (then the roles swap).
+    assert re.search(r"SIGKILL relay [AB] \(pid \d+\) after it published \d+", out), out
+    assert re.search(r"relay [AB] took over \d+\.\ds after the kill", out), out
     assert "consumer killed after committing its DB transaction" in out, out
     assert "the inbox recognised the redelivered event" in out, out
     table = out.split("\nVerification\n", 1)[1]
