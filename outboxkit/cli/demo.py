@@ -1,26 +1,72 @@
-"""``outboxkit demo``: the end-to-end demo on a self-started (or given) PostgreSQL + Kafka."""
+"""``outboxkit demo``: failover and redelivery on a self-started (or given) PostgreSQL + Kafka.
+
+The screen shows only the story and the verdict: every log (the services', the relays', the
+consumer's, the Kafka clients') goes to files in a folder whose path is printed first.
+"""
 
 from __future__ import annotations
 
+import logging
+import sys
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
 import click
 
 
+def _log_to(path: Path) -> None:
+    """This process's logging (devstack, Kafka admin client) into a file, not the screen."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+
+
 @click.command()
-@click.option("--orders", default=20, show_default=True, help="How many orders to write.")
-def demo(orders: int) -> None:
-    """Write -> relay -> Kafka -> deduplicating consumer, and check every invariant."""
-    from outboxkit.demo import DemoInvariantError, run_demo
+@click.option("--writers", default=4, show_default=True, help="Concurrent writer threads.")
+@click.option("--orders", default=20, show_default=True, help="Orders each writer places.")
+@click.option("--seconds", default=10.0, show_default=True, help="Spread the writes over this.")
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the logs go (default: a new temporary folder).",
+)
+def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> None:
+    """Writers, two relays (the active one SIGKILLed midway), a consumer killed between its
+    DB commit and its offset commit; then a verification table. Exits 1 if a check fails."""
+    from outboxkit.demo import DemoError, DemoOptions, Services, WritePlan, run_demo
     from outboxkit.devstack import DevStack
 
-    click.echo("Starting PostgreSQL and Kafka (self-started unless OUTBOXKIT_* URLs are set)...")
+    if log_dir is None:
+        log_dir = Path(tempfile.mkdtemp(prefix="outboxkit-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _log_to(log_dir / "demo.log")
+    click.echo(f"outboxkit demo (logs: {log_dir})")
+    click.echo(
+        "Starting PostgreSQL and Kafka, unless OUTBOXKIT_* variables name running ones"
+        " (a first run also fetches Kafka with Maven)..."
+    )
     started = time.monotonic()
+    plan = WritePlan(writers=writers, orders_per_writer=orders, seconds=seconds)
     with DevStack() as stack:
-        for name, seconds in stack.startup_seconds.items():
-            click.echo(f"  {name} up in {seconds:.1f}s")
+        up = [f"{name} self-started in {secs:.1f}s" for name, secs in stack.startup_seconds.items()]
+        up += [f"{name} given by {variable}" for name, variable in stack.external.items()]
+        click.echo(f"  {'; '.join(up)}")
+        services = Services(
+            stack.database_url, stack.kafka_bootstrap, uuid.uuid4().hex[:8], log_dir
+        )
         try:
-            run_demo(stack.database_url, stack.kafka_bootstrap, orders=orders, echo=click.echo)
-        except DemoInvariantError as exc:
-            raise click.ClickException(str(exc)) from exc
-    click.echo(f"Demo finished in {time.monotonic() - started:.1f}s; services stopped.")
+            result = run_demo(services, sys.stdout, DemoOptions(plan=plan))
+        except DemoError as exc:
+            raise click.ClickException(f"{exc} (logs: {log_dir})") from exc
+    verdict = "all checks passed" if result.ok else "SOME CHECKS FAILED"
+    click.echo(f"\n{verdict} in {time.monotonic() - started:.1f}s; services stopped.")
+    if not result.ok:
+        click.echo(f"Logs: {log_dir}")
+        sys.exit(1)

@@ -29,7 +29,7 @@ _MISTAKES = (
     (re.compile(r"%\(\w+\)[sbt]"), "a '%(x)s' placeholder (write :x)"),
 )
 
-AREAS = ("outbox", "relay", "inbox")
+AREAS = ("outbox", "relay", "inbox", "demo")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _raw(area: str) -> dict[str, str]:
 
 @cache
 def queries(area: str, schema: str) -> dict[str, Query]:
-    """The statements of one area (``outbox``, ``relay``, ``inbox``) for a given schema."""
+    """The statements of one area (``outbox``, ``relay``, ``inbox``, ``demo``) for a schema."""
     schema_sql = quoted(schema)
     raw = _raw(area)
     fragments = {name: body for name, body in raw.items() if name.startswith("_")}

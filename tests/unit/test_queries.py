@@ -107,6 +107,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "delete_finished_batch": {"window_seconds", "batch_size", "now"},
         "delete_rejections_batch": {"window_seconds", "batch_size", "now"},
     },
+    "demo": {"progress": {"topic", "consumer", "group"}},
 }  # fmt: skip
 
 _PSYCOPG_PLACEHOLDER = re.compile(rb"%\((\w+)\)([sb])")
