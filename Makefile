@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 system-deps:
 	bash scripts/ensure-system-deps.sh
 
-## demo: write -> relay -> Kafka -> deduplicating consumer, on a self-started PostgreSQL + Kafka
+## demo: writers, two relays (the active one SIGKILLed, the standby takes over), a consumer killed
+## after its DB commit; live progress, then a verification table. Self-started PostgreSQL + Kafka.
 demo: $(STAMP)
 	$(VENV)/bin/outboxkit demo
 
