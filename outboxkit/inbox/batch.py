@@ -228,7 +228,6 @@ class _Batch:
 
     def _run_handlers(self, items: list[_Item]) -> Plan[list[_Item]]:
         ran = []
-        policy = self.core.settings.policy
         for item in items:
             if self.holds(item):
                 self.unrun.append(item)
@@ -241,9 +240,10 @@ class _Batch:
                 self.lost.append((item, str(exc)))
                 self.hold(item)
             except Exception as exc:
+                # Retried, or dead-lettered after the commit: either way the records behind it
+                # run after it ended, as without batching.
                 self.failed.append((item, exc))
-                if not policy.exhausted(item.run.claim.attempts):
-                    self.hold(item)  # it will be retried: the records behind it wait
+                self.hold(item)
             else:
                 ran.append(item)
         return ran
