@@ -162,11 +162,8 @@ def middleware_confluent(
         engine.dispose()
 
 
-async def _bare_aiokafka(
-    url: str, bootstrap: str, topic: str, events: int, interval: float
-) -> float:
-    engine = create_async_engine(url)
-    consumer = AIOKafkaConsumer(
+def _aiokafka_consumer(bootstrap: str, topic: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=f"bench-{uuid.uuid4().hex[:8]}",
@@ -174,6 +171,13 @@ async def _bare_aiokafka(
         enable_auto_commit=False,
         isolation_level="read_committed",
     )
+
+
+async def _bare_aiokafka(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    engine = create_async_engine(url)
+    consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
     done, started, last_commit = 0, 0.0, time.monotonic()
     try:
@@ -203,14 +207,7 @@ async def _bare_aiokafka_batch(
     url: str, bootstrap: str, topic: str, events: int, interval: float
 ) -> float:
     engine = create_async_engine(url)
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"bench-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-    )
+    consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
     done, started, last_commit = 0, 0.0, time.monotonic()
     try:

@@ -261,6 +261,12 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
         self.lease.close()
 
 
+def _awaited(returned: Any) -> Awaitable[Any]:
+    if not inspect.isawaitable(returned):
+        raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
+    return returned
+
+
 class _AsyncSteps(_Steps):
     def __init__(self, inbox: AsyncInbox, extra: StepTable) -> None:
         self.inbox = inbox
@@ -273,10 +279,7 @@ class _AsyncSteps(_Steps):
 
     async def call_handler(self, step: CallHandler) -> None:
         self.session = AsyncSession(self.inbox.engine, sync_session_class=_HandlerSession)
-        returned = step.handler(step.event, step.ctx, self.session)
-        if not inspect.isawaitable(returned):
-            raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
-        await returned
+        await _awaited(step.handler(step.event, step.ctx, self.session))
 
     async def open_handler(self, step: OpenHandler) -> None:
         await self.close_handler(CloseHandler())
@@ -287,10 +290,7 @@ class _AsyncSteps(_Steps):
         assert session is not None
         nested = await session.begin_nested()
         try:
-            returned = step.handler(*step.args, session)
-            if not inspect.isawaitable(returned):
-                raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
-            await returned
+            await _awaited(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
             await session.flush()

@@ -5,6 +5,19 @@
 -- Lease expiry and the purge window are judged against :now when given (tests pass a later time
 -- instead of sleeping), else the database clock.
 
+-- name: _takeover
+-- A claim of an unfinished row (same content): attempts + 1 and the newer token.
+ON CONFLICT (consumer, event_id) DO UPDATE
+SET attempts = m.attempts + 1,
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = EXCLUDED.lease_token,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    topic = EXCLUDED.topic,
+    kafka_partition = EXCLUDED.kafka_partition,
+    kafka_offset = EXCLUDED.kafka_offset,
+    updated_at = now()
+WHERE m.state = 'processing' AND m.content_digest = EXCLUDED.content_digest
+
 -- name: claim
 -- A new event gets a processing row; a redelivery of an unfinished one (same content) takes the
 -- lease over with a newer token, which fences any older handler still running for it.
@@ -21,16 +34,7 @@ SELECT
     coalesce(CAST(:now AS timestamptz), now()) + make_interval(secs => :lease_seconds),
     :topic, :kafka_partition, :kafka_offset
 FROM relaxed
-ON CONFLICT (consumer, event_id) DO UPDATE
-SET attempts = m.attempts + 1,
-    lease_owner = EXCLUDED.lease_owner,
-    lease_token = EXCLUDED.lease_token,
-    lease_expires_at = EXCLUDED.lease_expires_at,
-    topic = EXCLUDED.topic,
-    kafka_partition = EXCLUDED.kafka_partition,
-    kafka_offset = EXCLUDED.kafka_offset,
-    updated_at = now()
-WHERE m.state = 'processing' AND m.content_digest = EXCLUDED.content_digest
+{_takeover}
 RETURNING m.lease_token, m.attempts, m.last_error;
 
 -- name: claim_batch
@@ -56,16 +60,7 @@ SELECT
     g.topic, g.kafka_partition, g.kafka_offset
 FROM given AS g CROSS JOIN relaxed
 ORDER BY g.position
-ON CONFLICT (consumer, event_id) DO UPDATE
-SET attempts = m.attempts + 1,
-    lease_owner = EXCLUDED.lease_owner,
-    lease_token = EXCLUDED.lease_token,
-    lease_expires_at = EXCLUDED.lease_expires_at,
-    topic = EXCLUDED.topic,
-    kafka_partition = EXCLUDED.kafka_partition,
-    kafka_offset = EXCLUDED.kafka_offset,
-    updated_at = now()
-WHERE m.state = 'processing' AND m.content_digest = EXCLUDED.content_digest
+{_takeover}
 RETURNING m.event_id, m.lease_token, m.attempts, m.last_error;
 
 -- name: release_batch
