@@ -4,13 +4,19 @@ Run: ``python benchmarks/consumer.py`` (starts its own durable PostgreSQL and a 
 unless ``OUTBOXKIT_DATABASE_URL`` and ``OUTBOXKIT_KAFKA_BOOTSTRAP`` name running ones; a scratch
 database is created and dropped either way).
 
-Both sides consume the same topic (``read_committed``, auto-commit off) and, per event, commit
-one effect row in PostgreSQL; offsets are committed synchronously after every event, or every
-second ("batched": safe for the middleware because a redelivery is recognised). The bare
-consumer does only that; the middleware also claims the inbox row (its own short
-transaction), runs the handler with the lease keeper, and marks ``succeeded`` conditionally on
-the token in the handler's transaction. Variants run interleaved, best of the rounds is kept.
-Nothing asserts on speed.
+Every variant consumes the same topic (``read_committed``, auto-commit off), writes one effect
+row per event in PostgreSQL and commits offsets every second (safe for the middleware because a
+redelivery is recognised), for both clients side by side:
+
+* ``bare/event``: a bare consumer, one transaction per event;
+* ``bare/batch``: a bare consumer, one transaction per fetched batch (at most 50 rows);
+* ``mw/event`` (the old path): the middleware, one delivery at a time: a claim of its own, then
+  the handler's transaction with the token-conditional ``succeeded`` mark;
+* ``mw/batch``: the middleware batched: one claim statement per batch, one transaction, each
+  handler in a savepoint, one statement marking the successes.
+
+Variants run interleaved (alternating rounds); the median of the rounds is printed. Nothing
+asserts on speed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -67,6 +74,37 @@ def _conf(bootstrap: str) -> dict[str, Any]:
     }
 
 
+BATCH = 50
+
+
+def bare_confluent_batch(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    engine = create_engine(url)
+    consumer = Consumer(_conf(bootstrap))
+    consumer.subscribe([topic])
+    done, started, last_commit = 0, 0.0, time.monotonic()
+    try:
+        while done < events:
+            msgs = [m for m in consumer.consume(BATCH, 1.0) if not m.error()]
+            if not msgs:
+                continue
+            if done == 0:
+                started = time.perf_counter()
+            with engine.begin() as conn:
+                for msg in msgs:
+                    body = json.loads(msg.value())
+                    conn.execute(INSERT, {"event_id": msg.key().decode(), "amount": body["amount"]})
+            done += len(msgs)
+            if done >= events or time.monotonic() - last_commit >= interval:
+                consumer.commit(message=msgs[-1], asynchronous=False)
+                last_commit = time.monotonic()
+        return events / (time.perf_counter() - started)
+    finally:
+        consumer.close()
+        engine.dispose()
+
+
 def bare_confluent(url: str, bootstrap: str, topic: str, events: int, interval: float) -> float:
     engine = create_engine(url)
     consumer = Consumer(_conf(bootstrap))
@@ -93,7 +131,7 @@ def bare_confluent(url: str, bootstrap: str, topic: str, events: int, interval: 
 
 
 def middleware_confluent(
-    url: str, bootstrap: str, topic: str, events: int, interval: float
+    url: str, bootstrap: str, topic: str, events: int, interval: float, batch: int = 1
 ) -> float:
     engine = create_engine(url)
 
@@ -108,25 +146,24 @@ def middleware_confluent(
         topics=[topic],
         poll_timeout=1.0,
         offset_commit_interval=interval,
+        dead_letter=None,
+        batch_max_records=batch,
     )
     done, started = 0, 0.0
     try:
         with consumer:
             while done < events:
-                if consumer.poll_once() is not None:
-                    if done == 0:
-                        started = time.perf_counter()
-                    done += 1
+                settled = len(consumer.poll_batch())
+                if settled and done == 0:
+                    started = time.perf_counter()
+                done += settled
         return events / (time.perf_counter() - started)
     finally:
         engine.dispose()
 
 
-async def _bare_aiokafka(
-    url: str, bootstrap: str, topic: str, events: int, interval: float
-) -> float:
-    engine = create_async_engine(url)
-    consumer = AIOKafkaConsumer(
+def _aiokafka_consumer(bootstrap: str, topic: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=f"bench-{uuid.uuid4().hex[:8]}",
@@ -134,6 +171,13 @@ async def _bare_aiokafka(
         enable_auto_commit=False,
         isolation_level="read_committed",
     )
+
+
+async def _bare_aiokafka(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    engine = create_async_engine(url)
+    consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
     done, started, last_commit = 0, 0.0, time.monotonic()
     try:
@@ -159,8 +203,41 @@ async def _bare_aiokafka(
         await engine.dispose()
 
 
-async def _middleware_aiokafka(
+async def _bare_aiokafka_batch(
     url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    engine = create_async_engine(url)
+    consumer = _aiokafka_consumer(bootstrap, topic)
+    await consumer.start()
+    done, started, last_commit = 0, 0.0, time.monotonic()
+    try:
+        while done < events:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=BATCH)
+            msgs = [msg for records in batches.values() for msg in records]
+            if not msgs:
+                continue
+            if done == 0:
+                started = time.perf_counter()
+            async with engine.begin() as conn:
+                for msg in msgs:
+                    body = json.loads(msg.value)
+                    await conn.execute(
+                        INSERT, {"event_id": msg.key.decode(), "amount": body["amount"]}
+                    )
+            done += len(msgs)
+            if done >= events or time.monotonic() - last_commit >= interval:
+                await consumer.commit(
+                    {TopicPartition(m.topic, m.partition): m.offset + 1 for m in msgs}
+                )
+                last_commit = time.monotonic()
+        return events / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+        await engine.dispose()
+
+
+async def _middleware_aiokafka(
+    url: str, bootstrap: str, topic: str, events: int, interval: float, batch: int = 1
 ) -> float:
     engine = create_async_engine(url)
 
@@ -175,15 +252,17 @@ async def _middleware_aiokafka(
         topics=[topic],
         poll_timeout=1.0,
         offset_commit_interval=interval,
+        dead_letter=None,
+        batch_max_records=batch,
     )
     done, started = 0, 0.0
     try:
         async with consumer:
             while done < events:
-                if await consumer.poll_once() is not None:
-                    if done == 0:
-                        started = time.perf_counter()
-                    done += 1
+                settled = len(await consumer.poll_batch())
+                if settled and done == 0:
+                    started = time.perf_counter()
+                done += settled
         return events / (time.perf_counter() - started)
     finally:
         await engine.dispose()
@@ -193,19 +272,42 @@ def bare_aiokafka(url: str, bootstrap: str, topic: str, events: int, interval: f
     return asyncio.run(_bare_aiokafka(url, bootstrap, topic, events, interval))
 
 
+def bare_aiokafka_batch(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    return asyncio.run(_bare_aiokafka_batch(url, bootstrap, topic, events, interval))
+
+
 def middleware_aiokafka(
     url: str, bootstrap: str, topic: str, events: int, interval: float
 ) -> float:
     return asyncio.run(_middleware_aiokafka(url, bootstrap, topic, events, interval))
 
 
+def middleware_aiokafka_batch(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    return asyncio.run(_middleware_aiokafka(url, bootstrap, topic, events, interval, BATCH))
+
+
+def middleware_confluent_batch(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    return middleware_confluent(url, bootstrap, topic, events, interval, BATCH)
+
+
 Runner = Callable[[str, str, str, int, float], float]
-MODES = [("per message", 0.0), ("every 1 s", 1.0)]
+INTERVAL = 1.0
+COLUMNS = ["bare/event", "bare/batch", "mw/event", "mw/batch"]
 VARIANTS: list[tuple[str, str, Runner]] = [
-    ("confluent", "bare", bare_confluent),
-    ("confluent", "middleware", middleware_confluent),
-    ("aiokafka", "bare", bare_aiokafka),
-    ("aiokafka", "middleware", middleware_aiokafka),
+    ("confluent", "bare/event", bare_confluent),
+    ("confluent", "bare/batch", bare_confluent_batch),
+    ("confluent", "mw/event", middleware_confluent),
+    ("confluent", "mw/batch", middleware_confluent_batch),
+    ("aiokafka", "bare/event", bare_aiokafka),
+    ("aiokafka", "bare/batch", bare_aiokafka_batch),
+    ("aiokafka", "mw/event", middleware_aiokafka),
+    ("aiokafka", "mw/batch", middleware_aiokafka_batch),
 ]
 
 
@@ -235,25 +337,28 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int) -> None:
         with psycopg.connect(db_url) as conn:
             conn.execute(EFFECT_DDL)
         topic = _produce(bootstrap, events)
-        best: dict[tuple[str, str, str], float] = {}
+        rates: dict[tuple[str, str], list[float]] = {}
         for round_no in range(1, rounds + 1):
-            for mode, interval in MODES:
-                for client, variant, runner in VARIANTS:
-                    rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events, interval)
-                    key = (mode, client, variant)
-                    best[key] = max(best.get(key, 0.0), rate)
-                    print(
-                        f"round {round_no}  offsets {mode:11} {client:9} {variant:10}"
-                        f" {rate:8.0f} events/s",
-                        flush=True,
-                    )
-        print(f"\n{events} events, one effect row each; best of {rounds} rounds")
-        print(f"{'offset commits':15} {'client':10} {'bare':>8} {'middleware':>11} {'ratio':>6}")
-        for mode, _ in MODES:
-            for client in ("confluent", "aiokafka"):
-                bare = best[(mode, client, "bare")]
-                mid = best[(mode, client, "middleware")]
-                print(f"{mode:15} {client:10} {bare:8.0f} {mid:11.0f} {mid / bare:6.2f}")
+            order = VARIANTS if round_no % 2 else list(reversed(VARIANTS))  # alternate
+            for client, variant, runner in order:
+                rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events, INTERVAL)
+                rates.setdefault((client, variant), []).append(rate)
+                print(f"round {round_no}  {client:9} {variant:10} {rate:8.0f} events/s", flush=True)
+        print(
+            f"\n{events} events, one effect row each, offsets every {INTERVAL:g} s;"
+            f" median of {rounds} rounds (events/s)"
+        )
+        print(
+            f"{'client':10}"
+            + "".join(f"{c:>11}" for c in COLUMNS)
+            + f"{'mw/batch : bare/event':>23}{'mw/batch : bare/batch':>23}"
+        )
+        for client in ("confluent", "aiokafka"):
+            median = {c: statistics.median(rates[(client, c)]) for c in COLUMNS}
+            row = "".join(f"{median[c]:11.0f}" for c in COLUMNS)
+            ratio_event = median["mw/batch"] / median["bare/event"]
+            ratio_batch = median["mw/batch"] / median["bare/batch"]
+            print(f"{client:10}{row}{ratio_event:23.2f}{ratio_batch:23.2f}")
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(
@@ -264,7 +369,7 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=800)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with DevStack(durable=True) as stack:
         run(stack.database_url, stack.kafka_bootstrap, args.events, args.rounds)

@@ -36,6 +36,10 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         """Process one record (polling if none is buffered); ``None`` if nothing was."""
         return await drive_async(self.loop.poll_once(wait), self.executor)
 
+    async def poll_batch(self, wait: float | None = None) -> list[Outcome]:
+        """Process up to ``batch_max_records`` records in one transaction; their outcomes."""
+        return await drive_async(self.loop.poll_batch(wait), self.executor)
+
     async def run(self, stop: asyncio.Event | None = None, max_messages: int | None = None) -> int:
         return await drive_async(self.loop.run(stopped_by(stop), max_messages), self.executor)
 

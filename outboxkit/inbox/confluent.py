@@ -36,6 +36,10 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
         """Process one record (polling if none is buffered); ``None`` if nothing was."""
         return drive_sync(self.loop.poll_once(timeout), self.executor)
 
+    def poll_batch(self, timeout: float | None = None) -> list[Outcome]:
+        """Process up to ``batch_max_records`` records in one transaction; their outcomes."""
+        return drive_sync(self.loop.poll_batch(timeout), self.executor)
+
     def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> int:
         """Process until ``stop`` is set (or ``max_messages`` deliveries were settled)."""
         return drive_sync(self.loop.run(stopped_by(stop), max_messages), self.executor)

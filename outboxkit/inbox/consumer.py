@@ -16,7 +16,13 @@ from outboxkit.inbox.deadletter import (
     DeadLetterCheck,
     DeadLetterTopic,
 )
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions, kafka_steps
+from outboxkit.inbox.loop import (
+    BATCH_MAX_MS,
+    BATCH_MAX_RECORDS,
+    ConsumerLoop,
+    LoopOptions,
+    kafka_steps,
+)
 from outboxkit.inbox.middleware import AsyncInbox, Inbox
 from outboxkit.inbox.retention import Retention
 from outboxkit.inbox.steps import Executor
@@ -50,6 +56,9 @@ class InboxConsumer(Generic[InboxT]):
     warning (``"warn"``) or not looked for (``"off"``). ``retention`` purges finished inbox rows
     and old rejections from this loop. ``max_unexpected_errors``: failures outside the handler
     of one record in a row before it is given up (recorded as a rejection).
+    ``batch_max_records``: records processed in one transaction, each handler in a savepoint
+    of its own (1: one transaction per record); ``batch_max_ms``: how long a batch waits to
+    fill up after its first record.
     """
 
     def __init__(
@@ -70,9 +79,13 @@ class InboxConsumer(Generic[InboxT]):
         retention: Retention | None = None,
         max_unexpected_errors: int = 5,
         dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
+        batch_max_records: int = BATCH_MAX_RECORDS,
+        batch_max_ms: float = BATCH_MAX_MS,
     ) -> None:
         if max_unexpected_errors < 1:
             raise ValueError("max_unexpected_errors must be at least 1")
+        if batch_max_records < 1 or batch_max_ms < 0:
+            raise ValueError("batch_max_records must be at least 1, batch_max_ms not negative")
         self.inbox: InboxT = inbox
         self.group_id = group_id
         self.loop = ConsumerLoop(
@@ -89,6 +102,8 @@ class InboxConsumer(Generic[InboxT]):
                 dead_letter_max_bytes=dead_letter_max_bytes,
                 retention=retention,
                 dead_letter_check=dead_letter_check,
+                batch_max_records=batch_max_records,
+                batch_max_ms=batch_max_ms,
             ),
         )
         clients = KafkaClients(kafka if kafka is not None else KafkaSettings())

@@ -59,6 +59,7 @@ DeadLetterStep = Callable[[Envelope, str, str, int], Step | None]
 # A lost lease is retried from the same offset if the partition is still ours (a failed renewal
 # when the database blipped); a short pause keeps that from spinning.
 LEASE_LOST_RETRY_SECONDS = 1.0
+REFUSED_BY_TOKEN = "final succeeded update refused by token"
 
 
 def default_owner() -> str:
@@ -103,7 +104,7 @@ class InboxSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class _Run:
+class ClaimedRun:
     """One claimed delivery: what settling it needs."""
 
     env: Envelope
@@ -112,7 +113,7 @@ class _Run:
     dead_letter: DeadLetterStep
 
 
-def _context(
+def handler_context(
     settings: InboxSettings,
     env: Envelope,
     ident: Identity,
@@ -179,26 +180,19 @@ class InboxCore:
     def _deliver(
         self, env: Envelope, revoked: Revoked, dead_letter: DeadLetterStep
     ) -> Plan[Outcome]:
-        settings, statements = self.settings, self.statements
-        try:
-            ident = identify(env, settings.event_id_from)
-        except DecodeError as exc:
-            event_id = exc.safe_event_id if isinstance(exc, InvalidHeaderError) else None
-            reason = bounded(str(exc))
-            yield statements.reject(env, reason, event_id=event_id)
-            return Outcome(OutcomeKind.REJECTED, event_id, error=reason)
-        if settings.too_old(env) and not (yield statements.state(ident.event_id)).rows:
-            reason = "replay older than the dedup retention window; refused"
-            yield statements.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+        statements = self.statements
+        ident = yield from self.admit(env)
+        if isinstance(ident, Outcome):
+            return ident
         claim = yield from statements.claim_plan(ident, env)
-        if claim.kind == "duplicate":
-            return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
-        if claim.kind == "conflict":
-            reason = f"event id reused with different content (existing: {claim.existing_state})"
-            yield statements.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
-        run = _Run(env, ident, claim, dead_letter)
+        if claim.kind != "claimed":
+            return (yield from self.not_claimed(env, ident, claim))
+        return (yield from self.run_claimed(ClaimedRun(env, ident, claim, dead_letter), revoked))
+
+    def run_claimed(self, run: ClaimedRun, revoked: Revoked) -> Plan[Outcome]:
+        """The handler of one claimed delivery in a transaction of its own, to its outcome."""
+        settings, statements = self.settings, self.statements
+        ident, claim = run.ident, run.claim
         if claim.attempts > settings.policy.max_attempts:
             return (
                 yield from self._dead(
@@ -206,14 +200,14 @@ class InboxCore:
                 )
             )
         try:
-            event = settings.registry.decode(ident.event_type, ident.content_type, env.value)
+            event = settings.registry.decode(ident.event_type, ident.content_type, run.env.value)
         except DecodeError as exc:
-            return (yield from self._refuse(run, str(exc)))
+            return (yield from self.refuse(run, str(exc)))
         handler = settings.registry.handler_for(ident.event_type) or self.handler
         if handler is None:
-            return (yield from self._refuse(run, f"no handler for {ident.event_type!r}"))
+            return (yield from self.refuse(run, f"no handler for {ident.event_type!r}"))
         lease = yield StartLease(ident.event_id, claim.token)
-        ctx = _context(settings, env, ident, claim, lease, revoked)
+        ctx = handler_context(settings, run.env, ident, claim, lease, revoked)
         committed, failure = False, None
         try:
             yield CallHandler(handler, event, ctx)
@@ -228,24 +222,54 @@ class InboxCore:
         if not committed:
             yield CloseHandler()
         if isinstance(failure, LeaseLostError):
-            return (yield from self._lease_lost(run, str(failure)))
+            return (yield from self.lease_lost(run, str(failure)))
         if failure is not None:
-            text = error_text(failure, detail=settings.error_detail)
-            return (yield from self._failed(run, text))
+            return (yield from self.failed(run, failure))
         if not committed:
-            return (yield from self._lease_lost(run, "final succeeded update refused by token"))
+            return (yield from self.lease_lost(run, REFUSED_BY_TOKEN))
         fault_point("after_db_commit")
         return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
 
-    def _refuse(self, run: _Run, reason: str) -> Plan[Outcome]:
+    def failed(self, run: ClaimedRun, failure: Exception) -> Plan[Outcome]:
+        """A handler failure (its writes rolled back): retry, or dead when exhausted."""
+        return (
+            yield from self.failed_with(run, error_text(failure, detail=self.settings.error_detail))
+        )
+
+    def not_claimed(self, env: Envelope, ident: Identity, claim: Claim) -> Plan[Outcome]:
+        """A duplicate of a finished event (skipped), or its id reused (rejection log)."""
+        if claim.kind == "duplicate":
+            return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
+        reason = f"event id reused with different content (existing: {claim.existing_state})"
+        yield self.statements.reject(env, reason, ident)
+        return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+
+    def admit(self, env: Envelope) -> Plan[Identity | Outcome]:
+        """The delivery's identity, or its ``rejected`` outcome (no usable event id, or a replay
+        older than the dedup window of a forgotten event), recorded in the rejection log."""
+        settings, statements = self.settings, self.statements
+        try:
+            ident = identify(env, settings.event_id_from)
+        except DecodeError as exc:
+            event_id = exc.safe_event_id if isinstance(exc, InvalidHeaderError) else None
+            reason = bounded(str(exc))
+            yield statements.reject(env, reason, event_id=event_id)
+            return Outcome(OutcomeKind.REJECTED, event_id, error=reason)
+        if settings.too_old(env) and not (yield statements.state(ident.event_id)).rows:
+            reason = "replay older than the dedup retention window; refused"
+            yield statements.reject(env, reason, ident)
+            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+        return ident
+
+    def refuse(self, run: ClaimedRun, reason: str) -> Plan[Outcome]:
         """Undecodable or unhandled after the claim: the row ends ``rejected``."""
         event_id, claim, reason = run.ident.event_id, run.claim, bounded(reason)
         finish = self.statements.finish(event_id, claim.token, InboxState.REJECTED, reason)
         if (yield finish).rowcount != 1:
-            return (yield from self._lease_lost(run, f"rejection refused: {reason}"))
+            return (yield from self.lease_lost(run, f"rejection refused: {reason}"))
         return Outcome(OutcomeKind.REJECTED, event_id, claim.attempts, reason)
 
-    def _failed(self, run: _Run, error: str) -> Plan[Outcome]:
+    def failed_with(self, run: ClaimedRun, error: str) -> Plan[Outcome]:
         event_id, claim = run.ident.event_id, run.claim
         logger.info("handler for %s failed (attempt %d): %s", event_id, claim.attempts, error)
         policy = self.settings.policy
@@ -253,17 +277,17 @@ class InboxCore:
             return (yield from self._dead(run, error))
         recorded = yield self.statements.record_failure(event_id, claim.token, error)
         if recorded.rowcount != 1:
-            return (yield from self._lease_lost(run, f"failure not recorded: {error}"))
+            return (yield from self.lease_lost(run, f"failure not recorded: {error}"))
         delay = policy.delay(claim.attempts)
         return Outcome(OutcomeKind.RETRY, event_id, claim.attempts, error, delay)
 
-    def _dead(self, run: _Run, error: str) -> Plan[Outcome]:
+    def _dead(self, run: ClaimedRun, error: str) -> Plan[Outcome]:
         # Dead-letter record first, then the row: a crash in between repeats the record
         # (at-least-once, carrying the event id) rather than losing it. A cancelled or
         # taken-over event gets no dead letter (checked by renewing the lease by token).
         event_id, claim = run.ident.event_id, run.claim
         if (yield self.statements.renew(event_id, claim.token)).rowcount != 1:
-            return (yield from self._lease_lost(run, f"not dead-lettered: {error}"))
+            return (yield from self.lease_lost(run, f"not dead-lettered: {error}"))
         publish = run.dead_letter(run.env, event_id, error, claim.attempts)
         alert = None
         if publish is not None:
@@ -279,7 +303,7 @@ class InboxCore:
                 alert = "dead_letter_failed"
         finish = self.statements.finish(event_id, claim.token, InboxState.DEAD, error)
         if (yield finish).rowcount != 1:
-            return (yield from self._lease_lost(run, f"dead mark refused: {error}"))
+            return (yield from self.lease_lost(run, f"dead mark refused: {error}"))
         logger.warning("event %s is dead after %d attempts", event_id, claim.attempts)
         return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error, alert=alert)
 
@@ -308,7 +332,7 @@ class InboxCore:
         logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
         return Outcome(OutcomeKind.REJECTED, event_id, error=reason, alert="given_up")
 
-    def _lease_lost(self, run: _Run, reason: str) -> Plan[Outcome]:
+    def lease_lost(self, run: ClaimedRun, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""
         event_id, attempts = run.ident.event_id, run.claim.attempts
         yield self.statements.record_lease_lost(event_id, f"lease lost: {reason}")

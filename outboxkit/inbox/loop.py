@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from outboxkit.db.availability import database_unavailable
 from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.inbox.acks import ack_record
+from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TOPIC,
@@ -73,6 +74,11 @@ logger = logging.getLogger("outboxkit.inbox.consumer")
 # the partition is held and the delivery retried after this long, at most
 # ``max_unexpected_errors`` times in a row before it is given up (recorded, offset advanced).
 ERROR_RETRY_SECONDS = 1.0
+# Batched processing: at most this many records per transaction (each handler in a savepoint;
+# PostgreSQL keeps 64 subtransactions per transaction in shared memory, more slow every
+# snapshot), and at most this long spent topping a batch up after its first record.
+BATCH_MAX_RECORDS = 50
+BATCH_MAX_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class LoopOptions:
     dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES
     retention: Retention | None = None
     dead_letter_check: DeadLetterCheck = "fail"
+    batch_max_records: int = BATCH_MAX_RECORDS
+    batch_max_ms: float = BATCH_MAX_MS
 
 
 class ConsumerLoop:
@@ -104,8 +112,9 @@ class ConsumerLoop:
         self.pending = PendingOffsets(interval, clock()) if interval > 0 else None
         self.buffer: deque[ConsumedRecord] = deque()
         self.assigned: set[TopicPartition] = set()
-        self.current: TopicPartition | None = None
-        self.revoked = False
+        self.inflight: set[TopicPartition] = set()  # partitions of the records being processed
+        self.revoked: set[TopicPartition] = set()  # ... revoked while they were
+        self.single = 0  # records to process one by one (after a batch failed unexpectedly)
         self.subscribed = False
         self.failures: dict[tuple[str, int, int], int] = {}
         self.purger = Purger(core.statements.schema, options.retention, clock())
@@ -118,8 +127,7 @@ class ConsumerLoop:
 
     def on_revoke(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
         """Forget the partitions; returns their settled offsets, to commit before they go."""
-        if self.current in partitions:
-            self.revoked = True
+        self.revoked.update(self.inflight.intersection(partitions))
         self.assigned.difference_update(partitions)
         self._forget_failures(partitions)
         self._drop(partitions)
@@ -163,14 +171,66 @@ class ConsumerLoop:
         """Process until ``stopped()`` (or ``max_messages`` deliveries were settled)."""
         handled = 0
         while not stopped():
-            if (yield from self.poll_once()) is not None:
-                handled += 1
-                if max_messages is not None and handled >= max_messages:
-                    break
+            handled += len((yield from self.poll_batch()))
+            if max_messages is not None and handled >= max_messages:
+                break
         return handled
 
-    def poll_once(self, timeout: float | None = None) -> Plan[Outcome | None]:
-        """Process one buffered or fetched record; ``None`` if nothing was processed."""
+    def poll_batch(self, timeout: float | None = None) -> Plan[list[Outcome]]:
+        """Process up to ``batch_max_records`` records in one transaction (one record when
+        batching is off); their outcomes in order."""
+        if self.options.batch_max_records <= 1 or self.single > 0:
+            self.single = max(self.single - 1, 0)
+            outcome = yield from self.poll_once(timeout)
+            return [] if outcome is None else [outcome]
+        yield from self._housekeeping()
+        records = yield from self._take(timeout)
+        if not records:
+            return []
+        envs = [Envelope.from_record(r) for r in records]
+        self.inflight, self.revoked = {(e.topic, e.partition) for e in envs}, set()
+        began = self.clock()
+        try:
+            plan = deliver_batch(self.core, envs, self.revoked.__contains__, self._dead_letter)
+            result = yield from plan
+        except Exception as exc:  # deliver them one by one: each counts its own errors
+            logger.warning("batch of %d failed (%s); one by one", len(envs), error_text(exc))
+            self.buffer.extendleft(reversed(records))
+            self.single = len(records)
+            return []
+        finally:
+            self.inflight = set()
+        self.buffer.extendleft(reversed([records[i] for i in result.rest]))
+        for env, outcome in result.outcomes:
+            self.failures.pop((env.topic, env.partition, env.offset), None)
+            yield from self._observed(env, outcome, began)
+        return [outcome for _, outcome in result.outcomes]
+
+    def _take(self, timeout: float | None) -> Plan[list[ConsumedRecord]]:
+        """Up to ``batch_max_records`` records this member may process now (fetch order):
+        what is buffered, topped up for at most ``batch_max_ms``."""
+        limit, taken = self.options.batch_max_records, list[ConsumedRecord]()
+        deadline = self.clock() + self.options.batch_max_ms / 1000.0
+        while len(taken) < limit:
+            if not self.buffer:
+                if taken:
+                    wait = deadline - self.clock()
+                    if wait <= 0:
+                        break
+                else:
+                    wait = self.options.poll_timeout if timeout is None else timeout
+                fetched = yield Poll(wait, max(self.options.max_records, limit))
+                if not fetched:
+                    break
+                self.buffer.extend(fetched)
+            record = self.buffer.popleft()
+            tp = (record.topic, record.partition)
+            if tp in self.assigned and self.gate.accept(tp, record.offset):
+                taken.append(record)
+        return taken
+
+    def _housekeeping(self) -> Plan[None]:
+        """Join the group; resume partitions whose retry is due; commit due offsets; purge."""
         yield from self.start()
         now = self.clock()
         for tp, offset in self.gate.due(now):
@@ -180,6 +240,10 @@ class ConsumerLoop:
         if self.pending is not None:
             yield from self._commit(self.pending.due(now))
         yield from self.purger.run_due(now)
+
+    def poll_once(self, timeout: float | None = None) -> Plan[Outcome | None]:
+        """Process one buffered or fetched record on its own; ``None`` if nothing was."""
+        yield from self._housekeeping()
         if not self.buffer:
             wait = self.options.poll_timeout if timeout is None else timeout
             self.buffer.extend((yield Poll(wait, self.options.max_records)))
@@ -190,7 +254,7 @@ class ConsumerLoop:
         if tp not in self.assigned or not self.gate.accept(tp, record.offset):
             return None
         env = Envelope.from_record(record)
-        self.current, self.revoked = tp, False
+        self.inflight, self.revoked = {tp}, set()
         began = self.clock()
         try:
             outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
@@ -198,12 +262,15 @@ class ConsumerLoop:
         except Exception as exc:
             outcome = yield from self._unexpected(env, exc)
         finally:
-            self.current = None
+            self.inflight = set()
+        yield from self._observed(env, outcome, began)
+        return outcome
+
+    def _observed(self, env: Envelope, outcome: Outcome, began: float) -> Plan[None]:
         if self.options.metrics is not None:
             consumer = self.core.settings.consumer
             self.options.metrics.observe(consumer, outcome, self.clock() - began)
         yield from self._settle(env, outcome)
-        return outcome
 
     def close(self) -> Plan[None]:
         """Commit what is settled, then close the consumer and the sender."""
@@ -240,7 +307,7 @@ class ConsumerLoop:
         return Outcome(OutcomeKind.RETRY, None, retry_in=ERROR_RETRY_SECONDS)
 
     def _revoked(self) -> bool:
-        return self.revoked
+        return bool(self.revoked)
 
     def _settle(self, env: Envelope, outcome: Outcome) -> Plan[None]:
         tp = (env.topic, env.partition)
@@ -251,7 +318,7 @@ class ConsumerLoop:
             elif tp in self.assigned:
                 self.pending.settle(tp, env.offset + 1)
             return
-        if self.revoked or tp not in self.assigned:
+        if tp in self.revoked or tp not in self.assigned:
             return  # its new owner takes it from the committed offset
         yield Seek(tp, env.offset)
         yield Pause([tp])

@@ -8,8 +8,9 @@ autocommit connection of its own, the ``succeeded`` mark in the handler's transa
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
 from sqlalchemy import event as sa_event
@@ -32,6 +33,8 @@ from outboxkit.inbox.steps import (
     CommitHandler,
     EndDelivery,
     HandlerSql,
+    OpenHandler,
+    RunInSavepoint,
     Sql,
     StartLease,
     Step,
@@ -61,6 +64,16 @@ class _HandlerSession(Session):
 def _refuse_handler_commit(session: Session) -> None:
     if not session.info.get(_COMMIT_ALLOWED):
         raise HandlerCommitError()
+
+
+@contextlib.contextmanager
+def _releasing(session: Session) -> Iterator[None]:
+    """Our own release of a handler's savepoint (SQLAlchemy calls it a commit) is allowed."""
+    session.info[_COMMIT_ALLOWED] = True
+    try:
+        yield
+    finally:
+        session.info[_COMMIT_ALLOWED] = False
 
 
 def _split(
@@ -94,6 +107,8 @@ _METHODS: dict[type[Step], str] = {
     CallHandler: "call_handler",
     CommitHandler: "commit_handler",
     CloseHandler: "close_handler",
+    OpenHandler: "open_handler",
+    RunInSavepoint: "run_in_savepoint",
     StartLease: "start_lease",
     EndDelivery: "end_delivery",
 }
@@ -109,7 +124,7 @@ class _Steps:
         self, keeper: LeaseThread | LeaseTask, sql: Callable[[Sql], Any], extra: StepTable
     ) -> None:
         self.keeper = keeper
-        self.lease: LeaseHandle | None = None
+        self.leases: list[LeaseHandle] = []
         self.table: dict[type[Step], Callable[[Any], Any]] = {
             kind: getattr(self, name) for kind, name in _METHODS.items()
         }
@@ -122,13 +137,19 @@ class _Steps:
         return self.table[EndDelivery](EndDelivery())
 
     def start_lease(self, step: StartLease) -> LeaseHandle:
-        self.lease = self.keeper.begin(step.event_id, step.token)
-        return self.lease
+        lease = self.keeper.begin(step.event_id, step.token)
+        self.leases.append(lease)
+        return lease
 
     def stop_lease(self) -> None:
-        lease, self.lease = self.lease, None
-        if lease is not None:
+        leases, self.leases = self.leases, []
+        for lease in leases:
             self.keeper.schedule.end(lease)
+
+
+def _returned(value: Any) -> None:
+    if value is not None:
+        raise ConfigurationError("an Inbox handler must not return a value (async handler?)")
 
 
 class _SyncSteps(_Steps):
@@ -143,8 +164,26 @@ class _SyncSteps(_Steps):
 
     def call_handler(self, step: CallHandler) -> None:
         self.session = _HandlerSession(self.inbox.engine)
-        if step.handler(step.event, step.ctx, self.session) is not None:
-            raise ConfigurationError("an Inbox handler must not return a value (async handler?)")
+        _returned(step.handler(step.event, step.ctx, self.session))
+
+    def open_handler(self, step: OpenHandler) -> None:
+        self.close_handler(CloseHandler())
+        self.session = _HandlerSession(self.inbox.engine)
+
+    def run_in_savepoint(self, step: RunInSavepoint) -> None:
+        session = self.session
+        assert session is not None
+        nested = session.begin_nested()
+        try:
+            _returned(step.handler(*step.args, session))
+            for ctx in step.contexts:
+                ctx.check()
+            session.flush()
+        except BaseException:
+            nested.rollback()  # this handler's writes only; the batch goes on
+            raise
+        with _releasing(session):
+            nested.commit()
 
     def commit_handler(self, step: CommitHandler) -> None:
         session, self.session = self.session, None
@@ -222,6 +261,12 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
         self.lease.close()
 
 
+def _awaited(returned: Any) -> Awaitable[Any]:
+    if not inspect.isawaitable(returned):
+        raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
+    return returned
+
+
 class _AsyncSteps(_Steps):
     def __init__(self, inbox: AsyncInbox, extra: StepTable) -> None:
         self.inbox = inbox
@@ -234,10 +279,26 @@ class _AsyncSteps(_Steps):
 
     async def call_handler(self, step: CallHandler) -> None:
         self.session = AsyncSession(self.inbox.engine, sync_session_class=_HandlerSession)
-        returned = step.handler(step.event, step.ctx, self.session)
-        if not inspect.isawaitable(returned):
-            raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
-        await returned
+        await _awaited(step.handler(step.event, step.ctx, self.session))
+
+    async def open_handler(self, step: OpenHandler) -> None:
+        await self.close_handler(CloseHandler())
+        self.session = AsyncSession(self.inbox.engine, sync_session_class=_HandlerSession)
+
+    async def run_in_savepoint(self, step: RunInSavepoint) -> None:
+        session = self.session
+        assert session is not None
+        nested = await session.begin_nested()
+        try:
+            await _awaited(step.handler(*step.args, session))
+            for ctx in step.contexts:
+                ctx.check()
+            await session.flush()
+        except BaseException:
+            await nested.rollback()
+            raise
+        with _releasing(session.sync_session):
+            await nested.commit()
 
     async def commit_handler(self, step: CommitHandler) -> None:
         session, self.session = self.session, None

@@ -52,6 +52,20 @@ class CallHandler(Step):
     ctx: Any
 
 
+class OpenHandler(Step):
+    """Open the handler's session (commits refused) for a batch of :class:`RunInSavepoint`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunInSavepoint(Step):
+    """In the open handler session: a savepoint, ``handler(*args, session)``, then every
+    context's ``check()``; released if all went well, else rolled back to (the error raised)."""
+
+    handler: Callable[..., Any]
+    args: tuple[Any, ...]
+    contexts: tuple[Any, ...]
+
+
 class CommitHandler(Step):
     """Commit the handler's transaction (with the ``succeeded`` mark in it) and close it."""
 

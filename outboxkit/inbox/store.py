@@ -70,6 +70,41 @@ class InboxStatements:
             kafka_offset=env.offset,
         )
 
+    def claim_batch(self, items: list[tuple[Identity, Envelope]]) -> Sql:
+        """Claim several deliveries in one statement -> rows ``(event_id, token, attempts,
+        last_error)`` of those claimed (the others are duplicates or reused ids)."""
+        return Sql(
+            self._queries["claim_batch"],
+            {
+                "consumer": self.consumer,
+                "event_ids": [i.event_id for i, _ in items],
+                "idempotency_keys": [i.idempotency_key for i, _ in items],
+                "content_digests": [i.digest for i, _ in items],
+                "event_types": [i.event_type for i, _ in items],
+                "topics": [e.topic for _, e in items],
+                "kafka_partitions": [e.partition for _, e in items],
+                "kafka_offsets": [e.offset for _, e in items],
+                "owner": self.owner,
+                "lease_seconds": self.lease_seconds,
+                "now": self.now,
+            },
+        )
+
+    def _tokens(self, claims: list[tuple[str, int]]) -> dict[str, Any]:
+        return {
+            "consumer": self.consumer,
+            "event_ids": [event_id for event_id, _ in claims],
+            "tokens": [token for _, token in claims],
+        }
+
+    def release_batch(self, claims: list[tuple[str, int]]) -> Sql:
+        """Give claims back that were made in a batch but not run (no attempt counted)."""
+        return Sql(self._queries["release_batch"], {**self._tokens(claims), "now": self.now})
+
+    def succeeded_batch(self, claims: list[tuple[str, int]]) -> HandlerSql:
+        """The ``succeeded`` marks of a batch, in its transaction -> the event ids marked."""
+        return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims))
+
     def state(self, event_id: str) -> Sql:
         """-> one row ``(state, content_digest)``, or none."""
         return self._sql("get_state", event_id)
@@ -131,13 +166,21 @@ class InboxStatements:
             if claimed.rows:
                 token, attempts, previous_error = claimed.rows[0]
                 return Claim("claimed", token, attempts, previous_error)
-            existing: db.Result = yield self.state(ident.event_id)
-            if not existing.rows:  # deleted by retention between the two statements: again
-                continue
-            claim = classify(existing.rows[0], ident)
-            if claim.kind == "duplicate":
-                yield self._sql("count_duplicate", ident.event_id)
-            return claim
+            claim = yield from self.unclaimed_plan(ident)
+            if claim is not None:
+                return claim
+            # deleted by retention between the two statements: claim again
+
+    def unclaimed_plan(self, ident: Identity) -> Plan[Claim | None]:
+        """Why a claim matched nothing: a duplicate (counted) or a reused id; ``None`` if the
+        row is gone (purged meanwhile)."""
+        existing: db.Result = yield self.state(ident.event_id)
+        if not existing.rows:
+            return None
+        claim = classify(existing.rows[0], ident)
+        if claim.kind == "duplicate":
+            yield self._sql("count_duplicate", ident.event_id)
+        return claim
 
 
 def classify(row: tuple[Any, ...], ident: Identity) -> Claim:

@@ -128,6 +128,8 @@ def run(config: Settings | None = None) -> None:
         "dead_letter_check": consumer.dead_letter_check,
         "retention": retention(consumer),
         "max_unexpected_errors": consumer.max_unexpected_errors,
+        "batch_max_records": consumer.batch_max_records,
+        "batch_max_ms": consumer.batch_max_ms,
     }
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
         asyncio.run(_check_window(kafka, consumer))

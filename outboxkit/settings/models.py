@@ -207,6 +207,8 @@ class ConsumerSettings(BaseSettings):
     ``kafka_options`` are extra consumer properties in the client's own spelling.
     ``retention_window`` (seconds, 0 = off): finished inbox rows and rejections older than this
     are purged by the running consumer every ``retention_interval`` seconds.
+    ``batch_max_records`` records are processed in one transaction, each handler in a savepoint
+    of its own (1 turns batching off); a batch waits at most ``batch_max_ms`` to fill up.
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid")
@@ -230,6 +232,8 @@ class ConsumerSettings(BaseSettings):
     retention_interval: float = Field(default=60.0, gt=0)
     max_unexpected_errors: int = Field(default=5, ge=1)
     error_detail: bool = False
+    batch_max_records: int = Field(default=50, ge=1, le=1000)
+    batch_max_ms: float = Field(default=5.0, ge=0)
     kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("topics", mode="before")

@@ -185,6 +185,34 @@ def test_sigkill_after_db_commit_before_offset_commit_applies_once(
     assert (row["state"], row["attempts"]) == ("succeeded", 1)
 
 
+def test_sigkill_between_batch_commit_and_offset_commit_applies_each_once(
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Four events in one batch: its one transaction commits, the process dies before any
+    offset commit; the next worker gets all four again and skips each as a duplicate."""
+    topic = outboxkit_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    for n, event_id in enumerate(ids):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o-{n}", n)
+    env = {"OUTBOXKIT_CONSUMER_BATCH_MAX_MS": "500"}
+    doomed = spawn(topic, group=group, fault="after_db_commit", extra_env=env)
+    assert doomed.wait_exit() == -signal.SIGKILL, doomed.output()
+    finished = {_row(outboxkit_db_url, e)["finished_at"] for e in ids}
+    assert len(finished) == 1, "the four were not committed in one transaction"
+    spawn(topic, group=group, extra_env=env)
+    for event_id in ids:
+        wait_for(
+            lambda e=event_id: _row(outboxkit_db_url, e).get("duplicate_count") == 1,
+            what=f"duplicate of {event_id}",
+        )
+    assert [e[0] for e in effects(outboxkit_db_url)] == ids
+    assert {_row(outboxkit_db_url, e)["attempts"] for e in ids} == {1}
+
+
 def test_duplicates_reused_ids_and_garbage(
     spawn: Callable[..., Worker],
     outboxkit_db_url: str,
@@ -251,9 +279,13 @@ def test_rebalance_mid_handler_one_effect(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
+    """A batch o-1, slow-2, o-3 (one partition): slow-2 outlives max.poll.interval, so the
+    partition goes to a second member, which claims all three with newer tokens and applies
+    them. The first member's batch is fenced: slow-2's lease is lost, o-1's succeeded mark is
+    refused by token (its transaction rolls back), o-3 never runs there. Each effect once."""
     topic = outboxkit_topic()
     group = f"g-{uuid.uuid4().hex[:8]}"
-    event_id = str(uuid.uuid4())
+    first_id, event_id, last_id = (str(uuid.uuid4()) for _ in range(3))
     if adapter == "confluent":
         config = ["session.timeout.ms=6000", "max.poll.interval.ms=6000"]
         config += ["heartbeat.interval.ms=1000"]
@@ -263,23 +295,31 @@ def test_rebalance_mid_handler_one_effect(
     args: list[str] = ["--lease-seconds", "1.5"]
     for item in config:
         args += ["--kafka-option", item]
-    env = {"APP_SLOW_SECONDS": "25"}
-    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "slow-1", 10)
+    env = {"APP_SLOW_SECONDS": "25", "OUTBOXKIT_CONSUMER_BATCH_MAX_MS": "500"}
+    produce_event(outboxkit_kafka_bootstrap, topic, first_id, "o-1", 1)
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "slow-2", 10)
+    produce_event(outboxkit_kafka_bootstrap, topic, last_id, "o-3", 3)
     first = spawn(topic, group=group, extra_env=env, args=tuple(args))
     wait_for(lambda: _row(outboxkit_db_url, event_id).get("attempts") == 1, what="first claim")
     second = spawn(topic, group=group, extra_env=env, args=tuple(args))
-    wait_for(
-        lambda: _row(outboxkit_db_url, event_id).get("state") == "succeeded",
-        timeout=120,
-        what="succeeded",
-    )
-    # The slow first run outlived max.poll.interval: its partition went to a member that claimed
-    # the event with a newer token; the first run was fenced (lease lost) and rolled back.
+    for done in (first_id, event_id, last_id):
+        wait_for(
+            lambda e=done: _row(outboxkit_db_url, e).get("state") == "succeeded",
+            timeout=120,
+            what=f"{done} succeeded",
+        )
+    # The slow first run was fenced (lease lost) and rolled back.
     wait_for(
         lambda: _row(outboxkit_db_url, event_id)["lease_lost_count"] >= 1,
         timeout=60,
         what="first run fenced",
     )
+    # o-1 ran in the first member's batch too: either that transaction committed it (aiokafka
+    # sees the revoke at once and ends the batch before anyone re-claims o-1), or its mark was
+    # refused by the newer token and the batch rolled back (confluent). Never both.
+    o1 = _row(outboxkit_db_url, first_id)
+    assert (o1["lease_lost_count"] >= 1) != (o1["duplicate_count"] >= 1 or o1["attempts"] == 1)
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([first_id, event_id, last_id])
     assert fetch(
         outboxkit_db_url, "SELECT attempt FROM public.effect WHERE event_id = %s", (event_id,)
     ) == [(2,)]

@@ -248,11 +248,15 @@ class Behaviour:
     fail_attempts: int = 0  # attempts 1..n raise after writing (use a big number for "always")
     wait_until_lost: bool = False  # block (cooperatively) until the lease is lost
     fail_only: str | set[str] | None = None  # if set, only this event id (or these) fails
+    wait_only: str | None = None  # if set, only this event id waits until its lease is lost
     started: threading.Event = field(default_factory=threading.Event)
     calls: list[tuple[str, int]] = field(default_factory=list)
     # event id -> a statement run after the effect row with ``sql_params`` (to fail in the db)
     sql: dict[str, Any] = field(default_factory=dict)
     sql_params: dict[str, Any] = field(default_factory=dict)
+
+    def waits(self, ctx: HandlerContext) -> bool:
+        return self.wait_until_lost and self.wait_only in (None, ctx.event_id)
 
     def before_return(self, ctx: HandlerContext) -> None:
         self.calls.append((ctx.event_id, ctx.attempt))
@@ -277,7 +281,7 @@ def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]
         if ctx.event_id in b.sql:
             session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
-        if b.wait_until_lost:
+        if b.waits(ctx):
             deadline = time.monotonic() + 60
             while not ctx.lease_lost and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -292,7 +296,7 @@ def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession],
         if ctx.event_id in b.sql:
             await session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
-        if b.wait_until_lost:
+        if b.waits(ctx):
             for _ in range(1200):  # at most ~60 s
                 if ctx.lease_lost:
                     break
@@ -378,9 +382,7 @@ class Harness:
             kafka = KafkaSettings(bootstrap=self.bootstrap)
             with ConfluentInboxConsumer(inbox, kafka, **self._kafka()) as consumer:
                 while not self._stop.is_set():
-                    outcome = consumer.poll_once(0.2)
-                    if outcome is not None:
-                        self.outcomes.append(outcome)
+                    self.outcomes.extend(consumer.poll_batch(0.2))
         finally:
             engine.dispose()
 
@@ -393,8 +395,6 @@ class Harness:
             kafka = KafkaSettings(bootstrap=self.bootstrap)
             async with AiokafkaInboxConsumer(inbox, kafka, **self._kafka()) as consumer:
                 while not self._stop.is_set():
-                    outcome = await consumer.poll_once(0.2)
-                    if outcome is not None:
-                        self.outcomes.append(outcome)
+                    self.outcomes.extend(await consumer.poll_batch(0.2))
         finally:
             await engine.dispose()

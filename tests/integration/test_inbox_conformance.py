@@ -398,3 +398,85 @@ def test_a_partition_held_for_retry_moves_again_after_a_member_joins_and_leaves(
     )
     assert stuck == []
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted(ids)
+
+
+# -- batches: several records, one claim statement, one transaction, a savepoint per handler ---
+def _finished_at(db_url: str, event_id: str) -> Any:
+    row = inbox_row(db_url, "billing", event_id)
+    assert row is not None
+    return row["finished_at"]
+
+
+def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Partition 0: a0, doomed, b0; partition 1: a1, b1 — fetched as one batch. The doomed
+    handler's savepoint rolls back its own write only; a0, a1 and b1 commit together; b0 waits
+    behind doomed (its claim given back, not counted), which retries and goes dead alone."""
+    topic = outboxkit_topic(partitions=2)
+    dlq = outboxkit_topic(prefix="dlq")
+    a0, doomed, b0, a1, b1 = (str(uuid.uuid4()) for _ in range(5))
+    for event_id in (a0, doomed, b0):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1, partition=0)
+    for event_id in (a1, b1):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 2, partition=1)
+    behaviour = Behaviour(fail_attempts=10**6, fail_only=doomed)
+    harness = start(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=3, initial_delay=0.1),
+        dead_letter=dlq,
+        consumer_options={"batch_max_ms": 300.0},
+    )
+    wait_for(lambda: _state(outboxkit_db_url, b0) == "succeeded", what="b0 after doomed")
+    assert _state(outboxkit_db_url, doomed) == "dead"
+    # One transaction for the first batch: its marks share the transaction's now().
+    assert _finished_at(outboxkit_db_url, a0) == _finished_at(outboxkit_db_url, a1)
+    assert _finished_at(outboxkit_db_url, a1) == _finished_at(outboxkit_db_url, b1)
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a0, b0, a1, b1])
+    kinds = [o.kind for o in harness.outcomes if o.event_id == doomed]
+    assert kinds == [OutcomeKind.RETRY, OutcomeKind.RETRY, OutcomeKind.DEAD]
+    row = inbox_row(outboxkit_db_url, "billing", b0)
+    assert row is not None
+    assert row["attempts"] == 1  # claimed with the first batch, given back, claimed again
+    assert behaviour.calls.index((b0, 1)) > behaviour.calls.index((doomed, 3))
+    assert len(read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)) == 1
+
+
+def test_cancel_of_one_event_of_a_batch(
+    start: Start,
+    outboxkit_db_url: str,
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Batch a, slow, b (one partition): slow is cancelled while its handler runs. Its savepoint
+    rolls back, a commits, the row stays cancelled, and b (held behind it) runs afterwards."""
+    topic = outboxkit_topic()
+    a, slow, b = (str(uuid.uuid4()) for _ in range(3))
+    for event_id in (a, slow, b):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    behaviour = Behaviour(wait_until_lost=True, wait_only=slow)
+    harness = start([topic], behaviour, lease_seconds=0.6, consumer_options={"batch_max_ms": 300.0})
+    wait_for(lambda: _state(outboxkit_db_url, slow) == "processing", what="slow claimed")
+    engine = create_engine(sa_url)
+    try:
+        assert cancel_event(engine, "billing", slow, reason="stop it").cancelled
+    finally:
+        engine.dispose()
+    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the cancel")
+    assert _state(outboxkit_db_url, a) == "succeeded"
+    row = inbox_row(outboxkit_db_url, "billing", slow)
+    assert row is not None
+    assert (row["state"], row["last_error"], row["lease_lost_count"]) == ("cancelled", "stop it", 1)
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, b])
+    kinds = {o.event_id: o.kind for o in harness.outcomes}
+    assert kinds == {
+        a: OutcomeKind.SUCCEEDED,
+        slow: OutcomeKind.CANCELLED,
+        b: OutcomeKind.SUCCEEDED,
+    }
+    assert [c for c in behaviour.calls if c[0] == slow] == [(slow, 1)]

@@ -87,6 +87,12 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
             "idempotency_key", "content_digest", "event_type", "owner", "lease_seconds", "topic",
             "kafka_partition", "kafka_offset", "now",
         },
+        "claim_batch": {
+            "consumer", "event_ids", "idempotency_keys", "content_digests", "event_types",
+            "owner", "lease_seconds", "topics", "kafka_partitions", "kafka_offsets", "now",
+        },
+        "release_batch": {"consumer", "event_ids", "tokens", "now"},
+        "mark_succeeded_batch": {"consumer", "event_ids", "tokens"},
         "get_state": _INBOX_KEY,
         "count_duplicate": _INBOX_KEY,
         "record_rejection": _INBOX_KEY | {

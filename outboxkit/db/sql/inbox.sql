@@ -5,6 +5,19 @@
 -- Lease expiry and the purge window are judged against :now when given (tests pass a later time
 -- instead of sleeping), else the database clock.
 
+-- name: _takeover
+-- A claim of an unfinished row (same content): attempts + 1 and the newer token.
+ON CONFLICT (consumer, event_id) DO UPDATE
+SET attempts = m.attempts + 1,
+    lease_owner = EXCLUDED.lease_owner,
+    lease_token = EXCLUDED.lease_token,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    topic = EXCLUDED.topic,
+    kafka_partition = EXCLUDED.kafka_partition,
+    kafka_offset = EXCLUDED.kafka_offset,
+    updated_at = now()
+WHERE m.state = 'processing' AND m.content_digest = EXCLUDED.content_digest
+
 -- name: claim
 -- A new event gets a processing row; a redelivery of an unfinished one (same content) takes the
 -- lease over with a newer token, which fences any older handler still running for it.
@@ -21,17 +34,44 @@ SELECT
     coalesce(CAST(:now AS timestamptz), now()) + make_interval(secs => :lease_seconds),
     :topic, :kafka_partition, :kafka_offset
 FROM relaxed
-ON CONFLICT (consumer, event_id) DO UPDATE
-SET attempts = m.attempts + 1,
-    lease_owner = EXCLUDED.lease_owner,
-    lease_token = EXCLUDED.lease_token,
-    lease_expires_at = EXCLUDED.lease_expires_at,
-    topic = EXCLUDED.topic,
-    kafka_partition = EXCLUDED.kafka_partition,
-    kafka_offset = EXCLUDED.kafka_offset,
-    updated_at = now()
-WHERE m.state = 'processing' AND m.content_digest = EXCLUDED.content_digest
+{_takeover}
 RETURNING m.lease_token, m.attempts, m.last_error;
+
+-- name: claim_batch
+-- The claim of several deliveries in one statement (batched processing): the same rules as
+-- `claim`, row by row. Rows it does not return are duplicates or reused ids (asked one by one).
+WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
+given AS (
+    SELECT * FROM unnest(
+        CAST(:event_ids AS text[]), CAST(:idempotency_keys AS text[]),
+        CAST(:content_digests AS bytea[]), CAST(:event_types AS text[]),
+        CAST(:topics AS text[]), CAST(:kafka_partitions AS integer[]),
+        CAST(:kafka_offsets AS bigint[])
+    ) WITH ORDINALITY AS g(event_id, idempotency_key, content_digest, event_type, topic,
+                           kafka_partition, kafka_offset, position)
+)
+INSERT INTO {schema}.inbox_message AS m
+    (consumer, event_id, idempotency_key, content_digest, event_type, state, attempts,
+     lease_owner, lease_token, lease_expires_at, topic, kafka_partition, kafka_offset)
+SELECT
+    :consumer, g.event_id, g.idempotency_key, g.content_digest, g.event_type, 'processing', 1,
+    :owner, nextval('{schema}.inbox_lease_token_seq'),
+    coalesce(CAST(:now AS timestamptz), now()) + make_interval(secs => :lease_seconds),
+    g.topic, g.kafka_partition, g.kafka_offset
+FROM given AS g CROSS JOIN relaxed
+ORDER BY g.position
+{_takeover}
+RETURNING m.event_id, m.lease_token, m.attempts, m.last_error;
+
+-- name: release_batch
+-- Claimed in a batch but not run (behind a failed record of the same partition, or after the
+-- batch was cut): the claim is given back, so it does not count as an attempt.
+UPDATE {schema}.inbox_message AS m
+SET attempts = m.attempts - 1, updated_at = now(),
+    lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
+FROM unnest(CAST(:event_ids AS text[]), CAST(:tokens AS bigint[])) AS g(event_id, token)
+WHERE m.consumer = :consumer AND m.event_id = g.event_id AND m.state = 'processing'
+  AND m.lease_token = g.token;
 
 -- name: get_state
 SELECT state, content_digest FROM {schema}.inbox_message
@@ -62,6 +102,15 @@ UPDATE {schema}.inbox_message
 SET state = 'succeeded', finished_at = now(), updated_at = now(), lease_expires_at = NULL
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
   AND lease_token = :token;
+
+-- name: mark_succeeded_batch
+-- The successes of a batch, in its one transaction: each conditional on its own token.
+UPDATE {schema}.inbox_message AS m
+SET state = 'succeeded', finished_at = now(), updated_at = now(), lease_expires_at = NULL
+FROM unnest(CAST(:event_ids AS text[]), CAST(:tokens AS bigint[])) AS g(event_id, token)
+WHERE m.consumer = :consumer AND m.event_id = g.event_id AND m.state = 'processing'
+  AND m.lease_token = g.token
+RETURNING m.event_id;
 
 -- name: record_failure
 UPDATE {schema}.inbox_message

@@ -1,0 +1,308 @@
+"""Batched exactly-once processing (sans-IO): several deliveries, one claim, one transaction.
+
+:func:`deliver_batch` takes the records the loop fetched, in fetch order, and:
+
+1. identifies each (no usable id -> rejection log, as for one delivery); a second record with
+   an id already in the batch ends the batch there (it comes again in the next one);
+2. **claims** them all in one short statement (same rules as one claim, row by row);
+3. a record whose claim is a takeover (an earlier run did not finish: a retry, a crash, a
+   rebalance) runs **alone**, in its own transaction, as one delivery does; the batch ends
+   before it. So a record that crashes the process is retried and given up on its own, and a
+   crash costs the records of a batch one claim each, once;
+4. opens **one transaction** and runs each handler in a **savepoint** of its own: a handler that
+   fails (or whose lease is lost) rolls back only its own writes; records behind it in the
+   same partition are not run (their claims are given back) and wait as they do today;
+5. marks the successes ``succeeded`` in one statement, each conditional on its own token, and
+   commits once. If a mark is refused (cancelled or fenced meanwhile) the transaction is rolled
+   back and the other handlers run again in a new one (their writes still commit once);
+6. then settles the failures (retry or dead, one by one) and the lost leases.
+
+The loop commits the offsets after that. Outcomes are returned only for records no earlier
+record of the same partition holds back; the records to deliver again are handed back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from outboxkit.errors import DecodeError, LeaseLostError
+from outboxkit.faults import fault_point
+from outboxkit.inbox.context import HandlerContext
+from outboxkit.inbox.delivery import (
+    REFUSED_BY_TOKEN,
+    ClaimedRun,
+    DeadLetterStep,
+    InboxCore,
+    handler_context,
+)
+from outboxkit.inbox.envelope import Envelope, Identity
+from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.inbox.steps import (
+    CloseHandler,
+    CommitHandler,
+    EndDelivery,
+    OpenHandler,
+    Plan,
+    RunInSavepoint,
+    StartLease,
+)
+from outboxkit.inbox.store import Claim
+
+TopicPartition = tuple[str, int]
+RevokedPartition = Callable[[TopicPartition], bool]
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Outcomes in record order, and the records to deliver again (their indexes, in order)."""
+
+    outcomes: list[tuple[Envelope, Outcome]]
+    rest: list[int]
+
+
+@dataclass(eq=False)
+class _Item:
+    index: int
+    run: ClaimedRun
+    event: Any = None
+    handler: Callable[..., Any] | None = None
+    ctx: HandlerContext | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.run.env.topic, self.run.env.partition)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.run.ident.event_id, self.run.claim.token)
+
+
+@dataclass
+class _Batch:
+    core: InboxCore
+    revoked: RevokedPartition
+    dead_letter: DeadLetterStep
+    done: dict[int, Outcome] = field(default_factory=dict)
+    # the first index of each partition that holds the records behind it back
+    held: dict[TopicPartition, int] = field(default_factory=dict)
+    failed: list[tuple[_Item, Exception]] = field(default_factory=list)
+    lost: list[tuple[_Item, str]] = field(default_factory=list)
+    unrun: list[_Item] = field(default_factory=list)
+
+    def holds(self, item: _Item) -> bool:
+        first = self.held.get(item.tp)
+        return first is not None and first < item.index
+
+    def hold(self, item: _Item) -> None:
+        self.held[item.tp] = min(item.index, self.held.get(item.tp, item.index))
+
+    def deliver(self, envs: list[Envelope]) -> Plan[BatchResult]:
+        picked, stop = yield from self._admit(envs)
+        if not picked:
+            return self._result(envs, stop)
+        claims = yield from self._claim(picked)
+        takeover = next((n for n, p in enumerate(picked) if _taken(claims, p.ident)), None)
+        if takeover is not None:
+            later = picked[takeover + 1 :] if takeover == 0 else picked[takeover:]
+            yield from self._release(
+                [
+                    (p.ident.event_id, claims[p.ident.event_id].token)
+                    for p in later
+                    if p.ident.event_id in claims
+                ]
+            )
+            stop = later[0].index if later else stop
+            if takeover == 0:  # it runs alone, in a transaction of its own
+                head = picked[0]
+                run = ClaimedRun(
+                    head.env, head.ident, claims[head.ident.event_id], self.dead_letter
+                )
+                revoked = self._revoked_for(head.env)
+                self.done[head.index] = yield from self.core.run_claimed(run, revoked)
+            picked = picked[:takeover]
+        items = []
+        for p in picked:
+            claim = claims.get(p.ident.event_id)
+            if claim is None:
+                yield from self._not_claimed(p)
+            else:
+                items.append(self._item(p, claim))
+        items = yield from self._prepare(items)
+        succeeded = yield from self._transaction(items)
+        for item in succeeded:
+            self.done[item.index] = Outcome(
+                OutcomeKind.SUCCEEDED, item.run.ident.event_id, item.run.claim.attempts
+            )
+        for item, exc in self.failed:
+            self.done[item.index] = yield from self.core.failed(item.run, exc)
+        for item, reason in self.lost:
+            self.done[item.index] = yield from self.core.lease_lost(item.run, reason)
+        yield from self._release([item.key for item in self.unrun])
+        return self._result(envs, stop)
+
+    # -- phases -----------------------------------------------------------------------------------
+    def _admit(self, envs: list[Envelope]) -> Plan[tuple[list[_Picked], int]]:
+        """Identify each record; stop at an event id seen earlier in the batch."""
+        picked: list[_Picked] = []
+        seen: set[str] = set()
+        for index, env in enumerate(envs):
+            ident = yield from self.core.admit(env)
+            if isinstance(ident, Outcome):
+                self.done[index] = ident
+                continue
+            if ident.event_id in seen:
+                return picked, index
+            seen.add(ident.event_id)
+            picked.append(_Picked(index, ident, env))
+        return picked, len(envs)
+
+    def _claim(self, picked: list[_Picked]) -> Plan[dict[str, Claim]]:
+        statement = self.core.statements.claim_batch([(p.ident, p.env) for p in picked])
+        rows = (yield statement).rows
+        return {row[0]: Claim("claimed", row[1], row[2], row[3]) for row in rows}
+
+    def _not_claimed(self, p: _Picked) -> Plan[None]:
+        claim = yield from self.core.statements.unclaimed_plan(p.ident)
+        if claim is None:  # purged between the claim and the look-up: deliver it again
+            self.done[p.index] = Outcome(OutcomeKind.RETRY, p.ident.event_id)
+            return
+        self.done[p.index] = yield from self.core.not_claimed(p.env, p.ident, claim)
+
+    def _item(self, p: _Picked, claim: Claim) -> _Item:
+        return _Item(p.index, ClaimedRun(p.env, p.ident, claim, self.dead_letter))
+
+    def _prepare(self, items: list[_Item]) -> Plan[list[_Item]]:
+        """Decode each event and find its handler (refused ones end ``rejected``); take leases."""
+        settings, runnable = self.core.settings, []
+        for item in items:
+            ident = item.run.ident
+            try:
+                event = settings.registry.decode(
+                    ident.event_type, ident.content_type, item.run.env.value
+                )
+            except DecodeError as exc:
+                self.done[item.index] = yield from self.core.refuse(item.run, str(exc))
+                continue
+            handler = settings.registry.handler_for(ident.event_type) or self.core.handler
+            if handler is None:
+                reason = f"no handler for {ident.event_type!r}"
+                self.done[item.index] = yield from self.core.refuse(item.run, reason)
+                continue
+            lease = yield StartLease(ident.event_id, item.run.claim.token)
+            revoked = self._revoked_for(item.run.env)
+            item.event, item.handler = event, handler
+            item.ctx = handler_context(
+                settings, item.run.env, ident, item.run.claim, lease, revoked
+            )
+            runnable.append(item)
+        return runnable
+
+    def _transaction(self, items: list[_Item]) -> Plan[list[_Item]]:
+        """Run the handlers in savepoints of one transaction; mark and commit the successes."""
+        while items:
+            yield OpenHandler()
+            ran = yield from self._run_handlers(items)
+            if not ran:
+                yield CloseHandler()
+                return []
+            marked = yield self.core.statements.succeeded_batch([item.key for item in ran])
+            ids = {row[0] for row in marked.rows}
+            if len(ids) == len(ran):
+                fault_point("before_db_commit")
+                yield CommitHandler()
+                fault_point("after_db_commit")
+                return ran
+            # Cancelled or fenced meanwhile: its writes must not commit, so none of this
+            # transaction's may; the others run again in a new one.
+            yield CloseHandler()
+            items = []
+            for item in ran:
+                if item.run.ident.event_id in ids:
+                    items.append(item)
+                else:
+                    self.lost.append((item, REFUSED_BY_TOKEN))
+                    self.hold(item)
+        return []
+
+    def _run_handlers(self, items: list[_Item]) -> Plan[list[_Item]]:
+        ran = []
+        for item in items:
+            if self.holds(item):
+                self.unrun.append(item)
+                continue
+            assert item.handler is not None
+            assert item.ctx is not None
+            try:
+                yield RunInSavepoint(item.handler, (item.event, item.ctx), (item.ctx,))
+            except LeaseLostError as exc:
+                self.lost.append((item, str(exc)))
+                self.hold(item)
+            except Exception as exc:
+                # Retried, or dead-lettered after the commit: either way the records behind it
+                # run after it ended, as without batching.
+                self.failed.append((item, exc))
+                self.hold(item)
+            else:
+                ran.append(item)
+        return ran
+
+    def _release(self, keys: list[tuple[str, int]]) -> Plan[None]:
+        if keys:
+            yield self.core.statements.release_batch(keys)
+
+    def _revoked_for(self, env: Envelope) -> Callable[[], bool]:
+        tp = (env.topic, env.partition)
+        return lambda: self.revoked(tp)
+
+    def _result(self, envs: list[Envelope], stop: int) -> BatchResult:
+        """Outcomes in record order, except behind a record that stays unsettled in its
+        partition: behind a retry or a lost lease nothing (the loop seeks back to it); behind
+        a record not run (held back, or after ``stop``) everything is delivered again."""
+        outcomes: list[tuple[Envelope, Outcome]] = []
+        rest: list[int] = []
+        blocked: set[TopicPartition] = set()
+        deferred: set[TopicPartition] = set()
+        for index, env in enumerate(envs):
+            tp = (env.topic, env.partition)
+            if tp in blocked:
+                continue
+            outcome = self.done.get(index) if index < stop else None
+            if outcome is None or tp in deferred:
+                deferred.add(tp)
+                rest.append(index)
+                continue
+            outcomes.append((env, outcome))
+            if not outcome.kind.advances_offset:
+                blocked.add(tp)
+        return BatchResult(outcomes, rest)
+
+
+@dataclass(frozen=True, slots=True)
+class _Picked:
+    index: int
+    ident: Identity
+    env: Envelope
+
+
+def _taken(claims: dict[str, Claim], ident: Identity) -> bool:
+    claim = claims.get(ident.event_id)
+    return claim is not None and claim.attempts > 1
+
+
+def deliver_batch(
+    core: InboxCore,
+    envs: list[Envelope],
+    revoked: RevokedPartition,
+    dead_letter: DeadLetterStep,
+) -> Plan[BatchResult]:
+    """Process ``envs`` as one batch (see the module docs); ends by releasing leases and
+    session."""
+    try:
+        result = yield from _Batch(core, revoked, dead_letter).deliver(envs)
+    except Exception:
+        yield EndDelivery()
+        raise
+    yield EndDelivery()
+    return result
