@@ -5,7 +5,8 @@ Large batches are copied straight into the outbox table instead of bound as arra
 insertion, and the items are prepared while the COPY streams (:class:`Stream`). A COPY cannot
 compute the shard, return ids or skip taken keys. So the shard is computed here by the exact
 twin of the SQL function ``outbox_shard`` (the count read in the same transaction), the ids are
-read back by event id, and a taken key or event id fails the COPY: the writer rolls back to its
+read back as the range above the highest id seen before the COPY (:class:`CopiedIds`), and a
+taken key or event id fails the COPY: the writer rolls back to its
 savepoint and inserts the same items with ``ON CONFLICT`` instead, so duplicates and conflicts
 come out as on that path.
 """
