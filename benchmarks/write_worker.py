@@ -70,9 +70,14 @@ def transaction(engine: sa.Engine, variant: str) -> Callable[[int], None]:
 
 
 def _pipelined() -> Callable[[Any, int], None]:
-    """An experiment, not the writer: the same outbox row, but its INSERT sent in a psycopg
-    pipeline together with the COMMIT, without waiting for the INSERT's reply on its own."""
-    from outboxkit.db import query  # this checkout's internals; the old workers never get here
+    """An experiment, not the writer: the same outbox row, its INSERT and the COMMIT sent
+    together in psycopg's pipeline mode, so both cost one round trip (the business UPDATE
+    before them another). psycopg's ``pipeline()`` block ends with one more Sync and its own
+    round trip, so the pipeline is entered and left through psycopg internals here, leaving it
+    only once the COMMIT's Sync has answered (nothing is pending then)."""
+    import psycopg  # this checkout's experiment; the old workers never get here
+
+    from outboxkit.db import query
     from outboxkit.outbox_plan import prepare
 
     config = OutboxConfig(notify=False)
@@ -81,9 +86,17 @@ def _pipelined() -> Callable[[Any, int], None]:
     def write(conn: Any, account: int) -> None:
         driver = conn.connection.driver_connection
         params = prepare(_message(account), config)._asdict()
-        with driver.pipeline(), driver.cursor() as cur:
-            cur.execute(sql, params)
-            driver.commit()
+        pipeline = driver._pipeline = psycopg.Pipeline(driver)
+        pipeline.__enter__()
+        try:
+            with driver.cursor() as cur:
+                cur.execute(sql, params)  # sent, its reply not awaited
+                driver.commit()  # COMMIT + Sync: one round trip for both
+            if pipeline.result_queue or pipeline.command_queue:
+                raise RuntimeError("pipeline not drained")
+        finally:
+            pipeline._exit(None)
+            driver._pipeline = None
 
     return write
 

@@ -58,7 +58,7 @@ LABELS = {
     "plain": "+ hand-written plain INSERT (reference)",
     "notify_off": "+ outbox row, notify off",
     "notify_on": "+ outbox row, notify on",
-    "pipelined": "+ outbox row, INSERT pipelined with COMMIT (experiment)",
+    "pipelined": "+ outbox row, INSERT+COMMIT in one round trip (experiment)",
 }
 
 

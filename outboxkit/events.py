@@ -18,6 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -189,8 +190,22 @@ class Message:
         )
 
 
-# Built once: json.dumps with options builds a new encoder per call.
-_json_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+def _not_json(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _json_encoder() -> Any:
+    """Compact JSON text, no NaN. The C encoder is built once: ``JSONEncoder.encode`` builds a
+    new one on every call, which cost more than the encoding of a small payload. Without the
+    circular-reference markers (a shared dict would not be thread-safe), a cycle ends in a
+    RecursionError, refused like any other unserialisable payload."""
+    if c_make_encoder is None:  # a Python built without the C accelerator
+        return json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+    encode = c_make_encoder(None, _not_json, encode_basestring, None, ":", ",", False, False, False)
+    return lambda value: "".join(encode(value, 0))
+
+
+_json_encode = _json_encoder()
 
 
 def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes, str]:

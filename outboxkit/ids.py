@@ -32,7 +32,10 @@ def _drop_pool() -> None:
 os.register_at_fork(after_in_child=_drop_pool)
 
 
-def uuid7() -> uuid.UUID:
+def uuid7(
+    _time_ns: Any = time.time_ns,
+    _from_bytes: Any = int.from_bytes,
+) -> uuid.UUID:
     """A UUIDv7: 48-bit Unix milliseconds, then a counter, then 62 random bits.
 
     Ids from one process are strictly increasing, even within one millisecond and when the
@@ -40,12 +43,13 @@ def uuid7() -> uuid.UUID:
     """
     global _last_ms, _counter, _pool, _pool_pos
     with _lock:
-        if _pool_pos + 10 > len(_pool):
-            _pool, _pool_pos = os.urandom(_POOL_BYTES), 0
+        pos = _pool_pos
+        if pos + 10 > len(_pool):
+            _pool, pos = os.urandom(_POOL_BYTES), 0
         # 62 bits for rand_b, 9 for a fresh counter
-        random_bits = int.from_bytes(_pool[_pool_pos : _pool_pos + 10], "big")
-        _pool_pos += 10
-        now_ms = time.time_ns() // 1_000_000
+        random_bits = _from_bytes(_pool[pos : pos + 10], "big")
+        _pool_pos = pos + 10
+        now_ms = _time_ns() // 1_000_000
         if now_ms > _last_ms:
             _last_ms = now_ms
             _counter = (random_bits >> 62) & 0x1FF  # random start, room to grow
@@ -55,13 +59,15 @@ def uuid7() -> uuid.UUID:
                 _last_ms += 1
                 _counter = 0
         ms, counter = _last_ms, _counter
-    rand_b = random_bits & ((1 << 62) - 1)
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76
-    value |= counter << 64
-    value |= 0b10 << 62
-    value |= rand_b
-    return _from_int(value)
+    # version 7 and variant 0b10 are constant bits; the rest: time, counter, rand_b
+    return _from_int(
+        ((ms & _MS_MASK) << 80) | (counter << 64) | (random_bits & _RAND_B_MASK) | _VERSION_VARIANT
+    )
+
+
+_MS_MASK = (1 << 48) - 1
+_RAND_B_MASK = (1 << 62) - 1
+_VERSION_VARIANT = (0x7 << 76) | (0b10 << 62)
 
 
 def _from_int(

@@ -56,7 +56,9 @@ def _sized(text: str) -> int:
 # The relay's headers, from the row's columns (wire.py): they replace user headers of that name.
 _OPTIONAL = (HEADER_EVENT_TYPE, HEADER_SCHEMA_VERSION, HEADER_AGGREGATE_TYPE, HEADER_AGGREGATE_ID)
 _RELAY_NAMES = frozenset((HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_CONTENT_TYPE, *_OPTIONAL))
-_OPTIONAL_NAMES = tuple(_sized(name) for name in _OPTIONAL)
+_EVENT_TYPE_NAME, _SCHEMA_VERSION_NAME, _AGGREGATE_TYPE_NAME, _AGGREGATE_ID_NAME = (
+    _sized(name) for name in _OPTIONAL
+)
 # Framing, plus the headers every record carries, except their values of variable length.
 _FIXED = (
     RECORD_OVERHEAD_BYTES
@@ -82,9 +84,15 @@ def record_size(
     size = _FIXED + payload_len + _sized(idempotency_key) + _sized(content_type)
     if key:
         size += len(key) if key.isascii() else len(key.encode())
-    for name_size, value in zip(_OPTIONAL_NAMES, optional, strict=True):
-        if value is not None:
-            size += name_size + _sized(str(value))
+    event_type, schema_version, aggregate_type, aggregate_id = optional  # unrolled: per row
+    if event_type is not None:
+        size += _EVENT_TYPE_NAME + _sized(event_type)
+    if schema_version is not None:
+        size += _SCHEMA_VERSION_NAME + _sized(str(schema_version))
+    if aggregate_type is not None:
+        size += _AGGREGATE_TYPE_NAME + _sized(aggregate_type)
+    if aggregate_id is not None:
+        size += _AGGREGATE_ID_NAME + _sized(aggregate_id)
     for name, text in headers.items():
         if name not in _RELAY_NAMES:
             size += _sized(name) + _sized(text)

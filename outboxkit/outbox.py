@@ -31,10 +31,9 @@ from outboxkit import db
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
+    CopiedIds,
     Stream,
-    ids_statement,
     notify_statement,
-    take_copied,
     take_notified,
     worth_copying,
 )
@@ -194,7 +193,7 @@ class Outbox:
         self, conn: Connection, items: list[Writable], notified: tuple[str | None, list[int]]
     ) -> Plan | None:
         schema = self.config.schema
-        [(shard_count, encoding)] = _execute(conn, schema, "copy_setting", {})
+        [(shard_count, encoding, after_id)] = _execute(conn, schema, "copy_setting", {})
         if encoding != "UTF8":
             return None
         stream = Stream(items, self.config, current_trace_headers(), shard_count)
@@ -205,7 +204,9 @@ class Outbox:
             db.rollback_to_savepoint(conn)
             return None
         plan = stream.plan()
-        take_copied(plan, _execute(conn, schema, *ids_statement(plan)))
+        ids = CopiedIds(plan, after_id)
+        while (ids_query := ids.statement()) is not None:
+            ids.take(_execute(conn, schema, *ids_query))
         statement = notify_statement(plan, stream.shards, notified)
         if statement is not None:
             take_notified(plan, _execute(conn, schema, *statement))
@@ -279,7 +280,7 @@ class Outbox:
         self, conn: AsyncConnection, items: list[Writable], notified: tuple[str | None, list[int]]
     ) -> Plan | None:
         schema = self.config.schema
-        [(shard_count, encoding)] = await _execute_async(conn, schema, "copy_setting", {})
+        [(shard_count, encoding, after_id)] = await _execute_async(conn, schema, "copy_setting", {})
         if encoding != "UTF8":
             return None
         stream = Stream(items, self.config, current_trace_headers(), shard_count)
@@ -291,7 +292,9 @@ class Outbox:
             await db.rollback_to_savepoint_async(conn)
             return None
         plan = stream.plan()
-        take_copied(plan, await _execute_async(conn, schema, *ids_statement(plan)))
+        ids = CopiedIds(plan, after_id)
+        while (ids_query := ids.statement()) is not None:
+            ids.take(await _execute_async(conn, schema, *ids_query))
         statement = notify_statement(plan, stream.shards, notified)
         if statement is not None:
             take_notified(plan, await _execute_async(conn, schema, *statement))

@@ -5,7 +5,8 @@ Large batches are copied straight into the outbox table instead of bound as arra
 insertion, and the items are prepared while the COPY streams (:class:`Stream`). A COPY cannot
 compute the shard, return ids or skip taken keys. So the shard is computed here by the exact
 twin of the SQL function ``outbox_shard`` (the count read in the same transaction), the ids are
-read back by event id, and a taken key or event id fails the COPY: the writer rolls back to its
+read back as the range above the highest id seen before the COPY (:class:`CopiedIds`), and a
+taken key or event id fails the COPY: the writer rolls back to its
 savepoint and inserts the same items with ``ON CONFLICT`` instead, so duplicates and conflicts
 come out as on that path.
 """
@@ -25,6 +26,8 @@ from outboxkit.schema import notify_channel
 def shard_of(message_key: str | None, event_id: uuid.UUID, shard_count: int) -> int:
     """``outbox_shard`` in Python: the first 32 bits of md5(key, else the event id as text),
     as a signed integer, masked to 31 bits, modulo the count (UTF-8 text, as the server's)."""
+    if shard_count == 1:  # the default: anything modulo 1 is 0, no hash needed
+        return 0
     text = message_key if message_key is not None else uuid_text(event_id)
     first32 = int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big")
     return (first32 & 0x7FFFFFFF) % shard_count
@@ -69,8 +72,34 @@ class Stream:
         return Plan(self.config, self.folding)
 
 
-def ids_statement(plan: Plan) -> Statement:
-    return "copied_ids", {"event_ids": [plan.rows[i].event_id for i in plan.pending()]}
+class CopiedIds:
+    """Reads back the ids of the copied rows, in input order: by an id range first (cheap),
+    by event id when the range did not hold them all."""
+
+    def __init__(self, plan: Plan, after_id: int) -> None:
+        self.plan, self.after_id = plan, after_id
+        self.todo = plan.pending()
+        self._tried_range = False
+        self._done = False
+
+    def statement(self) -> Statement | None:
+        if self._done:
+            return None
+        if not self._tried_range:
+            return "copied_ids", {"after_id": self.after_id}
+        event_ids = [self.plan.rows[i].event_id for i in self.todo]
+        return "copied_ids_by_event_id", {"event_ids": event_ids}
+
+    def take(self, result_rows: Sequence[Any]) -> None:
+        ids = [row_id for (row_id,) in result_rows]
+        if not self._tried_range:
+            self._tried_range = True
+            if len(ids) != len(self.todo):  # ids from a sequence cache: ask by event id
+                return
+        elif len(ids) != len(self.todo) or None in ids:
+            raise AssertionError("a copied row was not found again")  # cannot happen: same tx
+        self.plan.take_copied(self.todo, ids)
+        self._done = True
 
 
 def notify_statement(
@@ -84,16 +113,6 @@ def notify_statement(
         "notified_xact": notified[0],
         "notified_shards": notified[1],
     }
-
-
-def take_copied(plan: Plan, result_rows: Sequence[Any]) -> None:
-    """Record the copied rows' ids, in input order (every row was written, or the COPY
-    failed)."""
-    event_ids = [plan.rows[i].event_id for i in plan.pending()]
-    ids = [row_id for (row_id,) in result_rows]
-    if len(ids) != len(event_ids) or None in ids:
-        raise AssertionError("a copied row was not found again")  # cannot happen: same tx
-    plan.take_inserted(list(zip(ids, event_ids, strict=True)))
 
 
 def take_notified(plan: Plan, result_rows: Sequence[Any]) -> None:

@@ -1,48 +1,39 @@
-"""The writer's logic without I/O: validate and serialise items, then plan the statements.
+"""The writer's logic without I/O: plan the statements of one call and read their replies.
 
-``prepare`` checks everything that can be checked before writing (topic name, size,
-serialisation), so a failed validation sends nothing and leaves the caller's transaction usable.
-A ``Plan`` is one add/add_many call: which statement to run next, and what its rows mean. The
-sync and async executors in :mod:`outboxkit.outbox` drive the same plan.
+Items become rows in :mod:`outboxkit.outbox_row` (``prepare``: everything that can be refused is
+refused before anything is sent). A ``Plan`` is one add/add_many call: which statement to run
+next, and what its rows mean. The sync and async executors in :mod:`outboxkit.outbox` drive
+the same plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
-from outboxkit.errors import (
-    ConfigurationError,
-    IdempotencyKeyConflictError,
-    PayloadTooLargeError,
-    SerializationError,
-    ValidationError,
-)
-from outboxkit.events import Event, Message, encode_payload, validate_topic
-from outboxkit.ids import uuid7, uuid_text
-from outboxkit.limits import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    PRODUCER_MESSAGE_MAX_BYTES,
-    RECORD_OVERHEAD_BYTES,
-    record_size,
-)
+from outboxkit.errors import ConfigurationError, IdempotencyKeyConflictError, ValidationError
+from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
+from outboxkit.outbox_row import Row, Writable, prepare
 from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
-from outboxkit.tracing import current_trace_headers
-from outboxkit.wire import (
-    content_digest,
-)
 
 _MAX_REREADS = 5
 #: From this many rows on, add_many COPYs (measured in benchmarks/writes.py; see docs/writes.md).
 DEFAULT_COPY_MIN_ROWS = 100
 
-Writable = Event | Message
+__all__ = [
+    "Folding",
+    "OutboxConfig",
+    "Plan",
+    "Row",
+    "Statement",
+    "Writable",
+    "WriteResult",
+    "prepare",
+]
+
 Statement = tuple[str, dict[str, Any]]  # (name in db/sql/outbox.sql, parameters)
 
 
@@ -87,120 +78,6 @@ class WriteResult:
     id: int | None = None
 
 
-class Row(NamedTuple):
-    """A validated, serialised message, ready for the INSERT (a tuple: cheap to build)."""
-
-    event_id: uuid.UUID
-    idempotency_key: str
-    content_digest: bytes
-    topic: str
-    message_key: str | None
-    payload: bytes
-    content_type: str
-    headers: str  # JSON text
-    event_type: str | None
-    schema_version: int | None
-    aggregate_type: str | None
-    aggregate_id: str | None
-    deliver_after: datetime | None
-
-
-def _too_large(row: Row, size: int, config: OutboxConfig) -> PayloadTooLargeError:
-    limit = config.max_message_bytes
-    why = (
-        "librdkafka's default message.max.bytes, below the broker's default 1048588 per batch"
-        if limit == PRODUCER_MESSAGE_MAX_BYTES
-        else "OutboxConfig(max_message_bytes=...), which must match the relay producer's"
-        " message.max.bytes"
-    )
-    return PayloadTooLargeError(
-        f"message for topic {row.topic!r} would be a {size}-byte Kafka record (payload"
-        f" {len(row.payload)} bytes, plus key, headers and {RECORD_OVERHEAD_BYTES} bytes of"
-        f" framing); the limit is {limit} bytes: {why}. The relay's producer would refuse it,"
-        " so it is not written.",
-        size=size,
-        max_message_bytes=limit,
-    )
-
-
-_topic_ok = lru_cache(maxsize=4096)(validate_topic)
-
-
-def prepare(
-    item: Writable,
-    config: OutboxConfig,
-    trace_headers: Mapping[str, str] | None = None,
-    **overrides: Any,
-) -> Row:
-    """Validate and serialise one item. ``trace_headers``: the current trace context, when the
-    caller already read it once for a whole batch (the context cannot change within one call)."""
-    if isinstance(item, Event):
-        msg = Message.from_event(item, **overrides)
-    elif isinstance(item, Message):
-        changes = {k: v for k, v in overrides.items() if v is not None}
-        msg = dataclasses.replace(item, **changes) if changes else item
-    else:
-        raise ValidationError(
-            f"expected an outboxkit Event or Message, got {type(item).__name__}"
-            " (wrap raw payloads in outboxkit.Message(topic=..., payload=...))"
-        )
-    topic = msg.topic
-    if isinstance(topic, str):
-        _topic_ok(topic)
-    else:
-        validate_topic(topic)  # raises
-    if msg.key is not None and not isinstance(msg.key, str):
-        raise ValidationError(f"message key must be a str or None, got {msg.key!r}")
-    if msg.event_type is not None and not isinstance(msg.event_type, str):
-        raise ValidationError(f"message event_type must be a str or None, got {msg.event_type!r}")
-    payload, content_type = encode_payload(msg.payload, msg.content_type)
-    if trace_headers is None:
-        trace_headers = current_trace_headers()
-    headers = {**trace_headers, **msg.headers} if trace_headers else msg.headers
-    for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
-    headers_json = json.dumps(headers, ensure_ascii=False) if headers else "{}"
-    event_id = msg.event_id or uuid7()
-    idempotency_key = (
-        msg.idempotency_key if msg.idempotency_key is not None else uuid_text(event_id)
-    )
-    if not idempotency_key:
-        raise ValidationError("the idempotency key must not be empty")
-    row = Row(
-        event_id=event_id,
-        idempotency_key=idempotency_key,
-        content_digest=content_digest(
-            topic=topic,
-            key=msg.key,
-            event_type=msg.event_type,
-            content_type=content_type,
-            payload=payload,
-        ),
-        topic=topic,
-        message_key=msg.key,
-        payload=payload,
-        content_type=content_type,
-        headers=headers_json,
-        event_type=msg.event_type,
-        schema_version=msg.schema_version,
-        aggregate_type=msg.aggregate_type,
-        aggregate_id=msg.aggregate_id,
-        deliver_after=msg.deliver_after,
-    )
-    size = record_size(
-        len(row.payload),
-        row.message_key,
-        row.idempotency_key,
-        row.content_type,
-        (row.event_type, row.schema_version, row.aggregate_type, row.aggregate_id),
-        headers,
-    )
-    if size > config.max_message_bytes:
-        raise _too_large(row, size, config)
-    return row
-
-
 class Folding:
     """Repeats of an idempotency key within one call, folded onto its first occurrence (same
     content) or refused (other content); two distinct rows must not share an event id."""
@@ -210,7 +87,7 @@ class Folding:
         self.first_of: list[int] = []
         self.unique: list[int] = []
         self._seen: dict[str, int] = {}
-        self._event_ids: set[uuid.UUID] = set()
+        self._event_ids: set[int] = set()
 
     def add(self, row: Row) -> bool:
         """Take the next row of the call; True if it is the first of its key."""
@@ -218,9 +95,10 @@ class Folding:
         self.rows.append(row)
         first = self._seen.get(row.idempotency_key)
         if first is None:
-            if row.event_id in self._event_ids:
+            event_id = row.event_id.int  # an int hashes in C, a UUID in Python
+            if event_id in self._event_ids:
                 raise ValidationError(f"event id {row.event_id} appears twice in one call")
-            self._event_ids.add(row.event_id)
+            self._event_ids.add(event_id)
             self._seen[row.idempotency_key] = index
             self.unique.append(index)
             self.first_of.append(index)
@@ -296,6 +174,12 @@ class Plan:
                 shard, self.xact, notified = notify
                 if notified:
                     self.notified.add(shard)
+
+    def take_copied(self, indexes: Sequence[int], ids: Sequence[int]) -> None:
+        """Record rows written by COPY (all of them were, or the COPY failed)."""
+        rows, results = self.rows, self.results
+        for index, row_id in zip(indexes, ids, strict=True):
+            results[index] = WriteResult(event_id=rows[index].event_id, duplicate=False, id=row_id)
 
     def reread_statement(self) -> Statement | None:
         todo = self.pending()

@@ -94,6 +94,34 @@ def test_copy_writes_what_insert_writes(engine: sa.Engine) -> None:
     assert len({r.xact_id for r in found}) == 1
 
 
+def test_ids_are_read_back_when_a_sequence_cache_hands_out_lower_ones(engine: sa.Engine) -> None:
+    """The ids are read back as the range above the highest id seen before the COPY; with a
+    sequence cache, this session's ids can lie below another session's committed row. Then
+    the writer reads them back by event id: the same results either way."""
+
+    def cache(size: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE outboxkit.outbox_message ALTER id SET CACHE {size}"))
+
+    cache(50)
+    try:
+        with engine.connect() as mine, engine.connect() as other:
+            [first] = INSERTING.add_many(mine, batch(1, "a"))  # takes a cache of 50 ids
+            mine.commit()
+            [theirs] = INSERTING.add_many(other, batch(1, "b"))  # the next 50: above ours
+            other.commit()
+            copied = COPYING.add_many(mine, batch(20, "c"))
+            mine.commit()
+    finally:
+        cache(1)
+    assert first.id is not None
+    assert theirs.id is not None
+    assert [w.id for w in copied] == list(range(first.id + 1, first.id + 21))
+    assert all(w.id < theirs.id for w in copied)  # so the range read-back found none
+    by_event_id = {r.event_id: r.id for r in stored(engine)}
+    assert [by_event_id[w.event_id] for w in copied] == [w.id for w in copied]
+
+
 def test_taken_keys_fall_back_to_insert_with_the_same_answers(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         [earlier] = INSERTING.add_many(conn, batch(30, "k")[7:8])

@@ -153,7 +153,7 @@ def test_same_key_other_content_conflicts_and_transaction_stays_usable(
         (None, ["SAVEPOINT", "INSERT", "RELEASE"]),
         (
             300,
-            ["SAVEPOINT", "SELECT shard_count", "SELECT (SELECT m.id", "SELECT s.shard", "RELEASE"],
+            ["SAVEPOINT", "SELECT shard_count", "SELECT id FROM", "SELECT s.shard", "RELEASE"],
         ),
     ],
 )

@@ -102,8 +102,11 @@ SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
 
 -- name: copy_setting
 -- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard
--- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY).
-SELECT shard_count, current_setting('server_encoding') FROM {schema}.outbox_setting;
+-- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY); and the
+-- highest id this transaction sees, below every id the COPY will take (see copied_ids).
+SELECT shard_count, current_setting('server_encoding'),
+       (SELECT coalesce(max(id), 0) FROM {schema}.outbox_message)
+FROM {schema}.outbox_setting;
 
 -- name: copy_rows
 -- add_many of many rows: a COPY straight into the table (no ON CONFLICT: a taken key or event
@@ -114,8 +117,18 @@ COPY {schema}.outbox_message (
 ) FROM STDIN;
 
 -- name: copied_ids
--- The ids of the rows just copied (COPY returns nothing), in input order: one event_id index
--- probe each (a correlated lookup, so no plan can turn it into a scan of the table).
+-- The ids of the rows just copied (COPY returns nothing), in input order: the identity hands
+-- this session increasing values, all above :after_id (read before the COPY), and rows of
+-- other transactions in that range have another xact_id. One short primary-key range scan. The
+-- caller checks the count: a sequence cache above 1 could have handed us lower ids, and then it
+-- asks copied_ids_by_event_id instead.
+SELECT id FROM {schema}.outbox_message
+WHERE id > :after_id AND xact_id = pg_current_xact_id()
+ORDER BY id;
+
+-- name: copied_ids_by_event_id
+-- copied_ids, one event_id index probe per row (a correlated lookup, so no plan can turn it
+-- into a scan of the table).
 SELECT (SELECT m.id FROM {schema}.outbox_message m WHERE m.event_id = e.event_id)
 FROM unnest(CAST(:event_ids AS uuid[])) WITH ORDINALITY AS e (event_id, ord)
 ORDER BY e.ord;
