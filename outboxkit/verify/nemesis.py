@@ -13,6 +13,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import psycopg
@@ -43,7 +44,9 @@ WEIGHTS = {
 }
 RELAY_POINTS = tuple(p for p in POINTS if p not in ("before_db_commit", "after_db_commit"))
 CONSUMER_POINTS = ("before_db_commit", "after_db_commit")
-MIN_GAP = {BROKER_RESTART: 45.0, PG_RESTART: 40.0}  # seconds between two restarts of a server
+_SERVER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemesis")
+MIN_GAP = {BROKER_RESTART: 60.0, PG_RESTART: 45.0}  # seconds between two restarts of a server
+BLOCKING = (TERMINATE_BACKENDS, BROKER_RESTART, PG_RESTART)  # run in the server thread
 
 
 @dataclass
@@ -64,14 +67,15 @@ class Nemesis:
     _next_at: float = 0.0
     _last: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # faults that broke the run itself
-    _busy: threading.Thread | None = None
+    _busy: Future[None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.seed}:nemesis")
         self.kinds = [k for k in WEIGHTS if self._available(k)]
-        self._first_round = self.kinds[:]
+        self._first_round = [k for k in self.kinds if k != KILL_POINT]
         self.rng.shuffle(self._first_round)
+        self._first_round.append(KILL_POINT)  # popped first: an armed point needs time to fire
         self._next_at = float("inf")  # nothing until begin()
 
     def _available(self, kind: str) -> bool:
@@ -107,7 +111,7 @@ class Nemesis:
             if clock >= at:
                 child.terminate(10)
                 self._extras.remove((at, child))
-        if clock < self._next_at or (self._busy is not None and self._busy.is_alive()):
+        if clock < self._next_at:
             return
         self._next_at = clock + max(0.5, self.rng.expovariate(1.0 / self.mean_interval))
         kind = self._pick()
@@ -115,9 +119,9 @@ class Nemesis:
             self._inject(kind)
 
     def _pick(self) -> str | None:
-        while self._first_round:
-            kind = self._first_round.pop()
+        for kind in reversed(self._first_round):
             if self._allowed(kind):
+                self._first_round.remove(kind)
                 return kind
         choices = [k for k in self.kinds if self._allowed(k)]
         if not choices:
@@ -125,6 +129,10 @@ class Nemesis:
         return self.rng.choices(choices, [WEIGHTS[k] for k in choices])[0]
 
     def _allowed(self, kind: str) -> bool:
+        """Not a second database or broker action while one runs; servers rest between
+        restarts (counted from the end of the last one)."""
+        if kind in BLOCKING and self._busy is not None and not self._busy.done():
+            return False
         last = self._last.get(kind)
         return last is None or time.monotonic() - last >= MIN_GAP.get(kind, 0.0)
 
@@ -169,14 +177,15 @@ class Nemesis:
         points = RELAY_POINTS if child.role == "relay" else CONSUMER_POINTS
         if child.role == "relay":
             points = tuple(p for p in points if not p.endswith(("slot2", "slot3")))
-        fault = f"{self.rng.choice(points)}:{self.rng.randint(1, 3)}"
-        child.terminate(15)
-        child.start(fault)
+        # Stopped with SIGTERM (not a fault); the supervisor starts it again with the point armed.
+        child.next_fault = f"{self.rng.choice(points)}:{self.rng.randint(1, 3)}"
+        child.ask_to_stop()
 
     def _run_blocking(self, action: Callable[[], None]) -> None:
-        """Server restarts take seconds: in a thread, while the loop keeps supervising."""
-        self._busy = threading.Thread(target=action, name="nemesis", daemon=True)
-        self._busy.start()
+        """Server restarts take seconds: in a thread, while the loop keeps supervising. One
+        thread for the whole run: a server dies with the thread that started it
+        (``PR_SET_PDEATHSIG``), so that thread must outlive the run."""
+        self._busy = _SERVER_THREAD.submit(action)
 
     def _terminate_backends(self) -> None:
         everyone = self.stack is not None and self.stack.postgres is not None
@@ -222,12 +231,13 @@ class Nemesis:
         else:
             self.errors.append(problem)
             return
+        self._last[kind] = time.monotonic()  # the rest between restarts starts now
         self.record(kind, target, f"down {time.monotonic() - started:.1f}s")
 
     def finish(self) -> None:
         """Let a restart in progress end, continue stopped processes, let extra members go."""
         if self._busy is not None:
-            self._busy.join(300)
+            self._busy.result(300)
         for _, child in self._resume_at:
             child.resume()
         self._resume_at.clear()

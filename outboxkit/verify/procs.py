@@ -36,6 +36,7 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     stopped: bool = False  # SIGSTOPped by the nemesis, not yet continued
     fault: str | None = None  # the OUTBOXKIT_FAULT armed in the running process
+    next_fault: str | None = None  # to arm when it is next started
     expected_exit: bool = False  # we killed or stopped it on purpose
     down_since: float | None = None
     starts: int = 0
@@ -140,7 +141,8 @@ class Fleet:
                 elif not child.expected_exit:
                     self.unexpected_exits.append(f"{child.name} exited with code {code}")
             if restart and now - child.down_since >= RESTART_DELAY:
-                child.start()
+                child.start(child.next_fault)
+                child.next_fault = None
                 self.restarts += 1
 
     def resume_all(self) -> None:
