@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from outboxkit.cli import main
 from outboxkit.cli.verify import parse_duration
-from outboxkit.verify import History, RunParams, WriteOp, WriteOutcome
+from outboxkit.verify import WriteOp, WriteOutcome
 from outboxkit.verify.collect import read_writes
 from outboxkit.verify.nemesis import KILL_POINT, Nemesis
 from outboxkit.verify.procs import Child, Fleet
+from tests.unit.test_verify_checker import clean
 
 
 @pytest.mark.parametrize(
@@ -62,49 +63,25 @@ def test_the_first_round_covers_every_kind_armed_point_first() -> None:
     assert "pg_restart" not in nemesis.kinds
 
 
-def _history(writes: list[WriteOp]) -> History:
-    params = RunParams(
-        seed=1,
-        mode="exactly_once",
-        duration_s=1.0,
-        writers=1,
-        relays=1,
-        relay_group="g",
-        shards=1,
-        topics=(),
-        consumers=(),
-    )
-    return History(params=params, writes=writes)
-
-
-def _write(event_id: str, outcome: WriteOutcome) -> WriteOp:
-    return WriteOp(
-        writer="w",
-        event_id=event_id,
-        idempotency_key=f"ik-{event_id}",
-        topic="t",
-        key="k",
-        digest="00",
-        outcome=outcome,
-    )
-
-
 def test_check_of_a_history_file_fails_on_an_anomaly(tmp_path: Path) -> None:
-    lost = tmp_path / "lost.json"
-    lost.write_text(_history([_write("e1", WriteOutcome.COMMITTED)]).to_json())
-    result = CliRunner().invoke(main, ["verify", "--check", str(lost)])
-    assert result.exit_code == 1, result.output
-    assert "lost                        1  e1" in result.output
     fine = tmp_path / "fine.json"
-    fine.write_text(_history([_write("e2", WriteOutcome.ROLLED_BACK)]).to_json())
+    fine.write_text(clean().h.to_json())
     result = CliRunner().invoke(main, ["verify", "--check", str(fine)])
     assert result.exit_code == 0, result.output
     assert "result      PASS" in result.output
+    run = clean()
+    lost = run.write("k9", publish=False)  # committed, never published
+    broken = tmp_path / "lost.json"
+    broken.write_text(run.h.to_json())
+    result = CliRunner().invoke(main, ["verify", "--check", str(broken)])
+    assert result.exit_code == 1, result.output
+    assert f"lost                        1  {lost.event_id}" in result.output
+    assert "result      FAIL" in result.output
 
 
 def test_writer_records_are_read_back_with_their_outcomes(tmp_path: Path) -> None:
     path = tmp_path / "writes-0.jsonl"
-    op = _write("e1", WriteOutcome.UNKNOWN)
+    op = WriteOp("w", "e1", "ik-e1", "t", "k", "00", WriteOutcome.UNKNOWN)
     line = json.dumps({**op.__dict__, "outcome": op.outcome.value, "time": 2.0})
     path.write_text(f"{line}\n" + '{"writer": "w", "event_id": "half-writ')  # killed mid-line
     ops = read_writes([path, tmp_path / "missing.jsonl"])
