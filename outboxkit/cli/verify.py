@@ -103,7 +103,8 @@ def verify(
         return
     seed = seed if seed is not None else random.SystemRandom().randrange(1, 10**9)
     _quiet_clients()
-    from outboxkit.verify.run import Run, RunConfig
+    from outboxkit.verify.layout import RunConfig
+    from outboxkit.verify.run import Run
     from outboxkit.verify.target import open_target
 
     own_dir = workdir is None
@@ -131,9 +132,17 @@ def verify(
     lines.insert(
         1,
         f"{'run':<12}{time.monotonic() - started:.0f}s in all;"
-        f" replay: outboxkit verify --seed {seed} --duration {duration:g}",
+        f" replay: outboxkit verify --seed {seed} --duration {duration:g} --writers {writers}"
+        f" --relays {relays} --consumers {consumers} --rate {rate:g}{' --dev' if dev else ''}",
     )
     ok = report.ok and not run.problems
+    exits = run.fleet.unexpected_exits
+    after_faults = next(i for i, line in enumerate(lines) if line.startswith("faults")) + 1
+    lines.insert(
+        after_faults,
+        f"{'processes':<12}{run.fleet.restarts} restarts by the run's supervisor;"
+        f" {len(exits)} exits not caused by a fault{': ' + exits[0] + ', ...' if exits else ''}",
+    )
     lines += [f"{'run problem':<12}{problem}" for problem in run.problems]
     if run.problems:
         lines.append(f"{'result':<12}FAIL (the run itself)")

@@ -175,8 +175,8 @@ class Nemesis:
         if child is None:
             return
         points = RELAY_POINTS if child.role == "relay" else CONSUMER_POINTS
-        if child.role == "relay":
-            points = tuple(p for p in points if not p.endswith(("slot2", "slot3")))
+        if child.role == "relay":  # the run's relays use one producer per shard: slot 0
+            points = tuple(p for p in points if "_slot" not in p or p.endswith("slot0"))
         # Stopped with SIGTERM (not a fault); the supervisor starts it again with the point armed.
         child.next_fault = f"{self.rng.choice(points)}:{self.rng.randint(1, 3)}"
         child.ask_to_stop()

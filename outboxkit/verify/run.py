@@ -1,121 +1,29 @@
-"""One ``outboxkit verify`` run: set up, run writers, relays and consumers under the nemesis,
-drain, read everything back and check it.
-
-Each run has its own names (topics, relay group, consumer names, checkpoint topic) derived from
-the seed and a random suffix, so runs never see each other's data even on a shared deployment.
-"""
+"""One ``outboxkit verify`` run: start writers, relays and consumers, run the nemesis, drain,
+read everything back and check it. The clock starts once the processes are up."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 
-from outboxkit.db import migrator
-from outboxkit.devstack import DevStack
 from outboxkit.errors import OutboxkitError
-from outboxkit.kafka import KafkaClients
-from outboxkit.settings import KafkaSettings
 from outboxkit.verify import collect
 from outboxkit.verify.checker import Report, check
 from outboxkit.verify.history import ConsumerSpec, History, RunParams, TopicSpec
+from outboxkit.verify.layout import CLIENTS, Names, RunConfig, Target, setup, with_app_name
 from outboxkit.verify.nemesis import Nemesis
 from outboxkit.verify.observe import TokenSampler
 from outboxkit.verify.procs import Child, Fleet, python_module
-from outboxkit.verify.workload import DDL, SCHEMA
 
 Echo = Callable[[str], None]
-CLIENTS = ("confluent", "aiokafka")
 _SESSION = {  # a killed consumer leaves its group in 6 s, not 45 s
     "confluent": ("session.timeout.ms=6000", "heartbeat.interval.ms=1000"),
     "aiokafka": ("session_timeout_ms=6000", "heartbeat_interval_ms=1000"),
 }
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    seed: int
-    duration: float
-    workdir: Path
-    writers: int = 3
-    relays: int = 2
-    consumers: int = 4
-    rate: float = 10.0  # write attempts per second per writer
-    partitions: int = 4
-    shards: int = 4
-    keys: int = 16
-    drain_timeout: float = 180.0
-
-
-@dataclass
-class Target:
-    """Where the run goes: URLs for this process, variables for the children."""
-
-    database_url: str
-    kafka: KafkaSettings
-    env: dict[str, str]
-    schema: str = SCHEMA
-    stack: DevStack | None = None  # the self-started stack, when there is one
-
-    @property
-    def self_started(self) -> str:
-        if self.stack is None:
-            return "external"
-        servers = (("postgresql", self.stack.postgres), ("kafka", self.stack.kafka))
-        started = [name for name, server in servers if server is not None]
-        return "self-started" if len(started) == 2 else f"self-started {'+'.join(started)}"
-
-
-@dataclass
-class Names:
-    run_id: str
-    topics: list[str] = field(default_factory=list)
-    relay_group: str = ""
-    checkpoint: str = ""
-    consumers: list[str] = field(default_factory=list)
-
-    @classmethod
-    def for_run(cls, seed: int) -> Names:
-        run_id = f"{seed}-{uuid.uuid4().hex[:6]}"
-        return cls(
-            run_id=run_id,
-            topics=[f"outboxkit.verify.{run_id}.{n}" for n in ("orders", "payments")],
-            relay_group=f"verify-{run_id}",
-            checkpoint=f"outboxkit.verify.{run_id}.checkpoint",
-            consumers=[f"verify-{run_id}-{client}" for client in CLIENTS],
-        )
-
-
-def _with_app_name(url: str, name: str) -> str:
-    return f"{url}{'&' if '?' in url else '?'}application_name={name}"
-
-
-def _setup(config: RunConfig, target: Target, names: Names) -> None:
-    migrator.upgrade(target.database_url, target.schema)
-    with psycopg.connect(target.database_url, autocommit=True) as conn:
-        for statement in DDL:
-            conn.execute(statement)
-        # The run's own schema: several shards, so relays share the work and take over.
-        conn.execute(
-            f"UPDATE {target.schema}.outbox_setting SET shard_count = %s", (config.shards,)
-        )
-
-    async def topics() -> None:
-        admin = KafkaClients(target.kafka).admin()
-        try:
-            for topic in names.topics:
-                await admin.create_topic(topic, config.partitions, {})
-                await admin.create_topic(f"{topic}.dlq", 1, {})
-        finally:
-            await admin.close()
-
-    asyncio.run(topics())
 
 
 class VerifyError(OutboxkitError):
@@ -159,7 +67,7 @@ class Run:
         client = CLIENTS[index % 2]
         name = self.names.consumers[index % 2]
         env = {
-            "OUTBOXKIT_DATABASE_URL": _with_app_name(
+            "OUTBOXKIT_DATABASE_URL": with_app_name(
                 self.target.database_url, f"{self.prefix}-c{index}"
             ),
             "OUTBOXKIT_CONSUMER_NAME": name,
@@ -218,7 +126,7 @@ class Run:
     def execute(self) -> tuple[History, Report]:
         config = self.config
         config.workdir.mkdir(parents=True, exist_ok=True)
-        _setup(config, self.target, self.names)
+        setup(config, self.target, self.names)
         sampler = TokenSampler(
             self.target.database_url,
             self.target.schema,
@@ -300,6 +208,8 @@ class Run:
         """Writers stop; faults stop; relays and consumers finish the backlog."""
         self.fleet.stop("writer", timeout=30)
         nemesis.finish()
+        for child in self.fleet.children:
+            child.next_fault = None  # no kill point armed by a restart from here on
         self.fleet.resume_all()
         started = time.monotonic()
         deadline = started + self.config.drain_timeout

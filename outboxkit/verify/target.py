@@ -14,7 +14,7 @@ from outboxkit.devstack import DevStack
 from outboxkit.devstack.sasl import BOOTSTRAP_ENV
 from outboxkit.errors import ConfigurationError
 from outboxkit.settings import KafkaSettings, load_settings
-from outboxkit.verify.run import Target
+from outboxkit.verify.layout import Target
 
 DATABASE_ENV = "OUTBOXKIT_DATABASE_URL"
 
