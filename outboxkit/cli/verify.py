@@ -143,6 +143,7 @@ def verify(
         f"{'processes':<12}{run.fleet.restarts} restarts by the run's supervisor;"
         f" {len(exits)} exits not caused by a fault{': ' + exits[0] + ', ...' if exits else ''}",
     )
+    lines += [f"{'note':<12}{note}" for note in run.notes]
     lines += [f"{'run problem':<12}{problem}" for problem in run.problems]
     if run.problems:
         lines.append(f"{'result':<12}FAIL (the run itself)")

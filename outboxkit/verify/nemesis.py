@@ -45,7 +45,8 @@ WEIGHTS = {
 RELAY_POINTS = tuple(p for p in POINTS if p not in ("before_db_commit", "after_db_commit"))
 CONSUMER_POINTS = ("before_db_commit", "after_db_commit")
 _SERVER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemesis")
-MIN_GAP = {BROKER_RESTART: 60.0, PG_RESTART: 45.0}  # seconds between two restarts of a server
+RESTART_TIMEOUT = 300.0  # seconds a restarted server may take to be ready
+MIN_GAP = {BROKER_RESTART: 120.0, PG_RESTART: 60.0}  # seconds between two restarts of a server
 BLOCKING = (TERMINATE_BACKENDS, BROKER_RESTART, PG_RESTART)  # run in the server thread
 
 
@@ -67,6 +68,7 @@ class Nemesis:
     _next_at: float = 0.0
     _last: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # faults that broke the run itself
+    notes: list[str] = field(default_factory=list)  # trouble the run recovered from
     _busy: Future[None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -109,7 +111,7 @@ class Nemesis:
                 self._resume_at.remove((at, child))
         for at, child in list(self._extras):
             if clock >= at:
-                child.terminate(10)
+                child.ask_to_stop()  # the run's final stop reaps it
                 self._extras.remove((at, child))
         if clock < self._next_at:
             return
@@ -215,32 +217,53 @@ class Nemesis:
         self._restart(PG_RESTART, "postgresql", self.stack.postgres)
 
     def _restart(self, kind: str, target: str, server: ManagedServer) -> None:
-        """Stop (gracefully: the dev stack does not fsync) and start again; a start that fails
-        is tried twice more, and reported as a run error if the server stays down."""
+        """Stop (gracefully: the dev stack does not fsync) and start again, patiently: on a
+        busy machine a broker can take minutes to come back."""
         started = time.monotonic()
         try:
             server.stop()
         except OutboxkitError as exc:
             self.errors.append(f"{target} did not stop: {exc}")
+        problem = self._start(server)
+        if problem is None:
+            self._last[kind] = time.monotonic()  # the rest between restarts starts now
+            self.record(kind, target, f"down {time.monotonic() - started:.1f}s")
+        else:  # started again before the drain (see _heal), or the run fails there
+            self.notes.append(f"{target} did not start again in time: {problem}")
+
+    def _start(self, server: ManagedServer) -> str | None:
+        """Start the server (three tries); the problem when it did not come up."""
+        problem = "not started"
         for _ in range(3):
+            if server.service is not None:
+                server.service.start_timeout = RESTART_TIMEOUT
             try:
                 server.start()
-                break
+                return None
             except OutboxkitError as exc:
-                problem = f"{target} did not start again: {str(exc).splitlines()[0]}"
-        else:
-            self.errors.append(problem)
+                problem = str(exc).splitlines()[0]
+        return problem
+
+    def _heal(self) -> None:
+        """Every self-started server up again (a restart that failed is tried once more)."""
+        if self.stack is None:
             return
-        self._last[kind] = time.monotonic()  # the rest between restarts starts now
-        self.record(kind, target, f"down {time.monotonic() - started:.1f}s")
+        for target, server in (("kafka", self.stack.kafka), ("postgresql", self.stack.postgres)):
+            service = server.service if server is not None else None
+            if server is None or (service is not None and service.is_running()):
+                continue
+            problem = self._start(server)
+            if problem is not None:
+                self.errors.append(f"{target} is down and does not start: {problem}")
 
     def finish(self) -> None:
         """Let a restart in progress end, continue stopped processes, let extra members go."""
         if self._busy is not None:
-            self._busy.result(300)
+            self._busy.result(3 * RESTART_TIMEOUT + 60)
+        _SERVER_THREAD.submit(self._heal).result(3 * RESTART_TIMEOUT + 60)
         for _, child in self._resume_at:
             child.resume()
         self._resume_at.clear()
         for _, child in self._extras:
-            child.terminate(10)
+            child.ask_to_stop()
         self._extras.clear()

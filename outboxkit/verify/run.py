@@ -43,6 +43,7 @@ class Run:
         self.base_env = {k: v for k, v in os.environ.items() if k != "OUTBOXKIT_FAULT"}
         self.base_env |= target.env | {"OUTBOXKIT_SCHEMA": target.schema}
         self.problems: list[str] = []  # the run itself went wrong: a failure, not an anomaly
+        self.notes: list[str] = []
         self.drain_seconds = 0.0
 
     def _child(self, name: str, role: str, argv: list[str], env: dict[str, str]) -> Child:
@@ -270,10 +271,15 @@ class Run:
         effects, inbox = collect.read_database(
             self.target.database_url, self.target.schema, names.consumers
         )
+        try:
+            records = collect.read_topics(self.target.kafka, topics)
+        except collect.CollectError as exc:
+            records = []
+            self.problems.append(str(exc))
         history = History(
             params=params,
             writes=writes,
-            kafka=collect.read_topics(self.target.kafka, topics),
+            kafka=records,
             effects=effects,
             inbox=inbox,
             relay_tokens=sampler.relay,
@@ -281,7 +287,8 @@ class Run:
             faults=sorted(nemesis.faults, key=lambda f: f.time),
         )
         report = check(history, exactly_once=True)
-        self.problems = nemesis.errors + _idle(report)
+        self.problems += nemesis.errors + _idle(report)
+        self.notes = nemesis.notes
         return history, report
 
     def _shards(self) -> int:
