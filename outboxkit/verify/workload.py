@@ -8,9 +8,6 @@ and the registries ``outboxkit inbox run --registry`` loads.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,9 +23,6 @@ EVENT_TYPE = "outboxkit.verify.event"
 SCHEMA = "outboxkit_verify"
 SEQ_TABLE = f"{SCHEMA}.verify_key_seq"
 EFFECT_TABLE = f"{SCHEMA}.verify_effect"
-# A handler sleeps up to this many milliseconds (from the environment), so that kills, stops and
-# rebalances land while deliveries are in flight rather than between them.
-HANDLER_DELAY_ENV = "OUTBOXKIT_VERIFY_HANDLER_DELAY_MS"
 
 DDL = (
     f"CREATE TABLE IF NOT EXISTS {SEQ_TABLE} (topic text NOT NULL, key text NOT NULL,"
@@ -68,10 +62,6 @@ SYNC = EventRegistry()  # for the confluent-kafka driver
 ASYNC = EventRegistry()  # for the aiokafka driver
 
 
-def _delay() -> float:
-    return int(os.environ.get(HANDLER_DELAY_ENV, "0") or 0) / 1000.0
-
-
 def _params(ctx: HandlerContext) -> dict[str, Any]:
     return {"consumer": ctx.consumer, "event_id": ctx.event_id, "token": ctx.lease_token}
 
@@ -79,14 +69,8 @@ def _params(ctx: HandlerContext) -> dict[str, Any]:
 @SYNC.handler(VerifyEvent, event_type=EVENT_TYPE)
 def handle(event: VerifyEvent, ctx: HandlerContext, session: Session) -> None:
     session.execute(INSERT_EFFECT, _params(ctx))
-    delay = _delay()
-    if delay:
-        time.sleep(delay * (event.n % 4) / 3)
 
 
 @ASYNC.handler(VerifyEvent, event_type=EVENT_TYPE)
 async def handle_async(event: VerifyEvent, ctx: HandlerContext, session: AsyncSession) -> None:
     await session.execute(INSERT_EFFECT, _params(ctx))
-    delay = _delay()
-    if delay:
-        await asyncio.sleep(delay * (event.n % 4) / 3)
