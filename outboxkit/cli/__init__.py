@@ -20,6 +20,7 @@ _COMMANDS = {
     "migrate": "outboxkit.cli.migrate:migrate",
     "outbox": "outboxkit.cli.outbox:outbox",
     "relay": "outboxkit.cli.relay:relay",
+    "verify": "outboxkit.cli.verify:verify",
 }
 
 
