@@ -16,12 +16,12 @@ from outboxkit.inbox.deadletter import (
     DeadLetterCheck,
     DeadLetterTopic,
 )
+from outboxkit.inbox.kafka_steps import kafka_steps
 from outboxkit.inbox.loop import (
     BATCH_MAX_MS,
     BATCH_MAX_RECORDS,
     ConsumerLoop,
     LoopOptions,
-    kafka_steps,
 )
 from outboxkit.inbox.middleware import AsyncInbox, Inbox
 from outboxkit.inbox.retention import Retention

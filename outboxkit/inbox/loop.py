@@ -52,16 +52,12 @@ from outboxkit.inbox.steps import (
     Publish,
     Resume,
     Seek,
-    StepTable,
+    Sleep,
     Subscribe,
     TopicExists,
 )
 from outboxkit.kafka.api import (
-    AsyncGroupConsumer,
-    AsyncRecordSender,
     ConsumedRecord,
-    GroupConsumer,
-    RecordSender,
     TopicPartition,
 )
 
@@ -74,6 +70,9 @@ logger = logging.getLogger("outboxkit.inbox.consumer")
 # the partition is held and the delivery retried after this long, at most
 # ``max_unexpected_errors`` times in a row before it is given up (recorded, offset advanced).
 ERROR_RETRY_SECONDS = 1.0
+# Kafka not answering at start-up: ask again after this long, doubling up to the maximum.
+START_RETRY_SECONDS = 0.5
+START_RETRY_MAX_SECONDS = 5.0
 # Batched processing: at most this many records per transaction (each handler in a savepoint;
 # PostgreSQL keeps 64 subtransactions per transaction in shared memory, more slow every
 # snapshot), and at most this long spent topping a batch up after its first record.
@@ -159,13 +158,25 @@ class ConsumerLoop:
             return []
         problems = []
         for name in sorted({dead_letter_topic(setting, t) for t in self.options.topics}):
-            if not (yield TopicExists(name)):
+            if not (yield from self._topic_exists(name)):
                 problems.append(missing_topic(name))
         for problem in problems:
             if mode == "fail":
                 raise ConfigurationError(problem)
             logger.warning(problem)
         return problems
+
+    def _topic_exists(self, name: str) -> Plan[bool]:
+        """Ask until Kafka answers: a consumer started while the broker is away waits (and says
+        so) instead of exiting, as the relay does; only a topic that is really missing counts."""
+        pause = START_RETRY_SECONDS
+        while True:
+            try:
+                return bool((yield TopicExists(name)))
+            except PublishError as exc:
+                logger.warning("waiting for Kafka before checking topic %s: %s", name, exc)
+            yield Sleep(pause)
+            pause = min(pause * 2, START_RETRY_MAX_SECONDS)
 
     def run(self, stopped: Callable[[], bool], max_messages: int | None = None) -> Plan[int]:
         """Process until ``stopped()`` (or ``max_messages`` deliveries were settled)."""
@@ -361,22 +372,3 @@ class ConsumerLoop:
         )
         topic = dead_letter_topic(self.options.dead_letter, env.topic)
         return Publish(topic, env.key, env.value, headers)
-
-
-def kafka_steps(
-    consumer: GroupConsumer | AsyncGroupConsumer, sender: RecordSender | AsyncRecordSender
-) -> StepTable:
-    """The Kafka steps over the client seam: the same calls for both clients (the async
-    client's coroutines are awaited by ``drive_async``)."""
-    return {
-        Subscribe: lambda s: consumer.subscribe(s.topics, s.on_assign, s.on_revoke),
-        Poll: lambda s: consumer.poll(s.timeout, s.max_records),
-        Commit: lambda s: consumer.commit(dict(s.offsets)),
-        Seek: lambda s: consumer.seek(s.partition, s.offset),
-        Pause: lambda s: consumer.pause(s.partitions),
-        Resume: lambda s: consumer.resume(s.partitions),
-        Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
-        TopicExists: lambda s: sender.topic_exists(s.topic),
-        CloseConsumer: lambda s: consumer.close(),
-        CloseSender: lambda s: sender.close(),
-    }

@@ -102,7 +102,7 @@ class Call(Step):
     args: tuple[Any, ...]
 
 
-# -- Kafka (executed by :func:`outboxkit.inbox.loop.kafka_steps` over the client seam) -----------
+# -- Kafka (executed by `outboxkit.inbox.kafka_steps` over the client seam) ------------------------
 @dataclass(frozen=True, slots=True)
 class Subscribe(Step):
     """Join the group; the callbacks run on every rebalance."""

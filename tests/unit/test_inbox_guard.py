@@ -18,7 +18,18 @@ from outboxkit.inbox.guard import InvalidHeaderError, check_headers, error_text,
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.retention import Retention
-from outboxkit.inbox.steps import Commit, Plan, Poll, Publish, Sql, Step, Subscribe, drive_sync
+from outboxkit.inbox.steps import (
+    Commit,
+    Plan,
+    Poll,
+    Publish,
+    Sleep,
+    Sql,
+    Step,
+    Subscribe,
+    TopicExists,
+    drive_sync,
+)
 from outboxkit.kafka.api import ConsumedRecord
 from tests.unit.test_inbox_core import ONE, Script, _core, _db, _env, _name
 
@@ -300,3 +311,23 @@ def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> N
     assert outcome.kind is OutcomeKind.REJECTED
     assert [c["event_id"] for c in calls] == ["e1", outcome.event_id]
     assert (outcome.event_id or "").startswith("sha256:")
+
+
+def test_a_consumer_started_while_kafka_is_away_waits_for_it() -> None:
+    """The dead-letter topic check asks again (with a growing pause) instead of exiting."""
+    loop, _ = _loop(dead_letter_check="fail")
+    answers = iter([PublishError("metadata not readable: transport"), PublishError("again"), True])
+    pauses: list[float] = []
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, TopicExists):
+            reply = next(answers)
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        if isinstance(step, Sleep):
+            pauses.append(step.seconds)
+        return None
+
+    assert drive_sync(loop.check_dead_letters(), Script(answer)) == []
+    assert pauses == [0.5, 1.0]
