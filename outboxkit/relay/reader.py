@@ -116,8 +116,9 @@ class ShardStore:
         return db.query("relay", name, self._schema)
 
     async def claim(
-        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = ()
+        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = (), after: int = 0
     ) -> list[OutboxRecord]:
+        """Pending rows in id order, without ``in_flight`` and only above ``after`` (see SQL)."""
         found = await db.rows_async(
             conn,
             self._query("claim_batch"),
@@ -127,6 +128,7 @@ class ShardStore:
                 "max_bytes": self._max_bytes,
                 "skip_parked_keys": self._skip_parked_keys,
                 "in_flight": list(in_flight),
+                "after": after,
             },
         )
         return [_record(row) for row in found]
