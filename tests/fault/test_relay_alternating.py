@@ -15,6 +15,7 @@ import pytest
 
 from tests.relay_support import (
     KAFKA_CLIENTS,
+    ONE_CLAIM,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -28,7 +29,6 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
-ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "10"}
 
 # (fault spec, batches marked before the kill, rows the successor must reconcile)
 CASES = [

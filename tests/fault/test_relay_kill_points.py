@@ -16,6 +16,8 @@ import pytest
 
 from tests.relay_support import (
     KAFKA_CLIENTS,
+    ONE_CLAIM,
+    THREE_CLAIMS,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -31,14 +33,6 @@ pytestmark = pytest.mark.fault
 TopicFactory = Callable[..., str]
 
 
-# Rows per Kafka transaction: one claim of 10 (the transaction commits after each claim), or
-# three claims of 10 in one transaction (the backlog keeps every claim full; the time bound is
-# lifted so the boundary is by rows only).
-ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "10"}
-THREE_CLAIMS = {
-    "OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "30",
-    "OUTBOXKIT_RELAY_TRANSACTION_MAX_MS": "60000",
-}
 CASES = [
     *(
         pytest.param(point, 10, ONE_CLAIM, id=f"{point}-one-claim")
