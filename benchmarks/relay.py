@@ -137,6 +137,7 @@ async def raw_drain_shard(url: str, shard: int) -> None:
                     "max_bytes": MAX_BYTES,
                     "skip_parked_keys": False,
                     "in_flight": [],
+                    "after": 0,
                 },
             )
             ids = [row[0] for row in found]
@@ -393,6 +394,12 @@ def main() -> None:
                 f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)}",
                 flush=True,
             )
+        one, four = runs[0][0], runs[3][0]
+        print(
+            "exactly-once, 4 shards over 2 processes / 1 shard:"
+            f" {results[four] / results[one]:.2f} x (goal >= 1.3)",
+            flush=True,
+        )
         bare = bare_producer(bootstrap, topic)
         print(f"bare confluent producer (idempotent, acks=all): {bare:,.0f} msg/s", flush=True)
         for label, *_ in runs:

@@ -1,10 +1,14 @@
-"""Before/after in one session: one vs two transactional producers per shard, rounds alternated.
+"""Before/after in one session: variants of the relay alternated round by round, medians quoted.
 
 Run: ``python benchmarks/relay_ab.py`` (``BENCH_ROUNDS``, default 3; ``BENCH_ROWS`` as in
-``relay.py``, default there 200000 — 50000 keeps a round near two minutes). Each round, on fresh
-databases of one shard: the raw drain, exactly-once with ``producers_per_shard`` 1 and 2 (the
-order flips every round), at-least-once, then commit -> visible latency at 1,000 events/s for
-each. A busy machine moves single figures a lot, so the medians over rounds are what to quote.
+``relay.py``, default there 200000 — 50000 keeps a round near two minutes). ``BENCH_BEFORE``
+names a checkout of an older outboxkit (e.g. ``git archive <commit> | tar -x -C /tmp/before``):
+its relay runs as the "before" variants, this checkout's as "after"; without it the variants
+compare one claim per Kafka transaction with the defaults. Each round, on fresh databases of one
+shard: the raw drain, then every variant (the order flips every round), then commit -> visible
+latency at 1,000 events/s for each; ``BENCH_SHARDS4=1`` adds the defaults on 4 shards over 2
+processes (against a 4-shard raw drain). A busy machine moves single figures a lot, so the
+medians over rounds are what to quote.
 """
 
 from __future__ import annotations
@@ -18,11 +22,17 @@ import relay as bench
 from outboxkit.devstack import DevStack
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-VARIANTS = {"eos-1": ("exactly_once", "1"), "eos-2": ("exactly_once", "2")}
-
-
-def env(producers: str) -> dict[str, str]:
-    return {"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": producers}
+BEFORE = os.environ.get("BENCH_BEFORE")
+SHARDS4 = os.environ.get("BENCH_SHARDS4") == "1"
+ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": str(bench.BATCH)}
+OLD = {"PYTHONPATH": BEFORE} if BEFORE else ONE_CLAIM
+# name -> (mode, extra environment of the relay process)
+VARIANTS = {
+    "eos-before": ("exactly_once", OLD),
+    "eos-after": ("exactly_once", {}),
+    "alo-before": ("at_least_once", OLD),
+    "alo-after": ("at_least_once", {}),
+}
 
 
 def main() -> None:
@@ -37,26 +47,34 @@ def main() -> None:
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         bench.create_topic(bootstrap, topic, 4)
         print(f"{ROUNDS} rounds, backlog {bench.ROWS} rows of 500 bytes, 1 shard, batch 500")
+        print(f"before: {BEFORE or 'one claim per transaction'}; load {os.getloadavg()}")
         for n in range(ROUNDS):
             raw = bench.raw_drain(server, topic, 1)
             rates.setdefault("raw", []).append(raw)
+            print(f"round {n + 1} raw drain: {raw:,.0f} rows/s", flush=True)
             order = list(VARIANTS) if n % 2 == 0 else list(reversed(VARIANTS))
-            runs = [(name, *VARIANTS[name]) for name in order]
-            runs.append(("alo", "at_least_once", "1"))
-            for name, mode, producers in runs:
+            runs = [(name, 1, 1, *VARIANTS[name]) for name in order]
+            if SHARDS4:
+                raw4 = bench.raw_drain(server, topic, 4)
+                rates.setdefault("raw4", []).append(raw4)
+                runs.append(("eos-after-4x2", 4, 2, "exactly_once", {}))
+            for name, shards, procs, mode, extra in runs:
                 rate, cpu = bench.relay_throughput(
-                    server, bootstrap, topic, 1, 500, 1, mode, env(producers)
+                    server, bootstrap, topic, shards, bench.BATCH, procs, mode, extra
                 )
+                base = raw if shards == 1 else raw4
                 rates.setdefault(name, []).append(rate)
-                ratios.setdefault(name, []).append(rate / raw)
+                ratios.setdefault(name, []).append(rate / base)
                 cpus.setdefault(name, []).append(cpu)
                 print(
-                    f"round {n + 1} {name}: {rate:,.0f} rows/s = {rate / raw:.2f} x raw"
-                    f" ({raw:,.0f}){bench.cpu_line(cpu)}",
+                    f"round {n + 1} {name}: {rate:,.0f} rows/s = {rate / base:.2f} x raw"
+                    f" ({base:,.0f}){bench.cpu_line(cpu)}; load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
-            for name, mode, producers in runs:
-                p50, p99, missing = bench.latency(server, bootstrap, mode, env(producers))
+            for name, shards, _, mode, extra in runs:
+                if shards != 1:
+                    continue
+                p50, p99, missing = bench.latency(server, bootstrap, mode, extra)
                 lat.setdefault(name, []).append((p50, p99))
                 print(
                     f"round {n + 1} {name} latency at 1,000 events/s: p50 {p50:.1f} ms,"
@@ -65,14 +83,24 @@ def main() -> None:
                 )
     print("medians:")
     print(f"  raw drain: {statistics.median(rates['raw']):,.0f} rows/s")
-    for name in (*VARIANTS, "alo"):
+    for name in rates:
+        if name.startswith("raw"):
+            continue
         cpu = {k: statistics.median(c[k] for c in cpus[name]) for k in cpus[name][0]}
-        print(
+        line = (
             f"  {name}: {statistics.median(rates[name]):,.0f} rows/s ="
-            f" {statistics.median(ratios[name]):.2f} x raw drain{bench.cpu_line(cpu)};"
-            f" latency p50 {statistics.median(p for p, _ in lat[name]):.1f} ms,"
-            f" p99 {statistics.median(q for _, q in lat[name]):.1f} ms",
-            flush=True,
+            f" {statistics.median(ratios[name]):.2f} x raw drain{bench.cpu_line(cpu)}"
+        )
+        if name in lat:
+            line += (
+                f"; latency p50 {statistics.median(p for p, _ in lat[name]):.1f} ms,"
+                f" p99 {statistics.median(q for _, q in lat[name]):.1f} ms"
+            )
+        print(line, flush=True)
+    if SHARDS4:
+        scale = [r4 / r1 for r4, r1 in zip(rates["eos-after-4x2"], rates["eos-after"], strict=True)]
+        print(
+            f"  4 shards over 2 processes / 1 shard (eos-after): {statistics.median(scale):.2f} x"
         )
     print(f"benchmark total {time.monotonic() - started:.0f}s")
 

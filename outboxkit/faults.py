@@ -5,9 +5,11 @@ n-th time the point is reached (default 1); ``stop`` freezes the process with SI
 killing it (a zombie to resume with SIGCONT). Consumer points: ``before_db_commit`` and
 ``after_db_commit`` (the handler's transaction committed, the Kafka offset not). Relay points:
 ``after_claim``, ``before_send`` (the Kafka transaction begun, nothing sent
-yet), ``after_produce``, ``after_kafka_commit``, ``after_mark``; and, around the producers a
-shard uses in turn, ``before_commit_slot<n>`` (slot n's records sent, not committed, the other
-slot's last transaction committed) and ``after_commit_slot<n>`` (slot n committed, not marked).
+yet), ``between_claims`` (a transaction of several claims open, one claim's records sent, the
+next claim in hand), ``after_produce``, ``after_kafka_commit``, ``after_mark``; and, around
+the producers a shard uses in turn, ``before_commit_slot<n>`` (slot n's records sent, not
+committed, the other slot's last transaction committed) and ``after_commit_slot<n>`` (slot n
+committed, not marked).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ POINTS = (
     "after_claim",
     "before_send",
     "after_produce",
+    "between_claims",
     "after_kafka_commit",
     "after_mark",
     *(f"{when}_commit_slot{n}" for n in range(4) for when in ("before", "after")),

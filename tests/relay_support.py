@@ -30,6 +30,14 @@ from tests.support.topics import read_topic
 SCHEMA = "outboxkit"
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_CLIENTS = ["confluent", "aiokafka"]  # parametrise relay tests over both
+# Rows per Kafka transaction with --batch-size 10 (tests that count transactions pin one):
+# one claim each, or three claims of 10 (a backlog keeps every claim full; the time bound is
+# lifted so the boundary is by rows only).
+ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "10"}
+THREE_CLAIMS = {
+    "OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "30",
+    "OUTBOXKIT_RELAY_TRANSACTION_MAX_MS": "60000",
+}
 
 
 def set_shard_count(db_url: str, count: int) -> None:

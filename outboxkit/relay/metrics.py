@@ -65,7 +65,7 @@ class RelayMetrics:
         )
         self.batch_seconds = Histogram(
             "outboxkit_relay_batch_seconds",
-            "Claim-to-Kafka-commit latency of one batch (the mark overlaps the next batch).",
+            "First-claim-to-Kafka-commit latency of one transaction (one or more claims).",
             ["shard"],
             registry=r,
             buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

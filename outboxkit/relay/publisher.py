@@ -13,7 +13,9 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -63,6 +65,9 @@ class BatchPublisher:
         self._known_topics: set[str] = set()
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
+        # After a permanent error in a transaction of several claims: that many transactions
+        # carry one claim each, so the bad claim fails alone and only its rows are isolated.
+        self._one_claim_transactions = 0
 
     @property
     def limit(self) -> int:
@@ -134,6 +139,21 @@ class BatchPublisher:
             to_send.append(record)
         return to_send
 
+    def _continues(self, claim: list[OutboxRecord], rows: int, started: float, limit: int) -> bool:
+        """Whether the open transaction takes one more claim after ``claim`` (``rows`` so far).
+
+        Only under backlog: a claim that came back short (fewer rows than asked for, and not cut
+        by the byte cap) means the shard is drained, so the transaction commits at once.
+        """
+        config = self.config
+        if self._isolate_remaining > 0 or self._one_claim_transactions > 0:
+            return False
+        if config.transaction_max_ms <= 0 or rows + limit > config.transaction_max_rows:
+            return False
+        if len(claim) < limit and sum(len(r.payload) for r in claim) < config.max_batch_bytes // 2:
+            return False
+        return (time.monotonic() - started) * 1000 < config.transaction_max_ms
+
     async def publish(
         self,
         term: LeaseTerm,
@@ -142,120 +162,188 @@ class BatchPublisher:
         batch: list[OutboxRecord],
         slot: int = 0,
     ) -> tuple[Outcome, list[OutboxRecord]]:
-        """Send one batch (one Kafka transaction on ``producer``, the shard's producer ``slot``).
+        """One Kafka transaction on ``producer`` (the shard's producer ``slot``) that starts with
+        ``batch`` and, under backlog, carries further claims (``_continues``); then its commit.
 
-        The caller hands the next batch to another slot only after this returns, i.e. after
-        this transaction's commit returned: transactions of one shard commit strictly in turn.
+        The caller hands the next transaction to another slot only after this returns, i.e.
+        after this commit returned: transactions of one shard commit strictly in turn. Returns
+        the outcome and the first claim of the next transaction (claimed meanwhile).
         """
         started = time.monotonic()
-        # Each topic is checked once per batch (and known-good topics not at all), not per row.
+        previous_mark, self._pending_mark = self._pending_mark, None
+        carried: list[tuple[int, UUID]] = []  # rows sent so far (ids only: memory stays flat)
+        claims = 0
+        claim = batch
+        began = False
+        while True:
+            to_send = await self._sendable(term, conn, producer, claim)
+            claims += 1
+            limit = self.limit
+            last = not self._continues(claim, len(carried) + len(to_send), started, limit)
+            if not to_send and not carried:
+                self._pending_mark = previous_mark  # nothing sent: the old mark stays pending
+                return Outcome.PUBLISHED, []
+            if producer.transactional and not began:
+                await producer.begin()
+                began = True
+            requests = [
+                ProduceRequest(
+                    r.topic, r.key.encode() if r.key is not None else None, r.payload,
+                    r.kafka_headers(),
+                )
+                for r in to_send
+            ]  # fmt: skip
+            if last:
+                # While the last records go out, the next transaction's first claim runs without
+                # a lower bound, excluding every row of this one (none is marked yet).
+                in_flight, after = [i for i, _ in carried] + [r.id for r in claim], 0
+                requests.extend(self._checkpoint(term, slot, carried, to_send))
+            else:
+                in_flight, after = [], claim[-1].id  # claims come in id order
+            first = claims == 1
+            next_claim = asyncio.create_task(
+                self._claim(conn, previous_mark if first else None, limit, in_flight, after)
+            )
+            try:
+                try:
+                    if first:
+                        self._faults.reach("before_send")
+                    deliveries = await producer.send(requests) if requests else []
+                finally:
+                    if first and previous_mark is not None:
+                        await previous_mark  # a lease lost while marking surfaces here
+                term.check()
+                failed = [
+                    (record, delivery.error)
+                    for record, delivery in zip(to_send, deliveries, strict=False)
+                    if delivery.error is not None
+                ]
+                if not failed and len(deliveries) > len(to_send) and deliveries[-1].error:
+                    raise PublishError(f"checkpoint record failed: {deliveries[-1].error}")
+                if failed:
+                    await next_claim  # not used, but the connection is ours again
+                    sent = [i for i, _ in carried] + [r.id for r in to_send]
+                    return await self._handle_failures(
+                        term, conn, producer, sent, failed, claims
+                    ), []
+                carried.extend((r.id, r.event_id) for r in to_send)
+                following = await next_claim
+                term.check()
+            except BaseException:
+                await _retrieve(next_claim)
+                raise
+            if last:
+                break
+            if not following:  # drained right at a claim boundary: the checkpoint goes alone
+                await self._send_checkpoint_alone(term, producer, slot, carried)
+                break
+            self._faults.reach("between_claims")
+            claim = following
+        await self._commit(term, producer, slot)
+        if self._one_claim_transactions > 0:
+            self._one_claim_transactions -= 1
+        ids = [i for i, _ in carried]
+        # The mark runs while the next transaction goes to Kafka; it is awaited before that
+        # one's commit. Yield once so its statement is on the wire before the next CPU work.
+        self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
+        await asyncio.sleep(0)
+        if self._isolate_remaining > 0:
+            self._isolate_remaining -= len(ids)
+        self._metrics.published.labels(self._label).inc(len(ids))
+        self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)
+        return Outcome.PUBLISHED, following if last else []
+
+    async def _sendable(
+        self,
+        term: LeaseTerm,
+        conn: Conn,
+        producer: TransactionalProducer,
+        claim: list[OutboxRecord],
+    ) -> list[OutboxRecord]:
+        """The claim without rows of topics that cannot take records (those are parked)."""
+        # Each topic is checked once per claim (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
-        for topic in {r.topic for r in batch} - self._known_topics:
+        for topic in {r.topic for r in claim} - self._known_topics:
             problem = await self._topic_problem(producer, topic)
             term.check()
             if problem is not None:
                 problems[topic] = problem
         if problems:
-            to_send = await self._park_unsendable(term, conn, batch, problems)
-            if not to_send:
-                return Outcome.PUBLISHED, []
-        else:
-            to_send = batch
-        requests = [
-            ProduceRequest(
-                r.topic,
-                r.key.encode() if r.key is not None else None,
-                r.payload,
-                r.kafka_headers(),
-            )
-            for r in to_send
-        ]
-        if self._checkpoints is not None:
-            await producer.begin()
-            checkpoint = Checkpoint(
-                self.config.group,
-                self.shard,
-                term.token,
-                tuple((r.id, r.event_id) for r in to_send),
-                slot,
-                self._seq,
-            )
-            self._seq += 1
-            requests.append(self._checkpoints.request(checkpoint))
-        # While Kafka takes this batch, the database side settles the previous batch's mark and
-        # claims the next batch (excluding this one's rows): one batch in flight, order kept.
-        in_flight = [r.id for r in batch]
-        limit = self.limit
-        previous_mark, self._pending_mark = self._pending_mark, None
+            return await self._park_unsendable(term, conn, claim, problems)
+        return claim
 
-        async def claim_next() -> list[OutboxRecord]:
-            if previous_mark is not None:
-                await previous_mark
-            return await self._store.claim(conn, self.shard, limit, in_flight)
+    async def _claim(
+        self,
+        conn: Conn,
+        previous_mark: asyncio.Task[None] | None,
+        limit: int,
+        in_flight: list[int],
+        after: int,
+    ) -> list[OutboxRecord]:
+        if previous_mark is not None:
+            await previous_mark  # the connection does one thing at a time; marks come first
+        return await self._store.claim(conn, self.shard, limit, in_flight, after)
 
-        next_batch = asyncio.create_task(claim_next())
-        try:
-            try:
-                self._faults.reach("before_send")
-                deliveries = await producer.send(requests)
-            finally:
-                if previous_mark is not None:
-                    await previous_mark  # a lease lost while marking surfaces here
+    def _checkpoint(
+        self,
+        term: LeaseTerm,
+        slot: int,
+        carried: list[tuple[int, UUID]],
+        last: Sequence[OutboxRecord] = (),
+    ) -> list[ProduceRequest]:
+        """The transaction's checkpoint record (exactly-once only): every row it carries."""
+        if self._checkpoints is None:
+            return []
+        rows = (*carried, *((r.id, r.event_id) for r in last))
+        checkpoint = Checkpoint(self.config.group, self.shard, term.token, rows, slot, self._seq)
+        self._seq += 1
+        return [self._checkpoints.request(checkpoint)]
+
+    async def _send_checkpoint_alone(
+        self,
+        term: LeaseTerm,
+        producer: TransactionalProducer,
+        slot: int,
+        carried: list[tuple[int, UUID]],
+    ) -> None:
+        requests = self._checkpoint(term, slot, carried)
+        if requests:
+            deliveries = await producer.send(requests)
             term.check()
-            failed = [
-                (record, delivery.error)
-                for record, delivery in zip(to_send, deliveries, strict=False)
-                if delivery.error is not None
-            ]
-            if not failed and len(deliveries) > len(to_send) and deliveries[-1].error is not None:
-                raise PublishError(f"checkpoint record failed: {deliveries[-1].error}")
-            if failed:
-                await next_batch  # not used, but the connection is ours again
-                outcome = await self._handle_failures(term, conn, producer, to_send, failed)
-                return outcome, []
-            self._faults.reach("after_produce")
-            # The previous batch's mark is settled (above): only now may this batch commit
-            # (exactly-once: if we die after it, this batch's checkpoint is the last committed
-            # one, and the successor marks only its rows). The claim may still be running.
-            if producer.transactional:
-                self._faults.reach(f"before_commit_slot{slot}")
-                await producer.commit()
-                term.check()
-                self._faults.reach(f"after_commit_slot{slot}")
-            self._faults.reach("after_kafka_commit")
-            prefetched = await next_batch
+            if deliveries[0].error is not None:
+                raise PublishError(f"checkpoint record failed: {deliveries[0].error}")
+
+    async def _commit(self, term: LeaseTerm, producer: TransactionalProducer, slot: int) -> None:
+        self._faults.reach("after_produce")
+        # The previous transaction's mark is settled (in the first send): only now may this one
+        # commit (exactly-once: if we die after it, this transaction's checkpoint is the last
+        # committed one, and the successor marks only its rows).
+        if producer.transactional:
+            self._faults.reach(f"before_commit_slot{slot}")
+            await producer.commit()
             term.check()
-        except BaseException:
-            if not next_batch.done():
-                with contextlib.suppress(Exception):
-                    await next_batch
-            elif not next_batch.cancelled():
-                next_batch.exception()  # retrieved: a lease lost is raised once, above
-            raise
-        ids = [r.id for r in to_send]
-        # The mark runs while the next batch goes to Kafka; it is awaited before that batch's
-        # commit. Yield once so its statement is on the wire before the next batch's CPU work.
-        self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
-        await asyncio.sleep(0)
-        if self._isolate_remaining > 0:
-            self._isolate_remaining -= len(to_send)
-        self._metrics.published.labels(self._label).inc(len(ids))
-        self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)
-        return Outcome.PUBLISHED, prefetched
+            self._faults.reach(f"after_commit_slot{slot}")
+        self._faults.reach("after_kafka_commit")
 
     async def _handle_failures(
         self,
         term: LeaseTerm,
         conn: Conn,
         producer: TransactionalProducer,
-        sent: list[OutboxRecord],
+        sent: list[int],
         failed: list[tuple[OutboxRecord, RecordError]],
+        claims: int,
     ) -> Outcome:
-        """Nothing of a failed batch is marked; it is retried whole, in the same order."""
+        """Nothing of a failed transaction is marked; it is retried whole, in the same order."""
         if producer.transactional:
             with contextlib.suppress(PublishError):
                 await producer.abort()
         permanent = [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]
+        if permanent and claims > 1:
+            # The claims sent before the bad one were fine: retry them one claim per
+            # transaction, so the bad claim fails alone and only its rows are isolated.
+            self._one_claim_transactions = claims
+            return Outcome.RETRY_NOW
         if permanent and len(sent) == 1:
             record, error = permanent[0]
             await self._park(term, conn, record, str(error))
@@ -267,7 +355,7 @@ class BatchPublisher:
             logger.info("shard %s: permanent error in a batch; isolating rows", self.shard)
             return Outcome.RETRY_NOW
         first_error = failed[0][1]
-        await self._store.record_failure(conn, term, [r.id for r in sent], str(first_error))
+        await self._store.record_failure(conn, term, sent, str(first_error))
         logger.warning(
             "shard %s: %d row(s) failed transiently (%s); batch will be retried in order",
             self.shard,
@@ -275,3 +363,12 @@ class BatchPublisher:
             first_error,
         )
         return Outcome.RETRY_LATER
+
+
+async def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Let a side task finish (the connection is ours again) and retrieve its outcome."""
+    if not task.done():
+        with contextlib.suppress(Exception):
+            await task
+    elif not task.cancelled():
+        task.exception()  # retrieved: a lease lost is raised once, by the caller

@@ -32,7 +32,7 @@ class OutboxRecord(NamedTuple):
     key: str | None
     payload: bytes
     content_type: str
-    headers: dict[str, str]
+    headers: dict[str, str] | None  # None: no headers of its own (the usual row)
     event_type: str | None
     schema_version: int | None
     aggregate_type: str | None
@@ -60,7 +60,7 @@ class OutboxRecord(NamedTuple):
         return out
 
     def _merged_headers(self) -> list[tuple[str, bytes]]:
-        out: dict[str, str] = dict(self.headers)
+        out: dict[str, str] = dict(self.headers or {})
         out[wire.HEADER_EVENT_ID] = str(self.event_id)
         out[wire.HEADER_IDEMPOTENCY_KEY] = self.idempotency_key
         out[wire.HEADER_CONTENT_TYPE] = self.content_type
@@ -75,9 +75,15 @@ class OutboxRecord(NamedTuple):
         return wire.dict_to_headers(out)
 
 
+_make = OutboxRecord._make
+
+
 def _record(row: Sequence[Any]) -> OutboxRecord:
-    # The claim returns NULL for the usual empty headers object, so most rows skip JSON.
+    # The claim returns NULL for the usual empty headers object, so most rows skip JSON and
+    # become a record as they are (one tuple copy, no field-by-field work).
     headers = row[7]
+    if headers is None and type(row[5]) is bytes:
+        return _make(row)
     if headers is None:
         headers = {}
     else:
@@ -116,9 +122,10 @@ class ShardStore:
         return db.query("relay", name, self._schema)
 
     async def claim(
-        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = ()
+        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = (), after: int = 0
     ) -> list[OutboxRecord]:
-        found = await db.rows_async(
+        """Pending rows in id order, without ``in_flight`` and only above ``after`` (see SQL)."""
+        found = await db.run_async(
             conn,
             self._query("claim_batch"),
             {
@@ -127,13 +134,18 @@ class ShardStore:
                 "max_bytes": self._max_bytes,
                 "skip_parked_keys": self._skip_parked_keys,
                 "in_flight": list(in_flight),
+                "after": after,
             },
+            binary=True,  # id arrays: binary costs no per-element quoting check
         )
-        return [_record(row) for row in found]
+        return [_record(row) for row in found.rows]
 
     async def _fenced(self, conn: Conn, name: str, term: LeaseTerm, **params: Any) -> int:
-        row = await db.one_async(conn, self._query(name), {**term.sql_params(), **params})
-        assert row is not None
+        found = await db.run_async(
+            conn, self._query(name), {**term.sql_params(), **params}, binary=True
+        )
+        assert found.rows
+        row = found.rows[0]
         held, changed = int(row[0]), int(row[1])
         if not held:
             term.mark_lost(f"{name}: the token check failed (lease expired or taken over)")

@@ -139,6 +139,13 @@ class RelaySettings(BaseSettings):
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
     # transaction markers while the other works). Lower it only with the relay stopped cleanly.
     producers_per_shard: int = Field(1, ge=1, le=4)
+    # Under backlog one Kafka transaction (at-least-once: one database mark) carries several
+    # claims, up to this many rows or until this many milliseconds passed since its first claim;
+    # a claim that comes back short ends it at once, so an idle relay still sends each row
+    # alone. transaction_max_ms = 0 (or max_rows <= batch_size): one claim per transaction.
+    # The rows' ids travel in the checkpoint record: 10,000 keep it far below 1 MB.
+    transaction_max_rows: int = Field(5000, ge=1, le=10_000)
+    transaction_max_ms: float = Field(100.0, ge=0)
     poll_interval: float = Field(1.0, gt=0)  # the longest idle wait; pause/SIGTERM obey within it
     lease_ttl: float = Field(15.0, gt=0)
     mode: Mode = Mode.EXACTLY_ONCE

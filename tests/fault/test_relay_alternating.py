@@ -15,6 +15,7 @@ import pytest
 
 from tests.relay_support import (
     KAFKA_CLIENTS,
+    ONE_CLAIM,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -55,7 +56,8 @@ def test_kill_between_the_two_producers_commits(
     expected = payloads("a", 40) + payloads("b", 40) + payloads("c", 40)
     insert_rows(outboxkit_db_url, topic, expected)
     common = ["--batch-size", "10", "--mode", "exactly_once"]
-    two = {"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2"}
+    # One claim per transaction: batch b is transaction b, on slot b % 2.
+    two = {"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2", **ONE_CLAIM}
     victim = RelayProcess(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
@@ -108,7 +110,11 @@ def test_upgrade_from_one_producer_to_two_reconciles_slot_zero(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
         common,
-        env={"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "1", "OUTBOXKIT_FAULT": "after_commit_slot0:2"},
+        env={
+            "OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "1",
+            "OUTBOXKIT_FAULT": "after_commit_slot0:2",
+            **ONE_CLAIM,
+        },
         client=client,
     )
     processes.append(victim.start())
@@ -117,7 +123,7 @@ def test_upgrade_from_one_producer_to_two_reconciles_slot_zero(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
         common,
-        env={"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2"},
+        env={"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2", **ONE_CLAIM},
         checkpoint_topic=victim.checkpoint_topic,
         client=client,
     )

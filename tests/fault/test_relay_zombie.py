@@ -1,11 +1,11 @@
 """Fencing on both sides, and exactly one active holder per shard.
 
-Zombie: relay A freezes itself (SIGSTOP at a fault point) in the middle of a batch, past its
-lease; relay B takes over and publishes everything; A is resumed (SIGCONT). A must get no write
-through: its Kafka commit is fenced by B's ``init_transactions``, its database writes fail the
-token check, and it reports *lease lost* (its own outcome: counted in
-``outboxkit_relay_lease_lost_total``, logged as lease lost, never an error retried) and goes back
-to standby.
+Zombie: relay A freezes itself (SIGSTOP at a fault point) in the middle of a Kafka transaction
+of several claims, past its lease; relay B takes over and publishes everything; A is resumed
+(SIGCONT). A must get no write through: its Kafka commit is fenced by B's
+``init_transactions``, its database writes fail the token check, and it reports *lease lost*
+(its own outcome: counted in ``outboxkit_relay_lease_lost_total``, logged as lease lost, never
+an error retried) and goes back to standby.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 
 from tests.relay_support import (
     KAFKA_CLIENTS,
+    THREE_CLAIMS,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -83,7 +84,12 @@ def test_zombie_gets_nothing_through(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
         common,
-        env={"OUTBOXKIT_FAULT": f"{point}:2:stop", "OUTBOXKIT_RELAY_METRICS_PORT": str(port)},
+        env={
+            # Two transactions of three claims: the zombie freezes in the second one.
+            **THREE_CLAIMS,
+            "OUTBOXKIT_FAULT": f"{point}:2:stop",
+            "OUTBOXKIT_RELAY_METRICS_PORT": str(port),
+        },
         client=client,
     ).start()
     processes.append(zombie)
@@ -94,6 +100,7 @@ def test_zombie_gets_nothing_through(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
         common,
+        env=THREE_CLAIMS,
         checkpoint_topic=zombie.checkpoint_topic,
         client=client,
     ).start()

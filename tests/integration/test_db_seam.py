@@ -356,7 +356,8 @@ def test_every_statement_prepares_on_the_real_schema(outboxkit_db_url: str) -> N
     for name, types in inferred.items():
         assert "unknown" not in types, name
     assert inferred["outbox.insert_many"][0] == "uuid[]"
-    assert inferred["relay.claim_batch"] == ["integer", "boolean", "bigint[]", "bigint", "bigint"]
+    claim_types = ["integer", "boolean", "bigint[]", "bigint", "bigint", "bigint"]
+    assert inferred["relay.claim_batch"] == claim_types
 
 
 def test_every_statement_prepares_in_a_custom_schema(outboxkit_empty_db_url: str) -> None:

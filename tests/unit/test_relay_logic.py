@@ -5,19 +5,23 @@
 from __future__ import annotations
 
 import random
+import time
 import uuid
 
 import pytest
 
 from outboxkit.errors import LeaseLostError
-from outboxkit.faults import parse_fault
+from outboxkit.faults import FaultPoints, parse_fault
 from outboxkit.kafka.api import RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
 from outboxkit.relay.lease import LeaseTerm, trust_margin
-from outboxkit.relay.reader import OutboxRecord
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.publisher import BatchPublisher
+from outboxkit.relay.reader import OutboxRecord, ShardStore
 from outboxkit.relay.runner import slot_transactional_id
 from outboxkit.relay.waiting import backoff_delay
+from outboxkit.settings import RelaySettings
 
 pytestmark = pytest.mark.unit
 
@@ -189,3 +193,39 @@ def test_delivery_callback_never_raises_and_a_fenced_record_means_fenced() -> No
     with pytest.raises(ProducerFencedError):
         _raise_if_fenced(results)
     _raise_if_fenced([Delivery(error=RecordError("MSG_SIZE_TOO_LARGE", "x")), None])
+
+
+def _rows(count: int, size: int = 10) -> list[OutboxRecord]:
+    return [
+        OutboxRecord(n, uuid.uuid4(), f"i{n}", "t", "k", b"x" * size, "a", None, *[None] * 4, 0)
+        for n in range(count)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("claim", "rows", "settings", "continues"),
+    [
+        (_rows(10), 10, {}, True),  # a full claim under backlog: the transaction takes another
+        (_rows(9), 9, {}, False),  # a short claim: drained, commit at once (an idle relay)
+        (_rows(10), 50, {"transaction_max_rows": 59}, False),  # another claim would pass it
+        (_rows(10), 50, {"transaction_max_rows": 60}, True),
+        (_rows(10), 10, {"transaction_max_ms": 0}, False),  # one claim per transaction
+        (_rows(2, 600), 2, {"max_batch_bytes": 1024}, True),  # cut by the byte cap: backlog
+    ],
+)
+def test_transaction_boundaries_follow_backlog_rows_and_time(
+    claim: list[OutboxRecord], rows: int, settings: dict[str, int], continues: bool
+) -> None:
+    config = RelaySettings(batch_size=10, **settings)  # type: ignore[arg-type]
+    publisher = BatchPublisher(
+        config,
+        0,
+        store=ShardStore("outboxkit"),
+        checkpoints=None,
+        metrics=RelayMetrics(),
+        faults=FaultPoints(""),
+    )
+    now = time.monotonic()
+    assert publisher._continues(claim, rows, now, 10) is continues
+    # However full the claim, a transaction open longer than transaction_max_ms commits.
+    assert not publisher._continues(claim, rows, now - config.transaction_max_ms / 1000 - 1, 10)

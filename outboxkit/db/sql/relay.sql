@@ -36,6 +36,9 @@ RETURNING token;
 -- Pending rows by state (never an id cursor): a row of a transaction still open is invisible now
 -- and found by a later claim once it commits. Keys with a parked row wait (policy 'wait').
 -- in_flight: rows of the batch being sent right now (the next batch is claimed meanwhile).
+-- after: inside one Kafka transaction the next claim starts above the transaction's highest id
+-- (every earlier row of it is below); the first claim of a transaction passes 0, so a row that
+-- committed late below that id is found by the next transaction's first claim.
 -- Empty headers come back as NULL: the relay then has no JSON to decode for the usual row.
 -- max_bytes: the claim also stops where the running sum of payload sizes passes it, so memory is
 -- bounded by bytes, not only rows; the first row always comes (a large row is never stuck).
@@ -59,6 +62,7 @@ WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
   AND m.id <> ALL(CAST(:in_flight AS bigint[]))
+  AND m.id > :after
 ORDER BY m.shard, m.id
 LIMIT :limit
 ) c
