@@ -28,6 +28,13 @@ def raise_for(exc: BaseException, what: str) -> None:
     raise PublishError(f"{what}: {_name(exc)}: {exc}") from exc
 
 
+def _unusable(exc: AssertionError, what: str) -> PublishError:
+    """aiokafka checks its transaction state machine with ``assert``: after a fatal error (seen
+    during a broker restart) ``abort_transaction`` fails with "Invalid state transition
+    FATAL_ERROR -> ABORTING_TRANSACTION". That is a producer to replace, not a relay crash."""
+    return PublishError(f"{what} failed: producer in an unusable state ({exc})")
+
+
 class AiokafkaTransactionalProducer(TransactionalProducer):
     def __init__(
         self,
@@ -93,6 +100,8 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             await asyncio.wait_for(self._p.begin_transaction(), self._timeout)
         except (KafkaError, TimeoutError) as exc:
             raise_for(exc, "begin_transaction failed")
+        except AssertionError as exc:
+            raise _unusable(exc, "begin_transaction") from exc
 
     async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
         producer = self._p
@@ -137,12 +146,16 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             await asyncio.wait_for(self._p.commit_transaction(), self._timeout)
         except (KafkaError, TimeoutError) as exc:
             raise_for(exc, "commit_transaction failed")
+        except AssertionError as exc:
+            raise _unusable(exc, "commit_transaction") from exc
 
     async def abort(self) -> None:
         try:
             await asyncio.wait_for(self._p.abort_transaction(), self._timeout)
         except (KafkaError, TimeoutError) as exc:
             raise_for(exc, "abort_transaction failed")
+        except AssertionError as exc:
+            raise _unusable(exc, "abort_transaction") from exc
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
