@@ -25,10 +25,10 @@ from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import TransactionalProducer, transactional_id
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.relay.checkpoint import CheckpointTopic
+from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
 from outboxkit.relay.shard_worker import ShardWorker
-from outboxkit.relay.standby import StandbyConnection
 from outboxkit.relay.waiting import backoff_delay, wait_any
 from outboxkit.settings import Mode, Settings
 
@@ -80,6 +80,7 @@ class Relay:
         self.faults = faults or FaultPoints()
         self.stop = stop or asyncio.Event()
         self.workers: dict[int, ShardWorker] = {}
+        self.leases: ProcessLeases | None = None  # set when the workers start
         self.ready = asyncio.Event()
         self.startup_waits = 0  # start-up attempts that found PostgreSQL or Kafka unavailable
 
@@ -148,7 +149,9 @@ class Relay:
 
     async def _run(self, shards: list[int], checkpoints: CheckpointTopic | None) -> None:
         factory = make_producer_factory(self.settings, self.kafka)
-        standby = StandbyConnection(self.settings)  # one for every standby shard of this process
+        # Two connections for the leases of every shard of this process (attempts; renewals).
+        leases = ProcessLeases(self.settings)
+        self.leases = leases
         for shard in shards:
             self.workers[shard] = ShardWorker(
                 self.settings,
@@ -159,12 +162,14 @@ class Relay:
                 checkpoints=checkpoints,
                 metrics=self.metrics,
                 faults=self.faults,
-                standby=standby,
+                leases=leases,
             )
+        cap = self.config.max_shards_per_process
         logger.info(
-            "relay %s starting: shards %s, Kafka client %s, settings %s",
+            "relay %s starting: shards %s (holding at most %s), Kafka client %s, settings %s",
             self.holder,
             shards,
+            "all" if cap is None else cap,
             self.kafka.client.value,
             self.settings.redacted(),
         )
@@ -188,7 +193,7 @@ class Relay:
             for task in tasks + helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            await standby.close()
+            await leases.close()
             logger.info("relay %s stopped", self.holder)
 
     def _wake(self, shard: int | None) -> None:

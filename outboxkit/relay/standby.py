@@ -3,8 +3,8 @@
 A standby worker only tries, every poll interval, to take its shard's lease: a single short
 statement. Giving each standby a connection of its own would cost one server connection per
 watched shard and process (1,024 shards, a few processes: thousands). Here every standby of a
-process takes turns on one shared connection; only a worker that won its lease opens its own
-(lease renewal + data), so a process holds 2 per *active* shard plus a few of its own.
+process takes turns on one shared connection; only a worker that won its lease opens one of its
+own, for data (see ``connections`` for the whole budget).
 """
 
 from __future__ import annotations
@@ -49,12 +49,6 @@ class StandbyConnection:
             except (psycopg.Error, OSError):
                 await self._drop()
                 raise
-
-    async def release(self, term: LeaseTerm) -> None:
-        """Best effort: give back a lease this process cannot use (no connection of its own)."""
-        with contextlib.suppress(psycopg.Error, OSError):
-            async with self._lock:
-                await self._leases.release(await self._connection(), term)
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
