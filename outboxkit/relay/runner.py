@@ -19,7 +19,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db import migrator
-from outboxkit.errors import PublishError
+from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import TransactionalProducer, transactional_id
@@ -113,6 +113,10 @@ class Relay:
             try:
                 shards = await self._shards()
                 return shards, await self._checkpoints(shards)
+            except psycopg.ProgrammingError as exc:  # a malformed URL: waiting cannot fix it
+                url = self.database_url
+                problem = db.redact(str(exc).strip(), url)
+                raise ConfigurationError(f"the database URL is invalid: {problem}") from None
             except (psycopg.OperationalError, OSError) as exc:
                 url = self.database_url
                 what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"
