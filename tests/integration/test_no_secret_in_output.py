@@ -100,28 +100,46 @@ def _run_short(
     return shown
 
 
-def _run_long(args: list[str], env: dict[str, str], *, within: float = 20.0) -> str:
-    """Until it exits or logs a failure or what it waits for (then SIGTERM); all it printed."""
-    lines: list[str] = []
-    with subprocess.Popen(
-        [OUTBOXKIT, "-v", *args],
-        env={**os.environ, "PYTHONPATH": str(ROOT), **LONG_ENV, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    ) as proc:
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+def _run_long(
+    commands: dict[str, list[str]], env: dict[str, str], *, within: float = 30.0
+) -> dict[str, str]:
+    """All at once, each until it exits or logs a failure or what it waits for (then SIGTERM):
+    what each printed."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **LONG_ENV, **env}
+    procs = {
+        name: subprocess.Popen(
+            [OUTBOXKIT, "-v", *args],
+            env=full,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        for name, args in commands.items()
+    }
+    lines: dict[str, list[str]] = {name: [] for name in procs}
+    readers = [
+        threading.Thread(target=lines[name].extend, args=(proc.stdout or (),), daemon=True)
+        for name, proc in procs.items()
+    ]
+    for reader in readers:
         reader.start()
-        deadline = time.monotonic() + within
-        while proc.poll() is None and time.monotonic() < deadline:
-            if any(SAID.search(line) for line in list(lines)):
-                break
-            time.sleep(0.05)
+    deadline = time.monotonic() + within
+    pending = set(procs)
+    while pending and time.monotonic() < deadline:
+        for name in list(pending):
+            if procs[name].poll() is not None or any(SAID.search(x) for x in list(lines[name])):
+                procs[name].terminate()
+                pending.discard(name)
+        time.sleep(0.05)
+    for proc in procs.values():
         proc.terminate()
         proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    for reader in readers:
         reader.join(timeout=30)
-    return "".join(lines)
+    return {name: "".join(found) for name, found in lines.items()}
 
 
 @pytest.mark.parametrize("case", sorted(URL_CASES))
@@ -146,8 +164,7 @@ def test_bad_database_urls_leak_nothing(
         ["migrate", "up", "--database-url", url],
     ):
         _assert_clean(_run_short(args, {}, caplog))
-    for name, args in LONG_COMMANDS.items():
-        output = _run_long(args, env)
+    for name, output in _run_long(LONG_COMMANDS, env).items():
         _assert_clean(output, good_password)
         assert SAID.search(output), f"{name} did not meet the bad URL: {output}"
 
@@ -165,7 +182,6 @@ def test_bad_kafka_credentials_leak_nothing(
     secrets = (KAFKA_SECRET, listener.password, urlsplit(outboxkit_db_url).password or "")
     for args in (["config", "show"], ["config", "show", "--json"]):
         _assert_clean(_run_short(args, env, caplog, fails=False), *secrets)
-    for name, args in LONG_COMMANDS.items():
-        output = _run_long(args, env)
+    for name, output in _run_long(LONG_COMMANDS, env).items():
         _assert_clean(output, *secrets)
         assert SAID.search(output), f"{name} did not meet the bad credentials: {output}"
