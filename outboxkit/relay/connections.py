@@ -15,18 +15,14 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 
-from outboxkit import db
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
-from outboxkit.relay.standby import StandbyConnection
+from outboxkit.relay.standby import LazyConnection, StandbyConnection
 from outboxkit.settings import Settings
 
 logger = logging.getLogger("outboxkit.relay.connections")
-
-Conn = psycopg.AsyncConnection[Any]
 
 
 @dataclass
@@ -41,17 +37,20 @@ class ProcessLeases:
 
     def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
         self._config = settings.relay
-        self._url = settings.database_url
         self._leases = leases or LeaseStore(settings.schema_name)
         self.standby = StandbyConnection(settings, self._leases)
         self._held: dict[int, _Held] = {}
         self._acquiring = asyncio.Lock()  # the cap check and the attempt, as one step
         self._lock = asyncio.Lock()  # the lease connection: one statement at a time
-        self._conn: Conn | None = None
+        self._conn = LazyConnection(settings.database_url, "outboxkit-relay-leases")
         self._renewer: asyncio.Task[None] | None = None
         self._capped = False  # the "at its maximum" line is logged once per episode
-        self.opened = 0  # lease connections opened so far (observability, tests)
         self.renewals = 0  # renewal statements sent (tests)
+
+    @property
+    def opened(self) -> int:
+        """Lease connections opened so far (observability, tests)."""
+        return self._conn.opened
 
     @property
     def held(self) -> int:
@@ -100,17 +99,9 @@ class ProcessLeases:
         was_lost = term.lost_reason is not None
         with contextlib.suppress(psycopg.Error, OSError):
             async with self._lock:
-                released = await self._leases.release(await self._connection(), term)
+                released = await self._leases.release(await self._conn.get(), term)
             if released and not was_lost:
                 logger.info("released lease of shard %s", term.shard)
-
-    async def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = await db.connect_async(
-                self._url, application_name="outboxkit-relay-leases", connect_timeout=10
-            )
-            self.opened += 1
-        return self._conn
 
     async def _renew_forever(self) -> None:
         """Every ``lease_renew_interval``: one statement renews every held lease.
@@ -126,10 +117,11 @@ class ProcessLeases:
             if not held:
                 continue
             try:
-                lost = await self._renew([h.term for h in held])
+                # A hung statement must not outlive the interval: drop it and reconnect.
+                lost = await asyncio.wait_for(self._renew([h.term for h in held]), interval)
             except Exception as exc:  # the renewer must outlive any error
                 async with self._lock:
-                    await self._drop()
+                    await self._conn.drop()
                 delay = min(interval / 2, 1.0)
                 logger.warning(
                     "lease renewal of %d shard(s) errored: %s: %s; retrying in %.1fs",
@@ -151,17 +143,11 @@ class ProcessLeases:
             groups.setdefault((term.group, term.holder, term.ttl), []).append(term)
         lost: list[LeaseTerm] = []
         async with self._lock:
-            conn = await self._connection()
+            conn = await self._conn.get()
             for same in groups.values():
                 self.renewals += 1
                 lost += await self._leases.renew_many(conn, same)
         return lost
-
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error, OSError):
-                await conn.close()
 
     async def close(self) -> None:
         if self._renewer is not None:
@@ -169,5 +155,5 @@ class ProcessLeases:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._renewer
         async with self._lock:
-            await self._drop()
+            await self._conn.drop()
         await self.standby.close()

@@ -143,3 +143,29 @@ async def test_a_lease_taken_over_is_lost_alone_in_the_shared_renewal(
         assert not victim.active.is_set()
         assert [w.lease_lost_count for s, w in relay.workers.items() if s != 2] == [0, 0, 0]
         assert _held(relay) == 3
+
+
+async def test_a_broken_lease_connection_is_reopened_and_no_lease_lost(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    _paused_group(outboxkit_db_url, 4)
+    settings = relay_settings(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, mode="at_least_once", lease_ttl=6.0
+    )
+    async with running_relay(settings, holder="first") as relay:
+        leases = relay.leases
+        assert leases is not None
+        await wait_for_async(lambda: _held(relay) == 4 and leases.opened == 1, what="renewing")
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+                " AND application_name = 'outboxkit-relay-leases'"
+            ).fetchone()
+        assert killed == (1,)
+        start = leases.renewals
+        await wait_for_async(
+            lambda: leases.opened == 2 and leases.renewals >= start + 2, what="renewed again"
+        )
+        assert _held(relay) == 4
+        assert [w.lease_lost_count for w in relay.workers.values()] == [0, 0, 0, 0]
