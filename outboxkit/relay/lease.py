@@ -111,17 +111,8 @@ class LeaseStore:
     async def renew(
         self, conn: psycopg.AsyncConnection[Any], term: LeaseTerm, *, now: datetime | None = None
     ) -> bool:
-        sent_at = self._clock()
-        row = await db.one_async(
-            conn,
-            db.query("relay", "lease_renew", self._schema),
-            {**term.sql_params(), "holder": term.holder, "ttl": term.ttl, "now": now},
-        )
-        if row is None:
-            term.mark_lost("renewal matched no lease row (expired or taken over)")
-            return False
-        term.extend(sent_at)
-        return True
+        """Renew one term (False: lost, and marked so)."""
+        return not await self.renew_many(conn, [term], now=now)
 
     async def renew_many(
         self,

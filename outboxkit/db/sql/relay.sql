@@ -18,14 +18,6 @@ WHERE l.holder IS NULL OR l.holder = excluded.holder
    OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
 RETURNING token;
 
--- name: lease_renew
-UPDATE {schema}.relay_lease
-SET renewed_at = now(),
-    expires_at = coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
-WHERE relay_group = :group AND shard = :shard AND token = :token
-  AND holder = :holder AND expires_at > coalesce(CAST(:now AS timestamptz), now())
-RETURNING token;
-
 -- name: lease_renew_many
 -- Every lease one relay process holds, renewed in one statement on one connection (a process
 -- holding many shards must not need a connection per shard for this). Returns the shards renewed;
