@@ -12,8 +12,9 @@ from typing import Any
 import click
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
-from outboxkit.db import sqlalchemy_url
+from outboxkit.db import redact, sqlalchemy_url
 from outboxkit.inbox.guard import escape
 from outboxkit.inbox.readback import (
     cancel_event,
@@ -38,9 +39,13 @@ _json = click.option("--json", "as_json", is_flag=True, help="Machine-readable o
 
 @contextmanager
 def _engine(database_url: str) -> Iterator[Engine]:
+    """A database error ends the command in one line: no traceback, no parameters, no password."""
     engine = create_engine(sqlalchemy_url(database_url))
     try:
         yield engine
+    except DBAPIError as exc:
+        text = redact(f"{type(exc.orig).__name__}: {str(exc.orig).strip()}", database_url)
+        raise click.ClickException(text) from None
     finally:
         engine.dispose()
 

@@ -111,17 +111,42 @@ class LeaseStore:
     async def renew(
         self, conn: psycopg.AsyncConnection[Any], term: LeaseTerm, *, now: datetime | None = None
     ) -> bool:
+        """Renew one term (False: lost, and marked so)."""
+        return not await self.renew_many(conn, [term], now=now)
+
+    async def renew_many(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        terms: list[LeaseTerm],
+        *,
+        now: datetime | None = None,
+    ) -> list[LeaseTerm]:
+        """Renew terms of one (group, holder, ttl) in one statement; return (and mark) the lost."""
+        if not terms:
+            return []
+        first = terms[0]
         sent_at = self._clock()
-        row = await db.one_async(
+        rows = await db.rows_async(
             conn,
-            db.query("relay", "lease_renew", self._schema),
-            {**term.sql_params(), "holder": term.holder, "ttl": term.ttl, "now": now},
+            db.query("relay", "lease_renew_many", self._schema),
+            {
+                "group": first.group,
+                "holder": first.holder,
+                "ttl": first.ttl,
+                "shards": [t.shard for t in terms],
+                "tokens": [t.token for t in terms],
+                "now": now,
+            },
         )
-        if row is None:
-            term.mark_lost("renewal matched no lease row (expired or taken over)")
-            return False
-        term.extend(sent_at)
-        return True
+        renewed = {int(row[0]) for row in rows}
+        lost = []
+        for term in terms:
+            if term.shard in renewed:
+                term.extend(sent_at)
+            else:
+                term.mark_lost("renewal matched no lease row (expired or taken over)")
+                lost.append(term)
+        return lost
 
     async def release(self, conn: psycopg.AsyncConnection[Any], term: LeaseTerm) -> bool:
         row = await db.one_async(

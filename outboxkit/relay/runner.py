@@ -19,16 +19,16 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db import migrator
-from outboxkit.errors import PublishError
+from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import TransactionalProducer, transactional_id
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.relay.checkpoint import CheckpointTopic
+from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
 from outboxkit.relay.shard_worker import ShardWorker
-from outboxkit.relay.standby import StandbyConnection
 from outboxkit.relay.waiting import backoff_delay, wait_any
 from outboxkit.settings import Mode, Settings
 
@@ -80,6 +80,7 @@ class Relay:
         self.faults = faults or FaultPoints()
         self.stop = stop or asyncio.Event()
         self.workers: dict[int, ShardWorker] = {}
+        self.leases: ProcessLeases | None = None  # set when the workers start
         self.ready = asyncio.Event()
         self.startup_waits = 0  # start-up attempts that found PostgreSQL or Kafka unavailable
 
@@ -112,6 +113,10 @@ class Relay:
             try:
                 shards = await self._shards()
                 return shards, await self._checkpoints(shards)
+            except psycopg.ProgrammingError as exc:  # a malformed URL: waiting cannot fix it
+                url = self.database_url
+                problem = db.redact(str(exc).strip(), url)
+                raise ConfigurationError(f"the database URL is invalid: {problem}") from None
             except (psycopg.OperationalError, OSError) as exc:
                 url = self.database_url
                 what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"
@@ -148,7 +153,9 @@ class Relay:
 
     async def _run(self, shards: list[int], checkpoints: CheckpointTopic | None) -> None:
         factory = make_producer_factory(self.settings, self.kafka)
-        standby = StandbyConnection(self.settings)  # one for every standby shard of this process
+        # Two connections for the leases of every shard of this process (attempts; renewals).
+        leases = ProcessLeases(self.settings)
+        self.leases = leases
         for shard in shards:
             self.workers[shard] = ShardWorker(
                 self.settings,
@@ -159,12 +166,14 @@ class Relay:
                 checkpoints=checkpoints,
                 metrics=self.metrics,
                 faults=self.faults,
-                standby=standby,
+                leases=leases,
             )
+        cap = self.config.max_shards_per_process
         logger.info(
-            "relay %s starting: shards %s, Kafka client %s, settings %s",
+            "relay %s starting: shards %s (holding at most %s), Kafka client %s, settings %s",
             self.holder,
             shards,
+            "all" if cap is None else cap,
             self.kafka.client.value,
             self.settings.redacted(),
         )
@@ -188,7 +197,7 @@ class Relay:
             for task in tasks + helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            await standby.close()
+            await leases.close()
             logger.info("relay %s stopped", self.holder)
 
     def _wake(self, shard: int | None) -> None:

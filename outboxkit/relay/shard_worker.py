@@ -24,12 +24,12 @@ from outboxkit.errors import LeaseLostError, ProducerFencedError, PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
+from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.housekeeping import Housekeeping
-from outboxkit.relay.lease import LeaseStore, LeaseTerm
+from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
-from outboxkit.relay.standby import StandbyConnection
 from outboxkit.relay.waiting import backoff_delay, wait_any
 from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
@@ -53,7 +53,7 @@ class ShardWorker:
         checkpoints: CheckpointTopic | None,
         metrics: RelayMetrics,
         faults: FaultPoints,
-        standby: StandbyConnection | None = None,
+        leases: ProcessLeases | None = None,
     ) -> None:
         self.config = settings.relay
         self._database_url = settings.database_url
@@ -69,10 +69,9 @@ class ShardWorker:
         self._producer_factory = producer_factory
         self._checkpoints = checkpoints
         self._metrics = metrics
-        self._leases = LeaseStore(settings.schema_name)
-        # Lease attempts while standby: on the process's shared connection (or one of our own).
-        self._standby = standby or StandbyConnection(settings, self._leases)
-        self._owns_standby = standby is None  # then this worker closes it when it ends
+        # Lease attempts, renewals and releases: on the process's shared connections.
+        self._leases = leases or ProcessLeases(settings)
+        self._owns_leases = leases is None  # then this worker closes them when it ends
         self._store = ShardStore(
             settings.schema_name,
             skip_parked_keys=self.config.parked_key_policy is ParkedKeyPolicy.SKIP,
@@ -100,8 +99,8 @@ class ShardWorker:
         try:
             await self._run()
         finally:
-            if self._owns_standby:
-                await self._standby.close()
+            if self._owns_leases:
+                await self._leases.close()
 
     async def _run(self) -> None:
         failures = 0
@@ -144,57 +143,27 @@ class ShardWorker:
         if term is None:
             return
         self.term = term
-        # Only now does this shard hold connections of its own: renewal, and data.
+        # Only now does this shard hold a connection of its own, for data (renewal is shared).
         try:
-            own = await self._connect()
-        except BaseException:
-            await self._standby.release(term)  # hand the shard over rather than sit on it
-            raise
-        async with own as lease_conn:
-            try:
-                async with await self._connect() as data_conn:
-                    await self._active_term(term, lease_conn, data_conn)
-            finally:
-                await self._release(lease_conn, term)
+            async with await self._connect() as data_conn:
+                await self._active_term(term, data_conn)
+        finally:
+            await self._leases.release(term)  # hand the shard over at once
 
     async def _wait_for_lease(self) -> LeaseTerm | None:
         while not self.stop.is_set():
-            term = await self._standby.acquire(
-                self.config.group, self.shard, self.holder, self.config.lease_ttl
+            term = await self._leases.acquire(
+                self.config.group, self.shard, self.holder, self.config.lease_ttl, self.wake
             )
             if term is not None:
                 return term
             await wait_any([self.stop], self.config.poll_interval)
         return None
 
-    async def _release(self, conn: Conn, term: LeaseTerm) -> None:
-        """Hand the shard over at once (token-conditional, so a newer holder is untouched)."""
-        was_lost = term.lost_reason is not None
-        with contextlib.suppress(psycopg.Error, OSError):
-            if not conn.closed:
-                released = await self._leases.release(conn, term)
-                if released and not was_lost:
-                    logger.info("released lease of shard %s", self.shard)
-
     # ----------------------------------------------------------------- active term
 
-    async def _renew_loop(self, term: LeaseTerm, conn: Conn) -> None:
-        while term.lost_reason is None:
-            await asyncio.sleep(self.config.lease_renew_interval)
-            try:
-                if not await self._leases.renew(conn, term):
-                    logger.warning("lease renewal of shard %s failed", self.shard)
-                    self.wake.set()
-                    return
-            except (psycopg.Error, OSError) as exc:
-                # Not lost yet: the local trust deadline decides. Keep trying.
-                logger.warning("lease renewal of shard %s errored: %s", self.shard, exc)
-                if conn.closed or conn.broken:
-                    self.wake.set()
-                    return
-
-    async def _active_term(self, term: LeaseTerm, lease_conn: Conn, conn: Conn) -> None:
-        renewer = asyncio.create_task(self._renew_loop(term, lease_conn))
+    async def _active_term(self, term: LeaseTerm, conn: Conn) -> None:
+        renewer = asyncio.create_task(self._leases.watch(term))  # renewed by the process
         producers: list[TransactionalProducer] | None = None
         turn = 0  # the slot whose transaction comes next; the slots commit strictly in turn
         publisher = self._publisher

@@ -3,8 +3,8 @@
 A standby worker only tries, every poll interval, to take its shard's lease: a single short
 statement. Giving each standby a connection of its own would cost one server connection per
 watched shard and process (1,024 shards, a few processes: thousands). Here every standby of a
-process takes turns on one shared connection; only a worker that won its lease opens its own
-(lease renewal + data), so a process holds 2 per *active* shard plus a few of its own.
+process takes turns on one shared connection; only a worker that won its lease opens one of its
+own, for data (see ``connections`` for the whole budget).
 """
 
 from __future__ import annotations
@@ -22,46 +22,52 @@ from outboxkit.settings import Settings
 Conn = psycopg.AsyncConnection[Any]
 
 
-class StandbyConnection:
-    """Serialised lease attempts on one lazily (re)opened autocommit connection."""
+class LazyConnection:
+    """One autocommit connection of ours, (re)opened on demand once it closed or broke."""
 
-    def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
-        self._url = settings.database_url
-        self._leases = leases or LeaseStore(settings.schema_name)
+    def __init__(self, url: db.Url, application_name: str) -> None:
+        self._url = url
+        self._name = application_name
         self._conn: Conn | None = None
-        self._lock = asyncio.Lock()
         self.opened = 0  # connections opened so far (observability, tests)
 
-    async def _connection(self) -> Conn:
+    async def get(self) -> Conn:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = await db.connect_async(
-                self._url, application_name="outboxkit-relay-standby", connect_timeout=10
+                self._url, application_name=self._name, connect_timeout=10
             )
             self.opened += 1
         return self._conn
 
-    async def acquire(self, group: str, shard: int, holder: str, ttl: float) -> LeaseTerm | None:
-        """One attempt to take ``shard``'s lease; a connection error drops the connection."""
-        async with self._lock:
-            conn = await self._connection()
-            try:
-                return await self._leases.acquire(conn, group, shard, holder, ttl)
-            except (psycopg.Error, OSError):
-                await self._drop()
-                raise
-
-    async def release(self, term: LeaseTerm) -> None:
-        """Best effort: give back a lease this process cannot use (no connection of its own)."""
-        with contextlib.suppress(psycopg.Error, OSError):
-            async with self._lock:
-                await self._leases.release(await self._connection(), term)
-
-    async def _drop(self) -> None:
+    async def drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(psycopg.Error, OSError):
                 await conn.close()
 
+
+class StandbyConnection:
+    """Serialised lease attempts on one lazily (re)opened autocommit connection."""
+
+    def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
+        self._leases = leases or LeaseStore(settings.schema_name)
+        self._conn = LazyConnection(settings.database_url, "outboxkit-relay-standby")
+        self._lock = asyncio.Lock()
+
+    @property
+    def opened(self) -> int:
+        return self._conn.opened
+
+    async def acquire(self, group: str, shard: int, holder: str, ttl: float) -> LeaseTerm | None:
+        """One attempt to take ``shard``'s lease; a connection error drops the connection."""
+        async with self._lock:
+            conn = await self._conn.get()
+            try:
+                return await self._leases.acquire(conn, group, shard, holder, ttl)
+            except (psycopg.Error, OSError):
+                await self._conn.drop()
+                raise
+
     async def close(self) -> None:
         async with self._lock:
-            await self._drop()
+            await self._conn.drop()

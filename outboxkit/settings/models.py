@@ -147,6 +147,9 @@ class RelaySettings(BaseSettings):
     transaction_max_rows: int = Field(5000, ge=1, le=10_000)
     transaction_max_ms: float = Field(100.0, ge=0)
     poll_interval: float = Field(1.0, gt=0)  # the longest idle wait; pause/SIGTERM obey within it
+    # At most this many shards held by one process (None: every shard it watches); the others
+    # are left to other processes. Bounds the process's data connections (one per held shard).
+    max_shards_per_process: int | None = Field(None, ge=1)
     lease_ttl: float = Field(15.0, gt=0)
     mode: Mode = Mode.EXACTLY_ONCE
     on_publish: OnPublish = OnPublish.MARK
@@ -186,6 +189,7 @@ class RelaySettings(BaseSettings):
         "discarded_retention_seconds",
         "parked_retention_seconds",
         "metrics_port",
+        "max_shards_per_process",
         mode="before",
     )
     @classmethod

@@ -8,27 +8,25 @@ lost, no duplicate for a ``read_committed`` reader and per-key order kept, once 
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 
 import pytest
 
+from tests.fault.kill_support import KillRun
 from tests.relay_support import (
     KAFKA_CLIENTS,
     ONE_CLAIM,
     RelayProcess,
-    assert_exactly_once_in_order,
-    consume,
     insert_rows,
     payloads,
     row_states,
     set_shard_count,
 )
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
+EXACTLY_ONCE = ["--batch-size", "10", "--mode", "exactly_once"]
 
 # (fault spec, batches marked before the kill, rows the successor must reconcile)
 CASES = [
@@ -55,37 +53,13 @@ def test_kill_between_the_two_producers_commits(
     set_shard_count(outboxkit_db_url, 1)
     expected = payloads("a", 40) + payloads("b", 40) + payloads("c", 40)
     insert_rows(outboxkit_db_url, topic, expected)
-    common = ["--batch-size", "10", "--mode", "exactly_once"]
     # One claim per transaction: batch b is transaction b, on slot b % 2.
     two = {"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2", **ONE_CLAIM}
-    victim = RelayProcess(
-        outboxkit_db_url,
-        outboxkit_kafka_bootstrap,
-        common,
-        env={**two, "OUTBOXKIT_FAULT": fault},
-        client=client,
-    )
-    processes.append(victim.start())
-    assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
-    assert f"fault point {fault.split(':')[0]}" in victim.log()
+    run = KillRun(outboxkit_db_url, outboxkit_kafka_bootstrap, processes, client, EXACTLY_ONCE, two)
+    victim = run.killed_at(fault)
     # The previous batch's mark is settled before each commit: exactly these rows are marked.
     assert row_states(outboxkit_db_url).get("published", 0) == 10 * marked_batches
-    successor = RelayProcess(
-        outboxkit_db_url,
-        outboxkit_kafka_bootstrap,
-        common,
-        env=two,
-        checkpoint_topic=victim.checkpoint_topic,
-        client=client,
-    )
-    processes.append(successor.start())
-    wait_for(
-        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
-        timeout=120,
-        what="successor publishes everything",
-    )
-    received = consume(outboxkit_kafka_bootstrap, topic, expect=len(expected))
-    assert_exactly_once_in_order(received, expected)
+    successor = run.finished_exactly_once(victim, topic, expected)
     if reconciled:
         assert f"reconciled {reconciled} row(s)" in successor.log(), successor.log()
     else:
@@ -105,30 +79,10 @@ def test_upgrade_from_one_producer_to_two_reconciles_slot_zero(
     set_shard_count(outboxkit_db_url, 1)
     expected = payloads("a", 30)
     insert_rows(outboxkit_db_url, topic, expected)
-    common = ["--batch-size", "10", "--mode", "exactly_once"]
-    victim = RelayProcess(
-        outboxkit_db_url,
-        outboxkit_kafka_bootstrap,
-        common,
-        env={
-            "OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "1",
-            "OUTBOXKIT_FAULT": "after_commit_slot0:2",
-            **ONE_CLAIM,
-        },
-        client=client,
+    one = {"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "1", **ONE_CLAIM}
+    run = KillRun(outboxkit_db_url, outboxkit_kafka_bootstrap, processes, client, EXACTLY_ONCE, one)
+    victim = run.killed_at("after_commit_slot0:2")
+    successor = run.finished_exactly_once(
+        victim, topic, expected, OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD="2"
     )
-    processes.append(victim.start())
-    assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
-    successor = RelayProcess(
-        outboxkit_db_url,
-        outboxkit_kafka_bootstrap,
-        common,
-        env={"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2", **ONE_CLAIM},
-        checkpoint_topic=victim.checkpoint_topic,
-        client=client,
-    )
-    processes.append(successor.start())
-    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 30}, timeout=120)
-    received = consume(outboxkit_kafka_bootstrap, topic, expect=len(expected))
-    assert_exactly_once_in_order(received, expected)
     assert "reconciled 10 row(s)" in successor.log(), successor.log()

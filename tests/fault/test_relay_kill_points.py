@@ -9,24 +9,22 @@ key.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 
 import pytest
 
+from tests.fault.kill_support import KillRun
 from tests.relay_support import (
     KAFKA_CLIENTS,
     ONE_CLAIM,
     THREE_CLAIMS,
     RelayProcess,
-    assert_exactly_once_in_order,
     consume,
     insert_rows,
     payloads,
     row_states,
     set_shard_count,
 )
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 
@@ -63,37 +61,20 @@ def test_kill_point_loses_and_duplicates_nothing(
     set_shard_count(outboxkit_db_url, 1)
     expected = payloads("a", 40) + payloads("b", 40) + payloads("c", 40)
     insert_rows(outboxkit_db_url, topic, expected)
-    common = ["--batch-size", "10", "--mode", "exactly_once"]
-    victim = RelayProcess(
+    run = KillRun(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
-        common,
-        env={**settings, "OUTBOXKIT_FAULT": f"{point}:3"},
-        client=client,
+        processes,
+        client,
+        ["--batch-size", "10", "--mode", "exactly_once"],
+        settings,
     )
-    processes.append(victim.start())
-    assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
-    assert f"fault point {point}" in victim.log()
+    victim = run.killed_at(f"{point}:3")
     states = row_states(outboxkit_db_url)
     # One or two transactions went through before the kill; the second one's mark may still
     # have been running (it overlaps the next send), in which case the successor reconciles it.
     assert states.get("published", 0) in (rows_per_transaction, 2 * rows_per_transaction), states
-    successor = RelayProcess(
-        outboxkit_db_url,
-        outboxkit_kafka_bootstrap,
-        common,
-        env=settings,
-        checkpoint_topic=victim.checkpoint_topic,
-        client=client,
-    )
-    processes.append(successor.start())
-    wait_for(
-        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
-        timeout=120,
-        what="successor publishes everything",
-    )
-    received = consume(outboxkit_kafka_bootstrap, topic, expect=len(expected))
-    assert_exactly_once_in_order(received, expected)
+    successor = run.finished_exactly_once(victim, topic, expected)
     if point == "after_kafka_commit":
         reconciled = f"reconciled {rows_per_transaction} row(s)"
         assert reconciled in successor.log(), successor.log()
@@ -114,22 +95,17 @@ def test_at_least_once_mode_loses_nothing_but_may_duplicate_after_kafka_ack(
     set_shard_count(outboxkit_db_url, 1)
     expected = payloads("a", 30)
     insert_rows(outboxkit_db_url, topic, expected)
-    common = ["--batch-size", "10", "--mode", "at_least_once"]
-    victim = RelayProcess(
+    run = KillRun(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
-        common,
-        env={**ONE_CLAIM, "OUTBOXKIT_FAULT": "after_kafka_commit:2"},
-        client=client,
+        processes,
+        client,
+        ["--batch-size", "10", "--mode", "at_least_once"],
+        ONE_CLAIM,
     )
-    processes.append(victim.start())
-    assert victim.wait_exit(120) == -signal.SIGKILL, victim.log()
-    processes.append(
-        RelayProcess(
-            outboxkit_db_url, outboxkit_kafka_bootstrap, common, env=ONE_CLAIM, client=client
-        ).start()
-    )
-    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 30}, timeout=120)
+    run.killed_at("after_kafka_commit:2")
+    run.successor()
+    run.wait_all_published(30)
     received = consume(outboxkit_kafka_bootstrap, topic, expect=40)
     values = [r.value for r in received]
     assert set(values) == {v for _, v in expected}  # nothing lost

@@ -144,7 +144,7 @@ def test_relay_backends_terminated(
             " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay%'"
         ).fetchone()
     assert killed is not None
-    assert killed[0] >= 2  # the lease and the data session (and the listener)
+    assert killed[0] >= 2  # the data, standby, listen and sampling sessions (and the lease one)
     more = payloads("k", 20, start=20)
     insert_rows(outboxkit_db_url, topic, more)
     expected += more

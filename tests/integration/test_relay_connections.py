@@ -1,25 +1,23 @@
-"""Connections are bounded: standby shards of a process share one connection; only shards a
-process holds have their own (lease renewal + data).
+"""Connections are bounded: per relay process one standby connection (lease attempts of every shard
+it does not hold), one lease connection (every held lease renewed in one statement), one data
+connection per held shard, and no more than ``max_shards_per_process`` held shards.
 
-64 shards, two relay processes' worth of workers (in-process): the first holds every shard, the
-second is standby for all of them. The group is paused, so no Kafka producer is needed.
+Relays run in-process, two processes' worth; the group is paused, so no Kafka producer is needed.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import psycopg
 import pytest
 
-from tests.relay_support import (
-    relay_settings,
-    running_relay,
-    set_shard_count,
-)
+from outboxkit.relay.runner import Relay
+from tests.relay_support import relay_settings, running_relay, set_shard_count
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
-
-SHARDS = 64
 
 
 def _relay_connections(db_url: str) -> dict[str, int]:
@@ -36,35 +34,142 @@ def _relay_connections(db_url: str) -> dict[str, int]:
     return by_kind
 
 
-async def test_standby_shards_share_one_connection_per_process(
-    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
-) -> None:
-    set_shard_count(outboxkit_db_url, SHARDS)
-    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+def _paused_group(db_url: str, shards: int) -> None:
+    set_shard_count(db_url, shards)
+    with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO outboxkit.relay_control (relay_group, paused) VALUES ('default', true)"
         )
+
+
+def _renewed_at(db_url: str, holder: str) -> list[tuple[object, int]]:
+    """(renewed_at, rows) of the holder's leases: one statement renews all at one ``now()``."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        return [
+            (row[0], int(row[1]))
+            for row in conn.execute(
+                "SELECT renewed_at, count(*) FROM outboxkit.relay_lease"
+                " WHERE holder = %s AND renewed_at > acquired_at GROUP BY 1",
+                (holder,),
+            )
+        ]
+
+
+def _held(relay: Relay) -> int:
+    return sum(1 for w in relay.workers.values() if w.active.is_set())
+
+
+@contextlib.asynccontextmanager
+async def _holding_four(db_url: str, bootstrap: str) -> AsyncIterator[Relay]:
+    """One relay process holding all 4 shards of a paused group, renewing every 2 s."""
+    _paused_group(db_url, 4)
+    settings = relay_settings(db_url, bootstrap, mode="at_least_once", lease_ttl=6.0)
+    async with running_relay(settings, holder="first") as relay:
+        await wait_for_async(lambda: _held(relay) == 4, what="all held")
+        yield relay
+
+
+async def test_many_held_shards_cost_one_connection_each_plus_two(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    shards = 120  # held with 2 connections each (the old way) this would pass max_connections
+    _paused_group(outboxkit_db_url, shards)
     settings = relay_settings(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, mode="at_least_once", lease_ttl=30.0
+        outboxkit_db_url, outboxkit_kafka_bootstrap, mode="at_least_once", lease_ttl=6.0
     )
     async with running_relay(settings, holder="first") as first:
-        await wait_for_async(
-            lambda: all(w.active.is_set() for w in first.workers.values()), what="all held"
-        )
+        await wait_for_async(lambda: _held(first) == shards, what="all held")
         async with running_relay(settings, holder="second") as second:
-            assert len(second.workers) == SHARDS
-            # Every standby worker has tried (and failed) to take its lease at least twice.
-            standby = next(iter(second.workers.values()))._standby
-            await wait_for_async(lambda: standby.opened >= 1, what="standby attempts")
+            assert first.leases is not None
+            assert second.leases is not None
             await wait_for_async(
                 lambda: (
-                    sum(1 for w in second.workers.values() if not w.active.is_set()) == SHARDS
-                    and _relay_connections(outboxkit_db_url).get("outboxkit-relay-standby", 0) >= 2
+                    second.leases is not None
+                    and second.leases.standby.opened >= 1
+                    and _relay_connections(outboxkit_db_url).get("outboxkit-relay-standby") == 2
                 ),
                 what="both processes' standby connections",
             )
+            # Every renewal covers every held lease in ONE statement: one now() for all rows.
+            leases = first.leases
+            start = leases.renewals
+            await wait_for_async(lambda: leases.renewals >= start + 2, what="two renewals")
+            assert [rows for _, rows in _renewed_at(outboxkit_db_url, "first")] == [shards]
             counts = _relay_connections(outboxkit_db_url)
-            print(f"relay connections with {SHARDS} shards, two processes: {counts}")
-            assert counts["shard"] == 2 * SHARDS  # the holder's renewal + data connections
+            print(f"relay connections, {shards} shards held by one of two processes: {counts}")
+            assert _held(first) == shards
+            assert _held(second) == 0
+            assert counts["shard"] == shards  # the holder's data connections, one per shard
+            assert counts["outboxkit-relay-leases"] == 1  # only the holder renews anything
             assert counts["outboxkit-relay-standby"] == 2  # one per process, whatever the shards
-            assert sum(counts.values()) <= 2 * SHARDS + 6, counts
+            assert first.leases.opened == 1  # never reopened: no renewal failed
+            assert sum(counts.values()) <= shards + 2 * 4, counts
+
+
+async def test_max_shards_per_process_leaves_the_rest_to_other_processes(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    shards, cap = 64, 40
+    _paused_group(outboxkit_db_url, shards)
+    settings = relay_settings(
+        outboxkit_db_url,
+        outboxkit_kafka_bootstrap,
+        mode="at_least_once",
+        lease_ttl=6.0,
+        max_shards_per_process=cap,
+    )
+    async with running_relay(settings, holder="first") as first:
+        await wait_for_async(lambda: _held(first) == cap, what="the first process at its cap")
+        async with running_relay(settings, holder="second") as second:
+            await wait_for_async(
+                lambda: _held(second) == shards - cap, what="the second holds the rest"
+            )
+            both = [r.leases for r in (first, second) if r.leases is not None]
+            await wait_for_async(
+                lambda: all(leases.renewals >= 1 for leases in both), what="a renewal in each"
+            )
+            counts = _relay_connections(outboxkit_db_url)
+            print(f"relay connections, {shards} shards, cap {cap}, two processes: {counts}")
+            assert _held(first) == cap  # never more, though it watches every shard
+            assert counts["shard"] == shards
+            assert counts["outboxkit-relay-leases"] == 2
+            assert counts["outboxkit-relay-standby"] == 2
+            assert sum(counts.values()) <= shards + 2 * 4, counts
+
+
+async def test_a_lease_taken_over_is_lost_alone_in_the_shared_renewal(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    async with _holding_four(outboxkit_db_url, outboxkit_kafka_bootstrap) as relay:
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE outboxkit.relay_lease SET holder = 'thief', token = token + 1000"
+                " WHERE shard = 2"
+            )
+        victim = relay.workers[2]
+        await wait_for_async(lambda: victim.lease_lost_count == 1, what="shard 2 lease lost")
+        assert not victim.active.is_set()
+        assert [w.lease_lost_count for s, w in relay.workers.items() if s != 2] == [0, 0, 0]
+        assert _held(relay) == 3
+
+
+async def test_a_broken_lease_connection_is_reopened_and_no_lease_lost(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    async with _holding_four(outboxkit_db_url, outboxkit_kafka_bootstrap) as relay:
+        leases = relay.leases
+        assert leases is not None
+        await wait_for_async(lambda: leases.opened == 1, what="renewing")
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+                " AND application_name = 'outboxkit-relay-leases'"
+            ).fetchone()
+        assert killed == (1,)
+        start = leases.renewals
+        await wait_for_async(
+            lambda: leases.opened == 2 and leases.renewals >= start + 2, what="renewed again"
+        )
+        assert _held(relay) == 4
+        assert [w.lease_lost_count for w in relay.workers.values()] == [0, 0, 0, 0]

@@ -60,7 +60,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
     "relay": {
         "shard_count": set(),
         "lease_acquire": {"group", "shard", "holder", "ttl", "now"},
-        "lease_renew": _FENCE | {"holder", "ttl", "now"},
+        "lease_renew_many": {"group", "holder", "shards", "tokens", "ttl", "now"},
         "lease_release": _FENCE,
         "claim_batch": {"shard", "skip_parked_keys", "in_flight", "after", "limit", "max_bytes"},
         "mark_published": _FENCE | {"ids"},

@@ -18,13 +18,17 @@ WHERE l.holder IS NULL OR l.holder = excluded.holder
    OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
 RETURNING token;
 
--- name: lease_renew
-UPDATE {schema}.relay_lease
+-- name: lease_renew_many
+-- Every lease one relay process holds, renewed in one statement on one connection (a process
+-- holding many shards must not need a connection per shard for this). Returns the shards renewed;
+-- a term whose shard is missing was lost (expired or taken over) and is never revived.
+UPDATE {schema}.relay_lease AS l
 SET renewed_at = now(),
     expires_at = coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
-WHERE relay_group = :group AND shard = :shard AND token = :token
-  AND holder = :holder AND expires_at > coalesce(CAST(:now AS timestamptz), now())
-RETURNING token;
+FROM unnest(CAST(:shards AS integer[]), CAST(:tokens AS bigint[])) AS t(shard, token)
+WHERE l.relay_group = :group AND l.shard = t.shard AND l.token = t.token
+  AND l.holder = :holder AND l.expires_at > coalesce(CAST(:now AS timestamptz), now())
+RETURNING l.shard;
 
 -- name: lease_release
 UPDATE {schema}.relay_lease

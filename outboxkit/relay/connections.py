@@ -1,0 +1,159 @@
+"""The PostgreSQL connections of one relay process, bounded whatever the number of shards.
+
+Per process at most: one *standby* connection (every lease attempt of a shard not held, in
+turn), one *lease* connection (every held lease renewed in ONE statement, and releases), one
+*data* connection per held shard, and the LISTEN and status-sampling connections. The data
+connection stays per shard: it carries the shard's batch loop (claim, fenced marks, retention),
+and sharing it would make a shard wait for a connection mid-batch while its lease runs. What
+bounds data connections is ``max_shards_per_process``: a process holds at most that many shards
+and leaves the rest to other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import psycopg
+
+from outboxkit.relay.lease import LeaseStore, LeaseTerm
+from outboxkit.relay.standby import LazyConnection, StandbyConnection
+from outboxkit.settings import Settings
+
+logger = logging.getLogger("outboxkit.relay.connections")
+
+
+@dataclass
+class _Held:
+    term: LeaseTerm
+    wake: asyncio.Event  # the worker's: set when its term is lost, so it stops at once
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ProcessLeases:
+    """Lease attempts, renewals and releases of every shard worker of one process."""
+
+    def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
+        self._config = settings.relay
+        self._leases = leases or LeaseStore(settings.schema_name)
+        self.standby = StandbyConnection(settings, self._leases)
+        self._held: dict[int, _Held] = {}
+        self._acquiring = asyncio.Lock()  # the cap check and the attempt, as one step
+        self._lock = asyncio.Lock()  # the lease connection: one statement at a time
+        self._conn = LazyConnection(settings.database_url, "outboxkit-relay-leases")
+        self._renewer: asyncio.Task[None] | None = None
+        self._capped = False  # the "at its maximum" line is logged once per episode
+        self.renewals = 0  # renewal statements sent (tests)
+
+    @property
+    def opened(self) -> int:
+        """Lease connections opened so far (observability, tests)."""
+        return self._conn.opened
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def _at_capacity(self) -> bool:
+        cap = self._config.max_shards_per_process
+        return cap is not None and len(self._held) >= cap
+
+    async def acquire(
+        self, group: str, shard: int, holder: str, ttl: float, wake: asyncio.Event
+    ) -> LeaseTerm | None:
+        """One attempt to take ``shard``'s lease, unless this process holds its maximum."""
+        async with self._acquiring:
+            if self._at_capacity():
+                if not self._capped:
+                    self._capped = True
+                    logger.info(
+                        "holding %d shard(s) (max_shards_per_process); shard %s and any other"
+                        " not held are left to other relay processes",
+                        len(self._held),
+                        shard,
+                    )
+                return None
+            self._capped = False
+            term = await self.standby.acquire(group, shard, holder, ttl)
+            if term is None:
+                return None
+            self._held[shard] = _Held(term, wake)
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew_forever(), name="lease-renewer")
+        return term
+
+    async def watch(self, term: LeaseTerm) -> None:
+        """Return once ``term`` is lost (by a failed renewal or its release)."""
+        held = self._held.get(term.shard)
+        if held is not None and held.term is term:
+            await held.lost.wait()
+
+    async def release(self, term: LeaseTerm) -> None:
+        """Hand the shard over at once (token-conditional, so a newer holder is untouched)."""
+        held = self._held.get(term.shard)
+        if held is not None and held.term is term:
+            del self._held[term.shard]
+            held.lost.set()
+        was_lost = term.lost_reason is not None
+        with contextlib.suppress(psycopg.Error, OSError):
+            async with self._lock:
+                released = await self._leases.release(await self._conn.get(), term)
+            if released and not was_lost:
+                logger.info("released lease of shard %s", term.shard)
+
+    async def _renew_forever(self) -> None:
+        """Every ``lease_renew_interval``: one statement renews every held lease.
+
+        An error is not a loss: each term's local trust deadline decides; we retry sooner.
+        """
+        interval = self._config.lease_renew_interval
+        delay = interval
+        while True:
+            await asyncio.sleep(delay)
+            delay = interval
+            held = [h for h in self._held.values() if h.term.lost_reason is None]
+            if not held:
+                continue
+            try:
+                # A hung statement must not outlive the interval: drop it and reconnect.
+                lost = await asyncio.wait_for(self._renew([h.term for h in held]), interval)
+            except Exception as exc:  # the renewer must outlive any error
+                async with self._lock:
+                    await self._conn.drop()
+                delay = min(interval / 2, 1.0)
+                logger.warning(
+                    "lease renewal of %d shard(s) errored: %s: %s; retrying in %.1fs",
+                    len(held),
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                continue
+            for each in held:
+                if each.term in lost:
+                    logger.warning("lease renewal of shard %s failed", each.term.shard)
+                    each.lost.set()
+                    each.wake.set()
+
+    async def _renew(self, terms: list[LeaseTerm]) -> list[LeaseTerm]:
+        groups: dict[tuple[str, str, float], list[LeaseTerm]] = {}
+        for term in terms:
+            groups.setdefault((term.group, term.holder, term.ttl), []).append(term)
+        lost: list[LeaseTerm] = []
+        async with self._lock:
+            conn = await self._conn.get()
+            for same in groups.values():
+                self.renewals += 1
+                lost += await self._leases.renew_many(conn, same)
+        return lost
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._renewer
+        async with self._lock:
+            await self._conn.drop()
+        await self.standby.close()
