@@ -131,11 +131,25 @@ def run(config: Settings | None = None) -> None:
         "batch_max_records": consumer.batch_max_records,
         "batch_max_ms": consumer.batch_max_ms,
     }
+    if not _started(config):
+        return
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
-        asyncio.run(_check_window(kafka, consumer))
         _run_sync(url, handler, settings, kafka, options)
     else:
-        asyncio.run(_run_async(url, handler, settings, kafka, consumer, options))
+        asyncio.run(_run_async(url, handler, settings, kafka, options))
+
+
+def _started(config: Settings) -> bool:
+    """Wait for the database and Kafka (SIGTERM/SIGINT end the wait and the process)."""
+    from outboxkit.inbox.startup import wait_until_ready
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return wait_until_ready(config, lambda: _check_window(config.kafka, config.consumer), stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _run_sync(
@@ -161,13 +175,11 @@ async def _run_async(
     handler: Any,
     settings: InboxSettings,
     kafka: KafkaSettings,
-    consumer: ConsumerSettings,
     options: Any,
 ) -> None:
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
     from outboxkit.inbox.middleware import AsyncInbox
 
-    await _check_window(kafka, consumer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,62 @@
+"""A consumer process's start-up: wait out a database or broker that is not there yet.
+
+``outboxkit inbox run`` started before PostgreSQL or Kafka (a node reboot, a rolling restart of
+the platform) must not crash-loop: like the relay, it says what it waits for and retries with
+back-off until it is stopped. What waiting cannot fix — a malformed URL, a schema that is missing
+or not migrated — ends the process at once with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import psycopg
+
+from outboxkit import db
+from outboxkit.db import migrator
+from outboxkit.errors import ConfigurationError, PublishError
+from outboxkit.kafka.errors import with_credentials_hint
+from outboxkit.relay.waiting import backoff_delay
+from outboxkit.settings import Settings
+
+logger = logging.getLogger("outboxkit.inbox.worker")
+
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 10.0
+
+
+def wait_until_ready(
+    config: Settings,
+    kafka_check: Callable[[], Coroutine[Any, Any, None]],
+    stop: threading.Event,
+) -> bool:
+    """True once the inbox schema is current and ``kafka_check`` passed; False if stopped."""
+    url = config.database_url
+    rng = random.Random()
+    attempt = 0
+    while not stop.is_set():
+        try:
+            with db.connect(url, connect_timeout=10) as conn:
+                migrator.require_current(conn, config.schema_name)
+            asyncio.run(kafka_check())
+            return True
+        except psycopg.ProgrammingError as exc:  # a malformed URL: waiting cannot fix it
+            problem = db.redact(str(exc).strip(), url)
+            raise ConfigurationError(f"the database URL is invalid: {problem}") from None
+        except (psycopg.OperationalError, OSError) as exc:
+            what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"
+            problem = db.redact(str(exc).strip(), url)
+        except PublishError as exc:
+            what = f"Kafka at {config.kafka.bootstrap}"
+            problem = with_credentials_hint(str(exc))
+        attempt += 1
+        delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX, rng)
+        first = problem.splitlines()[0] if problem else "unavailable"
+        logger.warning("consumer waiting for %s (%s); retrying in %.1fs", what, first, delay)
+        stop.wait(delay)
+    return False
