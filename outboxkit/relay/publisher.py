@@ -193,16 +193,16 @@ class BatchPublisher:
                 )
                 for r in to_send
             ]  # fmt: skip
+            # The next claim (of this transaction, or the next one's first) runs while these
+            # records go out. It starts from the lowest pending id and leaves out every row of
+            # this transaction (none is marked yet): a row that committed late below them must
+            # go before any newer row of its key, so no id bound is used.
+            in_flight = [i for i, _ in carried] + [r.id for r in claim]
             if last:
-                # While the last records go out, the next transaction's first claim runs without
-                # a lower bound, excluding every row of this one (none is marked yet).
-                in_flight, after = [i for i, _ in carried] + [r.id for r in claim], 0
                 requests.extend(self._checkpoint(term, slot, carried, to_send))
-            else:
-                in_flight, after = [], claim[-1].id  # claims come in id order
             first = claims == 1
             next_claim = asyncio.create_task(
-                self._claim(conn, previous_mark if first else None, limit, in_flight, after)
+                self._claim(conn, previous_mark if first else None, limit, in_flight)
             )
             try:
                 try:
@@ -278,11 +278,10 @@ class BatchPublisher:
         previous_mark: asyncio.Task[None] | None,
         limit: int,
         in_flight: list[int],
-        after: int,
     ) -> list[OutboxRecord]:
         if previous_mark is not None:
             await previous_mark  # the connection does one thing at a time; marks come first
-        return await self._store.claim(conn, self.shard, limit, in_flight, after)
+        return await self._store.claim(conn, self.shard, limit, in_flight)
 
     def _checkpoint(
         self,

@@ -122,9 +122,9 @@ class ShardStore:
         return db.query("relay", name, self._schema)
 
     async def claim(
-        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = (), after: int = 0
+        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = ()
     ) -> list[OutboxRecord]:
-        """Pending rows in id order, without ``in_flight`` and only above ``after`` (see SQL)."""
+        """Pending rows in id order, from the lowest, without ``in_flight`` (see SQL)."""
         found = await db.run_async(
             conn,
             self._query("claim_batch"),
@@ -134,7 +134,6 @@ class ShardStore:
                 "max_bytes": self._max_bytes,
                 "skip_parked_keys": self._skip_parked_keys,
                 "in_flight": list(in_flight),
-                "after": after,
             },
             binary=True,  # id arrays: binary costs no per-element quoting check
         )

@@ -62,7 +62,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "lease_acquire": {"group", "shard", "holder", "ttl", "now"},
         "lease_renew_many": {"group", "holder", "shards", "tokens", "ttl", "now"},
         "lease_release": _FENCE,
-        "claim_batch": {"shard", "skip_parked_keys", "in_flight", "after", "limit", "max_bytes"},
+        "claim_batch": {"shard", "skip_parked_keys", "in_flight", "limit", "max_bytes"},
         "mark_published": _FENCE | {"ids"},
         "reconcile_published": _FENCE | {"ids", "event_ids"},
         "reconcile_deleted": _FENCE | {"ids", "event_ids"},

@@ -39,10 +39,10 @@ RETURNING token;
 -- name: claim_batch
 -- Pending rows by state (never an id cursor): a row of a transaction still open is invisible now
 -- and found by a later claim once it commits. Keys with a parked row wait (policy 'wait').
--- in_flight: rows of the batch being sent right now (the next batch is claimed meanwhile).
--- after: inside one Kafka transaction the next claim starts above the transaction's highest id
--- (every earlier row of it is below); the first claim of a transaction passes 0, so a row that
--- committed late below that id is found by the next transaction's first claim.
+-- in_flight: rows sent but not marked yet (the open Kafka transaction's, or the one whose mark is
+-- still running), left out by a hashed lookup. Never a lower id bound: a row that committed late
+-- below them comes before any newer row of its key (per-key order), so every claim starts from
+-- the lowest pending id.
 -- Empty headers come back as NULL: the relay then has no JSON to decode for the usual row.
 -- max_bytes: the claim also stops where the running sum of payload sizes passes it, so memory is
 -- bounded by bytes, not only rows; the first row always comes (a large row is never stuck).
@@ -65,8 +65,7 @@ WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
   AND (:skip_parked_keys OR m.message_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
-  AND m.id <> ALL(CAST(:in_flight AS bigint[]))
-  AND m.id > :after
+  AND m.id NOT IN (SELECT unnest(CAST(:in_flight AS bigint[])))
 ORDER BY m.shard, m.id
 LIMIT :limit
 ) c
