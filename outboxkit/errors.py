@@ -94,3 +94,8 @@ class ProducerFencedError(PublishError):
 
 class HandlerCommitError(OutboxkitError):
     """A handler tried to commit its session; the middleware commits it with the dedup row."""
+
+
+class BatchTransactionEndedError(OutboxkitError):
+    """A handler ended the batch's transaction (``session.rollback()``): the writes of the
+    handlers before it are gone, so the batch is delivered again one event at a time."""

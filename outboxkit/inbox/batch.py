@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from outboxkit.errors import DecodeError, LeaseLostError
+from outboxkit.errors import BatchTransactionEndedError, DecodeError, LeaseLostError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import (
@@ -239,6 +239,8 @@ class _Batch:
             except LeaseLostError as exc:
                 self.lost.append((item, str(exc)))
                 self.hold(item)
+            except BatchTransactionEndedError:
+                raise  # the batch's earlier writes are gone: the loop delivers it one by one
             except Exception as exc:
                 # Retried, or dead-lettered after the commit: either way the records behind it
                 # run after it ended, as without batching.

@@ -16,10 +16,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError, HandlerCommitError
+from outboxkit.errors import BatchTransactionEndedError, ConfigurationError, HandlerCommitError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import DeadLetterStep, InboxCore, InboxSettings, Revoked
 from outboxkit.inbox.envelope import Envelope
@@ -64,6 +64,16 @@ class _HandlerSession(Session):
 def _refuse_handler_commit(session: Session) -> None:
     if not session.info.get(_COMMIT_ALLOWED):
         raise HandlerCommitError()
+
+
+def _ended(session: Session, outer: SessionTransaction | None) -> BatchTransactionEndedError | None:
+    """An error if the handler ended the batch's transaction: a ``session.rollback()`` inside a
+    savepoint rolls back the whole transaction in SQLAlchemy 2, not only the savepoint."""
+    if outer is not None and session.get_transaction() is outer and outer.is_active:
+        return None
+    return BatchTransactionEndedError(
+        "a handler rolled back the batch's transaction; the batch runs again one by one"
+    )
 
 
 @contextlib.contextmanager
@@ -174,14 +184,19 @@ class _SyncSteps(_Steps):
         session = self.session
         assert session is not None
         nested = session.begin_nested()
+        outer = session.get_transaction()
         try:
             _returned(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
             session.flush()
-        except BaseException:
+        except BaseException as exc:
+            if (ended := _ended(session, outer)) is not None:
+                raise ended from exc
             nested.rollback()  # this handler's writes only; the batch goes on
             raise
+        if (ended := _ended(session, outer)) is not None:
+            raise ended
         with _releasing(session):
             nested.commit()
 
@@ -289,14 +304,19 @@ class _AsyncSteps(_Steps):
         session = self.session
         assert session is not None
         nested = await session.begin_nested()
+        outer = session.sync_session.get_transaction()
         try:
             await _awaited(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
             await session.flush()
-        except BaseException:
+        except BaseException as exc:
+            if (ended := _ended(session.sync_session, outer)) is not None:
+                raise ended from exc
             await nested.rollback()
             raise
+        if (ended := _ended(session.sync_session, outer)) is not None:
+            raise ended
         with _releasing(session.sync_session):
             await nested.commit()
 

@@ -243,7 +243,7 @@ class ConsumerSettings(BaseSettings):
     retention_interval: float = Field(default=60.0, gt=0)
     max_unexpected_errors: int = Field(default=5, ge=1)
     error_detail: bool = False
-    batch_max_records: int = Field(default=50, ge=1, le=1000)
+    batch_max_records: int = Field(default=50, ge=1, le=64)
     batch_max_ms: float = Field(default=5.0, ge=0)
     kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 

@@ -254,6 +254,8 @@ class Behaviour:
     # event id -> a statement run after the effect row with ``sql_params`` (to fail in the db)
     sql: dict[str, Any] = field(default_factory=dict)
     sql_params: dict[str, Any] = field(default_factory=dict)
+    # event ids whose handler calls session.rollback() after its write, then writes again
+    rollback_in: set[str] = field(default_factory=set)
 
     def waits(self, ctx: HandlerContext) -> bool:
         return self.wait_until_lost and self.wait_only in (None, ctx.event_id)
@@ -278,6 +280,9 @@ def _params(event: PaymentRequested, ctx: HandlerContext) -> dict[str, Any]:
 def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]:
     def handle(event: PaymentRequested, ctx: HandlerContext, session: Session) -> None:
         session.execute(INSERT_EFFECT, _params(event, ctx))
+        if ctx.event_id in b.rollback_in:
+            session.rollback()
+            session.execute(INSERT_EFFECT, _params(event, ctx))
         if ctx.event_id in b.sql:
             session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()
@@ -293,6 +298,9 @@ def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]
 def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession], Any]:
     async def handle(event: PaymentRequested, ctx: HandlerContext, session: AsyncSession) -> None:
         await session.execute(INSERT_EFFECT, _params(event, ctx))
+        if ctx.event_id in b.rollback_in:
+            await session.rollback()
+            await session.execute(INSERT_EFFECT, _params(event, ctx))
         if ctx.event_id in b.sql:
             await session.execute(b.sql[ctx.event_id], b.sql_params)
         b.started.set()

@@ -446,6 +446,28 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
     assert len(read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)) == 1
 
 
+def test_a_handler_rolling_back_its_session_in_a_batch_loses_no_earlier_effect(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """``session.rollback()`` inside a batch ends the whole transaction, not the handler's
+    savepoint: the earlier handlers' writes are gone, so the batch must not mark them succeeded;
+    it runs again one event at a time and every event's effect happens exactly once."""
+    topic = outboxkit_topic()
+    a, undoing, b = (str(uuid.uuid4()) for _ in range(3))
+    for event_id in (a, undoing, b):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    behaviour = Behaviour(rollback_in={undoing})
+    start([topic], behaviour, consumer_options={"batch_max_ms": 300.0})
+    wait_for(
+        lambda: all(_state(outboxkit_db_url, e) == "succeeded" for e in (a, undoing, b)),
+        what="all three succeeded",
+    )
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, undoing, b])
+
+
 def test_cancel_of_one_event_of_a_batch(
     start: Start,
     outboxkit_db_url: str,
