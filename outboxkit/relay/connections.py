@@ -98,10 +98,25 @@ class ProcessLeases:
             held.lost.set()
         was_lost = term.lost_reason is not None
         with contextlib.suppress(psycopg.Error, OSError):
-            async with self._lock:
-                released = await self._leases.release(await self._conn.get(), term)
+            try:
+                # Bounded: a release hung on a dead socket (a failover) must not hold the lease
+                # connection's lock, or no lease of this process would be renewed meanwhile.
+                released = await asyncio.wait_for(
+                    self._release(term), self._config.lease_renew_interval
+                )
+            except TimeoutError:
+                async with self._lock:
+                    await self._conn.drop()
+                logger.warning(
+                    "releasing the lease of shard %s timed out; it expires by itself", term.shard
+                )
+                return
             if released and not was_lost:
                 logger.info("released lease of shard %s", term.shard)
+
+    async def _release(self, term: LeaseTerm) -> bool:
+        async with self._lock:
+            return await self._leases.release(await self._conn.get(), term)
 
     async def _renew_forever(self) -> None:
         """Every ``lease_renew_interval``: one statement renews every held lease.

@@ -176,16 +176,21 @@ class BatchPublisher:
         claim = batch
         began = False
         while True:
-            to_send = await self._sendable(term, conn, producer, claim)
+            try:
+                to_send = await self._sendable(term, conn, producer, claim)
+                if producer.transactional and not began and to_send:
+                    await producer.begin()
+                    began = True
+            except BaseException:
+                if claims == 0:  # the old mark was not handed on yet: it stays pending, settled
+                    self._pending_mark = previous_mark  # or abandoned by the caller
+                raise
             claims += 1
             limit = self.limit
             last = not self._continues(claim, len(carried) + len(to_send), started, limit)
             if not to_send and not carried:
                 self._pending_mark = previous_mark  # nothing sent: the old mark stays pending
                 return Outcome.PUBLISHED, []
-            if producer.transactional and not began:
-                await producer.begin()
-                began = True
             requests = [
                 ProduceRequest(
                     r.topic, r.key.encode() if r.key is not None else None, r.payload,
