@@ -30,7 +30,11 @@ class AiokafkaRecordSender(AsyncRecordSender):
                     request_timeout_ms=int(self._timeout * 1000),
                 )
             )
-            await producer.start()
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()  # a failed start keeps its connections otherwise
+                raise
             self._producer = producer
         return self._producer
 

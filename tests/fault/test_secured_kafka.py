@@ -176,7 +176,12 @@ def test_wrong_password_is_named_and_never_shown(
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
     env = _env(
-        outboxkit_db_url, outboxkit_secure_kafka, client, OUTBOXKIT_KAFKA_SASL_PASSWORD=wrong
+        outboxkit_db_url,
+        outboxkit_secure_kafka,
+        client,
+        OUTBOXKIT_KAFKA_SASL_PASSWORD=wrong,
+        # The refusal is reported when the first Kafka call gives up, 30 s by default.
+        OUTBOXKIT_RELAY_KAFKA_TIMEOUT="5",
     )
     index = processes.start(["relay", "run"], env)
     deadline = time.monotonic() + 90

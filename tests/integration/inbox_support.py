@@ -331,8 +331,12 @@ class Harness:
         acks_topic: str | None = None,
         offset_commit_interval: float = 0.0,
         consumer_options: dict[str, Any] | None = None,
+        sender_timeout: float | None = None,
     ) -> None:
         self.metrics = InboxMetrics()
+        # Bounds the dead-letter/acks producer only (the consumer's clients ignore it), so a
+        # test that expects a send to fail need not wait out the 30 s default.
+        self.sender_timeout = sender_timeout
         # The suite's topics have no dead-letter topic unless a test makes one.
         self.consumer_options = {"dead_letter_check": "warn", **(consumer_options or {})}
         self.acks_topic = acks_topic
@@ -381,6 +385,19 @@ class Harness:
             **self.consumer_options,
         }
 
+    def _quicker(self, cls: Any) -> Any:
+        if self.sender_timeout is None:
+            return cls
+        timeout = self.sender_timeout
+
+        class SenderTimeout(cls):  # type: ignore[misc,valid-type]
+            def _clients(self, clients: KafkaClients, group_id: str, config: Any) -> Any:
+                return super()._clients(
+                    KafkaClients(clients.settings, timeout=timeout), group_id, config
+                )
+
+        return SenderTimeout
+
     def _run_confluent(self) -> None:
         from outboxkit.inbox.confluent import ConfluentInboxConsumer
 
@@ -388,7 +405,8 @@ class Harness:
         try:
             inbox = Inbox(engine, sync_handler(self.behaviour), self.settings)
             kafka = KafkaSettings(bootstrap=self.bootstrap)
-            with ConfluentInboxConsumer(inbox, kafka, **self._kafka()) as consumer:
+            consumer_cls = self._quicker(ConfluentInboxConsumer)
+            with consumer_cls(inbox, kafka, **self._kafka()) as consumer:
                 while not self._stop.is_set():
                     self.outcomes.extend(consumer.poll_batch(0.2))
         finally:
@@ -401,7 +419,8 @@ class Harness:
         try:
             inbox = AsyncInbox(engine, async_handler(self.behaviour), self.settings)
             kafka = KafkaSettings(bootstrap=self.bootstrap)
-            async with AiokafkaInboxConsumer(inbox, kafka, **self._kafka()) as consumer:
+            consumer_cls = self._quicker(AiokafkaInboxConsumer)
+            async with consumer_cls(inbox, kafka, **self._kafka()) as consumer:
                 while not self._stop.is_set():
                     self.outcomes.extend(await consumer.poll_batch(0.2))
         finally:

@@ -67,6 +67,7 @@ def start(
         interval = settings.pop("offset_commit_interval", 0.0)
         group_id = settings.pop("group_id", None)
         consumer_options = settings.pop("consumer_options", None)
+        sender_timeout = settings.pop("sender_timeout", None)
         harness = Harness(
             adapter,
             sa_url=sa_url,
@@ -79,6 +80,7 @@ def start(
             offset_commit_interval=interval,
             group_id=group_id,
             consumer_options=consumer_options,
+            sender_timeout=sender_timeout,
         )
         running.append(harness.start())
         return harness

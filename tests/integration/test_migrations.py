@@ -15,8 +15,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
+from click.testing import CliRunner, Result
 
 from outboxkit import alembic_ops
+from outboxkit.cli import main
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.schema import InboxState, OutboxState
 
@@ -33,6 +35,14 @@ def cli(*args: str, url: str | None = None, **env: str) -> subprocess.CompletedP
     return subprocess.run(
         [CLI, *args], capture_output=True, text=True, env=environ, timeout=120, check=False
     )
+
+
+def in_process(*args: str, url: str | None = None) -> Result:
+    """The same command through click in this process: no interpreter start per call."""
+    result = CliRunner().invoke(
+        main, list(args), env={"OUTBOXKIT_DATABASE_URL": url}, catch_exceptions=False
+    )
+    return result
 
 
 def test_four_concurrent_migrate_up_on_an_empty_database(outboxkit_empty_db_url: str) -> None:
@@ -205,36 +215,39 @@ def test_state_checks_equal_the_state_enums(outboxkit_db_url: str) -> None:
 
 def test_cli_check_status_and_sql(outboxkit_empty_db_url: str) -> None:
     url = outboxkit_empty_db_url
+    # The installed script in its own process once (exit code, stderr); the rest in process.
     behind = cli("migrate", "check", url=url)
     assert behind.returncode == 1
     assert "pending" in behind.stderr
-    full_sql = cli("migrate", "sql")
-    assert full_sql.returncode == 0
+    again = in_process("migrate", "check", url=url)
+    assert (again.exit_code, again.stderr) == (1, behind.stderr)
+    full_sql = in_process("migrate", "sql")
+    assert full_sql.exit_code == 0
     assert full_sql.stdout == migrator.render_sql("outboxkit")
     assert "CREATE TABLE outbox_message" in full_sql.stdout
 
-    up = cli("migrate", "up", "--database-url", url)
-    assert up.returncode == 0, up.stderr
-    assert cli("migrate", "up", url=url).stdout.startswith("schema outboxkit is up to date")
-    assert cli("migrate", "check", url=url).returncode == 0
-    status = cli("migrate", "status", url=url)
-    assert status.returncode == 0
+    up = in_process("migrate", "up", "--database-url", url)
+    assert up.exit_code == 0, up.stderr
+    assert in_process("migrate", "up", url=url).stdout.startswith("schema outboxkit is up to date")
+    assert in_process("migrate", "check", url=url).exit_code == 0
+    status = in_process("migrate", "status", url=url)
+    assert status.exit_code == 0
     assert "pending" not in status.stdout
-    nothing_left = cli("migrate", "sql", url=url).stdout
+    nothing_left = in_process("migrate", "sql", url=url).stdout
     assert "CREATE TABLE outbox_message" not in nothing_left
     assert "-- 0001" not in nothing_left
 
     with psycopg.connect(url) as conn:
         conn.execute("INSERT INTO outboxkit.schema_migration VALUES (9999, 'from_the_future', 'x')")
-    ahead = cli("migrate", "check", url=url)
-    assert ahead.returncode == 1
+    ahead = in_process("migrate", "check", url=url)
+    assert ahead.exit_code == 1
     assert "ahead" in ahead.stderr
-    assert cli("migrate", "up", url=url).returncode != 0  # refuses an unknown schema
+    assert in_process("migrate", "up", url=url).exit_code != 0  # refuses an unknown schema
 
-    other = cli("migrate", "check", "--schema", "elsewhere", url=url)
-    assert other.returncode == 1
-    missing = cli("migrate", "check")
-    assert missing.returncode == 2
+    other = in_process("migrate", "check", "--schema", "elsewhere", url=url)
+    assert other.exit_code == 1
+    missing = in_process("migrate", "check")
+    assert missing.exit_code == 2
     assert "database-url" in missing.stderr
 
 
