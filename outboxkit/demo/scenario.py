@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,7 +43,6 @@ class DemoError(OutboxkitError):
 class DemoOptions:
     plan: WritePlan = field(default_factory=WritePlan)
     relay_kill_share: float = 0.3  # SIGKILL the active relay once this share is published
-    consumer_kill_share: float = 0.25  # the consumer dies at about this share of deliveries
     timeout: float = 90.0  # for the whole story, after the services are up
 
     def expected_events(self) -> int:
@@ -86,6 +86,9 @@ class _Story:
         return relay and (not self.consumer_killed or self.duplicate_told)
 
 
+PARTITIONS = 3
+
+
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     async def create() -> None:
         admin = KafkaClients(KafkaSettings(bootstrap=bootstrap)).admin()
@@ -95,6 +98,21 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
             await admin.close()
 
     asyncio.run(create())
+
+
+def _copies_in_kafka(bootstrap: str, topic: str, partitions: int) -> int | None:
+    """Records beyond one per event id, as a ``read_committed`` reader sees the topic; None
+    when there is no confluent-kafka to read it with (then the redeliveries tell)."""
+    try:
+        from outboxkit.verify.collect import read_topics
+    except ImportError:
+        return None
+    from outboxkit.verify.history import TopicSpec
+
+    settings = KafkaSettings(bootstrap=bootstrap)
+    records = read_topics(settings, [TopicSpec(name=topic, partitions=partitions)], timeout=60)
+    per_event = Counter(r.event_id for r in records)
+    return sum(n - 1 for n in per_event.values())
 
 
 def _warm_transactions(bootstrap: str, run_id: str) -> None:
@@ -136,7 +154,7 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
     try:
         _warm_transactions(services.kafka_bootstrap, services.run_id)
         db.migrator.upgrade(services.database_url)
-        _create_topic(services.kafka_bootstrap, services.topic, partitions=3)
+        _create_topic(services.kafka_bootstrap, services.topic, partitions=PARTITIONS)
         sampler = Sampler(
             services.database_url, services.topic, services.consumer, services.relay_group
         )
@@ -163,6 +181,7 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
             consumer_killed=story.consumer_killed,
             duplicates_suppressed=last.duplicates,
             takeover_limit=services.lease_ttl + 5,
+            copies_in_kafka=_copies_in_kafka(services.kafka_bootstrap, services.topic, PARTITIONS),
         )
         checks = judge(writers.log, read_outcome(engine), faults)
     finally:
@@ -184,7 +203,9 @@ def _start(
     engine: sa.Engine,
 ) -> _Story:
     deadline = time.monotonic() + 60
-    kill_at = max(2, int(options.expected_events() * options.consumer_kill_share))
+    # The consumer commits a batch of deliveries at a time, so the kill point counts commits:
+    # the second one is early enough to come in every run, with work before and after it.
+    kill_at = 2
     consumer = start_consumer(services, "consumer", fault=f"after_db_commit:{kill_at}")
     children.append(consumer)
     # Both relays start together; whichever takes the lease first is "A", the active one.
@@ -206,8 +227,8 @@ def _start(
     )
     display.event(f"relay B (pid {relay_b.pid}) is standby: it tries to take the lease every 0.25s")
     display.event(
-        f"consumer (pid {consumer.pid}) armed to die after its DB commit of delivery"
-        f" #{kill_at}, before committing the Kafka offset"
+        f"consumer (pid {consumer.pid}) armed to die after its DB commit #{kill_at} (a batch of"
+        " deliveries), before committing the Kafka offsets"
     )
     return _Story(services, children, relay_a, relay_b, consumer)
 

@@ -65,7 +65,11 @@ def test_demo_shows_takeover_and_suppressed_duplicate_all_green(
     assert len(rows) == 8, table
     assert all(row.startswith("  \u2714") for row in rows), table
     assert re.search(r"took over from the killed one +\d+\.\ds after the SIGKILL", table), table
-    assert "redeliveries suppressed by the inbox: 1" in table
+    # The kill came after a batch's commit: its redelivered events (one or more) were suppressed.
+    suppressed = re.search(r"redeliveries suppressed by the inbox: (\d+)", table)
+    assert suppressed is not None, table
+    assert int(suppressed[1]) >= 1, table
+    assert "read back from Kafka (read_committed): 0 duplicate record(s)" in table
     assert "all checks passed" in out
     assert not RAW_LOG.search(out), out
     assert done.stderr == ""
