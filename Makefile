@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.outboxkit-installed
+# Two workers, each with its own PostgreSQL and Kafka: the suite mostly waits on services.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: demo test lint typecheck check bench bench-debezium clean system-deps
 
@@ -22,7 +24,7 @@ demo: $(STAMP)
 
 ## test: the whole test suite against a self-started PostgreSQL + Kafka
 test: $(STAMP)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
