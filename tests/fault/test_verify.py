@@ -8,7 +8,6 @@ backends, but restarts no server (the self-started kinds are covered by ``--dev`
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from outboxkit.verify import History, check
+from tests.support.env import service_env
 
 pytestmark = pytest.mark.fault
 
@@ -26,12 +26,7 @@ OUTBOXKIT = str(Path(sys.executable).parent / "outboxkit")
 def test_verify_60s_run_passes_with_five_fault_kinds(
     outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
-    env |= {
-        "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
-        "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
-        "PYTHONPATH": str(ROOT),
-    }
+    env = service_env(outboxkit_db_url, outboxkit_kafka_bootstrap, PYTHONPATH=str(ROOT))
     history_file = tmp_path / "history.json"
     command = [OUTBOXKIT, "verify", "--duration", "60s", "--seed", "20261202"]
     command += ["--writers", "2", "--consumers", "2", "--history", str(history_file)]

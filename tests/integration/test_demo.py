@@ -7,11 +7,12 @@ stays short; the kills, the takeover and the checks are the same.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.env import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTBOXKIT = str(Path(sys.executable).parent / "outboxkit")  # the console script
@@ -27,11 +28,7 @@ RAW_LOG = re.compile(
 def test_demo_shows_takeover_and_suppressed_duplicate_all_green(
     outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
-    env |= {
-        "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
-        "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
-    }
+    env = service_env(outboxkit_db_url, outboxkit_kafka_bootstrap)
     logs = tmp_path / "logs"
     done = subprocess.run(
         [

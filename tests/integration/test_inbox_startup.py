@@ -3,7 +3,6 @@ goes on once the database is there; it neither crash-loops nor needs a restart."
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from outboxkit.devstack.postgres import database_url_with
+from tests.support.env import service_env
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -42,13 +42,12 @@ def test_run_waits_for_a_database_that_is_not_there_yet(
 ) -> None:
     name, url = later_database
     topic = outboxkit_topic()
-    env = {
-        **os.environ,
-        "OUTBOXKIT_DATABASE_URL": url,
-        "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
-        "OUTBOXKIT_CONSUMER_NAME": "billing",
-        "OUTBOXKIT_CONSUMER_GROUP": f"g-{uuid.uuid4().hex[:8]}",
-    }
+    env = service_env(
+        url,
+        outboxkit_kafka_bootstrap,
+        OUTBOXKIT_CONSUMER_NAME="billing",
+        OUTBOXKIT_CONSUMER_GROUP=f"g-{uuid.uuid4().hex[:8]}",
+    )
     args = ["inbox", "run", "--topic", topic]
     args += ["--registry", "tests.integration.inbox_support:REGISTRY"]
     with tempfile.TemporaryFile(mode="w+") as log:
