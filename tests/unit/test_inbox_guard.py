@@ -122,9 +122,9 @@ def _loop(**options: Any) -> tuple[ConsumerLoop, list[float]]:
     return loop, now
 
 
-def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> None:
-    loop, now = _loop(max_unexpected_errors=3)
-    polls = iter([[_record(5)], [_record(5)], [_record(5)], [_record(6)]])
+def _polling(batches: list[list[ConsumedRecord]]) -> Script:
+    """A script for a subscribed loop whose polls return ``batches`` in turn."""
+    polls = iter(batches)
 
     def answer(step: Step) -> Any:
         if isinstance(step, Subscribe):
@@ -133,6 +133,13 @@ def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> Non
             return next(polls)
         return ONE
 
+    return Script(answer)
+
+
+def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> None:
+    loop, now = _loop(max_unexpected_errors=3)
+    script = _polling([[_record(5)], [_record(5)], [_record(5)], [_record(6)]])
+
     def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
         yield from ()
         if env.offset == 5:
@@ -140,7 +147,6 @@ def test_a_record_failing_outside_the_handler_is_given_up_after_n_tries() -> Non
         return Outcome(OutcomeKind.SUCCEEDED, "e6")
 
     loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
-    script = Script(answer)
     kinds, alerts = [], []
     for _ in range(4):
         now[0] += 2  # past the retry hold
@@ -178,14 +184,7 @@ def test_a_database_outage_never_counts_against_the_record(make: Any) -> None:
     """PostgreSQL down for many attempts, then back: the record runs, it is not given up."""
     loop, now = _loop(max_unexpected_errors=2)
     attempts = 6
-    polls = iter([[_record(5)] for _ in range(attempts + 1)])
-
-    def answer(step: Step) -> Any:
-        if isinstance(step, Subscribe):
-            step.on_assign([("orders", 0)])
-        if isinstance(step, Poll):
-            return next(polls)
-        return ONE
+    script = _polling([[_record(5)] for _ in range(attempts + 1)])
 
     failing = [attempts]
 
@@ -197,7 +196,6 @@ def test_a_database_outage_never_counts_against_the_record(make: Any) -> None:
         return Outcome(OutcomeKind.SUCCEEDED, "e5")
 
     loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
-    script = Script(answer)
     kinds = []
     for _ in range(attempts + 1):
         now[0] += 2  # past the retry hold
