@@ -228,6 +228,12 @@ def _options(items: tuple[str, ...]) -> dict[str, str | int]:
 @click.option("--dead-letter", help="Dead-letter topic, '{topic}' is the source topic.")
 @click.option("--acks-topic", help="Publish an acknowledgement per outcome here.")
 @click.option(
+    "--batch-max-records",
+    type=int,
+    help="Records processed in one database transaction (1: one at a time; default 50, max 64).",
+)
+@click.option("--batch-max-ms", type=float, help="Milliseconds to wait for a fuller batch.")
+@click.option(
     "--offset-commit-interval", type=float, help="Seconds between offset commits (0: each)."
 )
 @click.option("--kafka-option", "config_items", multiple=True, help="Consumer property key=value.")

@@ -48,3 +48,25 @@ def test_a_command_without_its_database_url_is_a_one_line_usage_error() -> None:
     assert result.exit_code == 2
     assert "--database-url" in result.output
     assert "Traceback" not in result.output
+
+
+def test_inbox_run_batch_options_reach_the_consumer_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outboxkit.inbox import worker
+
+    seen = []
+    monkeypatch.setattr(worker, "run", seen.append)
+    clean = {k: None for k in os.environ if k.startswith("OUTBOXKIT_")}
+    args = ["inbox", "run", "--consumer", "c", "--group", "g", "--topic", "t"]
+    args += ["--database-url", "postgresql://u@h/db", "--bootstrap", "h:9092"]
+    result = CliRunner(env=clean).invoke(
+        main, [*args, "--batch-max-records", "7", "--batch-max-ms", "2.5"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert (settings.consumer.batch_max_records, settings.consumer.batch_max_ms) == (7, 2.5)
+    refused = CliRunner(env=clean).invoke(main, [*args, "--batch-max-records", "65"])
+    assert refused.exit_code != 0
+    assert "batch_max_records" in refused.output
+    assert "Traceback" not in refused.output
