@@ -35,15 +35,19 @@ def test_batched_uuid7s_continue_the_single_ones_in_order() -> None:
     assert len(set(made)) == len(made)
     for value in made:
         standard = uuid.UUID(int=value.int)
-        assert value == standard and hash(value) == hash(standard) and str(value) == str(standard)
-        assert value.version == 7 and value.variant == uuid.RFC_4122
+        assert value == standard
+        assert hash(value) == hash(standard)
+        assert str(value) == str(standard)
+        assert value.version == 7
+        assert value.variant == uuid.RFC_4122
     # 5 000 ids overflow the 12-bit counter: it carries into the next milliseconds
     assert uuid7_time_ms(made[-2]) > uuid7_time_ms(made[5])
     assert uuid7_batch(0) == []
 
 
 def _same_row_but_id(a: object, b: object) -> None:
-    assert isinstance(a, tuple) and isinstance(b, tuple)
+    assert isinstance(a, tuple)
+    assert isinstance(b, tuple)
     assert a[2:] == b[2:]  # everything after event id and (default) idempotency key
 
 
@@ -60,7 +64,8 @@ def test_a_typed_event_prepares_as_its_message(event: Placed) -> None:
     new_id = uuid7()
     assert prepare(event, config, None, new_id).event_id == new_id
     given = uuid7()
-    assert prepare(Message.from_event(event, event_id=given), config, None, new_id).event_id == given
+    with_id = Message.from_event(event, event_id=given)
+    assert prepare(with_id, config, None, new_id).event_id == given
 
 
 def test_add_options_left_out_prepare_as_none() -> None:
