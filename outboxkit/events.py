@@ -210,20 +210,22 @@ _json_encode = _json_encoder()
 
 def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes, str]:
     """Serialise a payload to bytes and pick its content type (or raise SerializationError)."""
-    if isinstance(payload, Event):
-        return payload.outbox_payload(), content_type or JSON_CONTENT_TYPE
-    if isinstance(payload, bytes | bytearray | memoryview):
-        return bytes(payload), content_type or BYTES_CONTENT_TYPE
-    if isinstance(payload, str):
-        try:
-            return payload.encode(), content_type or TEXT_CONTENT_TYPE
-        except UnicodeEncodeError as exc:
-            raise SerializationError(f"payload is not valid UTF-8 text: {exc}") from exc
-    if isinstance(payload, BaseModel):
-        try:
-            return payload.model_dump_json().encode(), content_type or JSON_CONTENT_TYPE
-        except (PydanticSerializationError, ValueError, TypeError) as exc:
-            raise SerializationError(f"payload could not be serialised: {exc}") from exc
+    kind = type(payload)
+    if kind is not dict and kind is not list:  # the common raw payloads go straight to JSON
+        if isinstance(payload, Event):
+            return payload.outbox_payload(), content_type or JSON_CONTENT_TYPE
+        if isinstance(payload, bytes | bytearray | memoryview):
+            return bytes(payload), content_type or BYTES_CONTENT_TYPE
+        if isinstance(payload, str):
+            try:
+                return payload.encode(), content_type or TEXT_CONTENT_TYPE
+            except UnicodeEncodeError as exc:
+                raise SerializationError(f"payload is not valid UTF-8 text: {exc}") from exc
+        if isinstance(payload, BaseModel):
+            try:
+                return payload.model_dump_json().encode(), content_type or JSON_CONTENT_TYPE
+            except (PydanticSerializationError, ValueError, TypeError) as exc:
+                raise SerializationError(f"payload could not be serialised: {exc}") from exc
     try:
         text = _json_encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -65,6 +65,52 @@ def uuid7(
     )
 
 
+def uuid7_batch(
+    count: int,
+    _from_bytes: Any = int.from_bytes,
+    _new: Any = object.__new__,
+    _set: Any = object.__setattr__,
+    _unknown: uuid.SafeUUID = uuid.SafeUUID.unknown,
+) -> list[uuid.UUID]:
+    """``count`` UUIDv7s, as ``count`` calls of :func:`uuid7` would make them (strictly
+    increasing, the same layout), for a fraction of the cost: one lock, one clock read and one
+    slice of the random pool for the lot (``add_many`` needs one per row)."""
+    global _last_ms, _counter, _pool, _pool_pos
+    if count <= 0:
+        return []
+    need = 8 * count + 2  # 62 random bits per id, and 9 for a fresh counter
+    with _lock:
+        pos = _pool_pos
+        if pos + need > len(_pool):
+            _pool, pos = os.urandom(max(_POOL_BYTES, need)), 0
+        random_bytes = _pool[pos : pos + need]
+        _pool_pos = pos + need
+        now_ms = time.time_ns() // 1_000_000
+        if now_ms > _last_ms:
+            _last_ms = now_ms
+            _counter = _from_bytes(random_bytes[-2:], "big") & 0x1FF
+        else:
+            _counter += 1
+        ms, first = _last_ms, _counter
+        # the counter runs on through the lot, into the next milliseconds when it overflows
+        last = first + count - 1
+        _last_ms, _counter = ms + (last >> 12), last & _COUNTER_MAX
+    ids = []
+    for offset, value in zip(range(0, need - 2, 8), range(first, last + 1), strict=True):
+        made = _new(uuid.UUID)
+        _set(
+            made,
+            "int",
+            (((ms + (value >> 12)) & _MS_MASK) << 80)
+            | ((value & _COUNTER_MAX) << 64)
+            | (_from_bytes(random_bytes[offset : offset + 8], "big") & _RAND_B_MASK)
+            | _VERSION_VARIANT,
+        )
+        _set(made, "is_safe", _unknown)
+        ids.append(made)
+    return ids
+
+
 _MS_MASK = (1 << 48) - 1
 _RAND_B_MASK = (1 << 62) - 1
 _VERSION_VARIANT = (0x7 << 76) | (0b10 << 62)

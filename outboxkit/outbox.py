@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError
+from outboxkit.ids import uuid7_batch
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
     CopiedIds,
@@ -112,20 +113,28 @@ class Outbox:
         headers: Mapping[str, str] | None,
         deliver_after: datetime | None,
     ) -> Plan:
-        row = prepare(
-            item,
-            self.config,
-            idempotency_key=idempotency_key,
-            event_id=event_id,
-            headers=dict(headers) if headers is not None else None,
-            deliver_after=deliver_after,
-        )
-        return Plan(self.config, [row])
+        options: dict[str, Any] = {}  # only those given: a call without any takes no copy
+        if idempotency_key is not None:
+            options["idempotency_key"] = idempotency_key
+        if event_id is not None:
+            options["event_id"] = event_id
+        if headers is not None:
+            options["headers"] = dict(headers)
+        if deliver_after is not None:
+            options["deliver_after"] = deliver_after
+        return Plan(self.config, [prepare(item, self.config, **options)])
 
-    def _plan_many(self, items: Iterable[Writable]) -> Plan:
+    def _plan_many(self, items: Sequence[Writable]) -> Plan:
         trace_headers = current_trace_headers()  # once per call, not once per row
         config = self.config
-        return Plan(config, [prepare(item, config, trace_headers) for item in items])
+        new_ids = uuid7_batch(len(items))
+        return Plan(
+            config,
+            [
+                prepare(item, config, trace_headers, new_id)
+                for item, new_id in zip(items, new_ids, strict=True)
+            ],
+        )
 
     # -- sync ----------------------------------------------------------------------------
     def add(

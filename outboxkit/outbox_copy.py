@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from outboxkit.ids import uuid_text
+from outboxkit.ids import uuid7_batch, uuid_text
 from outboxkit.outbox_plan import Folding, OutboxConfig, Plan, Statement, Writable, prepare
 from outboxkit.schema import notify_channel
 
@@ -58,11 +58,12 @@ class Stream:
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         config, trace_headers, shard_count = self.config, self.trace_headers, self.shard_count
-        for item in self.items:
-            row = prepare(item, config, trace_headers)
-            if self.folding.add(row):
+        add, shards = self.folding.add, self.shards
+        for item, new_id in zip(self.items, uuid7_batch(len(self.items)), strict=True):
+            row = prepare(item, config, trace_headers, new_id)
+            if add(row):
                 shard = shard_of(row.message_key, row.event_id, shard_count)
-                self.shards.add(shard)
+                shards.add(shard)
                 yield (*row, shard)
 
     def plan(self) -> Plan:

@@ -179,7 +179,7 @@ class Plan:
         """Record rows written by COPY (all of them were, or the COPY failed)."""
         rows, results = self.rows, self.results
         for index, row_id in zip(indexes, ids, strict=True):
-            results[index] = WriteResult(event_id=rows[index].event_id, duplicate=False, id=row_id)
+            results[index] = WriteResult(rows[index].event_id, False, row_id)  # positional: cheaper
 
     def reread_statement(self) -> Statement | None:
         todo = self.pending()

@@ -22,7 +22,7 @@ from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7, uuid_text
 from outboxkit.limits import PRODUCER_MESSAGE_MAX_BYTES, RECORD_OVERHEAD_BYTES, record_size
 from outboxkit.tracing import current_trace_headers
-from outboxkit.wire import content_digest
+from outboxkit.wire import JSON_CONTENT_TYPE, content_digest
 
 if TYPE_CHECKING:
     from outboxkit.outbox_plan import OutboxConfig
@@ -48,7 +48,7 @@ class Row(NamedTuple):
     deliver_after: datetime | None
 
 
-def _too_large(msg: Message, payload: bytes, size: int, limit: int) -> PayloadTooLargeError:
+def _too_large(topic: str, payload: bytes, size: int, limit: int) -> PayloadTooLargeError:
     why = (
         "librdkafka's default message.max.bytes, below the broker's default 1048588 per batch"
         if limit == PRODUCER_MESSAGE_MAX_BYTES
@@ -56,7 +56,7 @@ def _too_large(msg: Message, payload: bytes, size: int, limit: int) -> PayloadTo
         " message.max.bytes"
     )
     return PayloadTooLargeError(
-        f"message for topic {msg.topic!r} would be a {size}-byte Kafka record (payload"
+        f"message for topic {topic!r} would be a {size}-byte Kafka record (payload"
         f" {len(payload)} bytes, plus key, headers and {RECORD_OVERHEAD_BYTES} bytes of"
         f" framing); the limit is {limit} bytes: {why}. The relay's producer would refuse it,"
         " so it is not written.",
@@ -91,12 +91,57 @@ def prepare(
     item: Writable,
     config: OutboxConfig,
     trace_headers: Mapping[str, str] | None = None,
+    new_id: uuid.UUID | None = None,
     **overrides: Any,
 ) -> Row:
     """Validate and serialise one item. ``trace_headers``: the current trace context, when the
-    caller already read it once for a whole batch (the context cannot change within one call)."""
-    msg = item if type(item) is Message and not overrides else _as_message(item, overrides)
-    topic, key, event_type = msg.topic, msg.key, msg.event_type
+    caller already read it once for a whole batch (the context cannot change within one call).
+    ``new_id``: the event id to use if the item brings none (``add_many`` makes them in bulk).
+    ``overrides``: per-call options of ``add`` (``None`` values are no option)."""
+    if overrides:
+        msg = _as_message(item, overrides)
+    elif type(item) is Message:
+        msg = item
+    elif isinstance(item, Event):
+        # what Message.from_event(item) would hold, without building the Message (a tenth of
+        # a typed event's preparation); the same methods run in the same order
+        spec = item.outbox_spec()
+        key = item.outbox_key()
+        aggregate_id = item.outbox_aggregate_id()
+        idempotency_key = item.outbox_idempotency_key()
+        return _row(
+            config, trace_headers, new_id, spec.topic, key, spec.event_type, item,
+            JSON_CONTENT_TYPE, {}, None, idempotency_key, spec.schema_version,
+            spec.aggregate_type, aggregate_id, None,
+        )  # fmt: skip
+    else:
+        msg = _as_message(item, overrides)  # a Message subclass as is; anything else: refused
+    return _row(
+        config, trace_headers, new_id, msg.topic, msg.key, msg.event_type, msg.payload,
+        msg.content_type, msg.headers, msg.event_id, msg.idempotency_key, msg.schema_version,
+        msg.aggregate_type, msg.aggregate_id, msg.deliver_after,
+    )  # fmt: skip
+
+
+def _row(
+    config: OutboxConfig,
+    trace_headers: Mapping[str, str] | None,
+    new_id: uuid.UUID | None,
+    topic: str,
+    key: str | None,
+    event_type: str | None,
+    payload: Any,
+    content_type: str | None,
+    headers: Mapping[str, str],
+    event_id: uuid.UUID | None,
+    idempotency_key: str | None,
+    schema_version: int | None,
+    aggregate_type: str | None,
+    aggregate_id: str | None,
+    deliver_after: datetime | None,
+) -> Row:
+    """One message's fields, checked in a fixed order (the first problem found is the error
+    raised), to a row."""
     if type(topic) is str:
         _topic_ok(topic)
     else:
@@ -105,32 +150,35 @@ def prepare(
         raise ValidationError(f"message key must be a str or None, got {key!r}")
     if event_type is not None and not isinstance(event_type, str):
         raise ValidationError(f"message event_type must be a str or None, got {event_type!r}")
-    payload, content_type = encode_payload(msg.payload, msg.content_type)
+    data, content_type = encode_payload(payload, content_type)
     if trace_headers is None:
         trace_headers = current_trace_headers()
-    headers = {**trace_headers, **msg.headers} if trace_headers else msg.headers
+    if trace_headers:
+        headers = {**trace_headers, **headers}
     headers_json = _headers_json(headers) if headers else "{}"
-    event_id = msg.event_id or uuid7()
-    idempotency_key = msg.idempotency_key
+    event_id = event_id or new_id or uuid7()
     if idempotency_key is None:
         idempotency_key = uuid_text(event_id)
     elif not idempotency_key:
         raise ValidationError("the idempotency key must not be empty")
-    optional = (event_type, msg.schema_version, msg.aggregate_type, msg.aggregate_id)
-    size = record_size(len(payload), key, idempotency_key, content_type, optional, headers)
+    optional = (event_type, schema_version, aggregate_type, aggregate_id)
+    size = record_size(len(data), key, idempotency_key, content_type, optional, headers)
     if size > config.max_message_bytes:
-        raise _too_large(msg, payload, size, config.max_message_bytes)
+        raise _too_large(topic, data, size, config.max_message_bytes)
     return Row(
         event_id,
         idempotency_key,
         content_digest(
-            topic=topic, key=key, event_type=event_type, content_type=content_type, payload=payload
+            topic=topic, key=key, event_type=event_type, content_type=content_type, payload=data
         ),
         topic,
         key,
-        payload,
+        data,
         content_type,
         headers_json,
-        *optional,
-        msg.deliver_after,
+        event_type,
+        schema_version,
+        aggregate_type,
+        aggregate_id,
+        deliver_after,
     )

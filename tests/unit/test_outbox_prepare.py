@@ -1,0 +1,113 @@
+"""The writer's cheaper row preparation gives the rows and errors of the plain one."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from outboxkit.errors import SerializationError, ValidationError
+from outboxkit.events import Event, Message, encode_payload
+from outboxkit.ids import uuid7, uuid7_batch, uuid7_time_ms
+from outboxkit.outbox import Outbox, OutboxConfig
+from outboxkit.outbox_plan import prepare
+
+
+class Placed(Event, topic="orders", key="order_id", event_type="order.placed"):
+    order_id: str
+    total_cents: int
+
+
+class Keyed(Placed):
+    def outbox_idempotency_key(self) -> str | None:
+        return f"placed:{self.order_id}"
+
+
+class BadKey(Placed):
+    def outbox_key(self) -> str | None:
+        return 42  # type: ignore[return-value]
+
+
+def test_batched_uuid7s_continue_the_single_ones_in_order() -> None:
+    made = [uuid7(), *uuid7_batch(3), uuid7(), *uuid7_batch(5_000), uuid7()]
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+    for value in made:
+        standard = uuid.UUID(int=value.int)
+        assert value == standard
+        assert hash(value) == hash(standard)
+        assert str(value) == str(standard)
+        assert value.version == 7
+        assert value.variant == uuid.RFC_4122
+    # 5 000 ids overflow the 12-bit counter: it carries into the next milliseconds
+    assert uuid7_time_ms(made[-2]) > uuid7_time_ms(made[5])
+    assert uuid7_batch(0) == []
+
+
+def _same_row_but_id(a: object, b: object) -> None:
+    assert isinstance(a, tuple)
+    assert isinstance(b, tuple)
+    assert a[2:] == b[2:]  # everything after event id and (default) idempotency key
+
+
+@pytest.mark.parametrize(
+    "event",
+    [Placed(order_id="o-1", total_cents=5), Keyed(order_id="o-2", total_cents=7)],
+)
+def test_a_typed_event_prepares_as_its_message(event: Placed) -> None:
+    config = OutboxConfig()
+    direct = prepare(event, config)
+    via_message = prepare(Message.from_event(event), config)
+    _same_row_but_id(direct, via_message)
+    assert (direct.idempotency_key == via_message.idempotency_key) == isinstance(event, Keyed)
+    new_id = uuid7()
+    assert prepare(event, config, None, new_id).event_id == new_id
+    given = uuid7()
+    with_id = Message.from_event(event, event_id=given)
+    assert prepare(with_id, config, None, new_id).event_id == given
+
+
+def test_add_options_left_out_prepare_as_none() -> None:
+    outbox = Outbox(OutboxConfig())
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    for item in (Placed(order_id="o-1", total_cents=5), Message("t", {"a": 1}, key="k")):
+        bare = outbox._plan_one(item, None, None, None, None).rows[0]
+        _same_row_but_id(bare, prepare(item, OutboxConfig(), idempotency_key=None, headers=None))
+        full = outbox._plan_one(item, "key-1", uuid7(), {"h": "v"}, when).rows[0]
+        assert (full.idempotency_key, full.headers, full.deliver_after) == (
+            "key-1",
+            '{"h": "v"}',
+            when,
+        )
+
+
+def test_hostile_items_are_refused_as_before() -> None:
+    config = OutboxConfig()
+    with pytest.raises(ValidationError, match="message key"):
+        prepare(BadKey(order_id="o", total_cents=1), config)
+    with pytest.raises(ValidationError, match="expected an outboxkit Event or Message"):
+        prepare({"topic": "x"}, config)  # type: ignore[arg-type]
+    with pytest.raises(SerializationError):
+        prepare(Message("t", {"x": float("nan")}), config)
+    with pytest.raises(SerializationError):
+        prepare(Message("t", [object()]), config)
+    with pytest.raises(ValidationError, match="must not be empty"):
+        prepare(Message("t", {}, idempotency_key=""), config)
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    with pytest.raises(SerializationError):
+        encode_payload(cyclic)
+
+
+def test_dict_and_list_payloads_encode_as_before() -> None:
+    assert encode_payload({"b": 1, "a": [1, "é"]}) == (
+        '{"b":1,"a":[1,"é"]}'.encode(),
+        "application/json",
+    )
+    assert encode_payload([1, 2], "application/x-list") == (b"[1,2]", "application/x-list")
+
+    class Sub(dict[str, int]):  # not exactly a dict: the general path, same bytes
+        pass
+
+    assert encode_payload(Sub(a=1)) == (b'{"a":1}', "application/json")
