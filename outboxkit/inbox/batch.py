@@ -54,7 +54,7 @@ from outboxkit.inbox.steps import (
     Plan,
     RunInSavepoint,
     RunInTransaction,
-    StartLease,
+    StartLeases,
 )
 from outboxkit.inbox.store import Claim
 
@@ -184,27 +184,32 @@ class _Batch:
     def _prepare(self, items: list[_Item]) -> Plan[list[_Item]]:
         """Decode each event and find its handler (refused ones end ``rejected``); take leases."""
         settings, runnable = self.core.settings, []
+        registry, fallback = settings.registry, self.core.handler
         for item in items:
             ident = item.run.ident
             try:
-                event = settings.registry.decode(
+                item.event = registry.decode(
                     ident.event_type, ident.content_type, item.run.env.value
                 )
             except DecodeError as exc:
                 self.done[item.index] = yield from self.core.refuse(item.run, str(exc))
                 continue
-            handler = settings.registry.handler_for(ident.event_type) or self.core.handler
-            if handler is None:
+            item.handler = registry.handler_for(ident.event_type) or fallback
+            if item.handler is None:
                 reason = f"no handler for {ident.event_type!r}"
                 self.done[item.index] = yield from self.core.refuse(item.run, reason)
                 continue
-            lease = yield StartLease(ident.event_id, item.run.claim.token)
-            revoked = self._revoked_for(item.run.env)
-            item.event, item.handler = event, handler
-            item.ctx = handler_context(
-                settings, item.run.env, ident, item.run.claim, lease, revoked
-            )
             runnable.append(item)
+        if not runnable:
+            return runnable
+        leases = yield StartLeases(tuple(item.key for item in runnable))
+        revoked: dict[TopicPartition, Callable[[], bool]] = {}
+        for item, lease in zip(runnable, leases, strict=True):
+            run = item.run
+            if item.tp not in revoked:
+                revoked[item.tp] = self._revoked_for(run.env)
+            ctx = handler_context(settings, run.env, run.ident, run.claim, lease, revoked[item.tp])
+            item.ctx = ctx
         return runnable
 
     def _transaction(self, items: list[_Item]) -> Plan[list[_Item]]:

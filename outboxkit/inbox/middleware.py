@@ -43,6 +43,7 @@ from outboxkit.inbox.steps import (
     RunInTransaction,
     Sql,
     StartLease,
+    StartLeases,
     Step,
     StepTable,
     drive_async,
@@ -91,6 +92,7 @@ _METHODS: dict[type[Step], str] = {
     RunInSavepoint: "run_in_savepoint",
     RunInTransaction: "run_in_transaction",
     StartLease: "start_lease",
+    StartLeases: "start_leases",
     EndDelivery: "end_delivery",
 }
 
@@ -121,6 +123,11 @@ class _Steps:
         lease = self.keeper.begin(step.event_id, step.token)
         self.leases.append(lease)
         return lease
+
+    def start_leases(self, step: StartLeases) -> list[LeaseHandle]:
+        leases = [self.keeper.begin(event_id, token) for event_id, token in step.claims]
+        self.leases.extend(leases)
+        return leases
 
     def stop_lease(self) -> None:
         leases, self.leases = self.leases, []

@@ -91,6 +91,14 @@ class StartLease(Step):
     token: int
 
 
+@dataclass(frozen=True, slots=True)
+class StartLeases(Step):
+    """:class:`StartLease` for each ``(event_id, token)`` of a batch, in one step -> a list of
+    ``LeaseHandle`` (one driver call per batch instead of one per event)."""
+
+    claims: tuple[tuple[str, int], ...]
+
+
 class EndDelivery(Step):
     """Stop renewing the lease and close any open handler transaction."""
 

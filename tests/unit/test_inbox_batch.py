@@ -18,6 +18,7 @@ from outboxkit.inbox.steps import (
     RunInSavepoint,
     RunInTransaction,
     StartLease,
+    StartLeases,
     Step,
     drive_sync,
 )
@@ -55,6 +56,8 @@ def _db(
                 raise errors[event_id]
         if isinstance(step, StartLease):
             return LeaseHandle(step.event_id, step.token, 0.0)
+        if isinstance(step, StartLeases):
+            return [LeaseHandle(event_id, token, 0.0) for event_id, token in step.claims]
         name = getattr(getattr(step, "query", None), "name", "")
         if name == "claim_batch":
             rows = [(e, n, a, None) for n, (e, a) in enumerate(attempts.items(), start=1)]
