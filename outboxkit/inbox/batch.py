@@ -30,6 +30,7 @@ record of the same partition holds back; the records to deliver again are handed
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from outboxkit.inbox.delivery import (
     handler_context,
 )
 from outboxkit.inbox.envelope import Envelope, Identity
+from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.steps import (
     CloseHandler,
@@ -57,6 +59,8 @@ from outboxkit.inbox.steps import (
     StartLeases,
 )
 from outboxkit.inbox.store import Claim
+
+logger = logging.getLogger("outboxkit.inbox.batch")
 
 TopicPartition = tuple[str, int]
 RevokedPartition = Callable[[TopicPartition], bool]
@@ -138,7 +142,11 @@ class _Batch:
             else:
                 items.append(self._item(p, claim))
         items = yield from self._prepare(items)
-        succeeded = yield from self._transaction(items)
+        try:
+            succeeded = yield from self._transaction(items)
+        except Exception:
+            yield from self._give_back(items)
+            raise
         for item in succeeded:
             self.done[item.index] = Outcome(
                 OutcomeKind.SUCCEEDED, item.run.ident.event_id, item.run.claim.attempts
@@ -284,6 +292,14 @@ class _Batch:
             if not savepoints:
                 return ran, item
         return ran, None
+
+    def _give_back(self, items: list[_Item]) -> Plan[None]:
+        """The batch failed as a whole (the loop delivers it one by one): its claims are given
+        back, so this run does not count as an attempt of each of its records."""
+        try:
+            yield from self._release([item.key for item in items])
+        except Exception as exc:  # the first error is the one to report
+            logger.warning("claims of a failed batch not given back: %s", error_text(exc))
 
     def _release(self, keys: list[tuple[str, int]]) -> Plan[None]:
         if keys:

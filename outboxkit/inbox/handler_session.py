@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from psycopg.pq import TransactionStatus
 from sqlalchemy import event as sa_event
@@ -50,10 +51,20 @@ def transaction_ended(
     )
 
 
-def transaction_aborted(conn: Connection | None) -> HandlerTransactionAbortedError | None:
+def driver_of(conn: Connection | None) -> Any:
+    """The driver's own connection under ``conn`` (a psycopg connection, or another driver's)."""
+    return None if conn is None else conn.connection.driver_connection
+
+
+def pending(session: Session) -> bool:
+    """Whether a flush has anything to write (a flush costs an await even when it has not)."""
+    return bool(session.new or session.dirty or session.deleted)
+
+
+def transaction_aborted(driver: Any) -> HandlerTransactionAbortedError | None:
     """An error if the handler left the transaction aborted (it caught a database error and went
     on). psycopg knows the transaction's status from the last reply: no round trip."""
-    info = None if conn is None else getattr(conn.connection.driver_connection, "info", None)
+    info = getattr(driver, "info", None)
     if info is None or info.transaction_status != TransactionStatus.INERROR:
         return None
     return HandlerTransactionAbortedError(

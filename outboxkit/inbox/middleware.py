@@ -24,6 +24,8 @@ from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.handler_session import (
     COMMIT_ALLOWED,
     HandlerSession,
+    driver_of,
+    pending,
     releasing,
     transaction_aborted,
     transaction_ended,
@@ -108,6 +110,7 @@ class _Steps:
     ) -> None:
         self.keeper = keeper
         self.leases: list[LeaseHandle] = []
+        self.driver: Any = None  # the open handler transaction's driver connection
         self.table: dict[type[Step], Callable[[Any], Any]] = {
             kind: getattr(self, name) for kind, name in _METHODS.items()
         }
@@ -158,6 +161,7 @@ class _SyncSteps(_Steps):
         self.close_handler(CloseHandler())
         self.session = HandlerSession(self.inbox.engine)
         self.session.begin()
+        self.driver = driver_of(self.session.connection())  # BEGIN goes with the 1st statement
 
     def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
@@ -167,14 +171,18 @@ class _SyncSteps(_Steps):
             _returned(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
-            session.flush()
+            if pending(session):
+                session.flush()
         except BaseException as exc:
-            if (ended := transaction_ended(session, outer)) is not None:
+            # Without a savepoint the transaction is rolled back after any failure anyway (a
+            # failed flush already did): the handler's own error is the one to report.
+            saved = isinstance(step, RunInSavepoint)
+            if saved and (ended := transaction_ended(session, outer)) is not None:
                 raise ended from exc
             raise
         if (ended := transaction_ended(session, outer)) is not None:
             raise ended
-        if (aborted := transaction_aborted(session.connection())) is not None:
+        if (aborted := transaction_aborted(self.driver)) is not None:
             raise aborted
 
     def run_in_savepoint(self, step: RunInSavepoint) -> None:
@@ -291,6 +299,7 @@ class _AsyncSteps(_Steps):
         await self.close_handler(CloseHandler())
         self.session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
         await self.session.begin()
+        self.driver = driver_of((await self.session.connection()).sync_connection)
 
     async def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
@@ -300,15 +309,16 @@ class _AsyncSteps(_Steps):
             await _awaited(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
-            await session.flush()
+            if pending(session.sync_session):
+                await session.flush()
         except BaseException as exc:
-            if (ended := transaction_ended(session.sync_session, outer)) is not None:
+            saved = isinstance(step, RunInSavepoint)  # (as in the sync driver)
+            if saved and (ended := transaction_ended(session.sync_session, outer)) is not None:
                 raise ended from exc
             raise
         if (ended := transaction_ended(session.sync_session, outer)) is not None:
             raise ended
-        conn = (await session.connection()).sync_connection
-        if (aborted := transaction_aborted(conn)) is not None:
+        if (aborted := transaction_aborted(self.driver)) is not None:
             raise aborted
 
     async def run_in_savepoint(self, step: RunInSavepoint) -> None:

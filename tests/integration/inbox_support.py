@@ -256,6 +256,8 @@ class Behaviour:
     sql: dict[str, Any] = field(default_factory=dict)
     sql_params: dict[str, Any] = field(default_factory=dict)
     swallow_sql_errors: bool = False  # catch the database error of ``sql`` and carry on
+    # event id -> a factory of an ORM object the handler adds to its session (flushed after it)
+    add_in: dict[str, Callable[[], Any]] = field(default_factory=dict)
     # event ids whose handler calls session.rollback() after its write, then writes again
     rollback_in: set[str] = field(default_factory=set)
 
@@ -291,6 +293,8 @@ def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]
             except DBAPIError:
                 if not b.swallow_sql_errors:
                     raise
+        if ctx.event_id in b.add_in:
+            session.add(b.add_in[ctx.event_id]())
         b.started.set()
         if b.waits(ctx):
             deadline = time.monotonic() + 60
@@ -313,6 +317,8 @@ def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession],
             except DBAPIError:
                 if not b.swallow_sql_errors:
                     raise
+        if ctx.event_id in b.add_in:
+            session.add(b.add_in[ctx.event_id]())
         b.started.set()
         if b.waits(ctx):
             for _ in range(1200):  # at most ~60 s

@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 
 from outboxkit.db import Result
-from outboxkit.errors import HandlerTransactionAbortedError, LeaseLostError
+from outboxkit.errors import (
+    BatchTransactionEndedError,
+    HandlerTransactionAbortedError,
+    LeaseLostError,
+)
 from outboxkit.inbox import Envelope, OutcomeKind
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.lease import LeaseHandle
@@ -175,6 +179,18 @@ def test_a_failing_mark_with_savepoints_ends_the_batch() -> None:
         drive_sync(deliver_batch(_core(), envs, lambda tp: False, lambda *a: None), script)
     assert script.names()[-1] == "EndDelivery"
     assert "CommitHandler" not in script.names()
+    # Given back: the run that failed as a whole is not an attempt of a or b.
+    assert [r["event_ids"] for r in _sql(script, "release_batch")] == [["a", "b"]]
+
+
+def test_a_handler_ending_the_transaction_gives_the_claims_back_and_ends_the_batch() -> None:
+    envs = [_env("a", 0), _env("undo", 1), _env("b", 2)]
+    ended = BatchTransactionEndedError("rolled back")
+    script = Script(_db({"a": 1, "undo": 1, "b": 1}, errors={"undo": ended}))
+    with pytest.raises(BatchTransactionEndedError):
+        drive_sync(deliver_batch(_core(), envs, lambda tp: False, lambda *a: None), script)
+    assert _runs(script) == [("optimistic", "a"), ("optimistic", "undo")]
+    assert [r["event_ids"] for r in _sql(script, "release_batch")] == [["a", "undo", "b"]]
 
 
 def test_a_takeover_runs_alone_and_the_rest_comes_again() -> None:
