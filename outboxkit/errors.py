@@ -99,3 +99,8 @@ class HandlerCommitError(OutboxkitError):
 class BatchTransactionEndedError(OutboxkitError):
     """A handler ended the batch's transaction (``session.rollback()``): the writes of the
     handlers before it are gone, so the batch is delivered again one event at a time."""
+
+
+class HandlerTransactionAbortedError(OutboxkitError):
+    """A handler returned leaving its transaction aborted (it caught a database error and went
+    on): nothing more can commit in that transaction, so the handler counts as failed."""

@@ -9,13 +9,20 @@
    rebalance) runs **alone**, in its own transaction, as one delivery does; the batch ends
    before it. So a record that crashes the process is retried and given up on its own, and a
    crash costs the records of a batch one claim each, once;
-4. opens **one transaction** and runs each handler in a **savepoint** of its own: a handler that
-   fails (or whose lease is lost) rolls back only its own writes; records behind it in the
-   same partition are not run (their claims are given back) and wait as they do today;
+4. opens **one transaction** and runs the handlers in it **optimistically**, without
+   savepoints (one round trip per handler statement). The first handler that fails (raises, its
+   lease is lost, or it leaves the transaction aborted) ends that run: the transaction is rolled
+   back, the failure is that handler's own (each earlier one left the transaction healthy), and
+   the batch runs **again with a savepoint per handler**, the failed handler left out: a handler
+   that fails then rolls back only its own writes. Records behind a failure in the same
+   partition are not run (their claims are given back) and wait as without batching;
 5. marks the successes ``succeeded`` in one statement, each conditional on its own token, and
    commits once. If a mark is refused (cancelled or fenced meanwhile) the transaction is rolled
-   back and the other handlers run again in a new one (their writes still commit once);
+   back and the other handlers run again in a new one, with savepoints (their writes still
+   commit once);
 6. then settles the failures (retry or dead, one by one) and the lost leases.
+
+Both runs belong to the same claim, so a rolled-back optimistic run is not an attempt.
 
 The loop commits the offsets after that. Outcomes are returned only for records no earlier
 record of the same partition holds back; the records to deliver again are handed back.
@@ -23,6 +30,7 @@ record of the same partition holds back; the records to deliver again are handed
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +46,7 @@ from outboxkit.inbox.delivery import (
     handler_context,
 )
 from outboxkit.inbox.envelope import Envelope, Identity
+from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.steps import (
     CloseHandler,
@@ -46,9 +55,12 @@ from outboxkit.inbox.steps import (
     OpenHandler,
     Plan,
     RunInSavepoint,
-    StartLease,
+    RunInTransaction,
+    StartLeases,
 )
 from outboxkit.inbox.store import Claim
+
+logger = logging.getLogger("outboxkit.inbox.batch")
 
 TopicPartition = tuple[str, int]
 RevokedPartition = Callable[[TopicPartition], bool]
@@ -130,7 +142,11 @@ class _Batch:
             else:
                 items.append(self._item(p, claim))
         items = yield from self._prepare(items)
-        succeeded = yield from self._transaction(items)
+        try:
+            succeeded = yield from self._transaction(items)
+        except Exception:
+            yield from self._give_back(items)
+            raise
         for item in succeeded:
             self.done[item.index] = Outcome(
                 OutcomeKind.SUCCEEDED, item.run.ident.event_id, item.run.claim.attempts
@@ -176,38 +192,58 @@ class _Batch:
     def _prepare(self, items: list[_Item]) -> Plan[list[_Item]]:
         """Decode each event and find its handler (refused ones end ``rejected``); take leases."""
         settings, runnable = self.core.settings, []
+        registry, fallback = settings.registry, self.core.handler
         for item in items:
             ident = item.run.ident
             try:
-                event = settings.registry.decode(
+                item.event = registry.decode(
                     ident.event_type, ident.content_type, item.run.env.value
                 )
             except DecodeError as exc:
                 self.done[item.index] = yield from self.core.refuse(item.run, str(exc))
                 continue
-            handler = settings.registry.handler_for(ident.event_type) or self.core.handler
-            if handler is None:
+            item.handler = registry.handler_for(ident.event_type) or fallback
+            if item.handler is None:
                 reason = f"no handler for {ident.event_type!r}"
                 self.done[item.index] = yield from self.core.refuse(item.run, reason)
                 continue
-            lease = yield StartLease(ident.event_id, item.run.claim.token)
-            revoked = self._revoked_for(item.run.env)
-            item.event, item.handler = event, handler
-            item.ctx = handler_context(
-                settings, item.run.env, ident, item.run.claim, lease, revoked
-            )
             runnable.append(item)
+        if not runnable:
+            return runnable
+        leases = yield StartLeases(tuple(item.key for item in runnable))
+        revoked: dict[TopicPartition, Callable[[], bool]] = {}
+        for item, lease in zip(runnable, leases, strict=True):
+            run = item.run
+            if item.tp not in revoked:
+                revoked[item.tp] = self._revoked_for(run.env)
+            ctx = handler_context(settings, run.env, run.ident, run.claim, lease, revoked[item.tp])
+            item.ctx = ctx
         return runnable
 
     def _transaction(self, items: list[_Item]) -> Plan[list[_Item]]:
-        """Run the handlers in savepoints of one transaction; mark and commit the successes."""
+        """Run the handlers in one transaction, first without savepoints; mark and commit the
+        successes. After any rollback the rest runs again, each handler in a savepoint."""
+        savepoints = False
         while items:
             yield OpenHandler()
-            ran = yield from self._run_handlers(items)
+            ran, broken = yield from self._run_handlers(items, savepoints)
+            if broken:  # one handler failed in the optimistic run: the others run again
+                yield CloseHandler()
+                items, savepoints = [i for i in items if i is not broken], True
+                continue
             if not ran:
                 yield CloseHandler()
                 return []
-            marked = yield self.core.statements.succeeded_batch([item.key for item in ran])
+            try:
+                marked = yield self.core.statements.succeeded_batch([item.key for item in ran])
+            except Exception:
+                if savepoints:
+                    raise
+                # A broken transaction no handler was found to have left behind: run every
+                # handler again in a savepoint, where a failing one is found and left out.
+                yield CloseHandler()
+                savepoints = True
+                continue
             ids = {row[0] for row in marked.rows}
             if len(ids) == len(ran):
                 fault_point("before_db_commit")
@@ -217,7 +253,7 @@ class _Batch:
             # Cancelled or fenced meanwhile: its writes must not commit, so none of this
             # transaction's may; the others run again in a new one.
             yield CloseHandler()
-            items = []
+            items, savepoints = [], True
             for item in ran:
                 if item.run.ident.event_id in ids:
                     items.append(item)
@@ -226,7 +262,12 @@ class _Batch:
                     self.hold(item)
         return []
 
-    def _run_handlers(self, items: list[_Item]) -> Plan[list[_Item]]:
+    def _run_handlers(
+        self, items: list[_Item], savepoints: bool
+    ) -> Plan[tuple[list[_Item], _Item | None]]:
+        """The handlers that ran; without savepoints the run stops at the first failure (the
+        item returned, its failure recorded): what the others wrote is lost with it."""
+        run = RunInSavepoint if savepoints else RunInTransaction
         ran = []
         for item in items:
             if self.holds(item):
@@ -235,20 +276,30 @@ class _Batch:
             assert item.handler is not None
             assert item.ctx is not None
             try:
-                yield RunInSavepoint(item.handler, (item.event, item.ctx), (item.ctx,))
+                yield run(item.handler, (item.event, item.ctx), (item.ctx,))
             except LeaseLostError as exc:
                 self.lost.append((item, str(exc)))
-                self.hold(item)
             except BatchTransactionEndedError:
                 raise  # the batch's earlier writes are gone: the loop delivers it one by one
             except Exception as exc:
                 # Retried, or dead-lettered after the commit: either way the records behind it
                 # run after it ended, as without batching.
                 self.failed.append((item, exc))
-                self.hold(item)
             else:
                 ran.append(item)
-        return ran
+                continue
+            self.hold(item)
+            if not savepoints:
+                return ran, item
+        return ran, None
+
+    def _give_back(self, items: list[_Item]) -> Plan[None]:
+        """The batch failed as a whole (the loop delivers it one by one): its claims are given
+        back, so this run does not count as an attempt of each of its records."""
+        try:
+            yield from self._release([item.key for item in items])
+        except Exception as exc:  # the first error is the one to report
+            logger.warning("claims of a failed batch not given back: %s", error_text(exc))
 
     def _release(self, keys: list[tuple[str, int]]) -> Plan[None]:
         if keys:

@@ -56,9 +56,9 @@ class InboxConsumer(Generic[InboxT]):
     warning (``"warn"``) or not looked for (``"off"``). ``retention`` purges finished inbox rows
     and old rejections from this loop. ``max_unexpected_errors``: failures outside the handler
     of one record in a row before it is given up (recorded as a rejection).
-    ``batch_max_records``: records processed in one transaction, each handler in a savepoint
-    of its own (1: one transaction per record); ``batch_max_ms``: how long a batch waits to
-    fill up after its first record.
+    ``batch_max_records``: records processed in one transaction (a savepoint per handler only
+    after a failure; 1: one transaction per record); ``batch_max_ms``: how long a batch waits
+    to fill up after its first record.
     """
 
     def __init__(

@@ -8,21 +8,28 @@ autocommit connection of its own, the ``succeeded`` mark in the handler's transa
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
-from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.orm import Session
 
 from outboxkit import db
-from outboxkit.errors import BatchTransactionEndedError, ConfigurationError, HandlerCommitError
+from outboxkit.errors import BatchTransactionEndedError, ConfigurationError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import DeadLetterStep, InboxCore, InboxSettings, Revoked
 from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.handler_session import (
+    COMMIT_ALLOWED,
+    HandlerSession,
+    driver_of,
+    pending,
+    releasing,
+    transaction_aborted,
+    transaction_ended,
+)
 from outboxkit.inbox.lease import LeaseHandle, LeaseTask, LeaseThread
 from outboxkit.inbox.lease import LeaseSchedule as _Schedule
 from outboxkit.inbox.outcome import Outcome
@@ -35,8 +42,10 @@ from outboxkit.inbox.steps import (
     HandlerSql,
     OpenHandler,
     RunInSavepoint,
+    RunInTransaction,
     Sql,
     StartLease,
+    StartLeases,
     Step,
     StepTable,
     drive_async,
@@ -48,42 +57,6 @@ AsyncHandler = Callable[[Any, HandlerContext, AsyncSession], Awaitable[None]]
 DeadLetterSink = Callable[[Envelope, str, str, int], Any]
 
 __all__ = ["AsyncInbox", "Inbox", "InboxSettings"]
-
-_COMMIT_ALLOWED = "outboxkit.inbox.commit_allowed"
-
-
-class _HandlerSession(Session):
-    """The handler's session: a commit issued by the handler itself is refused.
-
-    The handler's writes must commit together with the ``succeeded`` mark; a commit inside the
-    handler would make them durable before the token check and break exactly-once.
-    """
-
-
-@sa_event.listens_for(_HandlerSession, "before_commit")
-def _refuse_handler_commit(session: Session) -> None:
-    if not session.info.get(_COMMIT_ALLOWED):
-        raise HandlerCommitError()
-
-
-def _ended(session: Session, outer: SessionTransaction | None) -> BatchTransactionEndedError | None:
-    """An error if the handler ended the batch's transaction: a ``session.rollback()`` inside a
-    savepoint rolls back the whole transaction in SQLAlchemy 2, not only the savepoint."""
-    if outer is not None and session.get_transaction() is outer and outer.is_active:
-        return None
-    return BatchTransactionEndedError(
-        "a handler rolled back the batch's transaction; the batch runs again one by one"
-    )
-
-
-@contextlib.contextmanager
-def _releasing(session: Session) -> Iterator[None]:
-    """Our own release of a handler's savepoint (SQLAlchemy calls it a commit) is allowed."""
-    session.info[_COMMIT_ALLOWED] = True
-    try:
-        yield
-    finally:
-        session.info[_COMMIT_ALLOWED] = False
 
 
 def _split(
@@ -119,7 +92,9 @@ _METHODS: dict[type[Step], str] = {
     CloseHandler: "close_handler",
     OpenHandler: "open_handler",
     RunInSavepoint: "run_in_savepoint",
+    RunInTransaction: "run_in_transaction",
     StartLease: "start_lease",
+    StartLeases: "start_leases",
     EndDelivery: "end_delivery",
 }
 
@@ -135,6 +110,7 @@ class _Steps:
     ) -> None:
         self.keeper = keeper
         self.leases: list[LeaseHandle] = []
+        self.driver: Any = None  # the open handler transaction's driver connection
         self.table: dict[type[Step], Callable[[Any], Any]] = {
             kind: getattr(self, name) for kind, name in _METHODS.items()
         }
@@ -150,6 +126,11 @@ class _Steps:
         lease = self.keeper.begin(step.event_id, step.token)
         self.leases.append(lease)
         return lease
+
+    def start_leases(self, step: StartLeases) -> list[LeaseHandle]:
+        leases = [self.keeper.begin(event_id, token) for event_id, token in step.claims]
+        self.leases.extend(leases)
+        return leases
 
     def stop_lease(self) -> None:
         leases, self.leases = self.leases, []
@@ -173,38 +154,56 @@ class _SyncSteps(_Steps):
         return db.run(self.session, step.query, step.params)
 
     def call_handler(self, step: CallHandler) -> None:
-        self.session = _HandlerSession(self.inbox.engine)
+        self.session = HandlerSession(self.inbox.engine)
         _returned(step.handler(step.event, step.ctx, self.session))
 
     def open_handler(self, step: OpenHandler) -> None:
         self.close_handler(CloseHandler())
-        self.session = _HandlerSession(self.inbox.engine)
+        self.session = HandlerSession(self.inbox.engine)
+        self.session.begin()
+        self.driver = driver_of(self.session.connection())  # BEGIN goes with the 1st statement
 
-    def run_in_savepoint(self, step: RunInSavepoint) -> None:
+    def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
         assert session is not None
-        nested = session.begin_nested()
         outer = session.get_transaction()
         try:
             _returned(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
-            session.flush()
+            if pending(session):
+                session.flush()
         except BaseException as exc:
-            if (ended := _ended(session, outer)) is not None:
+            # Without a savepoint the transaction is rolled back after any failure anyway (a
+            # failed flush already did): the handler's own error is the one to report.
+            saved = isinstance(step, RunInSavepoint)
+            if saved and (ended := transaction_ended(session, outer)) is not None:
                 raise ended from exc
+            raise
+        if (ended := transaction_ended(session, outer)) is not None:
+            raise ended
+        if (aborted := transaction_aborted(self.driver)) is not None:
+            raise aborted
+
+    def run_in_savepoint(self, step: RunInSavepoint) -> None:
+        session = self.session
+        assert session is not None
+        nested = session.begin_nested()
+        try:
+            self.run_in_transaction(step)
+        except BatchTransactionEndedError:
+            raise
+        except BaseException:
             nested.rollback()  # this handler's writes only; the batch goes on
             raise
-        if (ended := _ended(session, outer)) is not None:
-            raise ended
-        with _releasing(session):
+        with releasing(session):
             nested.commit()
 
     def commit_handler(self, step: CommitHandler) -> None:
         session, self.session = self.session, None
         assert session is not None
         with session:
-            session.info[_COMMIT_ALLOWED] = True
+            session.info[COMMIT_ALLOWED] = True
             session.commit()
 
     def close_handler(self, step: CloseHandler) -> None:
@@ -293,38 +292,54 @@ class _AsyncSteps(_Steps):
         return await db.run_async(self.session, step.query, step.params)
 
     async def call_handler(self, step: CallHandler) -> None:
-        self.session = AsyncSession(self.inbox.engine, sync_session_class=_HandlerSession)
+        self.session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
         await _awaited(step.handler(step.event, step.ctx, self.session))
 
     async def open_handler(self, step: OpenHandler) -> None:
         await self.close_handler(CloseHandler())
-        self.session = AsyncSession(self.inbox.engine, sync_session_class=_HandlerSession)
+        self.session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
+        await self.session.begin()
+        self.driver = driver_of((await self.session.connection()).sync_connection)
 
-    async def run_in_savepoint(self, step: RunInSavepoint) -> None:
+    async def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
         assert session is not None
-        nested = await session.begin_nested()
         outer = session.sync_session.get_transaction()
         try:
             await _awaited(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
-            await session.flush()
+            if pending(session.sync_session):
+                await session.flush()
         except BaseException as exc:
-            if (ended := _ended(session.sync_session, outer)) is not None:
+            saved = isinstance(step, RunInSavepoint)  # (as in the sync driver)
+            if saved and (ended := transaction_ended(session.sync_session, outer)) is not None:
                 raise ended from exc
+            raise
+        if (ended := transaction_ended(session.sync_session, outer)) is not None:
+            raise ended
+        if (aborted := transaction_aborted(self.driver)) is not None:
+            raise aborted
+
+    async def run_in_savepoint(self, step: RunInSavepoint) -> None:
+        session = self.session
+        assert session is not None
+        nested = await session.begin_nested()
+        try:
+            await self.run_in_transaction(step)
+        except BatchTransactionEndedError:
+            raise
+        except BaseException:
             await nested.rollback()
             raise
-        if (ended := _ended(session.sync_session, outer)) is not None:
-            raise ended
-        with _releasing(session.sync_session):
+        with releasing(session.sync_session):
             await nested.commit()
 
     async def commit_handler(self, step: CommitHandler) -> None:
         session, self.session = self.session, None
         assert session is not None
         async with session:
-            session.info[_COMMIT_ALLOWED] = True
+            session.info[COMMIT_ALLOWED] = True
             await session.commit()
 
     async def close_handler(self, step: CloseHandler) -> None:

@@ -53,17 +53,25 @@ class CallHandler(Step):
 
 
 class OpenHandler(Step):
-    """Open the handler's session (commits refused) for a batch of :class:`RunInSavepoint`."""
+    """Open the handler's session (commits refused) and begin its transaction, for a batch of
+    :class:`RunInTransaction` or :class:`RunInSavepoint`."""
 
 
 @dataclass(frozen=True, slots=True)
-class RunInSavepoint(Step):
-    """In the open handler session: a savepoint, ``handler(*args, session)``, then every
-    context's ``check()``; released if all went well, else rolled back to (the error raised)."""
+class RunInTransaction(Step):
+    """In the open handler session, with no savepoint: ``handler(*args, session)``, every
+    context's ``check()``, a flush. Raises ``HandlerTransactionAbortedError`` if the handler left
+    the transaction aborted. After any error only a rollback of the whole transaction is left."""
 
     handler: Callable[..., Any]
     args: tuple[Any, ...]
     contexts: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunInSavepoint(RunInTransaction):
+    """:class:`RunInTransaction` in a savepoint of its own: released if all went well, else
+    rolled back to (the error raised), so the transaction goes on without this handler's writes."""
 
 
 class CommitHandler(Step):
@@ -81,6 +89,14 @@ class StartLease(Step):
 
     event_id: str
     token: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartLeases(Step):
+    """:class:`StartLease` for each ``(event_id, token)`` of a batch, in one step -> a list of
+    ``LeaseHandle`` (one driver call per batch instead of one per event)."""
+
+    claims: tuple[tuple[str, int], ...]
 
 
 class EndDelivery(Step):

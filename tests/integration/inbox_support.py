@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -254,6 +255,9 @@ class Behaviour:
     # event id -> a statement run after the effect row with ``sql_params`` (to fail in the db)
     sql: dict[str, Any] = field(default_factory=dict)
     sql_params: dict[str, Any] = field(default_factory=dict)
+    swallow_sql_errors: bool = False  # catch the database error of ``sql`` and carry on
+    # event id -> a factory of an ORM object the handler adds to its session (flushed after it)
+    add_in: dict[str, Callable[[], Any]] = field(default_factory=dict)
     # event ids whose handler calls session.rollback() after its write, then writes again
     rollback_in: set[str] = field(default_factory=set)
 
@@ -284,7 +288,13 @@ def sync_handler(b: Behaviour) -> Callable[[Any, HandlerContext, Session], None]
             session.rollback()
             session.execute(INSERT_EFFECT, _params(event, ctx))
         if ctx.event_id in b.sql:
-            session.execute(b.sql[ctx.event_id], b.sql_params)
+            try:
+                session.execute(b.sql[ctx.event_id], b.sql_params)
+            except DBAPIError:
+                if not b.swallow_sql_errors:
+                    raise
+        if ctx.event_id in b.add_in:
+            session.add(b.add_in[ctx.event_id]())
         b.started.set()
         if b.waits(ctx):
             deadline = time.monotonic() + 60
@@ -302,7 +312,13 @@ def async_handler(b: Behaviour) -> Callable[[Any, HandlerContext, AsyncSession],
             await session.rollback()
             await session.execute(INSERT_EFFECT, _params(event, ctx))
         if ctx.event_id in b.sql:
-            await session.execute(b.sql[ctx.event_id], b.sql_params)
+            try:
+                await session.execute(b.sql[ctx.event_id], b.sql_params)
+            except DBAPIError:
+                if not b.swallow_sql_errors:
+                    raise
+        if ctx.event_id in b.add_in:
+            session.add(b.add_in[ctx.event_id]())
         b.started.set()
         if b.waits(ctx):
             for _ in range(1200):  # at most ~60 s

@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outboxkit.inbox import InboxSettings, OutcomeKind, RetryPolicy
 from outboxkit.inbox.readback import cancel_event
@@ -415,9 +416,11 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
-    """Partition 0: a0, doomed, b0; partition 1: a1, b1 — fetched as one batch. The doomed
-    handler's savepoint rolls back its own write only; a0, a1 and b1 commit together; b0 waits
-    behind doomed (its claim given back, not counted), which retries and goes dead alone."""
+    """Partition 0: a0, doomed, b0; partition 1: a1, b1 — fetched as one batch. The optimistic
+    run (no savepoints) stops at doomed and rolls back; the batch runs again with savepoints,
+    doomed left out: a0, a1 and b1 commit together, once; b0 waits behind doomed (its claim
+    given back, not counted), which retries and goes dead alone, its handler run once per
+    attempt."""
     topic = outboxkit_topic(partitions=2)
     dlq = outboxkit_topic(prefix="dlq")
     a0, doomed, b0, a1, b1 = (str(uuid.uuid4()) for _ in range(5))
@@ -445,6 +448,11 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
     assert row is not None
     assert row["attempts"] == 1  # claimed with the first batch, given back, claimed again
     assert behaviour.calls.index((b0, 1)) > behaviour.calls.index((doomed, 3))
+    assert [c for c in behaviour.calls if c[0] == doomed] == [(doomed, 1), (doomed, 2), (doomed, 3)]
+    row = inbox_row(outboxkit_db_url, "billing", doomed)
+    assert row is not None
+    assert row["attempts"] == 3  # the rolled-back optimistic run is not an attempt of its own
+    assert [c for c in behaviour.calls if c[0] == a0] == [(a0, 1), (a0, 1)]  # ran twice, once
     assert len(read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)) == 1
 
 
@@ -468,6 +476,83 @@ def test_a_handler_rolling_back_its_session_in_a_batch_loses_no_earlier_effect(
         what="all three succeeded",
     )
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, undoing, b])
+    for event_id in (a, undoing, b):  # the batch's claims were given back: one attempt each
+        row = inbox_row(outboxkit_db_url, "billing", event_id)
+        assert row is not None
+        assert row["attempts"] == 1
+
+
+def test_a_handler_swallowing_a_database_error_in_a_batch_fails_alone(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Batch a, swallower, b (one partition): the swallower catches a database error and
+    returns, leaving the transaction aborted. It is found out right after it returns: it fails
+    (retried, then dead) alone; a commits once, b runs after it; no effect is lost or doubled."""
+    topic = outboxkit_topic()
+    a, swallower, b = (str(uuid.uuid4()) for _ in range(3))
+    for event_id in (a, swallower, b):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    behaviour = Behaviour(sql={swallower: text("SELECT 1/0")}, swallow_sql_errors=True)
+    start(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=2, initial_delay=0.1),
+        dead_letter=outboxkit_topic(prefix="dlq"),
+        consumer_options={"batch_max_ms": 300.0},
+    )
+    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the swallower")
+    assert _state(outboxkit_db_url, a) == "succeeded"
+    row = inbox_row(outboxkit_db_url, "billing", swallower)
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("dead", 2)
+    assert "aborted" in row["last_error"]
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, b])
+
+
+class _Keyed(DeclarativeBase):
+    pass
+
+
+class _Key(_Keyed):
+    """An ORM row with a unique key: a second one with the same key fails at the flush."""
+
+    __tablename__ = "orm_key"
+    __table_args__ = {"schema": "public"}  # noqa: RUF012
+    key: Mapped[str] = mapped_column(primary_key=True)
+
+
+def test_an_orm_flush_failing_in_a_batch_is_its_handlers_alone(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Batch a, clash, b (one partition): clash adds an ORM row with a's key. The flush after
+    its handler fails, so the failure is clash's own: it goes dead alone; a's and b's rows
+    commit once, and b (after the failure) runs only once."""
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS public.orm_key (key text PRIMARY KEY)")
+    topic = outboxkit_topic()
+    a, clash, b = (str(uuid.uuid4()) for _ in range(3))
+    for event_id in (a, clash, b):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    rows = {a: lambda: _Key(key=a), clash: lambda: _Key(key=a), b: lambda: _Key(key=b)}
+    behaviour = Behaviour(add_in=rows)
+    start(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=1),
+        dead_letter=outboxkit_topic(prefix="dlq"),
+        consumer_options={"batch_max_ms": 300.0},
+    )
+    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the clash")
+    assert (_state(outboxkit_db_url, a), _state(outboxkit_db_url, clash)) == ("succeeded", "dead")
+    keys = fetch(outboxkit_db_url, "SELECT key FROM public.orm_key WHERE key IN (%s, %s)", (a, b))
+    assert sorted(k[0] for k in keys) == sorted([a, b])
+    assert [c for c in behaviour.calls if c[0] == b] == [(b, 1)]
 
 
 def test_cancel_of_one_event_of_a_batch(
