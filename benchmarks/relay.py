@@ -44,6 +44,7 @@ from outboxkit.devstack.postgres import database_url_with  # noqa: E402
 from outboxkit.schema import notify_channel  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_ROWS", "200000"))
+STAGES = os.environ.get("BENCH_STAGES", "1") == "1"  # print each relay's stage figures
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 BATCH = 500
 KEYS = 1000
@@ -176,8 +177,8 @@ def relay_process(
     }
     # Its log goes to a file (named on exit if it died) instead of mixing with the figures.
     log = open(f"/tmp/relay-bench-{uuid.uuid4().hex[:8]}.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "outboxkit.relay", "run"],
+    proc = subprocess.Popen(  # the CLI's -v: INFO logs, for the per-shard stage figures
+        [sys.executable, "-c", "from outboxkit.cli import main; main()", "-v", "relay", "run"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -195,6 +196,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def print_stages(proc: subprocess.Popen[bytes]) -> None:
+    """The relay's own account of a drain: transactions, claims per transaction, stage waits."""
+    with open(LOGS[proc.pid], encoding="utf-8", errors="replace") as log:
+        for line in log:
+            if "publishing so far:" in line:
+                print("    " + line.split("outboxkit.relay.shard_worker: ", 1)[-1].rstrip())
 
 
 def service_seconds() -> dict[str, float]:
@@ -239,6 +248,9 @@ def relay_throughput(
         finally:
             for proc in procs:
                 stop(proc)
+        if STAGES:
+            for proc in procs:
+                print_stages(proc)
         count, span = published_span(url)
         per = 100_000 / count
         cpu = {"relay": relay_cpu * per}

@@ -24,8 +24,10 @@ from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import ProduceRequest, RecordError, TransactionalProducer
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.relay.checkpoint import Checkpoint, CheckpointTopic
+from outboxkit.relay.claim_size import ClaimSizer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.publish_stats import PublishStats
 from outboxkit.relay.reader import OutboxRecord, ShardStore
 from outboxkit.settings import OnPublish, ParkedKeyPolicy, RelaySettings
 
@@ -68,11 +70,23 @@ class BatchPublisher:
         # After a permanent error in a transaction of several claims: that many transactions
         # carry one claim each, so the bad claim fails alone and only its rows are isolated.
         self._one_claim_transactions = 0
+        self.stats = PublishStats()
+        self._sizer = ClaimSizer(config.batch_size, config.max_batch_size, config.max_batch_bytes)
 
     @property
     def limit(self) -> int:
-        """Batch size, or 1 while a batch with a permanently bad record is being isolated."""
-        return 1 if self._isolate_remaining > 0 else self.config.batch_size
+        """Rows of the next claim (adaptive, see ``claim_size``), or 1 while a batch with a
+        permanently bad record is being isolated."""
+        return 1 if self._isolate_remaining > 0 else self._sizer.size
+
+    async def claim(
+        self, conn: Conn, limit: int | None = None, in_flight: Sequence[int] = ()
+    ) -> list[OutboxRecord]:
+        """Claim pending rows (``limit``, default ``self.limit``) and adapt the next size."""
+        asked = self.limit if limit is None else limit
+        found = await self._store.claim(conn, self.shard, asked, in_flight)
+        self._sizer.observe(asked, found)
+        return found
 
     def new_producer_life(self) -> None:
         """Topic knowledge belongs to one producer life (its metadata)."""
@@ -139,20 +153,20 @@ class BatchPublisher:
             to_send.append(record)
         return to_send
 
-    def _continues(self, claim: list[OutboxRecord], rows: int, started: float, limit: int) -> bool:
-        """Whether the open transaction takes one more claim after ``claim`` (``rows`` so far).
+    def _next_limit(self, rows: int, started: float) -> int:
+        """Rows of the open transaction's next claim (``rows`` sent so far); 0: it commits.
 
         Only under backlog: a claim that came back short (fewer rows than asked for, and not cut
         by the byte cap) means the shard is drained, so the transaction commits at once.
         """
         config = self.config
         if self._isolate_remaining > 0 or self._one_claim_transactions > 0:
-            return False
-        if config.transaction_max_ms <= 0 or rows + limit > config.transaction_max_rows:
-            return False
-        if len(claim) < limit and sum(len(r.payload) for r in claim) < config.max_batch_bytes // 2:
-            return False
-        return (time.monotonic() - started) * 1000 < config.transaction_max_ms
+            return 0
+        if config.transaction_max_ms <= 0 or not self._sizer.full:
+            return 0
+        if (time.monotonic() - started) * 1000 >= config.transaction_max_ms:
+            return 0
+        return self._sizer.next_in_transaction(rows, config.transaction_max_rows)
 
     async def publish(
         self,
@@ -163,7 +177,7 @@ class BatchPublisher:
         slot: int = 0,
     ) -> tuple[Outcome, list[OutboxRecord]]:
         """One Kafka transaction on ``producer`` (the shard's producer ``slot``) that starts with
-        ``batch`` and, under backlog, carries further claims (``_continues``); then its commit.
+        ``batch`` and, under backlog, carries further claims (``_next_limit``); then its commit.
 
         The caller hands the next transaction to another slot only after this returns, i.e.
         after this commit returned: transactions of one shard commit strictly in turn. Returns
@@ -186,8 +200,10 @@ class BatchPublisher:
                     self._pending_mark = previous_mark  # or abandoned by the caller
                 raise
             claims += 1
-            limit = self.limit
-            last = not self._continues(claim, len(carried) + len(to_send), started, limit)
+            limit = self._next_limit(len(carried) + len(to_send), started)
+            last = limit == 0
+            if last:
+                limit = self.limit  # the next transaction's first claim
             if not to_send and not carried:
                 self._pending_mark = previous_mark  # nothing sent: the old mark stays pending
                 return Outcome.PUBLISHED, []
@@ -209,11 +225,14 @@ class BatchPublisher:
             next_claim = asyncio.create_task(
                 self._claim(conn, previous_mark if first else None, limit, in_flight)
             )
+            stats = self.stats
             try:
                 try:
                     if first:
                         self._faults.reach("before_send")
+                    clock = time.monotonic()
                     deliveries = await producer.send(requests) if requests else []
+                    stats.send += time.monotonic() - clock
                 finally:
                     if first and previous_mark is not None:
                         await previous_mark  # a lease lost while marking surfaces here
@@ -232,7 +251,10 @@ class BatchPublisher:
                         term, conn, producer, sent, failed, claims
                     ), []
                 carried.extend((r.id, r.event_id) for r in to_send)
+                clock = time.monotonic()
                 following = await next_claim
+                stats.claim_wait += time.monotonic() - clock
+                stats.claims += 1
                 term.check()
             except BaseException:
                 await _retrieve(next_claim)
@@ -244,7 +266,11 @@ class BatchPublisher:
                 break
             self._faults.reach("between_claims")
             claim = following
+        clock = time.monotonic()
         await self._commit(term, producer, slot)
+        self.stats.commit += time.monotonic() - clock
+        self.stats.transactions += 1
+        self.stats.rows += len(carried)
         if self._one_claim_transactions > 0:
             self._one_claim_transactions -= 1
         ids = [i for i, _ in carried]
@@ -286,7 +312,7 @@ class BatchPublisher:
     ) -> list[OutboxRecord]:
         if previous_mark is not None:
             await previous_mark  # the connection does one thing at a time; marks come first
-        return await self._store.claim(conn, self.shard, limit, in_flight)
+        return await self.claim(conn, limit, in_flight)
 
     def _checkpoint(
         self,

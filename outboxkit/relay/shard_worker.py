@@ -199,7 +199,7 @@ class ShardWorker:
                 if prefetched:
                     batch, prefetched = prefetched, []
                 else:
-                    batch = await self._store.claim(conn, self.shard, publisher.limit)
+                    batch = await publisher.claim(conn)
                     term.check()
                 if time.monotonic() >= next_retention:  # idle or not: tables stay bounded
                     await publisher.settle_mark()
@@ -237,6 +237,7 @@ class ShardWorker:
             # Stopping: the rows of the last Kafka commit are marked before the lease goes.
             await publisher.settle_mark()
         finally:
+            logger.info("shard %s term ended; publishing so far: %s", self.shard, publisher.stats.summary())
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer
