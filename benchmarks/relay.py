@@ -182,7 +182,9 @@ def relay_process(
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=ROOT,
+        # The working directory comes first on sys.path: an older checkout given in PYTHONPATH
+        # (relay_ab.py's "before") must also be where the process starts, or this one is used.
+        cwd=extra_env.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0],
     )
     log.close()
     LOGS[proc.pid] = log.name
