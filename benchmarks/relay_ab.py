@@ -34,10 +34,10 @@ VARIANTS = {
     "alo-before": ("at_least_once", OLD),
     "alo-after": ("at_least_once", {}),
 }
-if os.environ.get("BENCH_AB_MAX"):  # a further exactly-once variant: another max_batch_size
-    VARIANTS["eos-after-max"] = (
+if os.environ.get("BENCH_AB_ENV"):  # one more exactly-once variant: "NAME=VALUE,NAME=VALUE"
+    VARIANTS["eos-after-env"] = (
         "exactly_once",
-        {"OUTBOXKIT_RELAY_MAX_BATCH_SIZE": os.environ["BENCH_AB_MAX"]},
+        dict(pair.split("=", 1) for pair in os.environ["BENCH_AB_ENV"].split(",")),
     )
 
 

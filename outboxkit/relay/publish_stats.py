@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 @dataclass
 class PublishStats:
     transactions: int = 0
-    claims: int = 0
+    claims: int = 0  # claims that found rows
+    largest_claim: int = 0
     rows: int = 0
     # Seconds the publishing loop spent awaiting each stage (the others overlap with it).
     send: float = 0.0  # records handed to the client until every delivery is confirmed
@@ -26,6 +27,7 @@ class PublishStats:
         per = self.claims / self.transactions if self.transactions else 0.0
         return (
             f"{self.transactions} transaction(s), {self.claims} claim(s) ({per:.1f} per"
-            f" transaction), {self.rows} row(s) in {elapsed:.1f} s; awaited: send {self.send:.2f}"
-            f" s, next claim {self.claim_wait:.2f} s, commit {self.commit:.2f} s"
+            f" transaction, largest {self.largest_claim} rows), {self.rows} row(s) in"
+            f" {elapsed:.1f} s; awaited: send {self.send:.2f} s, next claim"
+            f" {self.claim_wait:.2f} s, commit {self.commit:.2f} s"
         )

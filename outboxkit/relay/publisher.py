@@ -86,6 +86,9 @@ class BatchPublisher:
         asked = self.limit if limit is None else limit
         found = await self._store.claim(conn, self.shard, asked, in_flight)
         self._sizer.observe(asked, found)
+        if found:
+            self.stats.claims += 1
+            self.stats.largest_claim = max(self.stats.largest_claim, len(found))
         return found
 
     def new_producer_life(self) -> None:
@@ -207,20 +210,11 @@ class BatchPublisher:
             if not to_send and not carried:
                 self._pending_mark = previous_mark  # nothing sent: the old mark stays pending
                 return Outcome.PUBLISHED, []
-            requests = [
-                ProduceRequest(
-                    r.topic, r.key.encode() if r.key is not None else None, r.payload,
-                    r.kafka_headers(),
-                )
-                for r in to_send
-            ]  # fmt: skip
             # The next claim (of this transaction, or the next one's first) runs while these
             # records go out. It starts from the lowest pending id and leaves out every row of
             # this transaction (none is marked yet): a row that committed late below them must
             # go before any newer row of its key, so no id bound is used.
             in_flight = [i for i, _ in carried] + [r.id for r in claim]
-            if last:
-                requests.extend(self._checkpoint(term, slot, carried, to_send))
             first = claims == 1
             next_claim = asyncio.create_task(
                 self._claim(conn, previous_mark if first else None, limit, in_flight)
@@ -228,6 +222,18 @@ class BatchPublisher:
             stats = self.stats
             try:
                 try:
+                    # Let the claim reach PostgreSQL before the Python work of building and
+                    # handing over these records: the database works meanwhile, not after.
+                    await asyncio.sleep(0)
+                    requests = [
+                        ProduceRequest(
+                            r.topic, r.key.encode() if r.key is not None else None, r.payload,
+                            r.kafka_headers(),
+                        )
+                        for r in to_send
+                    ]  # fmt: skip
+                    if last:
+                        requests.extend(self._checkpoint(term, slot, carried, to_send))
                     if first:
                         self._faults.reach("before_send")
                     clock = time.monotonic()
@@ -254,7 +260,6 @@ class BatchPublisher:
                 clock = time.monotonic()
                 following = await next_claim
                 stats.claim_wait += time.monotonic() - clock
-                stats.claims += 1
                 term.check()
             except BaseException:
                 await _retrieve(next_claim)

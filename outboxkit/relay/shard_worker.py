@@ -237,7 +237,8 @@ class ShardWorker:
             # Stopping: the rows of the last Kafka commit are marked before the lease goes.
             await publisher.settle_mark()
         finally:
-            logger.info("shard %s term ended; publishing so far: %s", self.shard, publisher.stats.summary())
+            summary = publisher.stats.summary()
+            logger.info("shard %s term ended; publishing so far: %s", self.shard, summary)
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer

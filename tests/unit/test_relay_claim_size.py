@@ -40,9 +40,9 @@ def test_a_short_claim_falls_back_to_the_latency_setting_at_once() -> None:
 def test_a_claim_cut_by_the_byte_cap_counts_as_full_and_a_small_one_does_not() -> None:
     sizer = ClaimSizer(100, 800, 1024)
     sizer.observe(100, _rows(2, 600))  # 1,200 bytes: the cap stopped it, there is more
-    assert sizer.full and sizer.size == 200
+    assert (sizer.full, sizer.size) == (True, 200)
     sizer.observe(200, _rows(3, 10))
-    assert not sizer.full and sizer.size == 100
+    assert (sizer.full, sizer.size) == (False, 100)
 
 
 def test_a_throughput_setting_below_the_latency_one_means_a_fixed_size() -> None:
@@ -51,11 +51,11 @@ def test_a_throughput_setting_below_the_latency_one_means_a_fixed_size() -> None
     assert sizer.size == 500
 
 
-def test_isolation_claims_of_one_row_do_not_shrink_the_size() -> None:
+def test_isolation_claims_of_one_row_count_as_full() -> None:
     sizer = ClaimSizer(100, 800, 1 << 20)
     sizer.observe(100, _rows(100))
     sizer.observe(1, _rows(1))  # isolating a bad row: one row asked, one row back (full)
-    assert sizer.full and sizer.size == 400
+    assert (sizer.full, sizer.size) == (True, 400)
 
 
 def test_a_transaction_is_filled_to_its_row_cap_but_not_by_a_tiny_remainder() -> None:
