@@ -71,7 +71,9 @@ class BatchPublisher:
         # carry one claim each, so the bad claim fails alone and only its rows are isolated.
         self._one_claim_transactions = 0
         self.stats = PublishStats()
-        self._sizer = ClaimSizer(config.batch_size, config.max_batch_size, config.max_batch_bytes)
+        # A claim never asks for more rows than one transaction may carry.
+        high = min(config.max_batch_size, config.transaction_max_rows)
+        self._sizer = ClaimSizer(config.batch_size, high, config.max_batch_bytes)
 
     @property
     def limit(self) -> int:

@@ -199,6 +199,9 @@ class ShardWorker:
                 if prefetched:
                     batch, prefetched = prefetched, []
                 else:
+                    # Cleared before the claim, not after: a hint for rows that commit while it
+                    # runs (too late for it) keeps the event set, so the wait below ends at once.
+                    self.wake.clear()
                     batch = await publisher.claim(conn)
                     term.check()
                 if time.monotonic() >= next_retention:  # idle or not: tables stay bounded
@@ -206,7 +209,6 @@ class ShardWorker:
                     await self._retention(term, conn)
                     next_retention = time.monotonic() + self.config.poll_interval * 5
                 if not batch:
-                    self.wake.clear()
                     await wait_any([self.wake, self.stop], idle_wait)
                     idle_wait = min(self.config.poll_interval, idle_wait * 2)
                     continue
