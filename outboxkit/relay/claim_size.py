@@ -37,6 +37,10 @@ class ClaimSizer:
         else:
             self.size = self.low
 
+    def reset(self) -> None:
+        """Back to the latency setting (after a permanent error: the retry stays small)."""
+        self.size = self.low
+
     def _cut_by_bytes(self, claim: Sequence[_Sized]) -> bool:
         # The claim SQL stops before the row that would pass the cap, so a claim cut by it holds
         # at least half the cap unless one row is larger than the rest of it: half is the test.

@@ -77,9 +77,14 @@ class BatchPublisher:
 
     @property
     def limit(self) -> int:
-        """Rows of the next claim (adaptive, see ``claim_size``), or 1 while a batch with a
-        permanently bad record is being isolated."""
-        return 1 if self._isolate_remaining > 0 else self._sizer.size
+        """Rows of the next claim (adaptive, see ``claim_size``); 1 while a batch with a
+        permanently bad record is being isolated, ``batch_size`` while the claims of a failed
+        transaction are retried one per transaction (the bad claim, isolated next, stays small)."""
+        if self._isolate_remaining > 0:
+            return 1
+        if self._one_claim_transactions > 0:
+            return self.config.batch_size
+        return self._sizer.size
 
     async def claim(
         self, conn: Conn, limit: int | None = None, in_flight: Sequence[int] = ()
@@ -376,10 +381,13 @@ class BatchPublisher:
             with contextlib.suppress(PublishError):
                 await producer.abort()
         permanent = [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]
+        if permanent:
+            self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
         if permanent and claims > 1:
-            # The claims sent before the bad one were fine: retry them one claim per
-            # transaction, so the bad claim fails alone and only its rows are isolated.
-            self._one_claim_transactions = claims
+            # The claims sent before the bad one were fine: retry the rows in transactions of
+            # one claim of batch_size each, so the bad claim fails alone and only its rows are
+            # isolated (the claims of the failed transaction may have grown; these do not).
+            self._one_claim_transactions = -(-len(sent) // self.config.batch_size)
             return Outcome.RETRY_NOW
         if permanent and len(sent) == 1:
             record, error = permanent[0]

@@ -65,3 +65,11 @@ def test_a_transaction_is_filled_to_its_row_cap_but_not_by_a_tiny_remainder() ->
     assert sizer.next_in_transaction(4700, 5000) == 300
     assert sizer.next_in_transaction(4950, 5000) == 0  # 50 left: below batch_size, commit
     assert sizer.next_in_transaction(5000, 5000) == 0
+
+
+def test_reset_returns_to_the_latency_setting() -> None:
+    sizer = ClaimSizer(100, 800, 1 << 20)
+    sizer.observe(100, _rows(100))
+    sizer.observe(200, _rows(200))
+    sizer.reset()  # a permanent error: what is retried (maybe row by row) stays small
+    assert sizer.size == 100
