@@ -28,7 +28,7 @@ from outboxkit.relay.claim_size import ClaimSizer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publish_stats import PublishStats
-from outboxkit.relay.reader import OutboxRecord, ShardStore
+from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
 from outboxkit.settings import OnPublish, ParkedKeyPolicy, RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
@@ -70,6 +70,8 @@ class BatchPublisher:
         # After a permanent error in a transaction of several claims: that many transactions
         # carry one claim each, so the bad claim fails alone and only its rows are isolated.
         self._one_claim_transactions = 0
+        # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
+        self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
         self.stats = PublishStats()
         # A claim never asks for more rows than one transaction may carry.
         high = min(config.max_batch_size, config.transaction_max_rows)
@@ -101,6 +103,7 @@ class BatchPublisher:
     def new_producer_life(self) -> None:
         """Topic knowledge belongs to one producer life (its metadata)."""
         self._known_topics.clear()
+        self._prepared = None
 
     async def settle_mark(self) -> None:
         """Wait for the database mark of the last committed batch (raises lease lost)."""
@@ -232,13 +235,11 @@ class BatchPublisher:
                     # Let the claim reach PostgreSQL before the Python work of building and
                     # handing over these records: the database works meanwhile, not after.
                     await asyncio.sleep(0)
-                    requests = [
-                        ProduceRequest(
-                            r.topic, r.key.encode() if r.key is not None else None, r.payload,
-                            r.kafka_headers(),
-                        )
-                        for r in to_send
-                    ]  # fmt: skip
+                    prepared, self._prepared = self._prepared, None
+                    if prepared is not None and prepared[0] is to_send:
+                        requests = prepared[1]  # built while the previous send was in flight
+                    else:
+                        requests = produce_requests(to_send)
                     if last:
                         requests.extend(self._checkpoint(term, slot, carried, to_send))
                     if first:
@@ -324,7 +325,11 @@ class BatchPublisher:
     ) -> list[OutboxRecord]:
         if previous_mark is not None:
             await previous_mark  # the connection does one thing at a time; marks come first
-        return await self.claim(conn, limit, in_flight)
+        found = await self.claim(conn, limit, in_flight)
+        # Its records are built here, while the current claim's deliveries are awaited (in the
+        # client's thread), instead of afterwards on the loop's critical path.
+        self._prepared = (found, produce_requests(found))
+        return found
 
     def _checkpoint(
         self,
