@@ -29,6 +29,7 @@ from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publish_stats import PublishStats
 from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
+from outboxkit.relay.topic_gate import TopicGate
 from outboxkit.settings import OnPublish, ParkedKeyPolicy, RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
@@ -64,7 +65,12 @@ class BatchPublisher:
         self._faults = faults
         self._label = str(shard)
         self._isolate_remaining = 0
-        self._known_topics: set[str] = set()
+        self._gate = TopicGate(
+            shard,
+            store,
+            metrics,
+            wait_behind_parked=config.parked_key_policy is ParkedKeyPolicy.WAIT,
+        )
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
         # After a permanent error in a transaction of several claims: that many transactions
@@ -102,7 +108,7 @@ class BatchPublisher:
 
     def new_producer_life(self) -> None:
         """Topic knowledge belongs to one producer life (its metadata)."""
-        self._known_topics.clear()
+        self._gate.forget()
         self._prepared = None
 
     async def settle_mark(self) -> None:
@@ -124,47 +130,6 @@ class BatchPublisher:
             conn, term, ids, delete=self.config.on_publish is OnPublish.DELETE
         )
         self._faults.reach("after_mark")
-
-    async def _topic_problem(
-        self, producer: TransactionalProducer, topic: str
-    ) -> RecordError | None:
-        if topic in self._known_topics:
-            return None
-        problem = await producer.topic_problem(topic)
-        if problem is None:
-            self._known_topics.add(topic)
-        return problem
-
-    async def _park(self, term: LeaseTerm, conn: Conn, record: OutboxRecord, why: str) -> None:
-        await self._store.park(conn, term, record.id, why)
-        self._metrics.parked.labels(self._label).inc()
-        logger.warning(
-            "shard %s: parked row %s (topic %s): %s", self.shard, record.id, record.topic, why
-        )
-
-    async def _park_unsendable(
-        self,
-        term: LeaseTerm,
-        conn: Conn,
-        batch: list[OutboxRecord],
-        problems: dict[str, RecordError],
-    ) -> list[OutboxRecord]:
-        """Park the rows whose topic cannot take records; the rest of the batch, in order."""
-        wait_behind_parked = self.config.parked_key_policy is ParkedKeyPolicy.WAIT
-        parked_keys: set[str] = set()
-        to_send: list[OutboxRecord] = []
-        for record in batch:
-            if wait_behind_parked and record.key is not None and record.key in parked_keys:
-                continue  # waits behind its parked predecessor; the next claim excludes it
-            problem = problems.get(record.topic)
-            if problem is not None:
-                await self._park(term, conn, record, str(problem))
-                term.check()
-                if record.key is not None:
-                    parked_keys.add(record.key)
-                continue
-            to_send.append(record)
-        return to_send
 
     def _next_limit(self, rows: int, started: float) -> int:
         """Rows of the open transaction's next claim (``rows`` sent so far); 0: it commits.
@@ -204,7 +169,7 @@ class BatchPublisher:
         began = False
         while True:
             try:
-                to_send = await self._sendable(term, conn, producer, claim)
+                to_send = await self._gate.sendable(term, conn, producer, claim)
                 if producer.transactional and not began and to_send:
                     await producer.begin()
                     began = True
@@ -297,25 +262,6 @@ class BatchPublisher:
         self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)
         return Outcome.PUBLISHED, following if last else []
 
-    async def _sendable(
-        self,
-        term: LeaseTerm,
-        conn: Conn,
-        producer: TransactionalProducer,
-        claim: list[OutboxRecord],
-    ) -> list[OutboxRecord]:
-        """The claim without rows of topics that cannot take records (those are parked)."""
-        # Each topic is checked once per claim (and known-good topics not at all), not per row.
-        problems: dict[str, RecordError] = {}
-        for topic in {r.topic for r in claim} - self._known_topics:
-            problem = await self._topic_problem(producer, topic)
-            term.check()
-            if problem is not None:
-                problems[topic] = problem
-        if problems:
-            return await self._park_unsendable(term, conn, claim, problems)
-        return claim
-
     async def _claim(
         self,
         conn: Conn,
@@ -396,7 +342,7 @@ class BatchPublisher:
             return Outcome.RETRY_NOW
         if permanent and len(sent) == 1:
             record, error = permanent[0]
-            await self._park(term, conn, record, str(error))
+            await self._gate.park(term, conn, record, str(error))
             self._isolate_remaining = max(0, self._isolate_remaining - 1)
             return Outcome.RETRY_NOW
         if permanent:
