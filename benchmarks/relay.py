@@ -7,12 +7,15 @@ sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each
 
 Measured, each on a fresh database:
 - raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards);
-- relay: ``outboxkit relay run`` as separate processes (exactly-once with batches of 500 and
-  2000, at-least-once with 500, on 1 shard; exactly-once on 4 shards shared by 2 processes),
-  rate = rows / (last published_at - first published_at), the same clock as the raw drain;
+- relay: ``outboxkit relay run`` as separate processes (exactly-once with the default adaptive
+  claims, 500 growing to 2000, and with fixed claims of 500; at-least-once with the defaults, on
+  1 shard; exactly-once on 4 shards shared by 2 processes), rate = rows / (last published_at -
+  first published_at), the same clock as the raw drain; each relay's own stage figures
+  (transactions, claims per transaction, waits) are printed under its line;
 - bare producer: confluent-kafka, idempotent, acks=all, the same 500-byte messages;
 - latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
-  consumer timestamps arrival; p50/p99 of commit -> visible, in both modes.
+  consumer timestamps arrival; p50/p99 of commit -> visible, in both modes;
+- last, the acceptance figures next to their goals.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ from outboxkit.devstack.postgres import database_url_with  # noqa: E402
 from outboxkit.schema import notify_channel  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_ROWS", "200000"))
+STAGES = os.environ.get("BENCH_STAGES", "1") == "1"  # print each relay's stage figures
+# While iterating: BENCH_SKIP_RUNS="1,3" leaves out throughput runs by number (0-3, see main),
+# BENCH_BARE=0 the bare producer, BENCH_LATENCY_SECONDS=0 the latency runs. Default: all.
+SKIP_RUNS = {int(n) for n in os.environ.get("BENCH_SKIP_RUNS", "").split(",") if n}
+BARE = os.environ.get("BENCH_BARE", "1") == "1"
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 BATCH = 500
 KEYS = 1000
@@ -176,12 +184,14 @@ def relay_process(
     }
     # Its log goes to a file (named on exit if it died) instead of mixing with the figures.
     log = open(f"/tmp/relay-bench-{uuid.uuid4().hex[:8]}.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "outboxkit.relay", "run"],
+    proc = subprocess.Popen(  # the CLI's -v: INFO logs, for the per-shard stage figures
+        [sys.executable, "-c", "from outboxkit.cli import main; main()", "-v", "relay", "run"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=ROOT,
+        # The working directory comes first on sys.path: an older checkout given in PYTHONPATH
+        # (relay_ab.py's "before") must also be where the process starts, or this one is used.
+        cwd=extra_env.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0],
     )
     log.close()
     LOGS[proc.pid] = log.name
@@ -195,6 +205,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def print_stages(proc: subprocess.Popen[bytes]) -> None:
+    """The relay's own account of a drain: transactions, claims per transaction, stage waits."""
+    with open(LOGS[proc.pid], encoding="utf-8", errors="replace") as log:
+        for line in log:
+            if "publishing so far:" in line:
+                print("    " + line.split("outboxkit.relay.shard_worker: ", 1)[-1].rstrip())
 
 
 def service_seconds() -> dict[str, float]:
@@ -239,6 +257,9 @@ def relay_throughput(
         finally:
             for proc in procs:
                 stop(proc)
+        if STAGES:
+            for proc in procs:
+                print_stages(proc)
         count, span = published_span(url)
         per = 100_000 / count
         cpu = {"relay": relay_cpu * per}
@@ -361,6 +382,32 @@ def watch_services(stack: DevStack) -> None:
             SERVICE_GROUPS[name] = os.getpgid(pid)
 
 
+def print_goals(
+    results: dict[str, float],
+    latencies: dict[str, tuple[float, float]],
+    default: str,
+    alo: str,
+) -> None:
+    """The acceptance figures side by side with their goals (load: this machine's, now)."""
+    print(f"goals (load average {os.getloadavg()[0]:.1f}):")
+    raw1, four = results.get("raw1"), results.get("exactly-once, 4 shards, defaults, 2 processes")
+    if raw1 and default in results:
+        print(f"  exactly-once / raw drain: {results[default] / raw1:.2f} x (goal >= 0.7)")
+    if raw1 and alo in results:
+        print(f"  at-least-once / raw drain: {results[alo] / raw1:.2f} x (goal >= 0.85)")
+    if four and default in results:
+        print(
+            f"  4 shards over 2 processes / 1 shard: {four / results[default]:.2f} x (goal >= 1.3)"
+        )
+    for mode, (p50_goal, p99_goal) in (("exactly_once", (15, 50)), ("at_least_once", (5, 25))):
+        if mode in latencies:
+            p50, p99 = latencies[mode]
+            print(
+                f"  {mode} latency p50 {p50:.1f} ms (goal <= {p50_goal}),"
+                f" p99 {p99:.1f} ms (goal <= {p99_goal})"
+            )
+
+
 def main() -> None:
     started = time.monotonic()
     with DevStack(durable=True) as stack:
@@ -370,13 +417,18 @@ def main() -> None:
         create_topic(bootstrap, topic, 4)
         print(f"backlog {ROWS} rows, 500-byte JSON payloads, {KEYS} keys, batch {BATCH}")
         results: dict[str, float] = {}
-        runs = [  # (label, shards, relay batch, relay processes, mode)
-            ("exactly-once, 1 shard, batch 500, 1 process", 1, 500, 1, "exactly_once"),
-            ("exactly-once, 1 shard, batch 2000, 1 process", 1, 2000, 1, "exactly_once"),
-            ("at-least-once, 1 shard, batch 500, 1 process", 1, 500, 1, "at_least_once"),
-            ("exactly-once, 4 shards, batch 500, 2 processes", 4, 500, 2, "exactly_once"),
-        ]
-        for label, shards, batch, processes, mode in runs:
+        default = "exactly-once, 1 shard, defaults (claims of 500 growing to 2000), 1 process"
+        alo = "at-least-once, 1 shard, defaults, 1 process"
+        fixed = {"OUTBOXKIT_RELAY_MAX_BATCH_SIZE": str(BATCH)}
+        runs = [  # (label, shards, relay batch, relay processes, mode, extra environment)
+            (default, 1, BATCH, 1, "exactly_once", {}),
+            ("exactly-once, 1 shard, fixed claims of 500, 1 process", 1, BATCH, 1,
+             "exactly_once", fixed),
+            (alo, 1, BATCH, 1, "at_least_once", {}),
+            ("exactly-once, 4 shards, defaults, 2 processes", 4, BATCH, 2, "exactly_once", {}),
+        ]  # fmt: skip
+        runs = [run for n, run in enumerate(runs) if n not in SKIP_RUNS]
+        for label, shards, batch, processes, mode, extra in runs:
             raw_key = f"raw{shards}"
             if raw_key not in results:
                 results[raw_key] = raw_drain(server_url, topic, shards)
@@ -386,7 +438,7 @@ def main() -> None:
                     flush=True,
                 )
             rate, cpu = relay_throughput(
-                server_url, bootstrap, topic, shards, batch, processes, mode
+                server_url, bootstrap, topic, shards, batch, processes, mode, extra
             )
             results[label] = rate
             print(
@@ -394,23 +446,21 @@ def main() -> None:
                 f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)}",
                 flush=True,
             )
-        one, four = runs[0][0], runs[3][0]
-        print(
-            "exactly-once, 4 shards over 2 processes / 1 shard:"
-            f" {results[four] / results[one]:.2f} x (goal >= 1.3)",
-            flush=True,
-        )
-        bare = bare_producer(bootstrap, topic)
-        print(f"bare confluent producer (idempotent, acks=all): {bare:,.0f} msg/s", flush=True)
-        for label, *_ in runs:
-            print(f"  relay {label}: {results[label] / bare:.2f} x bare producer", flush=True)
-        for mode in ("at_least_once", "exactly_once"):
+        if BARE:
+            bare = bare_producer(bootstrap, topic)
+            print(f"bare confluent producer (idempotent, acks=all): {bare:,.0f} msg/s", flush=True)
+            for label, *_ in runs:
+                print(f"  relay {label}: {results[label] / bare:.2f} x bare producer", flush=True)
+        latencies: dict[str, tuple[float, float]] = {}
+        for mode in ("at_least_once", "exactly_once") if LATENCY_SECONDS > 0 else ():
             p50, p99, missing = latency(server_url, bootstrap, mode)
+            latencies[mode] = (p50, p99)
             print(
                 f"latency {mode} at 1,000 events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
                 f" (commit -> read_committed consumer; {missing} not seen)",
                 flush=True,
             )
+        print_goals(results, latencies, default, alo)
     print(f"benchmark total {time.monotonic() - started:.0f}s")
 
 

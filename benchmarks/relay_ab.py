@@ -24,6 +24,7 @@ from outboxkit.devstack import DevStack
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 BEFORE = os.environ.get("BENCH_BEFORE")
 SHARDS4 = os.environ.get("BENCH_SHARDS4") == "1"
+LATENCY = os.environ.get("BENCH_AB_LATENCY", "1") == "1"  # 0: throughput only (iterating)
 ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": str(bench.BATCH)}
 OLD = {"PYTHONPATH": BEFORE} if BEFORE else ONE_CLAIM
 # name -> (mode, extra environment of the relay process)
@@ -33,6 +34,11 @@ VARIANTS = {
     "alo-before": ("at_least_once", OLD),
     "alo-after": ("at_least_once", {}),
 }
+if os.environ.get("BENCH_AB_ENV"):  # one more exactly-once variant: "NAME=VALUE,NAME=VALUE"
+    VARIANTS["eos-after-env"] = (
+        "exactly_once",
+        dict(pair.split("=", 1) for pair in os.environ["BENCH_AB_ENV"].split(",")),
+    )
 
 
 def main() -> None:
@@ -72,7 +78,7 @@ def main() -> None:
                     flush=True,
                 )
             for name, shards, _, mode, extra in runs:
-                if shards != 1:
+                if shards != 1 or not LATENCY:
                     continue
                 p50, p99, missing = bench.latency(server, bootstrap, mode, extra)
                 lat.setdefault(name, []).append((p50, p99))

@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 KAFKA_CLIENTS = ["confluent", "aiokafka"]  # parametrise relay tests over both
 # Rows per Kafka transaction with --batch-size 10 (tests that count transactions pin one):
 # one claim each, or three claims of 10 (a backlog keeps every claim full; the time bound is
-# lifted so the boundary is by rows only).
-ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "10"}
+# lifted so the boundary is by rows only). Claims keep their size (no adaptive growth).
+ONE_CLAIM = {"OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "10", "OUTBOXKIT_RELAY_MAX_BATCH_SIZE": "10"}
 THREE_CLAIMS = {
+    "OUTBOXKIT_RELAY_MAX_BATCH_SIZE": "10",
     "OUTBOXKIT_RELAY_TRANSACTION_MAX_ROWS": "30",
     "OUTBOXKIT_RELAY_TRANSACTION_MAX_MS": "60000",
 }

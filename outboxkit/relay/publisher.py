@@ -24,9 +24,12 @@ from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import ProduceRequest, RecordError, TransactionalProducer
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.relay.checkpoint import Checkpoint, CheckpointTopic
+from outboxkit.relay.claim_size import ClaimSizer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
-from outboxkit.relay.reader import OutboxRecord, ShardStore
+from outboxkit.relay.publish_stats import PublishStats
+from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
+from outboxkit.relay.topic_gate import TopicGate
 from outboxkit.settings import OnPublish, ParkedKeyPolicy, RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
@@ -62,21 +65,51 @@ class BatchPublisher:
         self._faults = faults
         self._label = str(shard)
         self._isolate_remaining = 0
-        self._known_topics: set[str] = set()
+        self._gate = TopicGate(
+            shard,
+            store,
+            metrics,
+            wait_behind_parked=config.parked_key_policy is ParkedKeyPolicy.WAIT,
+        )
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
         # After a permanent error in a transaction of several claims: that many transactions
         # carry one claim each, so the bad claim fails alone and only its rows are isolated.
         self._one_claim_transactions = 0
+        # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
+        self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
+        self.stats = PublishStats()
+        # A claim never asks for more rows than one transaction may carry.
+        high = min(config.max_batch_size, config.transaction_max_rows)
+        self._sizer = ClaimSizer(config.batch_size, high, config.max_batch_bytes)
 
     @property
     def limit(self) -> int:
-        """Batch size, or 1 while a batch with a permanently bad record is being isolated."""
-        return 1 if self._isolate_remaining > 0 else self.config.batch_size
+        """Rows of the next claim (adaptive, see ``claim_size``); 1 while a batch with a
+        permanently bad record is being isolated, ``batch_size`` while the claims of a failed
+        transaction are retried one per transaction (the bad claim, isolated next, stays small)."""
+        if self._isolate_remaining > 0:
+            return 1
+        if self._one_claim_transactions > 0:
+            return self.config.batch_size
+        return self._sizer.size
+
+    async def claim(
+        self, conn: Conn, limit: int | None = None, in_flight: Sequence[int] = ()
+    ) -> list[OutboxRecord]:
+        """Claim pending rows (``limit``, default ``self.limit``) and adapt the next size."""
+        asked = self.limit if limit is None else limit
+        found = await self._store.claim(conn, self.shard, asked, in_flight)
+        self._sizer.observe(asked, found)
+        if found:
+            self.stats.claims += 1
+            self.stats.largest_claim = max(self.stats.largest_claim, len(found))
+        return found
 
     def new_producer_life(self) -> None:
         """Topic knowledge belongs to one producer life (its metadata)."""
-        self._known_topics.clear()
+        self._gate.forget()
+        self._prepared = None
 
     async def settle_mark(self) -> None:
         """Wait for the database mark of the last committed batch (raises lease lost)."""
@@ -98,61 +131,20 @@ class BatchPublisher:
         )
         self._faults.reach("after_mark")
 
-    async def _topic_problem(
-        self, producer: TransactionalProducer, topic: str
-    ) -> RecordError | None:
-        if topic in self._known_topics:
-            return None
-        problem = await producer.topic_problem(topic)
-        if problem is None:
-            self._known_topics.add(topic)
-        return problem
-
-    async def _park(self, term: LeaseTerm, conn: Conn, record: OutboxRecord, why: str) -> None:
-        await self._store.park(conn, term, record.id, why)
-        self._metrics.parked.labels(self._label).inc()
-        logger.warning(
-            "shard %s: parked row %s (topic %s): %s", self.shard, record.id, record.topic, why
-        )
-
-    async def _park_unsendable(
-        self,
-        term: LeaseTerm,
-        conn: Conn,
-        batch: list[OutboxRecord],
-        problems: dict[str, RecordError],
-    ) -> list[OutboxRecord]:
-        """Park the rows whose topic cannot take records; the rest of the batch, in order."""
-        wait_behind_parked = self.config.parked_key_policy is ParkedKeyPolicy.WAIT
-        parked_keys: set[str] = set()
-        to_send: list[OutboxRecord] = []
-        for record in batch:
-            if wait_behind_parked and record.key is not None and record.key in parked_keys:
-                continue  # waits behind its parked predecessor; the next claim excludes it
-            problem = problems.get(record.topic)
-            if problem is not None:
-                await self._park(term, conn, record, str(problem))
-                term.check()
-                if record.key is not None:
-                    parked_keys.add(record.key)
-                continue
-            to_send.append(record)
-        return to_send
-
-    def _continues(self, claim: list[OutboxRecord], rows: int, started: float, limit: int) -> bool:
-        """Whether the open transaction takes one more claim after ``claim`` (``rows`` so far).
+    def _next_limit(self, rows: int, started: float) -> int:
+        """Rows of the open transaction's next claim (``rows`` sent so far); 0: it commits.
 
         Only under backlog: a claim that came back short (fewer rows than asked for, and not cut
         by the byte cap) means the shard is drained, so the transaction commits at once.
         """
         config = self.config
         if self._isolate_remaining > 0 or self._one_claim_transactions > 0:
-            return False
-        if config.transaction_max_ms <= 0 or rows + limit > config.transaction_max_rows:
-            return False
-        if len(claim) < limit and sum(len(r.payload) for r in claim) < config.max_batch_bytes // 2:
-            return False
-        return (time.monotonic() - started) * 1000 < config.transaction_max_ms
+            return 0
+        if config.transaction_max_ms <= 0 or not self._sizer.full:
+            return 0
+        if (time.monotonic() - started) * 1000 >= config.transaction_max_ms:
+            return 0
+        return self._sizer.next_in_transaction(rows, config.transaction_max_rows)
 
     async def publish(
         self,
@@ -163,7 +155,7 @@ class BatchPublisher:
         slot: int = 0,
     ) -> tuple[Outcome, list[OutboxRecord]]:
         """One Kafka transaction on ``producer`` (the shard's producer ``slot``) that starts with
-        ``batch`` and, under backlog, carries further claims (``_continues``); then its commit.
+        ``batch`` and, under backlog, carries further claims (``_next_limit``); then its commit.
 
         The caller hands the next transaction to another slot only after this returns, i.e.
         after this commit returned: transactions of one shard commit strictly in turn. Returns
@@ -177,7 +169,7 @@ class BatchPublisher:
         began = False
         while True:
             try:
-                to_send = await self._sendable(term, conn, producer, claim)
+                to_send = await self._gate.sendable(term, conn, producer, claim)
                 if producer.transactional and not began and to_send:
                     await producer.begin()
                     began = True
@@ -186,34 +178,40 @@ class BatchPublisher:
                     self._pending_mark = previous_mark  # or abandoned by the caller
                 raise
             claims += 1
-            limit = self.limit
-            last = not self._continues(claim, len(carried) + len(to_send), started, limit)
+            limit = self._next_limit(len(carried) + len(to_send), started)
+            last = limit == 0
+            if last:
+                limit = self.limit  # the next transaction's first claim
             if not to_send and not carried:
                 self._pending_mark = previous_mark  # nothing sent: the old mark stays pending
                 return Outcome.PUBLISHED, []
-            requests = [
-                ProduceRequest(
-                    r.topic, r.key.encode() if r.key is not None else None, r.payload,
-                    r.kafka_headers(),
-                )
-                for r in to_send
-            ]  # fmt: skip
             # The next claim (of this transaction, or the next one's first) runs while these
             # records go out. It starts from the lowest pending id and leaves out every row of
             # this transaction (none is marked yet): a row that committed late below them must
             # go before any newer row of its key, so no id bound is used.
             in_flight = [i for i, _ in carried] + [r.id for r in claim]
-            if last:
-                requests.extend(self._checkpoint(term, slot, carried, to_send))
             first = claims == 1
             next_claim = asyncio.create_task(
                 self._claim(conn, previous_mark if first else None, limit, in_flight)
             )
+            stats = self.stats
             try:
                 try:
+                    # Let the claim reach PostgreSQL before the Python work of building and
+                    # handing over these records: the database works meanwhile, not after.
+                    await asyncio.sleep(0)
+                    prepared, self._prepared = self._prepared, None
+                    if prepared is not None and prepared[0] is to_send:
+                        requests = prepared[1]  # built while the previous send was in flight
+                    else:
+                        requests = produce_requests(to_send)
+                    if last:
+                        requests.extend(self._checkpoint(term, slot, carried, to_send))
                     if first:
                         self._faults.reach("before_send")
+                    clock = time.monotonic()
                     deliveries = await producer.send(requests) if requests else []
+                    stats.send += time.monotonic() - clock
                 finally:
                     if first and previous_mark is not None:
                         await previous_mark  # a lease lost while marking surfaces here
@@ -232,7 +230,9 @@ class BatchPublisher:
                         term, conn, producer, sent, failed, claims
                     ), []
                 carried.extend((r.id, r.event_id) for r in to_send)
+                clock = time.monotonic()
                 following = await next_claim
+                stats.claim_wait += time.monotonic() - clock
                 term.check()
             except BaseException:
                 await _retrieve(next_claim)
@@ -244,7 +244,11 @@ class BatchPublisher:
                 break
             self._faults.reach("between_claims")
             claim = following
+        clock = time.monotonic()
         await self._commit(term, producer, slot)
+        self.stats.commit += time.monotonic() - clock
+        self.stats.transactions += 1
+        self.stats.rows += len(carried)
         if self._one_claim_transactions > 0:
             self._one_claim_transactions -= 1
         ids = [i for i, _ in carried]
@@ -258,25 +262,6 @@ class BatchPublisher:
         self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)
         return Outcome.PUBLISHED, following if last else []
 
-    async def _sendable(
-        self,
-        term: LeaseTerm,
-        conn: Conn,
-        producer: TransactionalProducer,
-        claim: list[OutboxRecord],
-    ) -> list[OutboxRecord]:
-        """The claim without rows of topics that cannot take records (those are parked)."""
-        # Each topic is checked once per claim (and known-good topics not at all), not per row.
-        problems: dict[str, RecordError] = {}
-        for topic in {r.topic for r in claim} - self._known_topics:
-            problem = await self._topic_problem(producer, topic)
-            term.check()
-            if problem is not None:
-                problems[topic] = problem
-        if problems:
-            return await self._park_unsendable(term, conn, claim, problems)
-        return claim
-
     async def _claim(
         self,
         conn: Conn,
@@ -286,7 +271,11 @@ class BatchPublisher:
     ) -> list[OutboxRecord]:
         if previous_mark is not None:
             await previous_mark  # the connection does one thing at a time; marks come first
-        return await self._store.claim(conn, self.shard, limit, in_flight)
+        found = await self.claim(conn, limit, in_flight)
+        # Its records are built here, while the current claim's deliveries are awaited (in the
+        # client's thread), instead of afterwards on the loop's critical path.
+        self._prepared = (found, produce_requests(found))
+        return found
 
     def _checkpoint(
         self,
@@ -343,14 +332,17 @@ class BatchPublisher:
             with contextlib.suppress(PublishError):
                 await producer.abort()
         permanent = [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]
+        if permanent:
+            self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
         if permanent and claims > 1:
-            # The claims sent before the bad one were fine: retry them one claim per
-            # transaction, so the bad claim fails alone and only its rows are isolated.
-            self._one_claim_transactions = claims
+            # The claims sent before the bad one were fine: retry the rows in transactions of
+            # one claim of batch_size each, so the bad claim fails alone and only its rows are
+            # isolated (the claims of the failed transaction may have grown; these do not).
+            self._one_claim_transactions = -(-len(sent) // self.config.batch_size)
             return Outcome.RETRY_NOW
         if permanent and len(sent) == 1:
             record, error = permanent[0]
-            await self._park(term, conn, record, str(error))
+            await self._gate.park(term, conn, record, str(error))
             self._isolate_remaining = max(0, self._isolate_remaining - 1)
             return Outcome.RETRY_NOW
         if permanent:

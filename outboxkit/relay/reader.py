@@ -17,6 +17,7 @@ import psycopg
 
 from outboxkit import db, wire
 from outboxkit.errors import LeaseLostError
+from outboxkit.kafka.api import ProduceRequest
 from outboxkit.relay.lease import LeaseTerm
 
 Conn = psycopg.AsyncConnection[Any]
@@ -76,6 +77,16 @@ class OutboxRecord(NamedTuple):
 
 
 _make = OutboxRecord._make
+
+
+def produce_requests(records: Sequence[OutboxRecord]) -> list[ProduceRequest]:
+    """The Kafka records of claimed rows, in order."""
+    return [
+        ProduceRequest(
+            r.topic, r.key.encode() if r.key is not None else None, r.payload, r.kafka_headers()
+        )
+        for r in records
+    ]
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:

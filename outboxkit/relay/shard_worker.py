@@ -199,14 +199,16 @@ class ShardWorker:
                 if prefetched:
                     batch, prefetched = prefetched, []
                 else:
-                    batch = await self._store.claim(conn, self.shard, publisher.limit)
+                    # Cleared before the claim, not after: a hint for rows that commit while it
+                    # runs (too late for it) keeps the event set, so the wait below ends at once.
+                    self.wake.clear()
+                    batch = await publisher.claim(conn)
                     term.check()
                 if time.monotonic() >= next_retention:  # idle or not: tables stay bounded
                     await publisher.settle_mark()
                     await self._retention(term, conn)
                     next_retention = time.monotonic() + self.config.poll_interval * 5
                 if not batch:
-                    self.wake.clear()
                     await wait_any([self.wake, self.stop], idle_wait)
                     idle_wait = min(self.config.poll_interval, idle_wait * 2)
                     continue
@@ -237,6 +239,8 @@ class ShardWorker:
             # Stopping: the rows of the last Kafka commit are marked before the lease goes.
             await publisher.settle_mark()
         finally:
+            summary = publisher.stats.summary()
+            logger.info("shard %s term ended; publishing so far: %s", self.shard, summary)
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer

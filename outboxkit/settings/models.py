@@ -133,7 +133,10 @@ class RelaySettings(BaseSettings):
     group: str = Field("default", min_length=1)
     # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
     shards: Annotated[tuple[int, ...] | None, NoDecode] = None
+    # Rows per claim: batch_size when the shard is drained (latency); while claims come back
+    # full it doubles per claim up to max_batch_size (throughput; <= batch_size: fixed size).
     batch_size: int = Field(500, ge=1, le=10_000)
+    max_batch_size: int = Field(2000, ge=1, le=10_000)
     # A claim also stops at this many payload bytes (always at least one row): bounds memory.
     max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's

@@ -216,7 +216,7 @@ def _rows(count: int, size: int = 10) -> list[OutboxRecord]:
 def test_transaction_boundaries_follow_backlog_rows_and_time(
     claim: list[OutboxRecord], rows: int, settings: dict[str, int], continues: bool
 ) -> None:
-    config = RelaySettings(batch_size=10, **settings)  # type: ignore[arg-type]
+    config = RelaySettings(batch_size=10, max_batch_size=10, **settings)  # type: ignore[arg-type]
     publisher = BatchPublisher(
         config,
         0,
@@ -225,7 +225,8 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
         metrics=RelayMetrics(),
         faults=FaultPoints(""),
     )
+    publisher._sizer.observe(10, claim)
     now = time.monotonic()
-    assert publisher._continues(claim, rows, now, 10) is continues
+    assert (publisher._next_limit(rows, now) > 0) is continues
     # However full the claim, a transaction open longer than transaction_max_ms commits.
-    assert not publisher._continues(claim, rows, now - config.transaction_max_ms / 1000 - 1, 10)
+    assert publisher._next_limit(rows, now - config.transaction_max_ms / 1000 - 1) == 0

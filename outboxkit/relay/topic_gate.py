@@ -1,0 +1,90 @@
+"""Which rows of a claim can go to Kafka: rows of a topic that cannot take records are parked.
+
+Each topic is asked about once per producer life (its metadata); a topic that does not exist or
+that the relay may not write to is a permanent problem, so its rows are parked with the reason
+instead of being retried forever. With ``parked_key_policy = wait`` a later row of a parked key
+stays back (the next claim leaves it out), so per-key order holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+
+from outboxkit.kafka.api import RecordError, TransactionalProducer
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.reader import OutboxRecord, ShardStore
+
+logger = logging.getLogger("outboxkit.relay.shard_worker")
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+class TopicGate:
+    def __init__(
+        self, shard: int, store: ShardStore, metrics: RelayMetrics, *, wait_behind_parked: bool
+    ) -> None:
+        self.shard = shard
+        self._store = store
+        self._metrics = metrics
+        self._wait_behind_parked = wait_behind_parked
+        self._label = str(shard)
+        self._known_topics: set[str] = set()
+
+    def forget(self) -> None:
+        """Topic knowledge belongs to one producer life (its metadata)."""
+        self._known_topics.clear()
+
+    async def sendable(
+        self,
+        term: LeaseTerm,
+        conn: Conn,
+        producer: TransactionalProducer,
+        claim: list[OutboxRecord],
+    ) -> list[OutboxRecord]:
+        """The claim without rows of topics that cannot take records (those are parked)."""
+        # Each topic is checked once per claim (and known-good topics not at all), not per row.
+        problems: dict[str, RecordError] = {}
+        for topic in {r.topic for r in claim} - self._known_topics:
+            problem = await producer.topic_problem(topic)
+            term.check()
+            if problem is None:
+                self._known_topics.add(topic)
+            else:
+                problems[topic] = problem
+        if problems:
+            return await self._park_unsendable(term, conn, claim, problems)
+        return claim
+
+    async def park(self, term: LeaseTerm, conn: Conn, record: OutboxRecord, why: str) -> None:
+        await self._store.park(conn, term, record.id, why)
+        self._metrics.parked.labels(self._label).inc()
+        logger.warning(
+            "shard %s: parked row %s (topic %s): %s", self.shard, record.id, record.topic, why
+        )
+
+    async def _park_unsendable(
+        self,
+        term: LeaseTerm,
+        conn: Conn,
+        batch: list[OutboxRecord],
+        problems: dict[str, RecordError],
+    ) -> list[OutboxRecord]:
+        """Park the rows whose topic cannot take records; the rest of the batch, in order."""
+        parked_keys: set[str] = set()
+        to_send: list[OutboxRecord] = []
+        for record in batch:
+            if self._wait_behind_parked and record.key is not None and record.key in parked_keys:
+                continue  # waits behind its parked predecessor; the next claim excludes it
+            problem = problems.get(record.topic)
+            if problem is not None:
+                await self.park(term, conn, record, str(problem))
+                term.check()
+                if record.key is not None:
+                    parked_keys.add(record.key)
+                continue
+            to_send.append(record)
+        return to_send
