@@ -221,8 +221,8 @@ class ConsumerSettings(BaseSettings):
     ``kafka_options`` are extra consumer properties in the client's own spelling.
     ``retention_window`` (seconds, 0 = off): finished inbox rows and rejections older than this
     are purged by the running consumer every ``retention_interval`` seconds.
-    ``batch_max_records`` records are processed in one transaction, each handler in a savepoint
-    of its own (1 turns batching off); a batch waits at most ``batch_max_ms`` to fill up.
+    ``batch_max_records`` records are processed in one transaction (savepoints per handler only
+    when one fails; 1 turns batching off); a batch waits at most ``batch_max_ms`` to fill up.
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid")
