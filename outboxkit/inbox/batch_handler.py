@@ -3,15 +3,17 @@
 A function registered with ``@registry.batch_handler(Model)`` is called as
 ``handler(events, ctx, session)`` with a :class:`BatchContext`. In a batch (see
 :mod:`outboxkit.inbox.batch`) the claimed, decoded events it handles are grouped by
-:func:`rounds` and handed to it in **one call**, in fetch order, in a savepoint of the batch's
-transaction. The decisions here:
+:func:`rounds` and handed to it in **one call**, in fetch order, in the batch's transaction
+(as every handler of a batch: first without a savepoint, after a failure in one). The decisions
+here:
 
 * **partition order holds**: a group takes an event only if nothing unsettled comes before it
   in its partition (an event of another handler not run yet, or one held behind a failure).
   Events behind such a record wait for a later group of the same transaction. With one event
   type per partition that is one call per batch;
-* **a failing call falls back** (:func:`bulk_call` tells the batch it failed): its savepoint is
-  rolled back and the batch calls the handler again once per event (``[event]``, each in its
+* **a failing call falls back** (:func:`bulk_call` tells the batch it failed): its writes are
+  rolled back (its savepoint, or the whole optimistic run, which then runs again with
+  savepoints) and the batch calls the handler again once per event (``[event]``, each in its
   own savepoint, as a per-event handler), so a poison event takes the retry/dead path alone
   and the others' writes commit once. An event whose lease is lost meanwhile is not called
   again. The fallback is the same attempt: ``attempts`` counts claims, not calls;
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 from outboxkit.errors import BatchTransactionEndedError
 from outboxkit.inbox.context import BatchContext, HandlerContext
 from outboxkit.inbox.guard import error_text
-from outboxkit.inbox.steps import Plan, RunInSavepoint
+from outboxkit.inbox.steps import Plan, RunInTransaction
 
 logger = logging.getLogger("outboxkit.inbox.middleware")
 
@@ -85,14 +87,18 @@ def rounds(
 
 
 def bulk_call(
-    fn: Callable[..., Any], events: Sequence[Any], contexts: Sequence[HandlerContext]
+    run: type[RunInTransaction],
+    fn: Callable[..., Any],
+    events: Sequence[Any],
+    contexts: Sequence[HandlerContext],
 ) -> Plan[bool]:
-    """Call ``fn`` once with all ``events`` in a savepoint (every lease checked after it):
-    whether it went well. A failure is rolled back and reported as ``False`` (the caller runs
-    the events one by one); only a transaction the handler ended goes up."""
+    """Call ``fn`` once with all ``events`` (every lease checked after it) as ``run`` says (in
+    the transaction, or in a savepoint): whether it went well. A failure is reported as
+    ``False`` (the caller runs the events one by one); only a transaction the handler ended
+    goes up."""
     ctx = BatchContext(contexts[0].consumer, tuple(contexts))
     try:
-        yield RunInSavepoint(fn, (list(events), ctx), ctx.contexts)
+        yield run(fn, (list(events), ctx), ctx.contexts)
     except BatchTransactionEndedError:
         raise
     except Exception as exc:
