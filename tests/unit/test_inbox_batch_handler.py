@@ -26,6 +26,7 @@ from outboxkit.inbox.steps import (
     CommitHandler,
     OpenHandler,
     RunInSavepoint,
+    RunInTransaction,
     StartLease,
     Step,
     drive_sync,
@@ -152,6 +153,7 @@ class Db:
         self.pending: list[str] = []
         self.committed: list[str] = []
         self.steps: list[Step] = []
+        self.refused: set[str] = set()  # marks refused although the lease looked fine
 
     def __call__(self, step: Step) -> Any:
         self.steps.append(step)
@@ -163,14 +165,15 @@ class Db:
         elif isinstance(step, CommitHandler):
             self.committed += self.pending
             self.pending = []
-        elif isinstance(step, RunInSavepoint):
+        elif isinstance(step, RunInTransaction):
             mark = len(self.pending)
             try:
                 step.handler(*step.args, self.pending)
                 for ctx in step.contexts:
                     ctx.check()
             except Exception:
-                del self.pending[mark:]
+                if isinstance(step, RunInSavepoint):  # else the plan rolls it all back
+                    del self.pending[mark:]
                 raise
         elif isinstance(step, CallHandler):  # a record run alone (takeover)
             self.pending = []
@@ -180,7 +183,11 @@ class Db:
             rows = [(e, n, self.attempts, None) for n, e in enumerate(self.ids, start=1)]
             return Result(rows, len(rows))
         if name == "mark_succeeded_batch":
-            ids = [e for e in step.params["event_ids"] if not self.leases[e].reason()]  # type: ignore[attr-defined]
+            ids = [
+                e
+                for e in step.params["event_ids"]  # type: ignore[attr-defined]
+                if not self.leases[e].reason() and e not in self.refused
+            ]
             return Result([(e,) for e in ids], len(ids))
         if name == "get_state":
             return Result([("processing", None)], 1)
@@ -191,7 +198,13 @@ class Db:
 
     def calls(self) -> list[list[str]]:
         """The event ids of each handler call, in order."""
-        return [_ids(s.args[1]) for s in self.steps if isinstance(s, RunInSavepoint)]
+        return [_ids(s.args[1]) for s in self.steps if isinstance(s, RunInTransaction)]
+
+    def savepoints(self) -> list[bool]:
+        """For each handler call: whether it ran in a savepoint."""
+        return [
+            isinstance(s, RunInSavepoint) for s in self.steps if isinstance(s, RunInTransaction)
+        ]
 
     def sql(self, name: str) -> list[Any]:
         return [
@@ -247,6 +260,7 @@ def test_one_call_with_the_batch_s_events_one_mark_one_commit() -> None:
     db = Db(["a", "b", "c"])
     result = _run(envs, db)
     assert db.calls() == [["a", "b", "c"]]  # fetch order
+    assert db.savepoints() == [False]  # optimistic: in the transaction itself
     assert _kinds(result) == dict.fromkeys("abc", OutcomeKind.SUCCEEDED)
     assert db.sql("mark_succeeded_batch")[0]["event_ids"] == ["a", "b", "c"]
     assert db.committed == ["a", "b", "c"]
@@ -259,6 +273,7 @@ def test_a_poison_event_fails_alone_and_the_others_commit_once() -> None:
     result = _run(envs, db, poison={"bad"})
     # The bulk call (rolled back), then one by one: c waits behind bad in its partition.
     assert db.calls() == [["a", "bad", "c", "d"], ["a"], ["bad"], ["d"]]
+    assert db.savepoints() == [False, True, True, True]  # the failure's rerun: savepoints
     assert _kinds(result) == {
         "a": OutcomeKind.SUCCEEDED,
         "bad": OutcomeKind.RETRY,
@@ -279,6 +294,17 @@ def test_a_cancel_during_the_bulk_call_drops_that_event_without_calling_it_again
     assert _kinds(result)["gone"] is OutcomeKind.LEASE_LOST  # get_state says processing here
     assert _kinds(result)["a"] is _kinds(result)["b"] is OutcomeKind.SUCCEEDED
     assert db.committed == ["a", "b"]
+
+
+def test_a_refused_mark_runs_the_others_again_in_one_call() -> None:
+    envs = [_env("a", 0), _env("fenced", 0, partition=1), _env("b", 1)]
+    db = Db(["a", "fenced", "b"])
+    db.refused = {"fenced"}  # taken over after its lease was last checked
+    result = _run(envs, db)
+    assert db.calls() == [["a", "fenced", "b"], ["a", "b"]]
+    assert db.savepoints() == [False, True]
+    assert db.committed == ["a", "b"]
+    assert _kinds(result)["fenced"] is OutcomeKind.LEASE_LOST
 
 
 def test_events_of_a_per_event_handler_keep_their_place_in_the_partition() -> None:
