@@ -29,9 +29,11 @@ from tests.integration.inbox_support import (
     inbox_row,
     produce_event,
 )
+from tests.integration.test_inbox_conformance import _state, adapter
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+__all__ = ["adapter"]  # the fixture: both drivers, as in the conformance suite
 
 TopicFactory = Callable[..., str]
 
@@ -93,16 +95,6 @@ def _registry(adapter: str, bulk: Bulk) -> EventRegistry:
     return registry
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("confluent", id="sync+confluent"),
-        pytest.param("aiokafka", id="async+aiokafka"),
-    ]
-)
-def adapter(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 Start = Callable[..., Harness]
 
 
@@ -135,11 +127,6 @@ def start(
     yield start_harness
     for harness in running:
         harness.stop()
-
-
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
 
 
 def _produce(bootstrap: str, topic: str, partitions: list[list[str]]) -> None:
