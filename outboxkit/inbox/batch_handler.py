@@ -25,6 +25,7 @@ here:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -66,15 +67,14 @@ def rounds(
     """The items in the order to run them: lists of one (a per-event handler, or a held item),
     or a bulk group (the items of the first item's batch handler with nothing unsettled before
     them in their partition). Lazy: ``held`` is asked again after each list has run."""
-    remaining = list(items)
+    remaining = deque(items)
     while remaining:
-        head = remaining[0]
+        head = remaining.popleft()
         fn = bulk(head)
         if fn is None or held(head):
-            remaining = remaining[1:]
             yield [head]
             continue
-        group, rest, blocked = [], [], set()
+        group, rest, blocked = [head], deque[M](), set[Hashable]()
         for item in remaining:
             tp = partition(item)
             if tp not in blocked and bulk(item) is fn and not held(item):
