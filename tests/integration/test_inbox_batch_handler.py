@@ -7,33 +7,30 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outboxkit.inbox import BatchContext, EventRegistry, InboxSettings, OutcomeKind, RetryPolicy
+from outboxkit.inbox import BatchContext, EventRegistry, OutcomeKind, RetryPolicy
 from outboxkit.inbox.readback import cancel_event
 from tests.integration.inbox_support import (
-    EFFECT_DDL,
     INSERT_EFFECT,
-    Behaviour,
     Harness,
     PaymentRequested,
     effects,
     inbox_row,
     produce_event,
 )
-from tests.integration.test_inbox_conformance import _state, adapter
+from tests.integration.test_inbox_conformance import _state, adapter, start
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-__all__ = ["adapter"]  # the fixture: both drivers, as in the conformance suite
+__all__ = ["adapter", "start"]  # the conformance suite's fixtures: both drivers
 
 TopicFactory = Callable[..., str]
 
@@ -98,35 +95,11 @@ def _registry(adapter: str, bulk: Bulk) -> EventRegistry:
 Start = Callable[..., Harness]
 
 
-@pytest.fixture
-def start(
-    adapter: str, outboxkit_db_url: str, sa_url: str, outboxkit_kafka_bootstrap: str
-) -> Iterator[Start]:
-    with psycopg.connect(outboxkit_db_url) as conn:
-        conn.execute(EFFECT_DDL)
-    running: list[Harness] = []
-
-    def start_harness(
-        topic: str, bulk: Bulk, dead_letter: str | None = None, **settings: Any
-    ) -> Harness:
-        harness = Harness(
-            adapter,
-            sa_url=sa_url,
-            bootstrap=outboxkit_kafka_bootstrap,
-            topics=[topic],
-            settings=InboxSettings(
-                consumer="billing", registry=_registry(adapter, bulk), **settings
-            ),
-            behaviour=Behaviour(),  # never called: the type has a batch handler
-            dead_letter=dead_letter,
-            consumer_options={"batch_max_ms": 300.0},
-        )
-        running.append(harness.start())
-        return harness
-
-    yield start_harness
-    for harness in running:
-        harness.stop()
+def _start(start: Start, adapter: str, topic: str, bulk: Bulk, **settings: Any) -> Harness:
+    """The conformance suite's consumer, with a registry whose batch handler is ``bulk``."""
+    registry = _registry(adapter, bulk)
+    options = {"batch_max_ms": 300.0}
+    return start([topic], registry=registry, consumer_options=options, **settings)
 
 
 def _produce(bootstrap: str, topic: str, partitions: list[list[str]]) -> None:
@@ -141,6 +114,7 @@ def _ids(n: int) -> list[str]:
 
 def test_one_call_handles_the_batch(
     start: Start,
+    adapter: str,
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
@@ -149,7 +123,7 @@ def test_one_call_handles_the_batch(
     p0, p1 = _ids(3), _ids(2)
     _produce(outboxkit_kafka_bootstrap, topic, [p0, p1])
     bulk = Bulk()
-    harness = start(topic, bulk)
+    harness = _start(start, adapter, topic, bulk)
     wait_for(lambda: len(harness.outcomes) == 5, what="five outcomes")
     # Every event once, in as many calls as batches: fewer calls than events, each in fetch
     # order per partition, with its own metadata.
@@ -171,6 +145,7 @@ def test_one_call_handles_the_batch(
 
 def test_a_poison_event_in_a_bulk_call_goes_dead_alone(
     start: Start,
+    adapter: str,
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
@@ -183,7 +158,7 @@ def test_a_poison_event_in_a_bulk_call_goes_dead_alone(
     _produce(outboxkit_kafka_bootstrap, topic, [[a0, poison, b0], [a1]])
     bulk = Bulk(poison=poison)
     policy = RetryPolicy(max_attempts=2, initial_delay=0.1)
-    harness = start(topic, bulk, dead_letter=dlq, policy=policy)
+    harness = _start(start, adapter, topic, bulk, dead_letter=dlq, policy=policy)
     wait_for(lambda: b0 in {o.event_id for o in harness.outcomes}, what="b0 after poison")
     assert _state(outboxkit_db_url, poison) == "dead"
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a0, b0, a1])
@@ -203,6 +178,7 @@ def test_a_poison_event_in_a_bulk_call_goes_dead_alone(
 
 def test_cancel_of_one_event_of_a_bulk_call(
     start: Start,
+    adapter: str,
     outboxkit_db_url: str,
     sa_url: str,
     outboxkit_kafka_bootstrap: str,
@@ -215,7 +191,7 @@ def test_cancel_of_one_event_of_a_bulk_call(
     a, slow, b = _ids(3)
     _produce(outboxkit_kafka_bootstrap, topic, [[a, slow, b]])
     bulk = Bulk(slow=slow)
-    harness = start(topic, bulk, lease_seconds=0.6)
+    harness = _start(start, adapter, topic, bulk, lease_seconds=0.6)
     wait_for(lambda: any(slow in c for c in bulk.ids()), what="the bulk call with slow")
     engine = create_engine(sa_url)
     try:
