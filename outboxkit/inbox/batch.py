@@ -277,7 +277,9 @@ class _Batch:
         and what the others wrote is lost with it."""
         run = RunInSavepoint if savepoints else RunInTransaction
         ran: list[_Item] = []
-        for group in rounds(items, _tp_of, self._bulk_of, self.holds):
+        bulk = any(item.bulk is not None for item in items)
+        groups = rounds(items, _tp_of, self._bulk_of, self.holds) if bulk else ([i] for i in items)
+        for group in groups:
             if len(group) > 1:
                 fn, contexts = group[0].bulk, [i.ctx for i in group if i.ctx is not None]
                 assert fn is not None
