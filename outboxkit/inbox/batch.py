@@ -283,12 +283,15 @@ class _Batch:
             if len(group) > 1:
                 fn, contexts = group[0].bulk, [i.ctx for i in group if i.ctx is not None]
                 assert fn is not None
-                if (yield from bulk_call(run, fn, [i.event for i in group], contexts)):
+                if any(ctx.lease_lost for ctx in contexts):  # known lost: one by one at once
+                    self.singles.update(i.index for i in group)
+                elif (yield from bulk_call(run, fn, [i.event for i in group], contexts)):
                     ran.extend(group)
                     continue
-                self.singles.update(i.index for i in group)
-                if not savepoints:
-                    return ran, True
+                else:
+                    self.singles.update(i.index for i in group)
+                    if not savepoints:
+                        return ran, True
             for item in group:
                 if self.holds(item):
                     self.unrun.append(item)
@@ -299,8 +302,8 @@ class _Batch:
         return ran, False
 
     def _run_one(self, run: type[RunInTransaction], item: _Item) -> Plan[bool]:
-        """The item's handler; whether it ran. After a failed call of its batch handler, an
-        item whose lease is lost meanwhile is not called again."""
+        """The item's handler; whether it ran. An item of a batch handler's group that runs one
+        by one is not called if its lease is lost already."""
         assert item.handler is not None
         assert item.ctx is not None
         try:

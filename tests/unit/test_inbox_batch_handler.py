@@ -154,11 +154,14 @@ class Db:
         self.committed: list[str] = []
         self.steps: list[Step] = []
         self.refused: set[str] = set()  # marks refused although the lease looked fine
+        self.lost_at_start: set[str] = set()  # leases lost before any handler ran
 
     def __call__(self, step: Step) -> Any:
         self.steps.append(step)
         if isinstance(step, StartLease):
             self.leases[step.event_id] = LeaseHandle(step.event_id, step.token, 0.0)
+            if step.event_id in self.lost_at_start:
+                self.leases[step.event_id].mark("cancelled")
             return self.leases[step.event_id]
         if isinstance(step, OpenHandler | CloseHandler):
             self.pending = []
@@ -294,6 +297,18 @@ def test_a_cancel_during_the_bulk_call_drops_that_event_without_calling_it_again
     assert _kinds(result)["gone"] is OutcomeKind.LEASE_LOST  # get_state says processing here
     assert _kinds(result)["a"] is _kinds(result)["b"] is OutcomeKind.SUCCEEDED
     assert db.committed == ["a", "b"]
+
+
+def test_a_lease_lost_before_the_call_is_not_called_and_the_others_run_alone() -> None:
+    envs = [_env("a", 0), _env("gone", 0, partition=1), _env("b", 1)]
+    db = Db(["a", "gone", "b"])
+    db.lost_at_start = {"gone"}
+    result = _run(envs, db)
+    # No bulk call with a known loss in it; the optimistic run ends at gone (a failure),
+    # the run with savepoints leaves gone out.
+    assert db.calls() == [["a"], ["a"], ["b"]]
+    assert db.committed == ["a", "b"]
+    assert _kinds(result)["gone"] is OutcomeKind.LEASE_LOST
 
 
 def test_a_refused_mark_runs_the_others_again_in_one_call() -> None:
