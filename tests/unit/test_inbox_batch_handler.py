@@ -28,6 +28,7 @@ from outboxkit.inbox.steps import (
     RunInSavepoint,
     RunInTransaction,
     StartLease,
+    StartLeases,
     Step,
     drive_sync,
 )
@@ -158,11 +159,10 @@ class Db:
 
     def __call__(self, step: Step) -> Any:
         self.steps.append(step)
-        if isinstance(step, StartLease):
-            self.leases[step.event_id] = LeaseHandle(step.event_id, step.token, 0.0)
-            if step.event_id in self.lost_at_start:
-                self.leases[step.event_id].mark("cancelled")
-            return self.leases[step.event_id]
+        if isinstance(step, StartLease):  # a record run alone
+            return self.lease(step.event_id, step.token)
+        if isinstance(step, StartLeases):
+            return [self.lease(event_id, token) for event_id, token in step.claims]
         if isinstance(step, OpenHandler | CloseHandler):
             self.pending = []
         elif isinstance(step, CommitHandler):
@@ -195,6 +195,12 @@ class Db:
         if name == "get_state":
             return Result([("processing", None)], 1)
         return Result([], 1)
+
+    def lease(self, event_id: str, token: int) -> LeaseHandle:
+        self.leases[event_id] = LeaseHandle(event_id, token, 0.0)
+        if event_id in self.lost_at_start:
+            self.leases[event_id].mark("cancelled")
+        return self.leases[event_id]
 
     def release(self) -> None:
         return None
