@@ -8,7 +8,7 @@ delivery; ``loop``: the consumer loop; ``lease``: renewals), thin drivers execut
 
 from __future__ import annotations
 
-from outboxkit.inbox.context import HandlerContext
+from outboxkit.inbox.context import BatchContext, HandlerContext
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.middleware import AsyncInbox, Inbox
@@ -18,6 +18,7 @@ from outboxkit.inbox.registry import EventRegistry
 
 __all__ = [
     "AsyncInbox",
+    "BatchContext",
     "Envelope",
     "EventRegistry",
     "HandlerContext",

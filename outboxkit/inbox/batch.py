@@ -15,7 +15,9 @@
    back, the failure is that handler's own (each earlier one left the transaction healthy), and
    the batch runs **again with a savepoint per handler**, the failed handler left out: a handler
    that fails then rolls back only its own writes. Records behind a failure in the same
-   partition are not run (their claims are given back) and wait as without batching;
+   partition are not run (their claims are given back) and wait as without batching. The
+   events of a batch handler run in one call; if it fails, they run again one by one
+   (:mod:`outboxkit.inbox.batch_handler`);
 5. marks the successes ``succeeded`` in one statement, each conditional on its own token, and
    commits once. If a mark is refused (cancelled or fenced meanwhile) the transaction is rolled
    back and the other handlers run again in a new one, with savepoints (their writes still
@@ -37,6 +39,7 @@ from typing import Any
 
 from outboxkit.errors import BatchTransactionEndedError, DecodeError, LeaseLostError
 from outboxkit.faults import fault_point
+from outboxkit.inbox.batch_handler import bulk_call, rounds
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import (
     REFUSED_BY_TOKEN,
@@ -80,6 +83,7 @@ class _Item:
     run: ClaimedRun
     event: Any = None
     handler: Callable[..., Any] | None = None
+    bulk: Callable[..., Any] | None = None  # its batch handler, if its type has one
     ctx: HandlerContext | None = None
 
     @property
@@ -102,6 +106,8 @@ class _Batch:
     failed: list[tuple[_Item, Exception]] = field(default_factory=list)
     lost: list[tuple[_Item, str]] = field(default_factory=list)
     unrun: list[_Item] = field(default_factory=list)
+    # indexes of the items whose batch handler's call failed: from now on called one by one
+    singles: set[int] = field(default_factory=set)
 
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)
@@ -207,6 +213,7 @@ class _Batch:
                 reason = f"no handler for {ident.event_type!r}"
                 self.done[item.index] = yield from self.core.refuse(item.run, reason)
                 continue
+            item.bulk = registry.batch_handler_for(ident.event_type)
             runnable.append(item)
         if not runnable:
             return runnable
@@ -227,9 +234,10 @@ class _Batch:
         while items:
             yield OpenHandler()
             ran, broken = yield from self._run_handlers(items, savepoints)
-            if broken:  # one handler failed in the optimistic run: the others run again
+            if broken:  # a handler failed in the optimistic run: the others run again
                 yield CloseHandler()
-                items, savepoints = [i for i in items if i is not broken], True
+                ended = {i for i, _ in self.failed} | {i for i, _ in self.lost}
+                items, savepoints = [i for i in items if i not in ended], True
                 continue
             if not ran:
                 yield CloseHandler()
@@ -262,36 +270,61 @@ class _Batch:
                     self.hold(item)
         return []
 
-    def _run_handlers(
-        self, items: list[_Item], savepoints: bool
-    ) -> Plan[tuple[list[_Item], _Item | None]]:
-        """The handlers that ran; without savepoints the run stops at the first failure (the
-        item returned, its failure recorded): what the others wrote is lost with it."""
+    def _run_handlers(self, items: list[_Item], savepoints: bool) -> Plan[tuple[list[_Item], bool]]:
+        """The handlers that ran, in fetch order per partition (a batch handler's group in one
+        call, one by one once that failed), and whether the run broke off: without savepoints
+        it stops at the first failure (recorded, or the failed group marked to run one by one),
+        and what the others wrote is lost with it."""
         run = RunInSavepoint if savepoints else RunInTransaction
-        ran = []
-        for item in items:
-            if self.holds(item):
-                self.unrun.append(item)
-                continue
-            assert item.handler is not None
-            assert item.ctx is not None
-            try:
-                yield run(item.handler, (item.event, item.ctx), (item.ctx,))
-            except LeaseLostError as exc:
-                self.lost.append((item, str(exc)))
-            except BatchTransactionEndedError:
-                raise  # the batch's earlier writes are gone: the loop delivers it one by one
-            except Exception as exc:
-                # Retried, or dead-lettered after the commit: either way the records behind it
-                # run after it ended, as without batching.
-                self.failed.append((item, exc))
-            else:
-                ran.append(item)
-                continue
-            self.hold(item)
-            if not savepoints:
-                return ran, item
-        return ran, None
+        ran: list[_Item] = []
+        bulk = any(item.bulk is not None for item in items)
+        groups = rounds(items, _tp_of, self._bulk_of, self.holds) if bulk else ([i] for i in items)
+        for group in groups:
+            if len(group) > 1:
+                fn, contexts = group[0].bulk, [i.ctx for i in group if i.ctx is not None]
+                assert fn is not None
+                if any(ctx.lease_lost for ctx in contexts):  # known lost: one by one at once
+                    self.singles.update(i.index for i in group)
+                elif (yield from bulk_call(run, fn, [i.event for i in group], contexts)):
+                    ran.extend(group)
+                    continue
+                else:
+                    self.singles.update(i.index for i in group)
+                    if not savepoints:
+                        return ran, True
+            for item in group:
+                if self.holds(item):
+                    self.unrun.append(item)
+                elif (yield from self._run_one(run, item)):
+                    ran.append(item)
+                elif not savepoints:
+                    return ran, True
+        return ran, False
+
+    def _run_one(self, run: type[RunInTransaction], item: _Item) -> Plan[bool]:
+        """The item's handler; whether it ran. An item of a batch handler's group that runs one
+        by one is not called if its lease is lost already."""
+        assert item.handler is not None
+        assert item.ctx is not None
+        try:
+            if item.index in self.singles:
+                item.ctx.check()
+            yield run(item.handler, (item.event, item.ctx), (item.ctx,))
+        except LeaseLostError as exc:
+            self.lost.append((item, str(exc)))
+        except BatchTransactionEndedError:
+            raise  # the batch's earlier writes are gone: the loop delivers it one by one
+        except Exception as exc:
+            # Retried, or dead-lettered after the commit: either way the records behind it
+            # run after it ended, as without batching.
+            self.failed.append((item, exc))
+        else:
+            return True
+        self.hold(item)
+        return False
+
+    def _bulk_of(self, item: _Item) -> Callable[..., Any] | None:
+        return None if item.index in self.singles else item.bulk
 
     def _give_back(self, items: list[_Item]) -> Plan[None]:
         """The batch failed as a whole (the loop delivers it one by one): its claims are given
@@ -337,6 +370,10 @@ class _Picked:
     index: int
     ident: Identity
     env: Envelope
+
+
+def _tp_of(item: _Item) -> TopicPartition:
+    return item.tp
 
 
 def _taken(claims: dict[str, Claim], ident: Identity) -> bool:

@@ -10,7 +10,11 @@ The event type comes from the class, as the writer declares it::
     def ship(event: OrderPlaced, ctx: HandlerContext, session: Session) -> None: ...
 
 A plain pydantic model (not an :class:`outboxkit.Event`) names its type: ``register(Model,
-event_type="order.placed")``.
+event_type="order.placed")``. For bulk effects a type may have a batch handler instead, called
+with all the events of that type in a batch (see :mod:`outboxkit.inbox.batch_handler`)::
+
+    @registry.batch_handler(OrderPlaced)
+    def ship_all(events: Sequence[OrderPlaced], ctx: BatchContext, session: Session) -> None: ...
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pydantic
 
 from outboxkit.errors import ConfigurationError, DecodeError, UnknownEventTypeError
 from outboxkit.events import Event
+from outboxkit.inbox.batch_handler import OneAtATime
 from outboxkit.inbox.guard import excerpt
 from outboxkit.wire import JSON_CONTENT_TYPE
 
@@ -47,6 +52,8 @@ class EventRegistry:
     def __init__(self) -> None:
         self._models: dict[str, type[pydantic.BaseModel]] = {}
         self._handlers: dict[str, Callable[..., Any]] = {}
+        self._batch_handlers: dict[str, Callable[..., Any]] = {}
+        self._one_at_a_time: dict[str, OneAtATime] = {}
 
     def register(self, model: type[pydantic.BaseModel], *, event_type: str | None = None) -> str:
         """Decode deliveries of the model's event type into it; returns that type."""
@@ -63,15 +70,41 @@ class EventRegistry:
 
         Sync functions serve an ``Inbox``, coroutine functions an ``AsyncInbox``.
         """
+        return self._decorator("handler", self._handlers, models, event_type)
+
+    def batch_handler(
+        self, *models: type[pydantic.BaseModel], event_type: str | None = None
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Decorator: ``fn(events, ctx, session)`` handles these types' events in bulk.
+
+        In a batch it is called once with the batch's events of its types (a
+        :class:`~outboxkit.inbox.context.BatchContext` per call); if that call fails, once per
+        event. Elsewhere (one record at a time, retries) with one event. A type has either a
+        handler or a batch handler.
+        """
+        return self._decorator("batch_handler", self._batch_handlers, models, event_type)
+
+    def _decorator(
+        self,
+        kind: str,
+        table: dict[str, Callable[..., Any]],
+        models: tuple[type[pydantic.BaseModel], ...],
+        event_type: str | None,
+    ) -> Callable[[HandlerT], HandlerT]:
         if not models or (event_type is not None and len(models) != 1):
-            raise ConfigurationError("handler() takes the model(s) it handles")
+            raise ConfigurationError(f"{kind}() takes the model(s) it handles")
+
+        other = self._handlers if table is self._batch_handlers else self._batch_handlers
 
         def decorate(fn: HandlerT) -> HandlerT:
+            for name in [event_type_of(model, event_type) for model in models]:
+                if table.get(name, fn) is not fn or name in other:
+                    raise ConfigurationError(f"event type {name!r} already has a handler")
             for model in models:
                 name = self.register(model, event_type=event_type)
-                if self._handlers.get(name, fn) is not fn:
-                    raise ConfigurationError(f"event type {name!r} already has a handler")
-                self._handlers[name] = fn
+                table[name] = fn
+                if table is self._batch_handlers:
+                    self._one_at_a_time[name] = OneAtATime(fn)
             return fn
 
         return decorate
@@ -84,12 +117,22 @@ class EventRegistry:
     def handlers(self) -> Mapping[str, Callable[..., Any]]:
         return dict(self._handlers)
 
+    @property
+    def batch_handlers(self) -> Mapping[str, Callable[..., Any]]:
+        return dict(self._batch_handlers)
+
     def handler_for(self, event_type: str | None) -> Callable[..., Any] | None:
-        return self._handlers.get(event_type) if event_type is not None else None
+        """The per-event handler of the type; a batch handler's is a call with ``[event]``."""
+        if event_type is None:
+            return None
+        return self._handlers.get(event_type) or self._one_at_a_time.get(event_type)
+
+    def batch_handler_for(self, event_type: str | None) -> Callable[..., Any] | None:
+        return self._batch_handlers.get(event_type) if event_type is not None else None
 
     def check_handlers(self, *, coroutines: bool, fallback: Callable[..., Any] | None) -> None:
         """Refuse handlers of the wrong kind (a coroutine function for the sync inbox, or not)."""
-        for name, fn in [*self._handlers.items(), ("*", fallback)]:
+        for name, fn in [*self._handlers.items(), *self._batch_handlers.items(), ("*", fallback)]:
             if fn is None:
                 continue
             if coroutines and inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn):

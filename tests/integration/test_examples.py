@@ -142,6 +142,22 @@ async def run_consumer(request: pytest.FixtureRequest, *, example: tuple[str, st
     assert per_order == dict.fromkeys(orders, 1)
 
 
+async def run_09(request: pytest.FixtureRequest) -> None:
+    """The batch handler books every order once; the 0-cent order of the bulk import fails the
+    bulk call, then goes dead alone."""
+    db_url = request.getfixturevalue("outboxkit_db_url")
+    bootstrap = request.getfixturevalue("outboxkit_kafka_bootstrap")
+    orders = await published_orders(db_url, bootstrap)
+    free = {o for o in orders if o.endswith("-import-0")}
+    example = load("09_batch_handler", "revenue_consumer")
+    report = await example.main(db_url, KafkaSettings(bootstrap=bootstrap), expected=len(orders))
+    assert report.outcomes == Counter(succeeded=len(orders) - 1, dead=1)
+    assert report.lines == set(orders) - free
+    assert report.revenue == {"ada": (3, 1500), "import": (2, 1 + 2)}
+    assert max(report.call_sizes) > 1  # in bulk
+    assert sum(report.call_sizes) > len(orders)  # and one by one after the failed bulk call
+
+
 async def run_07(request: pytest.FixtureRequest) -> None:
     # published_orders runs example 07 and checks every row of the topic ended published.
     await published_orders(
@@ -207,6 +223,7 @@ RUNNERS: dict[str, Callable[[pytest.FixtureRequest], Awaitable[None]]] = {
     ),
     "07_embedded_relay": run_07,
     "08_secured_kafka": run_08,
+    "09_batch_handler": run_09,
 }
 
 

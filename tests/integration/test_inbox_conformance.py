@@ -74,7 +74,7 @@ def start(
             sa_url=sa_url,
             bootstrap=outboxkit_kafka_bootstrap,
             topics=topics,
-            settings=InboxSettings(consumer="billing", registry=REGISTRY, **settings),
+            settings=InboxSettings(**{"consumer": "billing", "registry": REGISTRY, **settings}),
             behaviour=behaviour or Behaviour(),
             dead_letter=dead_letter,
             acks_topic=acks_topic,
