@@ -151,6 +151,9 @@ class _Batch:
         try:
             succeeded = yield from self._transaction(items)
         except Exception:
+            # Roll back first: the failed transaction may still hold row locks on these inbox
+            # rows (a mark that failed part-way), which the give-back would wait on for ever.
+            yield CloseHandler()
             yield from self._give_back(items)
             raise
         for item in succeeded:

@@ -181,6 +181,9 @@ def test_a_failing_mark_with_savepoints_ends_the_batch() -> None:
     assert "CommitHandler" not in script.names()
     # Given back: the run that failed as a whole is not an attempt of a or b.
     assert [r["event_ids"] for r in _sql(script, "release_batch")] == [["a", "b"]]
+    # ... after the failed transaction is rolled back (its row locks would block the give-back).
+    names = script.names()
+    assert names[-4:] == ["mark_succeeded_batch", "CloseHandler", "release_batch", "EndDelivery"]
 
 
 def test_a_handler_ending_the_transaction_gives_the_claims_back_and_ends_the_batch() -> None:
