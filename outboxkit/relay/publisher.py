@@ -100,7 +100,10 @@ class BatchPublisher:
         """Claim pending rows (``limit``, default ``self.limit``) and adapt the next size."""
         asked = self.limit if limit is None else limit
         found = await self._store.claim(conn, self.shard, asked, in_flight)
-        self._sizer.observe(asked, found)
+        if self._isolate_remaining == 0 and self._one_claim_transactions == 0:
+            # Not while a failed transaction is retried or isolated: those claims are small on
+            # purpose, and growing from them would put the bad row back into a large claim.
+            self._sizer.observe(asked, found)
         if found:
             self.stats.claims += 1
             self.stats.largest_claim = max(self.stats.largest_claim, len(found))
@@ -334,10 +337,10 @@ class BatchPublisher:
         permanent = [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]
         if permanent:
             self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
-        if permanent and claims > 1:
-            # The claims sent before the bad one were fine: retry the rows in transactions of
-            # one claim of batch_size each, so the bad claim fails alone and only its rows are
-            # isolated (the claims of the failed transaction may have grown; these do not).
+        if permanent and (claims > 1 or len(sent) > self.config.batch_size):
+            # Retry the rows in transactions of one claim of batch_size each, so the bad claim
+            # fails alone and only its rows (at most batch_size) are isolated one by one: the
+            # claims of the failed transaction may have grown; these do not.
             self._one_claim_transactions = -(-len(sent) // self.config.batch_size)
             return Outcome.RETRY_NOW
         if permanent and len(sent) == 1:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 import uuid
@@ -230,3 +231,50 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
     assert (publisher._next_limit(rows, now) > 0) is continues
     # However full the claim, a transaction open longer than transaction_max_ms commits.
     assert publisher._next_limit(rows, now - config.transaction_max_ms / 1000 - 1) == 0
+
+
+class _FullClaims:
+    """A store whose every claim comes back full (a backlog)."""
+
+    async def claim(self, conn: object, shard: int, limit: int, in_flight: object) -> list[object]:
+        return list(_rows(limit))
+
+
+class _NotTransactional:
+    transactional = False
+
+
+def test_a_permanent_error_in_one_grown_claim_is_isolated_in_claims_of_batch_size() -> None:
+    """A lone claim of 39 rows (grown past batch_size 10) with a bad record: the retry goes in
+    one-claim transactions of 10, and the claims do not grow back meanwhile, so at most 10 rows
+    are ever isolated one by one."""
+    config = RelaySettings(batch_size=10, max_batch_size=40)
+    publisher = BatchPublisher(
+        config,
+        0,
+        store=ShardStore("outboxkit"),
+        checkpoints=None,
+        metrics=RelayMetrics(),
+        faults=FaultPoints(""),
+    )
+    publisher._store = _FullClaims()  # type: ignore[assignment]
+    bad = _rows(1)[0]
+    error = RecordError("MSG_SIZE_TOO_LARGE", "record too large")
+    assert error.kind is ErrorKind.PERMANENT
+    failures = publisher._handle_failures(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        _NotTransactional(),  # type: ignore[arg-type]
+        list(range(39)),
+        [(bad, error)],
+        1,
+    )
+    asyncio.run(failures)
+    assert publisher._isolate_remaining == 0
+    limits = []
+    for _ in range(4):
+        limits.append(publisher.limit)
+        asyncio.run(publisher.claim(None))  # type: ignore[arg-type]
+        publisher._one_claim_transactions -= 1  # as each one-claim transaction commits
+    assert limits == [10, 10, 10, 10]
+    assert publisher.limit == 10  # grows again only from here, under the backlog
