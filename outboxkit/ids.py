@@ -67,6 +67,7 @@ def uuid7(
 
 def uuid7_batch(
     count: int,
+    _time_ns: Any = time.time_ns,
     _from_bytes: Any = int.from_bytes,
     _new: Any = object.__new__,
     _set: Any = object.__setattr__,
@@ -85,7 +86,7 @@ def uuid7_batch(
             _pool, pos = os.urandom(max(_POOL_BYTES, need)), 0
         random_bytes = _pool[pos : pos + need]
         _pool_pos = pos + need
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = _time_ns() // 1_000_000
         if now_ms > _last_ms:
             _last_ms = now_ms
             _counter = _from_bytes(random_bytes[-2:], "big") & 0x1FF

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import UTC, datetime
 
@@ -43,6 +44,33 @@ def test_batched_uuid7s_continue_the_single_ones_in_order() -> None:
     # 5 000 ids overflow the 12-bit counter: it carries into the next milliseconds
     assert uuid7_time_ms(made[-2]) > uuid7_time_ms(made[5])
     assert uuid7_batch(0) == []
+
+
+def test_batched_uuid7s_stay_ordered_when_the_clock_steps_back() -> None:
+    first = uuid7_batch(3)
+    past = uuid7_time_ms(first[0]) - 60_000  # the wall clock stepped back a minute
+    later = [*uuid7_batch(4, lambda: past * 1_000_000), uuid7(lambda: past * 1_000_000)]
+    made = [*first, *later]
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+
+
+def test_batched_uuid7s_from_threads_are_unique_and_each_thread_increasing() -> None:
+    results: list[list[uuid.UUID]] = [[] for _ in range(4)]
+
+    def make(out: list[uuid.UUID]) -> None:
+        for n in range(200):
+            out.extend(uuid7_batch(1 + n % 7) if n % 3 else [uuid7()])
+
+    threads = [threading.Thread(target=make, args=(out,)) for out in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for out in results:
+        assert out == sorted(out)
+    every = [value for out in results for value in out]
+    assert len(set(every)) == len(every)
 
 
 def _same_row_but_id(a: object, b: object) -> None:
