@@ -15,6 +15,11 @@ redelivery is recognised), for both clients side by side:
 * ``mw/batch``: the middleware batched: one claim statement per batch, one transaction with
   the handlers run without savepoints (a failure would make the batch run again with a
   savepoint per handler; none fails here), one statement marking the successes.
+* ``mw/b-conn``: ``mw/batch`` with the handler running the same Core statement on
+  ``session.connection()`` instead of ``session.execute`` (the ORM path), as the bare consumers
+  do on their ``Connection``: ``mw/b-conn : bare/batch`` compares the same statement path.
+
+``--columns`` runs a subset of the columns.
 
 Variants run interleaved (alternating rounds); the median of the rounds is printed. Nothing
 asserts on speed.
