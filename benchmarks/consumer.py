@@ -15,6 +15,11 @@ redelivery is recognised), for both clients side by side:
 * ``mw/batch``: the middleware batched: one claim statement per batch, one transaction with
   the handlers run without savepoints (a failure would make the batch run again with a
   savepoint per handler; none fails here), one statement marking the successes.
+* ``mw/b-conn``: ``mw/batch`` with the handler running the same Core statement on
+  ``session.connection()`` instead of ``session.execute`` (the ORM path), as the bare consumers
+  do on their ``Connection``: ``mw/b-conn : bare/batch`` compares the same statement path.
+
+``--columns`` runs a subset of the columns.
 
 Variants run interleaved (alternating rounds); the median of the rounds is printed. Nothing
 asserts on speed.
@@ -131,13 +136,25 @@ def bare_confluent(url: str, bootstrap: str, topic: str, events: int, interval: 
         engine.dispose()
 
 
+def _orm_handler(event: Charged, ctx: HandlerContext, session: Session) -> None:
+    session.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+
+
+def _core_handler(event: Charged, ctx: HandlerContext, session: Session) -> None:
+    session.connection().execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+
+
 def middleware_confluent(
-    url: str, bootstrap: str, topic: str, events: int, interval: float, batch: int = 1
+    url: str,
+    bootstrap: str,
+    topic: str,
+    events: int,
+    interval: float,
+    batch: int = 1,
+    core: bool = False,
 ) -> float:
     engine = create_engine(url)
-
-    def handle(event: Charged, ctx: HandlerContext, session: Session) -> None:
-        session.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+    handle = _core_handler if core else _orm_handler
 
     settings = InboxSettings(consumer=f"bench-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
     consumer = ConfluentInboxConsumer(
@@ -237,13 +254,26 @@ async def _bare_aiokafka_batch(
         await engine.dispose()
 
 
+async def _orm_handler_async(event: Charged, ctx: HandlerContext, session: AsyncSession) -> None:
+    await session.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+
+
+async def _core_handler_async(event: Charged, ctx: HandlerContext, session: AsyncSession) -> None:
+    conn = await session.connection()
+    await conn.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+
+
 async def _middleware_aiokafka(
-    url: str, bootstrap: str, topic: str, events: int, interval: float, batch: int = 1
+    url: str,
+    bootstrap: str,
+    topic: str,
+    events: int,
+    interval: float,
+    batch: int = 1,
+    core: bool = False,
 ) -> float:
     engine = create_async_engine(url)
-
-    async def handle(event: Charged, ctx: HandlerContext, session: AsyncSession) -> None:
-        await session.execute(INSERT, {"event_id": ctx.event_id, "amount": event.amount})
+    handle = _core_handler_async if core else _orm_handler_async
 
     settings = InboxSettings(consumer=f"bench-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
     consumer = AiokafkaInboxConsumer(
@@ -297,18 +327,34 @@ def middleware_confluent_batch(
     return middleware_confluent(url, bootstrap, topic, events, interval, BATCH)
 
 
+def middleware_confluent_batch_core(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    return middleware_confluent(url, bootstrap, topic, events, interval, BATCH, core=True)
+
+
+def middleware_aiokafka_batch_core(
+    url: str, bootstrap: str, topic: str, events: int, interval: float
+) -> float:
+    return asyncio.run(
+        _middleware_aiokafka(url, bootstrap, topic, events, interval, BATCH, core=True)
+    )
+
+
 Runner = Callable[[str, str, str, int, float], float]
 INTERVAL = 1.0
-COLUMNS = ["bare/event", "bare/batch", "mw/event", "mw/batch"]
+COLUMNS = ["bare/event", "bare/batch", "mw/event", "mw/batch", "mw/b-conn"]
 VARIANTS: list[tuple[str, str, Runner]] = [
     ("confluent", "bare/event", bare_confluent),
     ("confluent", "bare/batch", bare_confluent_batch),
     ("confluent", "mw/event", middleware_confluent),
     ("confluent", "mw/batch", middleware_confluent_batch),
+    ("confluent", "mw/b-conn", middleware_confluent_batch_core),
     ("aiokafka", "bare/event", bare_aiokafka),
     ("aiokafka", "bare/batch", bare_aiokafka_batch),
     ("aiokafka", "mw/event", middleware_aiokafka),
     ("aiokafka", "mw/batch", middleware_aiokafka_batch),
+    ("aiokafka", "mw/b-conn", middleware_aiokafka_batch_core),
 ]
 
 
@@ -328,7 +374,24 @@ def _produce(bootstrap: str, events: int) -> str:
     return topic
 
 
-def run(server_url: str, bootstrap: str, events: int, rounds: int) -> None:
+RATIOS = [("mw/batch", "bare/event"), ("mw/batch", "bare/batch"), ("mw/b-conn", "bare/batch")]
+
+
+def _summary(rates: dict[tuple[str, str], list[float]], columns: list[str]) -> None:
+    """Medians per column and the ratios whose two columns were run."""
+    ratios = [(a, b) for a, b in RATIOS if a in columns and b in columns]
+    print(
+        f"{'client':10}"
+        + "".join(f"{c:>11}" for c in columns)
+        + "".join(f"{f'{a} : {b}':>24}" for a, b in ratios)
+    )
+    for client in ("confluent", "aiokafka"):
+        median = {c: statistics.median(rates[(client, c)]) for c in columns}
+        row = "".join(f"{median[c]:11.0f}" for c in columns)
+        print(f"{client:10}{row}" + "".join(f"{median[a] / median[b]:24.2f}" for a, b in ratios))
+
+
+def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list[str]) -> None:
     name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -339,8 +402,9 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int) -> None:
             conn.execute(EFFECT_DDL)
         topic = _produce(bootstrap, events)
         rates: dict[tuple[str, str], list[float]] = {}
+        chosen = [v for v in VARIANTS if v[1] in columns]
         for round_no in range(1, rounds + 1):
-            order = VARIANTS if round_no % 2 else list(reversed(VARIANTS))  # alternate
+            order = chosen if round_no % 2 else list(reversed(chosen))  # alternate
             for client, variant, runner in order:
                 rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events, INTERVAL)
                 rates.setdefault((client, variant), []).append(rate)
@@ -349,17 +413,7 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int) -> None:
             f"\n{events} events, one effect row each, offsets every {INTERVAL:g} s;"
             f" median of {rounds} rounds (events/s)"
         )
-        print(
-            f"{'client':10}"
-            + "".join(f"{c:>11}" for c in COLUMNS)
-            + f"{'mw/batch : bare/event':>23}{'mw/batch : bare/batch':>23}"
-        )
-        for client in ("confluent", "aiokafka"):
-            median = {c: statistics.median(rates[(client, c)]) for c in COLUMNS}
-            row = "".join(f"{median[c]:11.0f}" for c in COLUMNS)
-            ratio_event = median["mw/batch"] / median["bare/event"]
-            ratio_batch = median["mw/batch"] / median["bare/batch"]
-            print(f"{client:10}{row}{ratio_event:23.2f}{ratio_batch:23.2f}")
+        _summary(rates, columns)
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(
@@ -371,9 +425,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--columns",
+        default=",".join(COLUMNS),
+        help=f"comma-separated subset of {','.join(COLUMNS)} (default: all)",
+    )
     args = parser.parse_args()
+    columns = [c for c in COLUMNS if c in args.columns.split(",")]
     with DevStack(durable=True) as stack:
-        run(stack.database_url, stack.kafka_bootstrap, args.events, args.rounds)
+        run(stack.database_url, stack.kafka_bootstrap, args.events, args.rounds, columns)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ class _SyncSteps(_Steps):
 
     def handler_sql(self, step: HandlerSql) -> db.Result:
         assert self.session is not None
-        return db.run(self.session, step.query, step.params)
+        return db.run(self.session, step.query, step.params, binary=step.binary)
 
     def call_handler(self, step: CallHandler) -> None:
         self.session = HandlerSession(self.inbox.engine)
@@ -254,7 +254,7 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
 
     def run_sql(self, step: Sql) -> db.Result:
         with self._autocommit.connect() as conn:
-            return db.run(conn, step.query, step.params)
+            return db.run(conn, step.query, step.params, binary=step.binary)
 
     def executor(self, extra: StepTable | None = None) -> _SyncSteps:
         """An executor of this inbox's steps (plus ``extra`` ones, e.g. a consumer's Kafka)."""
@@ -289,7 +289,7 @@ class _AsyncSteps(_Steps):
 
     async def handler_sql(self, step: HandlerSql) -> db.Result:
         assert self.session is not None
-        return await db.run_async(self.session, step.query, step.params)
+        return await db.run_async(self.session, step.query, step.params, binary=step.binary)
 
     async def call_handler(self, step: CallHandler) -> None:
         self.session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
@@ -362,7 +362,7 @@ class AsyncInbox(_InboxDriver[AsyncEngine, AsyncHandler]):
 
     async def run_sql(self, step: Sql) -> db.Result:
         async with self._autocommit.connect() as conn:
-            return await db.run_async(conn, step.query, step.params)
+            return await db.run_async(conn, step.query, step.params, binary=step.binary)
 
     def executor(self, extra: StepTable | None = None) -> _AsyncSteps:
         return _AsyncSteps(self, extra or {})

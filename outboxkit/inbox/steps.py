@@ -35,6 +35,7 @@ class Sql(Step):
 
     query: Query
     params: Mapping[str, Any]
+    binary: bool = False  # binary parameters: arrays (of bytes above all) bind far cheaper
 
 
 @dataclass(frozen=True, slots=True)

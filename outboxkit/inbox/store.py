@@ -88,6 +88,7 @@ class InboxStatements:
                 "lease_seconds": self.lease_seconds,
                 "now": self.now,
             },
+            binary=True,
         )
 
     def _tokens(self, claims: list[tuple[str, int]]) -> dict[str, Any]:
@@ -103,7 +104,7 @@ class InboxStatements:
 
     def succeeded_batch(self, claims: list[tuple[str, int]]) -> HandlerSql:
         """The ``succeeded`` marks of a batch, in its transaction -> the event ids marked."""
-        return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims))
+        return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims), binary=True)
 
     def state(self, event_id: str) -> Sql:
         """-> one row ``(state, content_digest)``, or none."""
