@@ -80,13 +80,39 @@ _make = OutboxRecord._make
 
 
 def produce_requests(records: Sequence[OutboxRecord]) -> list[ProduceRequest]:
-    """The Kafka records of claimed rows, in order."""
+    """The Kafka records of claimed rows, in order.
+
+    The hot path of every drain: the usual row (no headers of its own, none of the optional
+    columns) gets its three headers built inline, and each record is made with ``tuple.__new__``
+    (a named tuple's own ``__new__`` is a Python call with defaults). Same headers, same bytes as
+    :meth:`OutboxRecord.kafka_headers`, which every other row goes through.
+    """
+    new, request = tuple.__new__, ProduceRequest
+    event_id, idempotency_key, content_type = _FIXED_HEADERS
     return [
-        ProduceRequest(
-            r.topic, r.key.encode() if r.key is not None else None, r.payload, r.kafka_headers()
+        new(
+            request,
+            (
+                r[3],  # topic
+                r[4].encode() if r[4] is not None else None,  # key
+                r[5],  # payload
+                [
+                    (event_id, str(r[1]).encode()),
+                    (idempotency_key, r[2].encode()),
+                    (content_type, r[6].encode()),
+                ]
+                # headers, event_type, schema_version, aggregate_type, aggregate_id: all NULL
+                if r[7:12] == _PLAIN
+                else r.kafka_headers(),
+                None,  # partition: the partitioner picks
+            ),
         )
         for r in records
     ]
+
+
+_FIXED_HEADERS = (wire.HEADER_EVENT_ID, wire.HEADER_IDEMPOTENCY_KEY, wire.HEADER_CONTENT_TYPE)
+_PLAIN = (None, None, None, None, None)
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
