@@ -16,6 +16,7 @@ from uuid import UUID
 import psycopg
 
 from outboxkit import db, wire
+from outboxkit.db.id_arrays import BigintIds
 from outboxkit.errors import LeaseLostError
 from outboxkit.kafka.api import ProduceRequest
 from outboxkit.relay.lease import LeaseTerm
@@ -170,9 +171,9 @@ class ShardStore:
                 "limit": limit,
                 "max_bytes": self._max_bytes,
                 "skip_parked_keys": self._skip_parked_keys,
-                "in_flight": list(in_flight),
+                "in_flight": BigintIds(in_flight),
             },
-            binary=True,  # id arrays: binary costs no per-element quoting check
+            binary=True,  # id arrays: packed whole (db.id_arrays), no per-element dumping
         )
         return [_record(row) for row in found.rows]
 
@@ -194,7 +195,7 @@ class ShardStore:
         self, conn: Conn, term: LeaseTerm, ids: Sequence[int], *, delete: bool
     ) -> int:
         name = "delete_published" if delete else "mark_published"
-        return await self._fenced(conn, name, term, ids=list(ids))
+        return await self._fenced(conn, name, term, ids=BigintIds(ids))
 
     async def reconcile(
         self, conn: Conn, term: LeaseTerm, carried: Sequence[tuple[int, UUID]], *, delete: bool
@@ -205,7 +206,7 @@ class ShardStore:
             conn,
             name,
             term,
-            ids=[row_id for row_id, _ in carried],
+            ids=BigintIds([row_id for row_id, _ in carried]),
             event_ids=[event_id for _, event_id in carried],
         )
 
@@ -215,7 +216,9 @@ class ShardStore:
     async def record_failure(
         self, conn: Conn, term: LeaseTerm, ids: Sequence[int], error: str
     ) -> int:
-        return await self._fenced(conn, "record_failure", term, ids=list(ids), error=error[:2000])
+        return await self._fenced(
+            conn, "record_failure", term, ids=BigintIds(ids), error=error[:2000]
+        )
 
     async def retention(
         self,
