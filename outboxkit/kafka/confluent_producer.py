@@ -28,6 +28,7 @@ from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
+_new = tuple.__new__
 _UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
 
 
@@ -62,8 +63,8 @@ def raise_for(exc: BaseException, what: str) -> None:
 def _report(results: list[Delivery | None], index: int, err: Any, msg: Any) -> None:
     """The delivery callback. Nothing may escape it into librdkafka (see the module doc)."""
     try:
-        if err is None:
-            results[index] = Delivery(msg.partition(), msg.offset())
+        if err is None:  # once per record, in poll/flush: tuple.__new__, no Python frame
+            results[index] = _new(Delivery, (msg.partition(), msg.offset(), None))
         else:
             results[index] = Delivery(error=RecordError(err.name(), err.str()))
     except BaseException as exc:  # the fatal error confluent-kafka left pending, usually

@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+<<<<<<< HEAD
 import asyncio
+=======
+import itertools
+>>>>>>> h/relay2
 import random
 import time
 import uuid
@@ -13,13 +17,13 @@ import pytest
 
 from outboxkit.errors import LeaseLostError
 from outboxkit.faults import FaultPoints, parse_fault
-from outboxkit.kafka.api import RecordError, transactional_id
+from outboxkit.kafka.api import ProduceRequest, RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
 from outboxkit.relay.lease import LeaseTerm, trust_margin
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher
-from outboxkit.relay.reader import OutboxRecord, ShardStore
+from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
 from outboxkit.relay.runner import slot_transactional_id
 from outboxkit.relay.waiting import backoff_delay
 from outboxkit.settings import RelaySettings
@@ -233,6 +237,7 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
     assert publisher._next_limit(rows, now - config.transaction_max_ms / 1000 - 1) == 0
 
 
+<<<<<<< HEAD
 class _FullClaims:
     """A store whose every claim comes back full (a backlog)."""
 
@@ -278,3 +283,44 @@ def test_a_permanent_error_in_one_grown_claim_is_isolated_in_claims_of_batch_siz
         publisher._one_claim_transactions -= 1  # as each one-claim transaction commits
     assert limits == [10, 10, 10, 10]
     assert publisher.limit == 10  # grows again only from here, under the backlog
+=======
+def test_produce_requests_have_the_same_headers_for_every_shape_of_row() -> None:
+    """The usual row takes an inline fast path; every shape must give the record kafka_headers
+    gives (same names, bytes, order), and the plain row exactly its three headers."""
+    plain = OutboxRecord(
+        1, uuid.uuid4(), "idem", "t", None, b"{}", "application/json", *[None] * 5, 0
+    )
+    assert produce_requests([plain]) == [
+        ProduceRequest(
+            "t",
+            None,
+            b"{}",
+            [
+                ("event-id", str(plain.event_id).encode()),
+                ("idempotency-key", b"idem"),
+                ("content-type", b"application/json"),
+            ],
+        )
+    ]
+    shapes = itertools.product(
+        [None, {}, {"traceparent": "00-a-b-01", "event-id": "spoofed"}],
+        [None, "order.placed"],
+        [None, 2],
+        [None, "order"],
+        [None, "o-1"],
+        [None, "k"],
+    )
+    records = [
+        plain._replace(
+            id=n, key=key, headers=own, event_type=kind, schema_version=version,
+            aggregate_type=agg_type, aggregate_id=agg_id,
+        )
+        for n, (own, kind, version, agg_type, agg_id, key) in enumerate(shapes)
+    ]  # fmt: skip
+    built = produce_requests(records)
+    assert [type(r) for r in built] == [ProduceRequest] * len(records)
+    assert built == [
+        ProduceRequest(r.topic, r.key.encode() if r.key else None, r.payload, r.kafka_headers())
+        for r in records
+    ]
+>>>>>>> h/relay2
