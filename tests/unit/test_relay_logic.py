@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-<<<<<<< HEAD
 import asyncio
-=======
 import itertools
->>>>>>> h/relay2
 import random
 import time
 import uuid
@@ -237,7 +234,6 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
     assert publisher._next_limit(rows, now - config.transaction_max_ms / 1000 - 1) == 0
 
 
-<<<<<<< HEAD
 class _FullClaims:
     """A store whose every claim comes back full (a backlog)."""
 
@@ -283,7 +279,8 @@ def test_a_permanent_error_in_one_grown_claim_is_isolated_in_claims_of_batch_siz
         publisher._one_claim_transactions -= 1  # as each one-claim transaction commits
     assert limits == [10, 10, 10, 10]
     assert publisher.limit == 10  # grows again only from here, under the backlog
-=======
+
+
 def test_produce_requests_have_the_same_headers_for_every_shape_of_row() -> None:
     """The usual row takes an inline fast path; every shape must give the record kafka_headers
     gives (same names, bytes, order), and the plain row exactly its three headers."""
@@ -323,4 +320,3 @@ def test_produce_requests_have_the_same_headers_for_every_shape_of_row() -> None
         ProduceRequest(r.topic, r.key.encode() if r.key else None, r.payload, r.kafka_headers())
         for r in records
     ]
->>>>>>> h/relay2
