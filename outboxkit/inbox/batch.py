@@ -151,8 +151,7 @@ class _Batch:
         try:
             succeeded = yield from self._transaction(items)
         except Exception:
-            # Roll back first: the failed transaction may still hold row locks on these inbox
-            # rows (a mark that failed part-way), which the give-back would wait on for ever.
+            # Roll back first: a mark that failed part-way holds row locks the give-back needs.
             yield CloseHandler()
             yield from self._give_back(items)
             raise
