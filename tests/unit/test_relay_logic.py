@@ -204,6 +204,17 @@ def _rows(count: int, size: int = 10) -> list[OutboxRecord]:
     ]
 
 
+def _publisher(config: RelaySettings) -> BatchPublisher:
+    return BatchPublisher(
+        config,
+        0,
+        store=ShardStore("outboxkit"),
+        checkpoints=None,
+        metrics=RelayMetrics(),
+        faults=FaultPoints(""),
+    )
+
+
 @pytest.mark.parametrize(
     ("claim", "rows", "settings", "continues"),
     [
@@ -219,14 +230,7 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
     claim: list[OutboxRecord], rows: int, settings: dict[str, int], continues: bool
 ) -> None:
     config = RelaySettings(batch_size=10, max_batch_size=10, **settings)  # type: ignore[arg-type]
-    publisher = BatchPublisher(
-        config,
-        0,
-        store=ShardStore("outboxkit"),
-        checkpoints=None,
-        metrics=RelayMetrics(),
-        faults=FaultPoints(""),
-    )
+    publisher = _publisher(config)
     publisher._sizer.observe(10, claim)
     now = time.monotonic()
     assert (publisher._next_limit(rows, now) > 0) is continues
@@ -250,14 +254,7 @@ def test_a_permanent_error_in_one_grown_claim_is_isolated_in_claims_of_batch_siz
     one-claim transactions of 10, and the claims do not grow back meanwhile, so at most 10 rows
     are ever isolated one by one."""
     config = RelaySettings(batch_size=10, max_batch_size=40)
-    publisher = BatchPublisher(
-        config,
-        0,
-        store=ShardStore("outboxkit"),
-        checkpoints=None,
-        metrics=RelayMetrics(),
-        faults=FaultPoints(""),
-    )
+    publisher = _publisher(config)
     publisher._store = _FullClaims()  # type: ignore[assignment]
     bad = _rows(1)[0]
     error = RecordError("MSG_SIZE_TOO_LARGE", "record too large")
