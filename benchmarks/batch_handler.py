@@ -18,21 +18,18 @@ import argparse
 import os
 import statistics
 import sys
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
 import consumer as base
 
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.devstack import DevStack
-from outboxkit.devstack.postgres import database_url_with
 from outboxkit.inbox import EventRegistry
 
 Runner = Callable[[str, str, str, int, float], float]
@@ -92,22 +89,9 @@ VARIANTS: list[tuple[str, str, Runner]] = [
 ]
 
 
-@contextmanager
-def scratch_database(server_url: str) -> Iterator[str]:
-    name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield database_url_with(server_url, name)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
-
-
 def run(server_url: str, bootstrap: str, events: int, rounds: int, names: set[str]) -> None:
     variants = [v for v in VARIANTS if v[1] in names]
-    with scratch_database(server_url) as db_url:
+    with base.scratch_database(server_url) as db_url:
         migrator.upgrade(db_url)
         with psycopg.connect(db_url) as conn:
             conn.execute(base.EFFECT_DDL)

@@ -33,7 +33,8 @@ import json
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -391,12 +392,22 @@ def _summary(rates: dict[tuple[str, str], list[float]], columns: list[str]) -> N
         print(f"{client:10}{row}" + "".join(f"{median[a] / median[b]:24.2f}" for a, b in ratios))
 
 
-def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list[str]) -> None:
+@contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A fresh database on the benchmark's server, dropped afterwards."""
     name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    db_url = database_url_with(server_url, name)
     try:
+        yield database_url_with(server_url, name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(name)))
+
+
+def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list[str]) -> None:
+    with scratch_database(server_url) as db_url:
         migrator.upgrade(db_url)
         with psycopg.connect(db_url) as conn:
             conn.execute(EFFECT_DDL)
@@ -414,11 +425,6 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list
             f" median of {rounds} rounds (events/s)"
         )
         _summary(rates, columns)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def main() -> None:
