@@ -434,7 +434,9 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
         behaviour,
         policy=RetryPolicy(max_attempts=3, initial_delay=0.1),
         dead_letter=dlq,
-        consumer_options={"batch_max_ms": 300.0},
+        # The first batch closes when all five are in: a partition may start fetching later
+        # than the other under load, so a short wait would split them.
+        consumer_options={"batch_max_records": 5, "batch_max_ms": 2000.0},
     )
     wait_for(lambda: _state(outboxkit_db_url, b0) == "succeeded", what="b0 after doomed")
     assert _state(outboxkit_db_url, doomed) == "dead"
