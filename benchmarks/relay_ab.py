@@ -54,6 +54,7 @@ def main() -> None:
         bench.create_topic(bootstrap, topic, 4)
         print(f"{ROUNDS} rounds, backlog {bench.ROWS} rows of 500 bytes, 1 shard, batch 500")
         print(f"before: {BEFORE or 'one claim per transaction'}; load {os.getloadavg()}")
+        bench.warm_up(server, bootstrap)
         for n in range(ROUNDS):
             raw = bench.raw_drain(server, topic, 1)
             rates.setdefault("raw", []).append(raw)
