@@ -71,10 +71,12 @@ RevokedPartition = Callable[[TopicPartition], bool]
 
 @dataclass(frozen=True)
 class BatchResult:
-    """Outcomes in record order, and the records to deliver again (their indexes, in order)."""
+    """Outcomes in record order, the records to deliver again (their indexes, in order), and
+    how often the batch's transaction rolled back and its handlers ran again (for metrics)."""
 
     outcomes: list[tuple[Envelope, Outcome]]
     rest: list[int]
+    reruns: int = 0
 
 
 @dataclass(eq=False)
@@ -108,6 +110,7 @@ class _Batch:
     unrun: list[_Item] = field(default_factory=list)
     # indexes of the items whose batch handler's call failed: from now on called one by one
     singles: set[int] = field(default_factory=set)
+    reruns: int = 0  # transactions rolled back for the handlers to run again
 
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)
@@ -238,6 +241,7 @@ class _Batch:
             ran, broken = yield from self._run_handlers(items, savepoints)
             if broken:  # a handler failed in the optimistic run: the others run again
                 yield CloseHandler()
+                self.reruns += 1
                 ended = {i for i, _ in self.failed} | {i for i, _ in self.lost}
                 items, savepoints = [i for i in items if i not in ended], True
                 continue
@@ -252,6 +256,7 @@ class _Batch:
                 # A broken transaction no handler was found to have left behind: run every
                 # handler again in a savepoint, where a failing one is found and left out.
                 yield CloseHandler()
+                self.reruns += 1
                 savepoints = True
                 continue
             ids = {row[0] for row in marked.rows}
@@ -263,6 +268,7 @@ class _Batch:
             # Cancelled or fenced meanwhile: its writes must not commit, so none of this
             # transaction's may; the others run again in a new one.
             yield CloseHandler()
+            self.reruns += 1
             items, savepoints = [], True
             for item in ran:
                 if item.run.ident.event_id in ids:
@@ -364,7 +370,7 @@ class _Batch:
             outcomes.append((env, outcome))
             if not outcome.kind.advances_offset:
                 blocked.add(tp)
-        return BatchResult(outcomes, rest)
+        return BatchResult(outcomes, rest, self.reruns)
 
 
 @dataclass(frozen=True, slots=True)

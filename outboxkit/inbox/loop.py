@@ -208,9 +208,11 @@ class ConsumerLoop:
             logger.warning("batch of %d failed (%s); one by one", len(envs), error_text(exc))
             self.buffer.extendleft(reversed(records))
             self.single = len(records)
+            self._count_rerun("one_by_one", 1)
             return []
         finally:
             self.inflight = set()
+        self._count_rerun("rolled_back", result.reruns)
         self.buffer.extendleft(reversed([records[i] for i in result.rest]))
         for env, outcome in result.outcomes:
             self.failures.pop((env.topic, env.partition, env.offset), None)
@@ -276,6 +278,10 @@ class ConsumerLoop:
             self.inflight = set()
         yield from self._observed(env, outcome, began)
         return outcome
+
+    def _count_rerun(self, reason: str, count: int) -> None:
+        if count and self.options.metrics is not None:
+            self.options.metrics.batch_rerun(self.core.settings.consumer, reason, count)
 
     def _observed(self, env: Envelope, outcome: Outcome, began: float) -> Plan[None]:
         if self.options.metrics is not None:

@@ -36,8 +36,20 @@ class InboxMetrics:
             registry=self.registry,
         )
 
+        self.batch_reruns = Counter(
+            "outboxkit_inbox_batch_reruns",
+            "Batches that did not commit in one go: rolled_back (a handler failed, was"
+            " cancelled or lost its lease, and the others ran again in a new transaction),"
+            " one_by_one (the batch failed as a whole; its records were processed singly).",
+            ["consumer", "reason"],
+            registry=self.registry,
+        )
+
     def observe(self, consumer: str, outcome: Outcome, seconds: float) -> None:
         self.outcomes.labels(consumer, outcome.kind.value).inc()
         if outcome.alert is not None:
             self.alerts.labels(consumer, outcome.alert).inc()
         self.seconds.labels(consumer).observe(seconds)
+
+    def batch_rerun(self, consumer: str, reason: str, count: int = 1) -> None:
+        self.batch_reruns.labels(consumer, reason).inc(count)

@@ -456,6 +456,9 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
     assert row["attempts"] == 3  # the rolled-back optimistic run is not an attempt of its own
     assert [c for c in behaviour.calls if c[0] == a0] == [(a0, 1), (a0, 1)]  # ran twice, once
     assert len(read_topic(outboxkit_kafka_bootstrap, dlq, expect=1)) == 1
+    labels = {"consumer": "billing", "reason": "rolled_back"}
+    reruns = harness.metrics.registry.get_sample_value("outboxkit_inbox_batch_reruns_total", labels)
+    assert reruns is not None and reruns >= 1  # the first batch's optimistic run, at least
 
 
 def test_a_handler_rolling_back_its_session_in_a_batch_loses_no_earlier_effect(

@@ -120,6 +120,7 @@ def test_a_failure_rolls_back_alone_and_holds_its_partition() -> None:
     assert script.names().count("OpenHandler") == 2
     attempts = {o.event_id: o.attempts for _, o in result.outcomes}
     assert attempts == {"a": 1, "bad": 1, "f": 1}  # one claim: the rolled-back run is no attempt
+    assert result.reruns == 1  # counted for the metric of batches that ran again
 
 
 def test_a_batch_that_succeeds_runs_once_without_savepoints() -> None:
@@ -131,6 +132,7 @@ def test_a_batch_that_succeeds_runs_once_without_savepoints() -> None:
     names = script.names()
     assert (names.count("OpenHandler"), names.count("CommitHandler")) == (1, 1)
     assert "CloseHandler" not in names
+    assert result.reruns == 0
 
 
 @pytest.mark.parametrize(
@@ -155,6 +157,7 @@ def test_an_aborted_transaction_or_lost_lease_in_the_optimistic_run_is_that_hand
         ("savepoint", "b"),
     ]
     assert [m["event_ids"] for m in _sql(script, "mark_succeeded_batch")] == [["a", "b"]]
+    assert result.reruns == 1
 
 
 def test_a_failing_mark_after_the_optimistic_run_runs_every_handler_again_in_savepoints() -> None:
@@ -169,6 +172,7 @@ def test_a_failing_mark_after_the_optimistic_run_runs_every_handler_again_in_sav
         ("savepoint", "b"),
     ]
     assert script.names().count("CommitHandler") == 1
+    assert result.reruns == 1
 
 
 def test_a_failing_mark_with_savepoints_ends_the_batch() -> None:
@@ -225,3 +229,4 @@ def test_a_refused_mark_rolls_the_batch_back_and_runs_the_others_again() -> None
     assert names.count("CommitHandler") == 1
     assert _sql(script, "mark_succeeded_batch")[1]["event_ids"] == ["a", "c"]
     assert [mode for mode, _ in _runs(script)] == ["optimistic"] * 3 + ["savepoint"] * 2
+    assert result.reruns == 1
