@@ -273,6 +273,7 @@ def run_command(
     """Consume through the dedup middleware until SIGTERM (settings: OUTBOXKIT_CONSUMER_*,
     OUTBOXKIT_KAFKA_*, OUTBOXKIT_DATABASE_URL; options override them)."""
     from outboxkit.errors import ConfigurationError
+    from outboxkit.gc_tuning import tune_gc
     from outboxkit.inbox import worker
     from outboxkit.settings import load_settings
 
@@ -294,6 +295,7 @@ def run_command(
         )
     except ConfigurationError as exc:  # names the settings, never echoes their values
         raise click.ClickException(str(exc)) from None
+    tune_gc()  # a process of its own: the collector settings for many rows (gc_tuning.py)
     try:
         worker.run(settings)
     except ConfigurationError as exc:

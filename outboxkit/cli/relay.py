@@ -23,6 +23,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError, OutboxkitError
+from outboxkit.gc_tuning import tune_gc
 from outboxkit.settings import (
     KafkaClient,
     Mode,
@@ -159,6 +160,7 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
             f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[{extra}]'"
         ) from None
     _setup_logging(json_logs)
+    tune_gc()  # a process of its own: the collector settings for many rows (gc_tuning.py)
 
     async def main() -> None:
         stop = asyncio.Event()
