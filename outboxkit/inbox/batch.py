@@ -71,12 +71,11 @@ RevokedPartition = Callable[[TopicPartition], bool]
 
 @dataclass(frozen=True)
 class BatchResult:
-    """Outcomes in record order, the records to deliver again (their indexes, in order), and
-    how often the batch's transaction rolled back and its handlers ran again (for metrics)."""
+    """Outcomes in record order, and the records to deliver again (their indexes, in order)."""
 
     outcomes: list[tuple[Envelope, Outcome]]
     rest: list[int]
-    reruns: int = 0
+    reruns: int = 0  # times the handlers ran again in a new transaction (for a metric)
 
 
 @dataclass(eq=False)
@@ -110,7 +109,7 @@ class _Batch:
     unrun: list[_Item] = field(default_factory=list)
     # indexes of the items whose batch handler's call failed: from now on called one by one
     singles: set[int] = field(default_factory=set)
-    reruns: int = 0  # transactions rolled back for the handlers to run again
+    transactions: int = 0  # opened for the handlers: all but the last rolled back
 
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)
@@ -238,10 +237,10 @@ class _Batch:
         savepoints = False
         while items:
             yield OpenHandler()
+            self.transactions += 1
             ran, broken = yield from self._run_handlers(items, savepoints)
             if broken:  # a handler failed in the optimistic run: the others run again
                 yield CloseHandler()
-                self.reruns += 1
                 ended = {i for i, _ in self.failed} | {i for i, _ in self.lost}
                 items, savepoints = [i for i in items if i not in ended], True
                 continue
@@ -256,7 +255,6 @@ class _Batch:
                 # A broken transaction no handler was found to have left behind: run every
                 # handler again in a savepoint, where a failing one is found and left out.
                 yield CloseHandler()
-                self.reruns += 1
                 savepoints = True
                 continue
             ids = {row[0] for row in marked.rows}
@@ -268,7 +266,6 @@ class _Batch:
             # Cancelled or fenced meanwhile: its writes must not commit, so none of this
             # transaction's may; the others run again in a new one.
             yield CloseHandler()
-            self.reruns += 1
             items, savepoints = [], True
             for item in ran:
                 if item.run.ident.event_id in ids:
@@ -286,7 +283,8 @@ class _Batch:
         run = RunInSavepoint if savepoints else RunInTransaction
         ran: list[_Item] = []
         bulk = any(item.bulk is not None for item in items)
-        groups = rounds(items, _tp_of, self._bulk_of, self.holds) if bulk else ([i] for i in items)
+        plain = ([i] for i in items)
+        groups = rounds(items, lambda i: i.tp, self._bulk_of, self.holds) if bulk else plain
         for group in groups:
             if len(group) > 1:
                 fn, contexts = group[0].bulk, [i.ctx for i in group if i.ctx is not None]
@@ -370,7 +368,7 @@ class _Batch:
             outcomes.append((env, outcome))
             if not outcome.kind.advances_offset:
                 blocked.add(tp)
-        return BatchResult(outcomes, rest, self.reruns)
+        return BatchResult(outcomes, rest, max(self.transactions - 1, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,10 +376,6 @@ class _Picked:
     index: int
     ident: Identity
     env: Envelope
-
-
-def _tp_of(item: _Item) -> TopicPartition:
-    return item.tp
 
 
 def _taken(claims: dict[str, Claim], ident: Identity) -> bool:
