@@ -134,7 +134,7 @@ def _from_int(
 
 
 def uuid_text(value: uuid.UUID) -> str:
-    """``str(value)``, about three times faster (the writer needs it for every default key)."""
+    """``str(value)`` (the writer needs it for every default key)."""
     h = f"{value.int:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 

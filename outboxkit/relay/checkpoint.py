@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from outboxkit.errors import PublishError
-from outboxkit.ids import uuid_text
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import ProduceRequest
 
@@ -48,7 +47,7 @@ class Checkpoint:
                 "token": self.token,
                 "seq": self.seq,
                 "ids": [row_id for row_id, _ in self.rows],
-                "event_ids": [uuid_text(event_id) for _, event_id in self.rows],
+                "event_ids": [str(event_id) for _, event_id in self.rows],
             }
         ).encode()
 

@@ -18,7 +18,6 @@ import psycopg
 from outboxkit import db, wire
 from outboxkit.db.id_arrays import BigintIds
 from outboxkit.errors import LeaseLostError
-from outboxkit.ids import uuid_text
 from outboxkit.kafka.api import ProduceRequest
 from outboxkit.relay.lease import LeaseTerm
 
@@ -48,7 +47,7 @@ class OutboxRecord(NamedTuple):
             return self._merged_headers()
         # No headers of its own (the usual row): the same list, without the dict round trip.
         out = [
-            (wire.HEADER_EVENT_ID, uuid_text(self.event_id).encode()),
+            (wire.HEADER_EVENT_ID, str(self.event_id).encode()),
             (wire.HEADER_IDEMPOTENCY_KEY, self.idempotency_key.encode()),
             (wire.HEADER_CONTENT_TYPE, self.content_type.encode()),
         ]
@@ -64,7 +63,7 @@ class OutboxRecord(NamedTuple):
 
     def _merged_headers(self) -> list[tuple[str, bytes]]:
         out: dict[str, str] = dict(self.headers or {})
-        out[wire.HEADER_EVENT_ID] = uuid_text(self.event_id)
+        out[wire.HEADER_EVENT_ID] = str(self.event_id)
         out[wire.HEADER_IDEMPOTENCY_KEY] = self.idempotency_key
         out[wire.HEADER_CONTENT_TYPE] = self.content_type
         for name, value in (
@@ -99,7 +98,7 @@ def produce_requests(records: Sequence[OutboxRecord]) -> list[ProduceRequest]:
                 r[4].encode() if r[4] is not None else None,  # key
                 r[5],  # payload
                 [
-                    (event_id, uuid_text(r[1]).encode()),
+                    (event_id, str(r[1]).encode()),
                     (idempotency_key, r[2].encode()),
                     (content_type, r[6].encode()),
                 ]
