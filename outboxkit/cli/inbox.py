@@ -295,7 +295,8 @@ def run_command(
         )
     except ConfigurationError as exc:  # names the settings, never echoes their values
         raise click.ClickException(str(exc)) from None
-    tune_gc()  # a process of its own: the collector settings for many rows (gc_tuning.py)
+    if settings.consumer.gc_tuning:  # a process of its own: collector settings for many rows
+        tune_gc()
     try:
         worker.run(settings)
     except ConfigurationError as exc:

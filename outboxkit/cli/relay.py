@@ -160,7 +160,8 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
             f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[{extra}]'"
         ) from None
     _setup_logging(json_logs)
-    tune_gc()  # a process of its own: the collector settings for many rows (gc_tuning.py)
+    if settings.relay.gc_tuning:  # a process of its own: collector settings for many rows
+        tune_gc()
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -38,9 +38,11 @@ class InboxMetrics:
 
         self.batch_reruns = Counter(
             "outboxkit_inbox_batch_reruns",
-            "Batches that did not commit in one go: rolled_back (a handler failed, was"
-            " cancelled or lost its lease, and the others ran again in a new transaction),"
-            " one_by_one (the batch failed as a whole; its records were processed singly).",
+            "Batched deliveries that did not commit in one go: rolled_back counts each time a"
+            " batch's transaction was rolled back and its other handlers ran again (a handler"
+            " failed, was cancelled or lost its lease); one_by_one each batch that failed as a"
+            " whole (e.g. the database was unreachable) and whose records were then processed"
+            " singly.",
             ["consumer", "reason"],
             registry=self.registry,
         )

@@ -149,6 +149,8 @@ class RelaySettings(BaseSettings):
     # The rows' ids travel in the checkpoint record: 10,000 keep it far below 1 MB.
     transaction_max_rows: int = Field(5000, ge=1, le=10_000)
     transaction_max_ms: float = Field(100.0, ge=0)
+    # `relay run` only (an embedded relay leaves its host's collector alone): gc_tuning.py.
+    gc_tuning: bool = True
     poll_interval: float = Field(1.0, gt=0)  # the longest idle wait; pause/SIGTERM obey within it
     # At most this many shards held by one process (None: every shard it watches); the others
     # are left to other processes. Bounds the process's data connections (one per held shard).
@@ -248,6 +250,7 @@ class ConsumerSettings(BaseSettings):
     error_detail: bool = False
     batch_max_records: int = Field(default=50, ge=1, le=64)
     batch_max_ms: float = Field(default=5.0, ge=0)
+    gc_tuning: bool = True  # `inbox run` only: the collector settings of gc_tuning.py
     kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("topics", mode="before")
