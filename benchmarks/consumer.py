@@ -19,7 +19,9 @@ redelivery is recognised), for both clients side by side:
   ``session.connection()`` instead of ``session.execute`` (the ORM path), as the bare consumers
   do on their ``Connection``: ``mw/b-conn : bare/batch`` compares the same statement path.
 
-``--columns`` runs a subset of the columns.
+``--columns`` runs a subset of the columns. ``--tune-gc`` first applies the garbage-collector
+settings ``outboxkit inbox run`` uses (``outboxkit.gc_tuning``) to this whole process, so the
+bare consumers and the middleware run with them alike.
 
 Variants run interleaved (alternating rounds); the median of the rounds is printed. Nothing
 asserts on speed.
@@ -50,6 +52,7 @@ from sqlalchemy.orm import Session
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.devstack import DevStack
 from outboxkit.devstack.postgres import database_url_with
+from outboxkit.gc_tuning import tune_gc
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
@@ -436,8 +439,11 @@ def main() -> None:
         default=",".join(COLUMNS),
         help=f"comma-separated subset of {','.join(COLUMNS)} (default: all)",
     )
+    parser.add_argument("--tune-gc", action="store_true", help="as `inbox run` does (all variants)")
     args = parser.parse_args()
     columns = [c for c in COLUMNS if c in args.columns.split(",")]
+    if args.tune_gc:
+        tune_gc()
     with DevStack(durable=True) as stack:
         run(stack.database_url, stack.kafka_bootstrap, args.events, args.rounds, columns)
 
