@@ -23,8 +23,9 @@ redelivery is recognised), for both clients side by side:
 settings ``outboxkit inbox run`` uses (``outboxkit.gc_tuning``) to this whole process, so the
 bare consumers and the middleware run with them alike.
 
-Variants run interleaved (alternating rounds); the median of the rounds is printed. Nothing
-asserts on speed.
+Variants run interleaved (alternating rounds); the median of the rounds is printed. Each rate is
+counted from the end of the first batch on (``Meter``), so start-up is left out of every variant
+alike. Nothing asserts on speed.
 """
 
 from __future__ import annotations
@@ -87,29 +88,48 @@ def _conf(bootstrap: str) -> dict[str, Any]:
 BATCH = 50
 
 
+class Meter:
+    """Events/s from the end of the first batch (or event) on: every variant's start-up (group
+    join, first fetch, first statements) is left out alike, and the first batch's events with
+    it."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self._first = 0
+        self._started = 0.0
+
+    def add(self, count: int) -> None:
+        self.done += count
+        if not self._started and count:
+            self._started, self._first = time.perf_counter(), self.done
+
+    def rate(self) -> float:
+        if self.done == self._first:
+            raise RuntimeError("every event came in the first batch: use more --events")
+        return (self.done - self._first) / (time.perf_counter() - self._started)
+
+
 def bare_confluent_batch(
     url: str, bootstrap: str, topic: str, events: int, interval: float
 ) -> float:
     engine = create_engine(url)
     consumer = Consumer(_conf(bootstrap))
     consumer.subscribe([topic])
-    done, started, last_commit = 0, 0.0, time.monotonic()
+    meter, last_commit = Meter(), time.monotonic()
     try:
-        while done < events:
+        while meter.done < events:
             msgs = [m for m in consumer.consume(BATCH, 1.0) if not m.error()]
             if not msgs:
                 continue
-            if done == 0:
-                started = time.perf_counter()
             with engine.begin() as conn:
                 for msg in msgs:
                     body = json.loads(msg.value())
                     conn.execute(INSERT, {"event_id": msg.key().decode(), "amount": body["amount"]})
-            done += len(msgs)
-            if done >= events or time.monotonic() - last_commit >= interval:
+            meter.add(len(msgs))
+            if meter.done >= events or time.monotonic() - last_commit >= interval:
                 consumer.commit(message=msgs[-1], asynchronous=False)
                 last_commit = time.monotonic()
-        return events / (time.perf_counter() - started)
+        return meter.rate()
     finally:
         consumer.close()
         engine.dispose()
@@ -119,22 +139,20 @@ def bare_confluent(url: str, bootstrap: str, topic: str, events: int, interval: 
     engine = create_engine(url)
     consumer = Consumer(_conf(bootstrap))
     consumer.subscribe([topic])
-    done, started, last_commit = 0, 0.0, time.monotonic()
+    meter, last_commit = Meter(), time.monotonic()
     try:
-        while done < events:
+        while meter.done < events:
             msg = consumer.poll(1.0)
             if msg is None or msg.error():
                 continue
-            if done == 0:
-                started = time.perf_counter()
             body = json.loads(msg.value())
             with engine.begin() as conn:
                 conn.execute(INSERT, {"event_id": msg.key().decode(), "amount": body["amount"]})
-            done += 1
-            if done == events or time.monotonic() - last_commit >= interval:
+            meter.add(1)
+            if meter.done == events or time.monotonic() - last_commit >= interval:
                 consumer.commit(message=msg, asynchronous=False)
                 last_commit = time.monotonic()
-        return events / (time.perf_counter() - started)
+        return meter.rate()
     finally:
         consumer.close()
         engine.dispose()
@@ -171,15 +189,12 @@ def middleware_confluent(
         dead_letter=None,
         batch_max_records=batch,
     )
-    done, started = 0, 0.0
+    meter = Meter()
     try:
         with consumer:
-            while done < events:
-                settled = len(consumer.poll_batch())
-                if settled and done == 0:
-                    started = time.perf_counter()
-                done += settled
-        return events / (time.perf_counter() - started)
+            while meter.done < events:
+                meter.add(len(consumer.poll_batch()))
+        return meter.rate()
     finally:
         engine.dispose()
 
@@ -201,25 +216,23 @@ async def _bare_aiokafka(
     engine = create_async_engine(url)
     consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
-    done, started, last_commit = 0, 0.0, time.monotonic()
+    meter, last_commit = Meter(), time.monotonic()
     try:
-        while done < events:
+        while meter.done < events:
             batches = await consumer.getmany(timeout_ms=1000, max_records=100)
             for records in batches.values():
                 for msg in records:
-                    if done == 0:
-                        started = time.perf_counter()
                     body = json.loads(msg.value)
                     async with engine.begin() as conn:
                         await conn.execute(
                             INSERT, {"event_id": msg.key.decode(), "amount": body["amount"]}
                         )
-                    done += 1
-                    if done == events or time.monotonic() - last_commit >= interval:
+                    meter.add(1)
+                    if meter.done == events or time.monotonic() - last_commit >= interval:
                         tp = TopicPartition(msg.topic, msg.partition)
                         await consumer.commit({tp: msg.offset + 1})
                         last_commit = time.monotonic()
-        return events / (time.perf_counter() - started)
+        return meter.rate()
     finally:
         await consumer.stop()
         await engine.dispose()
@@ -231,28 +244,26 @@ async def _bare_aiokafka_batch(
     engine = create_async_engine(url)
     consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
-    done, started, last_commit = 0, 0.0, time.monotonic()
+    meter, last_commit = Meter(), time.monotonic()
     try:
-        while done < events:
+        while meter.done < events:
             batches = await consumer.getmany(timeout_ms=1000, max_records=BATCH)
             msgs = [msg for records in batches.values() for msg in records]
             if not msgs:
                 continue
-            if done == 0:
-                started = time.perf_counter()
             async with engine.begin() as conn:
                 for msg in msgs:
                     body = json.loads(msg.value)
                     await conn.execute(
                         INSERT, {"event_id": msg.key.decode(), "amount": body["amount"]}
                     )
-            done += len(msgs)
-            if done >= events or time.monotonic() - last_commit >= interval:
+            meter.add(len(msgs))
+            if meter.done >= events or time.monotonic() - last_commit >= interval:
                 await consumer.commit(
                     {TopicPartition(m.topic, m.partition): m.offset + 1 for m in msgs}
                 )
                 last_commit = time.monotonic()
-        return events / (time.perf_counter() - started)
+        return meter.rate()
     finally:
         await consumer.stop()
         await engine.dispose()
@@ -290,15 +301,12 @@ async def _middleware_aiokafka(
         dead_letter=None,
         batch_max_records=batch,
     )
-    done, started = 0, 0.0
+    meter = Meter()
     try:
         async with consumer:
-            while done < events:
-                settled = len(await consumer.poll_batch())
-                if settled and done == 0:
-                    started = time.perf_counter()
-                done += settled
-        return events / (time.perf_counter() - started)
+            while meter.done < events:
+                meter.add(len(await consumer.poll_batch()))
+        return meter.rate()
     finally:
         await engine.dispose()
 

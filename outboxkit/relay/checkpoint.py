@@ -37,7 +37,7 @@ class Checkpoint:
     group: str
     shard: int
     token: int
-    rows: tuple[tuple[int, UUID], ...]
+    rows: tuple[tuple[int, str], ...]  # event ids as text, as claimed
     slot: int = 0
     seq: int = 0  # commit order within the token's term (the slots commit strictly in turn)
 
@@ -47,14 +47,16 @@ class Checkpoint:
                 "token": self.token,
                 "seq": self.seq,
                 "ids": [row_id for row_id, _ in self.rows],
-                "event_ids": [str(event_id) for _, event_id in self.rows],
+                "event_ids": [event_id for _, event_id in self.rows],
             }
         ).encode()
 
     @classmethod
     def decode(cls, group: str, shard: int, value: bytes, slot: int = 0) -> Checkpoint:
         body = json.loads(value)
-        rows = tuple((int(i), UUID(e)) for i, e in zip(body["ids"], body["event_ids"], strict=True))
+        # str(UUID(e)): checked and canonical, as the claim returns it (a takeover only, not hot)
+        pairs = zip(body["ids"], body["event_ids"], strict=True)
+        rows = tuple((int(i), str(UUID(e))) for i, e in pairs)
         return cls(group, shard, int(body["token"]), rows, slot, int(body.get("seq", 0)))
 
 

@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
-from uuid import UUID
 
 import psycopg
 
@@ -166,7 +165,7 @@ class BatchPublisher:
         """
         started = time.monotonic()
         previous_mark, self._pending_mark = self._pending_mark, None
-        carried: list[tuple[int, UUID]] = []  # rows sent so far (ids only: memory stays flat)
+        carried: list[tuple[int, str]] = []  # rows sent so far (ids only: memory stays flat)
         claims = 0
         claim = batch
         began = False
@@ -284,7 +283,7 @@ class BatchPublisher:
         self,
         term: LeaseTerm,
         slot: int,
-        carried: list[tuple[int, UUID]],
+        carried: list[tuple[int, str]],
         last: Sequence[OutboxRecord] = (),
     ) -> list[ProduceRequest]:
         """The transaction's checkpoint record (exactly-once only): every row it carries."""
@@ -300,7 +299,7 @@ class BatchPublisher:
         term: LeaseTerm,
         producer: TransactionalProducer,
         slot: int,
-        carried: list[tuple[int, UUID]],
+        carried: list[tuple[int, str]],
     ) -> None:
         requests = self._checkpoint(term, slot, carried)
         if requests:

@@ -11,7 +11,6 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
-from uuid import UUID
 
 import psycopg
 
@@ -28,7 +27,7 @@ class OutboxRecord(NamedTuple):
     """One claimed row. A named tuple, not a dataclass: a batch builds hundreds of these."""
 
     id: int
-    event_id: UUID
+    event_id: str  # text: the claim casts it (see relay.sql)
     idempotency_key: str
     topic: str
     key: str | None
@@ -47,7 +46,7 @@ class OutboxRecord(NamedTuple):
             return self._merged_headers()
         # No headers of its own (the usual row): the same list, without the dict round trip.
         out = [
-            (wire.HEADER_EVENT_ID, str(self.event_id).encode()),
+            (wire.HEADER_EVENT_ID, self.event_id.encode()),
             (wire.HEADER_IDEMPOTENCY_KEY, self.idempotency_key.encode()),
             (wire.HEADER_CONTENT_TYPE, self.content_type.encode()),
         ]
@@ -63,7 +62,7 @@ class OutboxRecord(NamedTuple):
 
     def _merged_headers(self) -> list[tuple[str, bytes]]:
         out: dict[str, str] = dict(self.headers or {})
-        out[wire.HEADER_EVENT_ID] = str(self.event_id)
+        out[wire.HEADER_EVENT_ID] = self.event_id
         out[wire.HEADER_IDEMPOTENCY_KEY] = self.idempotency_key
         out[wire.HEADER_CONTENT_TYPE] = self.content_type
         for name, value in (
@@ -98,7 +97,7 @@ def produce_requests(records: Sequence[OutboxRecord]) -> list[ProduceRequest]:
                 r[4].encode() if r[4] is not None else None,  # key
                 r[5],  # payload
                 [
-                    (event_id, str(r[1]).encode()),
+                    (event_id, r[1].encode()),
                     (idempotency_key, r[2].encode()),
                     (content_type, r[6].encode()),
                 ]
@@ -198,7 +197,7 @@ class ShardStore:
         return await self._fenced(conn, name, term, ids=BigintIds(ids))
 
     async def reconcile(
-        self, conn: Conn, term: LeaseTerm, carried: Sequence[tuple[int, UUID]], *, delete: bool
+        self, conn: Conn, term: LeaseTerm, carried: Sequence[tuple[int, str]], *, delete: bool
     ) -> int:
         """Mark (or delete) the rows a committed Kafka transaction carried."""
         name = "reconcile_deleted" if delete else "reconcile_published"

@@ -113,16 +113,22 @@ def test_lost_is_sticky_even_if_a_late_renewal_lands() -> None:
 
 
 def test_checkpoint_round_trip_and_key() -> None:
-    rows = ((1, uuid.uuid4()), (5, uuid.uuid4()))
+    rows = ((1, str(uuid.uuid4())), (5, str(uuid.uuid4())))
     checkpoint = Checkpoint("g", 3, 42, rows)
     assert Checkpoint.decode("g", 3, checkpoint.encode()) == checkpoint
+    # Event ids are read back checked and in the claim's canonical text form.
+    event_id = uuid.uuid4()
+    upper = b'{"token": 1, "ids": [2], "event_ids": ["%s"]}' % str(event_id).upper().encode()
+    assert Checkpoint.decode("g", 3, upper).rows == ((2, str(event_id)),)
+    with pytest.raises(ValueError, match="badly formed"):
+        Checkpoint.decode("g", 3, b'{"token": 1, "ids": [2], "event_ids": ["not-a-uuid"]}')
     assert checkpoint_key("g", 3) == b"g/3"
     assert transactional_id("g", 3) == "outboxkit-relay.g.3"
     assert transactional_id("g", 3) != transactional_id("g", 4)
 
 
 def test_producer_slots_have_their_own_ids_and_keys_and_slot_zero_keeps_the_old_ones() -> None:
-    rows = ((7, uuid.uuid4()),)
+    rows = ((7, str(uuid.uuid4())),)
     checkpoint = Checkpoint("g", 3, 42, rows, slot=1, seq=9)
     assert Checkpoint.decode("g", 3, checkpoint.encode(), slot=1) == checkpoint
     assert checkpoint_key("g", 3, 0) == b"g/3"
@@ -131,12 +137,12 @@ def test_producer_slots_have_their_own_ids_and_keys_and_slot_zero_keeps_the_old_
     assert slot_transactional_id("g", 3, 1) == "outboxkit-relay.g.3.1"
     assert slot_transactional_id("g", 3, 1) != slot_transactional_id("g", 31, 0)
     # A checkpoint written before slots existed decodes as slot 0, sequence 0.
-    old = b'{"token": 5, "ids": [1], "event_ids": ["%s"]}' % str(rows[0][1]).encode()
+    old = b'{"token": 5, "ids": [1], "event_ids": ["%s"]}' % rows[0][1].encode()
     assert Checkpoint.decode("g", 3, old) == Checkpoint("g", 3, 5, ((1, rows[0][1]),))
 
 
 def test_record_headers_carry_identity_and_trace_context() -> None:
-    event_id = uuid.uuid4()
+    event_id = str(uuid.uuid4())
     record = OutboxRecord(
         id=1,
         event_id=event_id,
@@ -153,7 +159,7 @@ def test_record_headers_carry_identity_and_trace_context() -> None:
         attempts=0,
     )
     headers = dict(record.kafka_headers())
-    assert headers["event-id"] == str(event_id).encode()  # the row's identity wins
+    assert headers["event-id"] == event_id.encode()  # the row's identity wins
     assert headers["idempotency-key"] == b"idem-1"
     assert headers["event-type"] == b"order.placed"
     assert headers["schema-version"] == b"2"
@@ -199,7 +205,9 @@ def test_delivery_callback_never_raises_and_a_fenced_record_means_fenced() -> No
 
 def _rows(count: int, size: int = 10) -> list[OutboxRecord]:
     return [
-        OutboxRecord(n, uuid.uuid4(), f"i{n}", "t", "k", b"x" * size, "a", None, *[None] * 4, 0)
+        OutboxRecord(
+            n, str(uuid.uuid4()), f"i{n}", "t", "k", b"x" * size, "a", None, *[None] * 4, 0
+        )
         for n in range(count)
     ]
 
@@ -282,7 +290,7 @@ def test_produce_requests_have_the_same_headers_for_every_shape_of_row() -> None
     """The usual row takes an inline fast path; every shape must give the record kafka_headers
     gives (same names, bytes, order), and the plain row exactly its three headers."""
     plain = OutboxRecord(
-        1, uuid.uuid4(), "idem", "t", None, b"{}", "application/json", *[None] * 5, 0
+        1, str(uuid.uuid4()), "idem", "t", None, b"{}", "application/json", *[None] * 5, 0
     )
     assert produce_requests([plain]) == [
         ProduceRequest(
@@ -290,7 +298,7 @@ def test_produce_requests_have_the_same_headers_for_every_shape_of_row() -> None
             None,
             b"{}",
             [
-                ("event-id", str(plain.event_id).encode()),
+                ("event-id", plain.event_id.encode()),
                 ("idempotency-key", b"idem"),
                 ("content-type", b"application/json"),
             ],
