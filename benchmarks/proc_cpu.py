@@ -47,3 +47,12 @@ def group_seconds(pgrp: int) -> float:
         # live child is never in its parent's cutime, so nothing is counted twice.
         total += sum(int(f) for f in fields[11:15]) / TICKS
     return total
+
+
+def machine_busy() -> float:
+    """Non-idle CPU seconds of the whole machine, all CPUs (other sessions' work included): next
+    to the per-process figures it shows whether the machine itself is the limit."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    # guest time is already counted in user/nice, so only the first eight fields add up.
+    return (sum(fields[:8]) - idle) / TICKS

@@ -41,7 +41,7 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proc_cpu import group_seconds, process_seconds  # noqa: E402
+from proc_cpu import group_seconds, machine_busy, process_seconds  # noqa: E402
 
 from outboxkit import db  # noqa: E402
 from outboxkit.db.migrator import upgrade  # noqa: E402
@@ -246,13 +246,14 @@ def relay_throughput(
     """``processes`` relay processes share the shards (each a separate Python interpreter).
 
     Returns rows/s and CPU seconds per 100k rows of the relay processes, PostgreSQL and Kafka
-    while they drained the backlog (the relay's include its start-up, about a second).
+    while they drained the backlog (the relay's include its start-up, about a second), and of
+    the whole machine (``machine``: at 2 cores, 2 s per second of the drain is all there is).
     """
     url = fresh_database(server_url, shards)
     try:
         fill(url, topic, rows)
         procs = []
-        services_before = service_seconds()
+        services_before, busy_before = service_seconds(), machine_busy()
         for n in range(processes):
             owned = ",".join(str(s) for s in range(shards) if s % processes == n)
             env = {"OUTBOXKIT_RELAY_BATCH_SIZE": str(batch), "OUTBOXKIT_RELAY_SHARDS": owned}
@@ -260,7 +261,7 @@ def relay_throughput(
         try:
             wait_drained(url, rows, procs=procs)
             relay_cpu = sum(process_seconds(p.pid) for p in procs)
-            services_after = service_seconds()
+            services_after, busy_after = service_seconds(), machine_busy()
         finally:
             for proc in procs:
                 stop(proc)
@@ -272,6 +273,7 @@ def relay_throughput(
         cpu = {"relay": relay_cpu * per}
         for name, after in services_after.items():
             cpu[name] = (after - services_before[name]) * per
+        cpu["machine"] = (busy_after - busy_before) * per  # everything, both cores
         return count / span, cpu
     finally:
         drop_database(server_url, url)
@@ -473,9 +475,11 @@ def main() -> None:
                 server_url, bootstrap, topic, shards, batch, processes, mode, extra
             )
             results[label] = rate
+            busy = cpu.get("machine", 0.0) * rate / 100_000  # cores busy during the drain
             print(
                 f"relay (mark), {label}: {rate:,.0f} rows/s"
-                f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)}",
+                f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)};"
+                f" machine busy {busy:.2f} of {os.cpu_count()} cores",
                 flush=True,
             )
         if BARE:

@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from benchmarks.proc_cpu import machine_busy
+
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -43,14 +45,6 @@ def tree_cpu(pid: int | None) -> float:
         if child is not None and child[1] == str(pid):
             total += _own_and_reaped(child)
     return total
-
-
-def machine_busy() -> float:
-    """Non-idle CPU seconds of the whole machine, all CPUs (other sessions' work included)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    # guest time is already counted in user/nice, so only the first eight fields add up.
-    return (sum(fields[:8]) - idle) / _TICK
 
 
 def sample(pids: Mapping[str, int | None]) -> dict[str, float]:
