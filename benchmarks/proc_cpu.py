@@ -49,10 +49,21 @@ def group_seconds(pgrp: int) -> float:
     return total
 
 
+def _machine_ticks() -> list[int]:
+    # /proc/stat's first line: user nice system idle iowait irq softirq steal (guest time is
+    # already counted in user/nice).
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
 def machine_busy() -> float:
-    """Non-idle CPU seconds of the whole machine, all CPUs (other sessions' work included): next
-    to the per-process figures it shows whether the machine itself is the limit."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    # guest time is already counted in user/nice, so only the first eight fields add up.
-    return (sum(fields[:8]) - idle) / TICKS
+    """CPU seconds this machine's CPUs did work, all CPUs (other sessions' work included): next
+    to the per-process figures it shows whether the machine itself is the limit. Time the
+    hypervisor gave to other guests (steal) is not work done here: see :func:`machine_steal`."""
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = _machine_ticks()
+    return (user + nice + system + irq + softirq) / TICKS
+
+
+def machine_steal() -> float:
+    """CPU seconds the hypervisor ran something else while this virtual machine had work: a
+    drain that lost much of its time this way measured the host, not the code."""
+    return _machine_ticks()[7] / TICKS

@@ -41,7 +41,7 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proc_cpu import group_seconds, machine_busy, process_seconds  # noqa: E402
+from proc_cpu import group_seconds, machine_busy, machine_steal, process_seconds  # noqa: E402
 
 from outboxkit import db  # noqa: E402
 from outboxkit.db.migrator import upgrade  # noqa: E402
@@ -229,7 +229,8 @@ def cpu_line(cpu: dict[str, float]) -> str:
     """CPU seconds per 100k rows, by process (which one is the limit on a 2-core machine)."""
     if not cpu:
         return ""
-    return " (CPU s/100k rows: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + ")"
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if not k.startswith("_"))
+    return f" (CPU s/100k rows: {shown})"
 
 
 def relay_throughput(
@@ -247,13 +248,15 @@ def relay_throughput(
 
     Returns rows/s and CPU seconds per 100k rows of the relay processes, PostgreSQL and Kafka
     while they drained the backlog (the relay's include its start-up, about a second), and of
-    the whole machine (``machine``: at 2 cores, 2 s per second of the drain is all there is).
+    the whole machine (``machine``), and ``_cores``: how many cores were busy on average over
+    the same window (at 2 cores, 2.0 is all there is), ``_steal``: how many the hypervisor took.
     """
     url = fresh_database(server_url, shards)
     try:
         fill(url, topic, rows)
         procs = []
-        services_before, busy_before = service_seconds(), machine_busy()
+        services_before, busy_before, window = service_seconds(), machine_busy(), time.monotonic()
+        steal_before = machine_steal()
         for n in range(processes):
             owned = ",".join(str(s) for s in range(shards) if s % processes == n)
             env = {"OUTBOXKIT_RELAY_BATCH_SIZE": str(batch), "OUTBOXKIT_RELAY_SHARDS": owned}
@@ -262,6 +265,7 @@ def relay_throughput(
             wait_drained(url, rows, procs=procs)
             relay_cpu = sum(process_seconds(p.pid) for p in procs)
             services_after, busy_after = service_seconds(), machine_busy()
+            window, steal = time.monotonic() - window, machine_steal() - steal_before
         finally:
             for proc in procs:
                 stop(proc)
@@ -274,6 +278,8 @@ def relay_throughput(
         for name, after in services_after.items():
             cpu[name] = (after - services_before[name]) * per
         cpu["machine"] = (busy_after - busy_before) * per  # everything, both cores
+        cpu["_cores"] = (busy_after - busy_before) / window  # busy cores over the same window
+        cpu["_steal"] = steal / window  # cores' worth the hypervisor gave to other guests
         return count / span, cpu
     finally:
         drop_database(server_url, url)
@@ -475,11 +481,11 @@ def main() -> None:
                 server_url, bootstrap, topic, shards, batch, processes, mode, extra
             )
             results[label] = rate
-            busy = cpu.get("machine", 0.0) * rate / 100_000  # cores busy during the drain
             print(
                 f"relay (mark), {label}: {rate:,.0f} rows/s"
                 f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)};"
-                f" machine busy {busy:.2f} of {os.cpu_count()} cores",
+                f" machine busy {cpu.get('_cores', 0.0):.2f} of {os.cpu_count()} cores"
+                f" (stolen by the host: {cpu.get('_steal', 0.0):.2f})",
                 flush=True,
             )
         if BARE:

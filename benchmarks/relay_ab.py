@@ -75,7 +75,8 @@ def main() -> None:
                 cpus.setdefault(name, []).append(cpu)
                 print(
                     f"round {n + 1} {name}: {rate:,.0f} rows/s = {rate / base:.2f} x raw"
-                    f" ({base:,.0f}){bench.cpu_line(cpu)}; load {os.getloadavg()[0]:.1f}",
+                    f" ({base:,.0f}){bench.cpu_line(cpu)}; load {os.getloadavg()[0]:.1f};"
+                    f" cores stolen by the host {cpu.get('_steal', 0.0):.2f}",
                     flush=True,
                 )
             for name, shards, _, mode, extra in runs:
