@@ -390,7 +390,9 @@ RATIOS = [("mw/batch", "bare/event"), ("mw/batch", "bare/batch"), ("mw/b-conn", 
 
 
 def _summary(rates: dict[tuple[str, str], list[float]], columns: list[str]) -> None:
-    """Medians per column and the ratios whose two columns were run."""
+    """Medians per column, then each ratio whose two columns were run: the ratio of the medians,
+    and the same ratio round by round (both columns of a round ran minutes apart on the same
+    machine, so the spread of those shows how far one run can be trusted)."""
     ratios = [(a, b) for a, b in RATIOS if a in columns and b in columns]
     print(
         f"{'client':10}"
@@ -401,6 +403,14 @@ def _summary(rates: dict[tuple[str, str], list[float]], columns: list[str]) -> N
         median = {c: statistics.median(rates[(client, c)]) for c in columns}
         row = "".join(f"{median[c]:11.0f}" for c in columns)
         print(f"{client:10}{row}" + "".join(f"{median[a] / median[b]:24.2f}" for a, b in ratios))
+    for a, b in ratios:
+        for client in ("confluent", "aiokafka"):
+            paired = [x / y for x, y in zip(rates[(client, a)], rates[(client, b)], strict=True)]
+            print(
+                f"  {client:9} {a} : {b} round by round: "
+                + ", ".join(f"{r:.2f}" for r in paired)
+                + f" (median {statistics.median(paired):.2f})"
+            )
 
 
 @contextmanager
@@ -440,7 +450,7 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=800)
+    parser.add_argument("--events", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--columns",
