@@ -89,24 +89,30 @@ BATCH = 50
 
 
 class Meter:
-    """Events/s from the end of the first batch (or event) on: every variant's start-up (group
-    join, first fetch, first statements) is left out alike, and the first batch's events with
-    it."""
+    """Events/s from the end of the first batch (or event) to the end of the one that reaches
+    ``events``: every variant's start-up (group join, first fetch, first statements) is left
+    out alike, with the first batch's events, and so is the last offset commit (the bare
+    consumers make it in their loop, the middleware when it closes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: int) -> None:
+        self.events = events
         self.done = 0
         self._first = 0
         self._started = 0.0
+        self._ended = 0.0
 
     def add(self, count: int) -> None:
         self.done += count
         if not self._started and count:
             self._started, self._first = time.perf_counter(), self.done
+        if self.done >= self.events and not self._ended:
+            self._ended = time.perf_counter()
 
     def rate(self) -> float:
         if self.done == self._first:
             raise RuntimeError("every event came in the first batch: use more --events")
-        return (self.done - self._first) / (time.perf_counter() - self._started)
+        counted = min(self.done, self.events) - self._first  # none after the clock stopped
+        return counted / ((self._ended or time.perf_counter()) - self._started)
 
 
 def bare_confluent_batch(
@@ -115,7 +121,7 @@ def bare_confluent_batch(
     engine = create_engine(url)
     consumer = Consumer(_conf(bootstrap))
     consumer.subscribe([topic])
-    meter, last_commit = Meter(), time.monotonic()
+    meter, last_commit = Meter(events), time.monotonic()
     try:
         while meter.done < events:
             msgs = [m for m in consumer.consume(BATCH, 1.0) if not m.error()]
@@ -139,7 +145,7 @@ def bare_confluent(url: str, bootstrap: str, topic: str, events: int, interval: 
     engine = create_engine(url)
     consumer = Consumer(_conf(bootstrap))
     consumer.subscribe([topic])
-    meter, last_commit = Meter(), time.monotonic()
+    meter, last_commit = Meter(events), time.monotonic()
     try:
         while meter.done < events:
             msg = consumer.poll(1.0)
@@ -189,7 +195,7 @@ def middleware_confluent(
         dead_letter=None,
         batch_max_records=batch,
     )
-    meter = Meter()
+    meter = Meter(events)
     try:
         with consumer:
             while meter.done < events:
@@ -216,7 +222,7 @@ async def _bare_aiokafka(
     engine = create_async_engine(url)
     consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
-    meter, last_commit = Meter(), time.monotonic()
+    meter, last_commit = Meter(events), time.monotonic()
     try:
         while meter.done < events:
             batches = await consumer.getmany(timeout_ms=1000, max_records=100)
@@ -244,7 +250,7 @@ async def _bare_aiokafka_batch(
     engine = create_async_engine(url)
     consumer = _aiokafka_consumer(bootstrap, topic)
     await consumer.start()
-    meter, last_commit = Meter(), time.monotonic()
+    meter, last_commit = Meter(events), time.monotonic()
     try:
         while meter.done < events:
             batches = await consumer.getmany(timeout_ms=1000, max_records=BATCH)
@@ -301,7 +307,7 @@ async def _middleware_aiokafka(
         dead_letter=None,
         batch_max_records=batch,
     )
-    meter = Meter()
+    meter = Meter(events)
     try:
         async with consumer:
             while meter.done < events:

@@ -10,7 +10,9 @@ from outboxkit.relay.reader import OutboxRecord
 
 def _rows(count: int, size: int = 10) -> list[OutboxRecord]:
     return [
-        OutboxRecord(n, uuid.uuid4(), f"i{n}", "t", "k", b"x" * size, "a", None, *[None] * 4, 0)
+        OutboxRecord(
+            n, str(uuid.uuid4()), f"i{n}", "t", "k", b"x" * size, "a", None, *[None] * 4, 0
+        )
         for n in range(count)
     ]
 
