@@ -50,7 +50,8 @@ RETURNING token;
 -- bounded by bytes, not only rows; the first row always comes (a large row is never stuck).
 -- octet_length of a bytea reads the TOAST header only; the window streams in index order.
 SELECT c.id, CAST(c.event_id AS text), c.idempotency_key, c.topic, c.message_key, c.payload,
-       c.content_type, c.headers, c.event_type, c.schema_version, c.aggregate_type, c.aggregate_id, c.attempts
+       c.content_type, c.headers, c.event_type, c.schema_version, c.aggregate_type,
+       c.aggregate_id, c.attempts
 FROM (
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
        nullif(m.headers, '{}'::jsonb) AS headers, m.event_type, m.schema_version,
