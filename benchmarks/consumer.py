@@ -19,9 +19,10 @@ redelivery is recognised), for both clients side by side:
   ``session.connection()`` instead of ``session.execute`` (the ORM path), as the bare consumers
   do on their ``Connection``: ``mw/b-conn : bare/batch`` compares the same statement path.
 
-``--columns`` runs a subset of the columns. ``--tune-gc`` first applies the garbage-collector
-settings ``outboxkit inbox run`` uses (``outboxkit.gc_tuning``) to this whole process, so the
-bare consumers and the middleware run with them alike.
+``--columns`` runs a subset of the columns. ``--steps`` also prints, for each middleware run,
+the time each step of the inbox core took per event (``inbox_steps.py``). ``--tune-gc`` first
+applies the garbage-collector settings ``outboxkit inbox run`` uses (``outboxkit.gc_tuning``) to
+this whole process, so the bare consumers and the middleware run with them alike.
 
 Variants run interleaved (alternating rounds); the median of the rounds is printed. Each rate is
 counted from the end of the first batch on (``Meter``), so start-up is left out of every variant
@@ -37,7 +38,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import psycopg
@@ -45,6 +46,7 @@ import pydantic
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from inbox_steps import print_steps, timed_steps
 from psycopg import sql
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -433,7 +435,14 @@ def scratch_database(server_url: str) -> Iterator[str]:
             conn.execute(drop.format(sql.Identifier(name)))
 
 
-def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list[str]) -> None:
+def run(
+    server_url: str,
+    bootstrap: str,
+    events: int,
+    rounds: int,
+    columns: list[str],
+    steps: bool = False,
+) -> None:
     with scratch_database(server_url) as db_url:
         migrator.upgrade(db_url)
         with psycopg.connect(db_url) as conn:
@@ -444,9 +453,15 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int, columns: list
         for round_no in range(1, rounds + 1):
             order = chosen if round_no % 2 else list(reversed(chosen))  # alternate
             for client, variant, runner in order:
-                rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events, INTERVAL)
+                timed = steps and variant.startswith("mw/")
+                with timed_steps() if timed else nullcontext({}) as spent:
+                    started = time.perf_counter()
+                    rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events, INTERVAL)
+                    seconds = time.perf_counter() - started
                 rates.setdefault((client, variant), []).append(rate)
                 print(f"round {round_no}  {client:9} {variant:10} {rate:8.0f} events/s", flush=True)
+                if timed:
+                    print_steps(f"{client} {variant} steps", spent, events, seconds)
         print(
             f"\n{events} events, one effect row each, offsets every {INTERVAL:g} s;"
             f" median of {rounds} rounds (events/s)"
@@ -464,12 +479,17 @@ def main() -> None:
         help=f"comma-separated subset of {','.join(COLUMNS)} (default: all)",
     )
     parser.add_argument("--tune-gc", action="store_true", help="as `inbox run` does (all variants)")
+    parser.add_argument(
+        "--steps", action="store_true", help="time each middleware step (see inbox_steps.py)"
+    )
     args = parser.parse_args()
     columns = [c for c in COLUMNS if c in args.columns.split(",")]
     if args.tune_gc:
         tune_gc()
     with DevStack(durable=True) as stack:
-        run(stack.database_url, stack.kafka_bootstrap, args.events, args.rounds, columns)
+        run(
+            stack.database_url, stack.kafka_bootstrap, args.events, args.rounds, columns, args.steps
+        )
 
 
 if __name__ == "__main__":
