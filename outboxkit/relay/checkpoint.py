@@ -53,11 +53,21 @@ class Checkpoint:
 
     @classmethod
     def decode(cls, group: str, shard: int, value: bytes, slot: int = 0) -> Checkpoint:
-        body = json.loads(value)
-        # str(UUID(e)): checked and canonical, as the claim returns it (a takeover only, not hot)
-        pairs = zip(body["ids"], body["event_ids"], strict=True)
-        rows = tuple((int(i), str(UUID(e))) for i, e in pairs)
-        return cls(group, shard, int(body["token"]), rows, slot, int(body.get("seq", 0)))
+        """The checkpoint in ``value``, or :class:`PublishError` if it cannot be read: without it
+        the rows of the last committed transaction cannot be told apart, so the shard must not
+        publish (it retries with back-off, saying why, until the record is fixed)."""
+        try:
+            body = json.loads(value)
+            # str(UUID(e)): checked and canonical, as the claim returns it (takeover only)
+            pairs = zip(body["ids"], body["event_ids"], strict=True)
+            rows = tuple((int(i), str(UUID(e))) for i, e in pairs)
+            return cls(group, shard, int(body["token"]), rows, slot, int(body.get("seq", 0)))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            key = checkpoint_key(group, shard, slot).decode()
+            raise PublishError(
+                f"the checkpoint under key {key!r} is unreadable ({type(exc).__name__}: {exc});"
+                f" shard {shard} publishes nothing until it is a valid checkpoint again"
+            ) from None
 
 
 class CheckpointTopic:

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from outboxkit.errors import LeaseLostError
+from outboxkit.errors import LeaseLostError, PublishError
 from outboxkit.faults import FaultPoints, parse_fault
 from outboxkit.kafka.api import ProduceRequest, RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
@@ -120,8 +120,16 @@ def test_checkpoint_round_trip_and_key() -> None:
     event_id = uuid.uuid4()
     upper = b'{"token": 1, "ids": [2], "event_ids": ["%s"]}' % str(event_id).upper().encode()
     assert Checkpoint.decode("g", 3, upper).rows == ((2, str(event_id)),)
-    with pytest.raises(ValueError, match="badly formed"):
-        Checkpoint.decode("g", 3, b'{"token": 1, "ids": [2], "event_ids": ["not-a-uuid"]}')
+    for hostile in (
+        b'{"token": 1, "ids": [2], "event_ids": ["not-a-uuid"]}',
+        b'{"token": 1, "ids": [2, 3], "event_ids": ["%s"]}' % str(event_id).encode(),
+        b'{"token": 1, "ids": [2]}',
+        b'{"token": null, "ids": [], "event_ids": []}',
+        b"[1, 2]",
+        b"\xff not json",
+    ):
+        with pytest.raises(PublishError, match="key 'g/3' is unreadable"):
+            Checkpoint.decode("g", 3, hostile)
     assert checkpoint_key("g", 3) == b"g/3"
     assert transactional_id("g", 3) == "outboxkit-relay.g.3"
     assert transactional_id("g", 3) != transactional_id("g", 4)
