@@ -1,4 +1,4 @@
-"""A checkpoint the relay cannot read stops its shard with a clear, typed reason; nothing is sent.
+"""A checkpoint the relay cannot read holds its shard with a clear, typed reason until fixed.
 
 Without the last committed checkpoint the rows of that transaction cannot be told apart, so
 publishing would risk duplicates: the shard retries with back-off and says why, the process
@@ -52,6 +52,13 @@ async def test_an_unreadable_checkpoint_holds_the_shard_and_says_why(
             what="the shard saying its checkpoint is unreadable",
         )
         assert row_states(outboxkit_db_url) == {"pending": 5}
+        # The remedy docs/failure-modes.md gives: a valid (here empty) checkpoint under the key.
+        empty = b'{"token": 0, "ids": [], "event_ids": []}'
+        producer.produce(checkpoints, empty, key=checkpoint_key("default", 0), partition=0)
+        assert producer.flush(30) == 0
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 5}, what="published after fix"
+        )
     [said, *_] = [r.getMessage() for r in caplog.records if "is unreadable" in r.getMessage()]
     assert "PublishError" in said, said
     assert "key 'default/0'" in said, said
