@@ -40,6 +40,7 @@ from outboxkit.wire import (
     HEADER_EVENT_TYPE,
     HEADER_IDEMPOTENCY_KEY,
 )
+from tests.support.waiting import wait_for
 
 EVENT_TYPE = "payment.requested"
 
@@ -380,6 +381,19 @@ class Harness:
         assert not self._thread.is_alive(), "consumer thread did not stop"
         if self.error is not None:
             raise self.error
+
+    def wait_outcomes(self, *event_ids: str) -> None:
+        """Wait until each event's final outcome has been returned by ``poll_batch``.
+
+        The inbox row commits inside ``poll_batch``; its outcomes (and metrics) reach the
+        test only when the call returns, so a test that reads them must wait on them, not on
+        the row."""
+
+        def settled() -> bool:
+            final = {o.event_id for o in list(self.outcomes) if o.kind.advances_offset}
+            return set(event_ids) <= final
+
+        wait_for(settled, what=f"outcomes of {', '.join(event_ids)}")
 
     def _main(self) -> None:
         try:

@@ -118,6 +118,7 @@ def test_each_event_applied_once_and_succeeded(
     assert row["topic"] == topic
     assert row["kafka_offset"] == 0
     assert row["finished_at"] is not None
+    harness.wait_outcomes(*ids)
     assert [o.kind for o in harness.outcomes] == [OutcomeKind.SUCCEEDED] * 3
     registry = harness.metrics.registry
     labels = {"consumer": "billing", "outcome": "succeeded"}
@@ -246,6 +247,7 @@ def test_always_failing_handler_goes_dead_with_one_dead_letter(
     assert headers["dlq-attempts"] == b"3"
     assert headers["event-id"] == doomed.encode()
     assert records[0].value() == payload("o-doomed", 1)
+    harness.wait_outcomes(doomed)
     kinds = [o.kind for o in harness.outcomes if o.event_id == doomed]
     assert kinds == [OutcomeKind.RETRY, OutcomeKind.RETRY, OutcomeKind.DEAD]
 
@@ -344,7 +346,7 @@ def test_interval_offset_commits_are_flushed_on_close(
     later = str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, later, "o", 2)
     second = start([topic], offset_commit_interval=600.0, group_id=group)
-    wait_for(lambda: _state(outboxkit_db_url, later) == "succeeded", what="later event")
+    second.wait_outcomes(later)
     assert [(o.kind, o.event_id) for o in second.outcomes] == [(OutcomeKind.SUCCEEDED, later)]
     assert len(effects(outboxkit_db_url)) == 4
 
@@ -444,6 +446,7 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
     assert _finished_at(outboxkit_db_url, a0) == _finished_at(outboxkit_db_url, a1)
     assert _finished_at(outboxkit_db_url, a1) == _finished_at(outboxkit_db_url, b1)
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a0, b0, a1, b1])
+    harness.wait_outcomes(doomed, b0)
     kinds = [o.kind for o in harness.outcomes if o.event_id == doomed]
     assert kinds == [OutcomeKind.RETRY, OutcomeKind.RETRY, OutcomeKind.DEAD]
     row = inbox_row(outboxkit_db_url, "billing", b0)
@@ -592,6 +595,7 @@ def test_cancel_of_one_event_of_a_batch(
     assert row is not None
     assert (row["state"], row["last_error"], row["lease_lost_count"]) == ("cancelled", "stop it", 1)
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, b])
+    harness.wait_outcomes(a, slow, b)
     kinds = {o.event_id: o.kind for o in harness.outcomes}
     assert kinds == {
         a: OutcomeKind.SUCCEEDED,

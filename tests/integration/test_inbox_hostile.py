@@ -205,6 +205,7 @@ def test_a_dead_letter_that_cannot_be_published_ends_dead_with_the_reason(
     assert row["state"] == "dead"
     assert f"dead letter could not be published to '{dlq}'" in row["last_error"]
     assert "boom on attempt 1" in row["last_error"]
+    harness.wait_outcomes(doomed, later)
     labels = {"consumer": "billing", "alert": "dead_letter_failed"}
     assert harness.metrics.registry.get_sample_value("outboxkit_inbox_alerts_total", labels) == 1
 
