@@ -65,6 +65,7 @@ class ShardWorker:
         self.term: LeaseTerm | None = None
         self.lease_lost_count = 0
         self.notifications = 0  # NOTIFY hints addressed to this shard (observability, tests)
+        self.paused = False  # the group's pause flag as this worker last read it (tests wait)
         self.retention_passes = 0  # completed retention passes (tests wait on it)
         self._producer_factory = producer_factory
         self._checkpoints = checkpoints
@@ -170,7 +171,6 @@ class ShardWorker:
         failures = 0
         idle_wait = self._min_wait
         next_pause_check = 0.0
-        paused = False
         next_retention = time.monotonic() + self.config.poll_interval
         prefetched: list[OutboxRecord] = []
         self.active.set()
@@ -186,10 +186,10 @@ class ShardWorker:
                     await publisher.settle_mark()
                 if time.monotonic() >= next_pause_check:
                     await publisher.settle_mark()
-                    paused = await self._store.paused(conn, self.config.group)
+                    self.paused = await self._store.paused(conn, self.config.group)
                     term.check()
                     next_pause_check = time.monotonic() + self.config.poll_interval / 2
-                if paused:
+                if self.paused:
                     prefetched = []
                     await wait_any([self.stop], self.config.poll_interval / 2)
                     continue

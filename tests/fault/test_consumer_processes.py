@@ -317,6 +317,16 @@ def test_rebalance_mid_handler_one_effect(
     # o-1 ran in the first member's batch too: either that transaction committed it (aiokafka
     # sees the revoke at once and ends the batch before anyone re-claims o-1), or its mark was
     # refused by the newer token and the batch rolled back (confluent). Never both.
+    # The first member records o-1's lost lease after slow-2's: wait for o-1's own outcome.
+    wait_for(
+        lambda: (
+            (o := _row(outboxkit_db_url, first_id))["lease_lost_count"] >= 1
+            or o["duplicate_count"] >= 1
+            or o["attempts"] == 1
+        ),
+        timeout=60,
+        what="o-1's outcome in the first member",
+    )
     o1 = _row(outboxkit_db_url, first_id)
     assert (o1["lease_lost_count"] >= 1) != (o1["duplicate_count"] >= 1 or o1["attempts"] == 1)
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([first_id, event_id, last_id])

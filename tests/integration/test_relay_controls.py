@@ -38,12 +38,12 @@ async def test_pause_flag_is_obeyed_and_resume_continues(
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 2)
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=0.5)
-    async with running_relay(settings):
+    async with running_relay(settings) as relay:
         insert_rows(outboxkit_db_url, topic, payloads("a", 5))
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 5})
+        await wait_for_async(lambda: all(w.active.is_set() for w in relay.workers.values()))
         assert "paused" in _cli(outboxkit_db_url, "relay", "pause", "--reason", "incident 42")
-        # One poll interval for every relay to see the flag, plus slack for a loaded machine.
-        await asyncio.sleep(settings.relay.poll_interval + 1.5)
+        await wait_for_async(lambda: all(w.paused for w in relay.workers.values()))
         insert_rows(outboxkit_db_url, topic, payloads("b", 5))
         await asyncio.sleep(settings.relay.poll_interval * 4)
         assert row_states(outboxkit_db_url) == {"published": 5, "pending": 5}

@@ -34,6 +34,16 @@ def _insert_and_notify(db_url: str, topic: str, key: str) -> int:
     return int(shard[0])
 
 
+def _listening(db_url: str) -> bool:
+    """The relay's LISTEN has run: its session's last statement is the LISTEN."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'outboxkit-relay-listen' AND query ILIKE 'LISTEN%%'"
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
 async def test_notify_wakes_the_shard_worker(
     outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
 ) -> None:
@@ -42,6 +52,7 @@ async def test_notify_wakes_the_shard_worker(
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=60.0)
     async with running_relay(settings) as relay:
         await wait_for_async(lambda: all(w.active.is_set() for w in relay.workers.values()))
+        await wait_for_async(lambda: _listening(outboxkit_db_url))  # a NOTIFY before is lost
         shard = _insert_and_notify(outboxkit_db_url, topic, "k")
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 1})
         assert relay.workers[shard].notifications >= 1
