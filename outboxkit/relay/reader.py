@@ -7,7 +7,6 @@ is skipped, whatever order transactions commit in.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -115,18 +114,13 @@ _FIXED_HEADERS = (wire.HEADER_EVENT_ID, wire.HEADER_IDEMPOTENCY_KEY, wire.HEADER
 _PLAIN = (None, None, None, None, None)
 
 
-def _record(row: Sequence[Any]) -> OutboxRecord:
+def _record(row: Sequence[Any], defects: dict[int, str]) -> OutboxRecord:
     # The claim returns NULL for the usual empty headers object, so most rows skip JSON and
     # become a record as they are (one tuple copy, no field-by-field work).
     headers = row[7]
     if headers is None and type(row[5]) is bytes:
         return _make(row)
-    if headers is None:
-        headers = {}
-    else:
-        if isinstance(headers, str):
-            headers = json.loads(headers)
-        headers = {str(k): str(v) for k, v in headers.items()}
+    headers = {} if headers is None else _headers(row[0], headers, defects)
     payload = row[5]
     return OutboxRecord(
         row[0],
@@ -145,6 +139,31 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
     )
 
 
+def _headers(row_id: int, value: Any, defects: dict[int, str]) -> dict[str, str]:
+    """The row's own headers. The writer stores a JSON object of strings; a row written by
+    other means may hold anything jsonb can (an array, a string, a number): such a row is
+    recorded in ``defects`` with the reason, to be parked, instead of failing every claim of
+    its shard."""
+    if not isinstance(value, dict):  # psycopg hands jsonb over decoded
+        defects[row_id] = (
+            f"headers must be a JSON object of strings, not a JSON {_json_kind(value)}"
+        )
+        return {}
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
 class ShardStore:
     """Claim and fenced writes of one shard, on an autocommit connection."""
 
@@ -154,6 +173,9 @@ class ShardStore:
         self._schema = schema
         self._skip_parked_keys = skip_parked_keys
         self._max_bytes = max_bytes
+        # Claimed rows that cannot become a Kafka record (row id -> why): the topic gate parks
+        # them with the reason before anything is sent.
+        self.defects: dict[int, str] = {}
 
     def _query(self, name: str) -> db.Query:
         return db.query("relay", name, self._schema)
@@ -174,7 +196,11 @@ class ShardStore:
             },
             binary=True,  # id arrays: packed whole (db.id_arrays), no per-element dumping
         )
-        return [_record(row) for row in found.rows]
+        defects = self.defects
+        if defects:  # a row claimed again is judged again (it may have been fixed meanwhile)
+            for row in found.rows:
+                defects.pop(row[0], None)
+        return [_record(row, defects) for row in found.rows]
 
     async def _fenced(self, conn: Conn, name: str, term: LeaseTerm, **params: Any) -> int:
         found = await db.run_async(

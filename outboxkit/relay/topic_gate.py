@@ -45,7 +45,8 @@ class TopicGate:
         producer: TransactionalProducer,
         claim: list[OutboxRecord],
     ) -> list[OutboxRecord]:
-        """The claim without rows of topics that cannot take records (those are parked)."""
+        """The claim without rows that cannot become records (those are parked): rows of
+        topics that cannot take records, and rows the reader found defective."""
         # Each topic is checked once per claim (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
         for topic in {r.topic for r in claim} - self._known_topics:
@@ -55,7 +56,8 @@ class TopicGate:
                 self._known_topics.add(topic)
             else:
                 problems[topic] = problem
-        if problems:
+        defects = self._store.defects
+        if problems or (defects and any(r.id in defects for r in claim)):
             return await self._park_unsendable(term, conn, claim, problems)
         return claim
 
@@ -73,15 +75,18 @@ class TopicGate:
         batch: list[OutboxRecord],
         problems: dict[str, RecordError],
     ) -> list[OutboxRecord]:
-        """Park the rows whose topic cannot take records; the rest of the batch, in order."""
+        """Park the defective rows and those whose topic cannot take records; the rest of the
+        batch, in order."""
         parked_keys: set[str] = set()
         to_send: list[OutboxRecord] = []
+        defects = self._store.defects
         for record in batch:
             if self._wait_behind_parked and record.key is not None and record.key in parked_keys:
                 continue  # waits behind its parked predecessor; the next claim excludes it
-            problem = problems.get(record.topic)
+            problem = defects.get(record.id) or problems.get(record.topic)
             if problem is not None:
                 await self.park(term, conn, record, str(problem))
+                defects.pop(record.id, None)
                 term.check()
                 if record.key is not None:
                     parked_keys.add(record.key)

@@ -175,3 +175,54 @@ async def test_discard_unblocks_waiting_key(
         )
     got = consume(outboxkit_kafka_bootstrap, topic, expect=2)
     assert [r.value for r in got] == [v for _, v in payloads("k", 2, start=1)]
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+async def test_rows_whose_headers_are_not_an_object_are_parked_not_stalling_the_shard(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    client: str,
+) -> None:
+    """The writer stores headers as a JSON object of strings; a row written by other means
+    may hold any JSON. Such a row is parked with the reason (its key waits behind it), and every
+    other row of the shard is published; fixed and retried, it goes out in its key's order."""
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic()
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 3))
+    [array_row] = insert_rows(outboxkit_db_url, topic, payloads("bad", 1))
+    [text_row] = insert_rows(outboxkit_db_url, topic, payloads("odd", 1))
+    insert_rows(outboxkit_db_url, topic, payloads("bad", 1, start=1))  # waits behind it
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 3, start=3))
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        for row_id, value in ((array_row, "[1, 2]"), (text_row, '"text"')):
+            conn.execute(
+                "UPDATE outboxkit.outbox_message SET headers = %s::jsonb WHERE id = %s",
+                (value, row_id),
+            )
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, client=client)
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: (
+                _states_by_key(outboxkit_db_url)
+                == {"ok": ["published"] * 6, "bad": ["parked", "pending"], "odd": ["parked"]}
+            ),
+            what="the two rows parked, the other key published",
+        )
+        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        reasons = {item["key"]: item["reason"] for item in listing}
+        assert "headers must be a JSON object of strings, not a JSON array" in reasons["bad"]
+        assert "not a JSON string" in reasons["odd"]
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE outboxkit.outbox_message SET headers = '{}' WHERE id = %s", (array_row,)
+            )
+        assert "1 row(s) back to pending" in _cli(
+            outboxkit_db_url, "outbox", "retry", str(array_row)
+        )
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 8, "parked": 1},
+            what="the fixed row and the one behind it published",
+        )
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=8)
+    assert [r.value for r in got if r.key == "bad"] == [v for _, v in payloads("bad", 2)]
