@@ -313,7 +313,7 @@ class InboxCore:
         reason = bounded(f"gave up after {failures} unexpected errors: {error}")
         try:
             ident: Identity | None = identify(env, self.settings.event_id_from)
-        except DecodeError:
+        except Exception:  # giving up must not fail for the reason it is giving up for
             ident = None
         event_id = ident.event_id if ident is not None else None
         try:

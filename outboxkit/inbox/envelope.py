@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from outboxkit.errors import MissingEventIdError
+from outboxkit.errors import DecodeError, MissingEventIdError
 from outboxkit.inbox.guard import (
     HEADER_LIMITS,
     InvalidHeaderError,
@@ -89,7 +89,7 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
     check_headers(envelope.raw_headers)
     event_id = envelope.headers.get(HEADER_EVENT_ID) or None
     if event_id is None and event_id_from is not None:
-        event_id = event_id_from(envelope) or None
+        event_id = _call_event_id_from(event_id_from, envelope)
         raw = (event_id or "").encode("utf-8", errors="surrogatepass")
         problem = header_problem(raw, HEADER_LIMITS[HEADER_EVENT_ID])
         if problem is not None:
@@ -114,3 +114,20 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
         content_type=content_type,
         digest=digest,
     )
+
+
+def _call_event_id_from(event_id_from: EventIdFrom, envelope: Envelope) -> str | None:
+    """The application's callable, on a record that may be anything (a tombstone, a value
+    that is not JSON). Whatever it raises or returns other than text is this record's problem:
+    a :class:`DecodeError` (the record is rejected with the reason), never an error retried
+    for ever on the same offset."""
+    try:
+        found = event_id_from(envelope)
+    except Exception as exc:
+        detail = str(exc)[:200]
+        raise DecodeError(
+            f"event_id_from raised {type(exc).__name__}" + (f": {detail}" if detail else "")
+        ) from exc
+    if found is not None and not isinstance(found, str):
+        raise DecodeError(f"event_id_from returned {type(found).__name__}, not str or None")
+    return found or None

@@ -254,3 +254,38 @@ def test_error_text_carries_no_parameter_values(
         body = json.loads(record.value())
         assert body["state"] == "dead"
         assert SECRET not in str(body["error"])
+
+
+def _order_id(env: Any) -> Any:
+    """An application's event_id_from that trusts the payload, as many would."""
+    return json.loads(env.value or b"")["order_id"]
+
+
+def test_an_event_id_from_that_fails_on_a_record_rejects_it_and_later_records_run(
+    start: Start,  # noqa: F811
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Records without an event-id header go through the application's callable; one it
+    cannot read (it raises, or returns something other than text) is rejected with the
+    reason, instead of being retried on the same offset for ever."""
+    topic = outboxkit_topic()
+    later = str(uuid.uuid4())
+    produce(
+        outboxkit_kafka_bootstrap,
+        topic,
+        [
+            (b"k", b"not json", []),
+            (b"k", b'{"no_order_id": 1}', []),
+            (b"k", b'{"order_id": 7}', []),
+            (b"k", payload("o-later", 1), headers_for(later)),
+        ],
+    )
+    start([topic], Behaviour(), event_id_from=_order_id)
+    wait_for(lambda: _state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later")
+    rejected = _rejections(outboxkit_db_url, topic)
+    assert "event_id_from raised JSONDecodeError" in rejected[0][1]
+    assert "event_id_from raised KeyError: 'order_id'" in rejected[1][1]
+    assert "event_id_from returned int, not str or None" in rejected[2][1]
+    assert sorted(rejected) == [0, 1, 2]

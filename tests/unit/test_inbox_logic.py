@@ -79,6 +79,18 @@ def test_missing_event_id_is_rejected_unless_a_callable_supplies_it() -> None:
     assert ident.event_id == "o1"
 
 
+def test_a_failing_event_id_from_is_the_record_s_decode_error() -> None:
+    def raises(env: Envelope) -> str:
+        raise KeyError("order_id")
+
+    with pytest.raises(DecodeError, match="event_id_from raised KeyError: 'order_id'"):
+        identify(_env([]), event_id_from=raises)
+    with pytest.raises(DecodeError, match="event_id_from returned int, not str or None"):
+        identify(_env([]), event_id_from=lambda env: 7)  # type: ignore[arg-type,return-value]
+    with pytest.raises(MissingEventIdError):
+        identify(_env([]), event_id_from=lambda env: None)
+
+
 def test_registry_decodes_typed_events_and_explains_failures() -> None:
     registry = EventRegistry()
     assert registry.register(Shipped, event_type="order.shipped") == "order.shipped"
