@@ -68,9 +68,16 @@ def dead_letter_headers(
     trimmed = error_bytes[: max(len(error_bytes) - over, MIN_ERROR_BYTES)]
     extra[HEADER_DLQ_ERROR] = trimmed.decode("utf-8", errors="ignore")
     ours = [(n, v.encode()) for n, v in extra.items()]
-    while kept and record_size(env.key, env.value, kept + ours) > max_bytes:
-        kept.pop()
-    return kept + ours
+    # The longest prefix of the original headers that still fits, in one pass: a record may
+    # carry hundreds of thousands of tiny headers, so no re-summing per header dropped.
+    room = max_bytes - record_size(env.key, env.value, ours)
+    fits = 0
+    for name, value in kept:
+        room -= len(name) + len(value) + HEADER_OVERHEAD
+        if room < 0:
+            break
+        fits += 1
+    return kept[:fits] + ours
 
 
 def missing_topic(name: str) -> str:

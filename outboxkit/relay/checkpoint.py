@@ -60,14 +60,29 @@ class Checkpoint:
             body = json.loads(value)
             # str(UUID(e)): checked and canonical, as the claim returns it (takeover only)
             pairs = zip(body["ids"], body["event_ids"], strict=True)
-            rows = tuple((int(i), str(UUID(e))) for i, e in pairs)
-            return cls(group, shard, int(body["token"]), rows, slot, int(body.get("seq", 0)))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            rows = tuple((_integer(i), str(UUID(e))) for i, e in pairs)
+            token, seq = _integer(body["token"]), _integer(body.get("seq", 0))
+            return cls(group, shard, token, rows, slot, seq)
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            ArithmeticError,  # 1e999 is a float infinity
+            RecursionError,  # deeply nested JSON
+        ) as exc:
             key = checkpoint_key(group, shard, slot).decode()
             raise PublishError(
                 f"the checkpoint under key {key!r} is unreadable ({type(exc).__name__}: {exc});"
                 f" shard {shard} publishes nothing until it is a valid checkpoint again"
             ) from None
+
+
+def _integer(value: object) -> int:
+    """A JSON integer; a float (1.5, 1e999), a string or a boolean is not an id or a token."""
+    if type(value) is not int:
+        raise TypeError(f"{type(value).__name__} where an integer belongs")
+    return value
 
 
 class CheckpointTopic:

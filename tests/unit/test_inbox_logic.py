@@ -18,7 +18,7 @@ from outboxkit.events import Event
 from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind, RetryPolicy
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.context import HandlerContext
-from outboxkit.inbox.deadletter import dead_letter_headers, dead_letter_topic
+from outboxkit.inbox.deadletter import dead_letter_headers, dead_letter_topic, record_size
 from outboxkit.inbox.envelope import identify
 from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.offsets import PendingOffsets
@@ -196,6 +196,28 @@ def test_dead_letter_topic_and_headers() -> None:
     assert headers["dlq-attempts"] == b"3"
     assert headers["dlq-source"] == b"orders/0/7"
     assert headers["event-id"] == b"e1"
+
+
+def test_dead_letter_headers_keep_the_longest_prefix_of_many_headers_that_fits() -> None:
+    """A record may carry a great many tiny headers: the trim keeps the longest prefix of the
+    original headers that fits (found here by bisection over the record size)."""
+    many = [("event-id", b"e1")] + [(f"h{n}", b"v" * (n % 7)) for n in range(50_000)]
+    env = _env(many)  # type: ignore[arg-type]
+    for max_bytes in (2_000, 100_000, 400_000, 10_000_000):
+        got = dead_letter_headers(
+            env, consumer="c", event_id="e1", error="E", attempts=1, max_bytes=max_bytes
+        )
+        kept, ours = got[:-5], got[-5:]
+        assert ours[0][0] == "dlq-event-id"
+
+        def fits(k: int, ours: list[tuple[str, bytes]] = ours, limit: int = max_bytes) -> bool:
+            return record_size(env.key, env.value, many[:k] + ours) <= limit
+
+        low, high = 0, len(many)  # the largest k with fits(k)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle - 1)
+        assert kept == many[:low]
 
 
 def test_context_check_raises_once_the_lease_is_lost() -> None:

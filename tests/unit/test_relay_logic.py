@@ -127,6 +127,12 @@ def test_checkpoint_round_trip_and_key() -> None:
         b'{"token": null, "ids": [], "event_ids": []}',
         b"[1, 2]",
         b"\xff not json",
+        b'{"token": 1e999, "ids": [], "event_ids": []}',
+        b'{"token": 1, "ids": [Infinity], "event_ids": ["%s"]}' % str(event_id).encode(),
+        b'{"token": 1.5, "ids": [], "event_ids": []}',
+        b'{"token": "1", "ids": [], "event_ids": []}',
+        b'{"token": true, "ids": [], "event_ids": []}',
+        b"[" * 200_000 + b"]" * 200_000,
     ):
         with pytest.raises(PublishError, match="key 'g/3' is unreadable"):
             Checkpoint.decode("g", 3, hostile)
