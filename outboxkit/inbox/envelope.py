@@ -10,6 +10,7 @@ from outboxkit.inbox.guard import (
     HEADER_LIMITS,
     InvalidHeaderError,
     check_headers,
+    error_text,
     hashed,
     header_problem,
 )
@@ -123,11 +124,8 @@ def _call_event_id_from(event_id_from: EventIdFrom, envelope: Envelope) -> str |
     for ever on the same offset."""
     try:
         found = event_id_from(envelope)
-    except Exception as exc:
-        detail = str(exc)[:200]
-        raise DecodeError(
-            f"event_id_from raised {type(exc).__name__}" + (f": {detail}" if detail else "")
-        ) from exc
+    except Exception as exc:  # the class and first line, no bound SQL parameters
+        raise DecodeError(f"event_id_from raised {error_text(exc).rstrip(': ')}") from exc
     if found is not None and not isinstance(found, str):
         raise DecodeError(f"event_id_from returned {type(found).__name__}, not str or None")
     return found or None

@@ -68,7 +68,6 @@ class Checkpoint:
             TypeError,
             KeyError,
             AttributeError,
-            ArithmeticError,  # 1e999 is a float infinity
             RecursionError,  # deeply nested JSON
         ) as exc:
             key = checkpoint_key(group, shard, slot).decode()

@@ -109,8 +109,10 @@ class BatchPublisher:
         return found
 
     def new_producer_life(self) -> None:
-        """Topic knowledge belongs to one producer life (its metadata)."""
+        """Topic knowledge belongs to one producer life (its metadata); so do the defects of
+        rows claimed in the last one (a row claimed again is judged again)."""
         self._gate.forget()
+        self._store.defects.clear()
         self._prepared = None
 
     async def settle_mark(self) -> None:

@@ -7,6 +7,8 @@ is skipped, whatever order transactions commit in.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -141,13 +143,14 @@ def _record(row: Sequence[Any], defects: dict[int, str]) -> OutboxRecord:
 
 def _headers(row_id: int, value: Any, defects: dict[int, str]) -> dict[str, str]:
     """The row's own headers. The writer stores a JSON object of strings; a row written by
-    other means may hold anything jsonb can (an array, a string, a number): such a row is
-    recorded in ``defects`` with the reason, to be parked, instead of failing every claim of
-    its shard."""
+    other means may hold anything jsonb can (an array, a number): such a row is recorded in
+    ``defects`` with the reason, to be parked, instead of failing every claim of its shard.
+    Values that are not strings go out as their text, as they always did."""
+    if isinstance(value, str):  # a JSON string: double-encoded headers were always accepted
+        with contextlib.suppress(ValueError, RecursionError):
+            value = json.loads(value)
     if not isinstance(value, dict):  # psycopg hands jsonb over decoded
-        defects[row_id] = (
-            f"headers must be a JSON object of strings, not a JSON {_json_kind(value)}"
-        )
+        defects[row_id] = f"headers must be a JSON object, not a JSON {_json_kind(value)}"
         return {}
     return {str(k): str(v) for k, v in value.items()}
 
@@ -157,11 +160,7 @@ def _json_kind(value: Any) -> str:
         return "array"
     if isinstance(value, str):
         return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
+    return "boolean" if isinstance(value, bool) else "number"
 
 
 class ShardStore:

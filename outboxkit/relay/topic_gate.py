@@ -1,4 +1,5 @@
-"""Which rows of a claim can go to Kafka: rows of a topic that cannot take records are parked.
+"""Which rows of a claim can go to Kafka: rows of a topic that cannot take records, and rows
+the reader could not turn into a record (``ShardStore.defects``), are parked.
 
 Each topic is asked about once per producer life (its metadata); a topic that does not exist or
 that the relay may not write to is a permanent problem, so its rows are parked with the reason

@@ -390,6 +390,8 @@ class Harness:
         the row."""
 
         def settled() -> bool:
+            if self.error is not None:  # the consumer thread died: say why, do not wait
+                raise self.error
             final = {o.event_id for o in list(self.outcomes) if o.kind.advances_offset}
             return set(event_ids) <= final
 

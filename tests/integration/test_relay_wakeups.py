@@ -39,7 +39,8 @@ def _listening(db_url: str) -> bool:
     with psycopg.connect(db_url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'outboxkit-relay-listen' AND query ILIKE 'LISTEN%%'"
+            " AND application_name = 'outboxkit-relay-listen' AND state = 'idle'"
+            " AND query ILIKE 'LISTEN%%'"
         ).fetchone()
     return row is not None and row[0] > 0
 
