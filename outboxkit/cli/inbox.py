@@ -196,11 +196,16 @@ def purge(database_url: str, schema: str, older_than: float, batch_size: int) ->
 
 
 def _options(items: tuple[str, ...]) -> dict[str, str | int]:
+    """``--kafka-option key=value`` items; an error names the item, never its text (a value
+    may be a secret, and an item without ``=`` may be nothing but one)."""
     config: dict[str, str | int] = {}
-    for item in items:
+    for number, item in enumerate(items, start=1):
         name, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"--config expects key=value, got {item!r}")
+        if not sep or not name.strip():
+            raise click.BadParameter(
+                f"item {number} of {len(items)} is not key=value (its text is not shown)",
+                param_hint="'--kafka-option'",
+            )
         config[name] = int(value) if value.isdigit() else value
     return config
 

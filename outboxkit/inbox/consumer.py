@@ -15,6 +15,7 @@ from outboxkit.inbox.deadletter import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DeadLetterCheck,
     DeadLetterTopic,
+    check_dead_letter_topic,
 )
 from outboxkit.inbox.kafka_steps import kafka_steps
 from outboxkit.inbox.loop import (
@@ -29,6 +30,7 @@ from outboxkit.inbox.steps import Executor
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import AsyncGroupConsumer, AsyncRecordSender, GroupConsumer, RecordSender
 from outboxkit.settings import KafkaSettings
+from outboxkit.settings.models import MAX_BATCH_MS
 
 if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
@@ -52,6 +54,8 @@ class InboxConsumer(Generic[InboxT]):
     holds extra consumer properties in the client's own spelling (e.g. ``session.timeout.ms``
     for confluent-kafka, ``session_timeout_ms`` for aiokafka).
 
+    ``dead_letter``: a topic name, a template whose only placeholder is ``{topic}`` (anything
+    else is a :class:`~outboxkit.errors.ConfigurationError` here), or a callable of the topic.
     ``dead_letter_check``: at start-up, a missing dead-letter topic is an error (``"fail"``), a
     warning (``"warn"``) or not looked for (``"off"``). ``retention`` purges finished inbox rows
     and old rejections from this loop. ``max_unexpected_errors``: failures outside the handler
@@ -84,8 +88,12 @@ class InboxConsumer(Generic[InboxT]):
     ) -> None:
         if max_unexpected_errors < 1:
             raise ValueError("max_unexpected_errors must be at least 1")
-        if batch_max_records < 1 or batch_max_ms < 0:
-            raise ValueError("batch_max_records must be at least 1, batch_max_ms not negative")
+        if batch_max_records < 1 or not 0 <= batch_max_ms <= MAX_BATCH_MS:  # refuses nan too
+            raise ValueError(
+                "batch_max_records must be at least 1,"
+                f" batch_max_ms between 0 and {MAX_BATCH_MS:.0f}"
+            )
+        check_dead_letter_topic(dead_letter)
         self.inbox: InboxT = inbox
         self.group_id = group_id
         self.loop = ConsumerLoop(

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from outboxkit.errors import ConfigurationError
 from outboxkit.inbox.envelope import Envelope
+from outboxkit.settings.models import topic_template_problem
 
 HEADER_DLQ_EVENT_ID = "dlq-event-id"
 HEADER_DLQ_ERROR = "dlq-error"
@@ -26,6 +28,15 @@ DEAD_LETTER_MAX_BYTES = 1_000_000
 RECORD_OVERHEAD = 128
 HEADER_OVERHEAD = 10
 MIN_ERROR_BYTES = 200
+
+
+def check_dead_letter_topic(setting: DeadLetterTopic | None) -> None:
+    """Refuse a template that cannot be filled in (``"{topic}.{x}"``) when the consumer is
+    built, not when the first record dies (:class:`ConfigurationError`)."""
+    if isinstance(setting, str):
+        problem = topic_template_problem(setting)
+        if problem is not None:
+            raise ConfigurationError(f"the dead-letter topic template is invalid: {problem}")
 
 
 def dead_letter_topic(setting: DeadLetterTopic, source_topic: str) -> str:

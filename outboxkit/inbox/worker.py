@@ -120,7 +120,7 @@ def run(config: Settings | None = None) -> None:
     options: dict[str, Any] = {
         "group_id": consumer.group,
         "topics": consumer.topics,
-        "config": consumer.kafka_options,
+        "config": consumer.client_options(),
         "dead_letter": consumer.dead_letter or None,
         "acks_topic": consumer.acks_topic,
         "offset_commit_interval": consumer.offset_commit_interval,

@@ -7,6 +7,7 @@ and resumes every newly assigned partition.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -14,10 +15,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from outboxkit.errors import PublishError
+from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
-from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
@@ -46,10 +47,30 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner.resume(_tps(assigned))
 
 
+def _option_names() -> frozenset[str]:
+    """The keyword arguments ``AIOKafkaConsumer`` takes (not its topics or its loop)."""
+    names = inspect.signature(AIOKafkaConsumer.__init__).parameters
+    return frozenset(names) - {"self", "topics", "loop"}
+
+
+def _check_options(config: Mapping[str, Any]) -> None:
+    """An option aiokafka does not take is refused when the consumer is built, not as a
+    ``TypeError`` when it subscribes."""
+    known = _option_names()
+    unknown = sorted(str(name) for name in config if name not in known)
+    if unknown:
+        raise ConfigurationError(
+            "the Kafka consumer (aiokafka) does not take the option"
+            f" {', '.join(map(repr, unknown))}: aiokafka spells options as keyword arguments"
+            f" (session_timeout_ms, not session.timeout.ms); {CONSUMER_OPTIONS_HINT}"
+        )
+
+
 class AiokafkaGroupConsumer(AsyncGroupConsumer):
     def __init__(
         self, settings: KafkaSettings, group_id: str, *, config: Mapping[str, Any] | None = None
     ) -> None:
+        _check_options(config or {})
         self._options = aiokafka_options(
             settings,
             group_id=group_id,
@@ -66,7 +87,13 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         return self._consumer
 
     async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
-        consumer = self._consumer = AIOKafkaConsumer(**self._options)
+        try:
+            consumer = self._consumer = AIOKafkaConsumer(**self._options)
+        except (TypeError, ValueError) as exc:  # its message may quote a value
+            raise ConfigurationError(
+                "the Kafka consumer (aiokafka) cannot be created: an option's value is not"
+                f" accepted ({type(exc).__name__}; values not shown; {CONSUMER_OPTIONS_HINT})"
+            ) from None
         consumer.subscribe(topics, listener=_Listener(self, on_assign, on_revoke))
         try:
             await consumer.start()

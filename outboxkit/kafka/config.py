@@ -94,6 +94,31 @@ def confluent_config(
     return conf
 
 
+CONSUMER_OPTIONS_HINT = (
+    "check OUTBOXKIT_CONSUMER_KAFKA_OPTIONS ([consumer] kafka_options, --kafka-option)"
+    " and the OUTBOXKIT_KAFKA_* settings"
+)
+
+
+def refused_configuration(
+    what: str, code: str, text: str, conf: Mapping[str, Any], hint: str
+) -> ConfigurationError:
+    """librdkafka's refusal of a client's configuration (error ``code``, message ``text``) as a
+    :class:`ConfigurationError` naming the properties, never their values: librdkafka quotes
+    some values (``Invalid value "..." for configuration property``, ``Unsupported SASL
+    mechanism: ...``), and a value may be a secret."""
+    names = [name for name in conf if isinstance(name, str) and name]
+    named = sorted(name for name in names if f'"{name}"' in text)  # librdkafka quotes them
+    named = named or sorted(name for name in names if name in text)
+    if text.startswith("No such configuration property") and named:
+        problem = f"unknown property {', '.join(map(repr, named))}"
+    elif named:
+        problem = f"the value of {', '.join(map(repr, named))} is not accepted"
+    else:
+        problem = f"the configuration is not accepted ({code})"
+    return ConfigurationError(f"{what}: {problem} (values not shown; {hint})")
+
+
 def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
     """A client TLS context from the CA / certificate / key paths librdkafka would read."""
     try:

@@ -2,7 +2,8 @@
 
 Each part reads its own variables (``OUTBOXKIT_DATABASE_URL``, ``OUTBOXKIT_KAFKA_*``,
 ``OUTBOXKIT_RELAY_*``, ``OUTBOXKIT_CONSUMER_*``, ``OUTBOXKIT_SCHEMA``); ``load_settings`` builds
-the whole :class:`Settings`. Secrets are ``SecretStr`` everywhere.
+the whole :class:`Settings`. Secrets are ``SecretStr`` everywhere (the consumer's
+``kafka_options`` values: ``Secret``, which keeps their type).
 """
 
 from __future__ import annotations

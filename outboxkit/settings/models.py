@@ -1,6 +1,13 @@
 """The parts of the settings model: one class per process or engine, each with its own
 ``OUTBOXKIT_*`` prefix, so the same Kafka settings reach every client the product creates.
-Secrets are ``SecretStr``: they never show in a repr, a log line or an error message.
+Secrets are ``SecretStr`` (the consumer's ``kafka_options`` values: ``Secret``): they never show
+in a repr, a log line or an error message.
+
+Every number is finite (``inf`` and ``nan`` are refused) and bounded where a larger value would
+overflow downstream (a millisecond count handed to a Kafka client as a 32-bit integer, an
+interval or timestamp PostgreSQL cannot represent) or wait for longer than anyone means: time
+spans of the running process at most a day (``DAY``), retention windows at most a century
+(``CENTURY``), the relay's Kafka timeout at most ``MAX_KAFKA_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -9,9 +16,17 @@ import json
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
+from string import Formatter
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
+from pydantic import (
+    Field,
+    Secret,
+    SecretStr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -22,6 +37,25 @@ PREFIX = "OUTBOXKIT_"
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
 SECRETS_DIR_ENV = "OUTBOXKIT_SECRETS_DIR"
 SCHEMA_ENV = "OUTBOXKIT_SCHEMA"
+
+#: The longest time span (seconds) of a lease, interval, back-off or wait of a running process.
+DAY = 86_400.0
+#: The longest retention window (seconds): 100 years. PostgreSQL cannot subtract much more from
+#: now(), and Python's datetime ends at year 9999.
+CENTURY = 100 * 365.25 * DAY
+#: The relay's Kafka timeout (seconds): its transaction timeout is twice this, which must stay
+#: within the broker's transaction.max.timeout.ms (15 minutes by default).
+MAX_KAFKA_TIMEOUT = 300.0
+#: The longest a consumer's batch waits to fill up (ms), and a relay transaction takes claims.
+MAX_BATCH_MS = 60_000.0
+#: A claim's byte cap: the confluent producer's queue is sized from it (in kilobytes, a C int).
+MAX_BATCH_BYTES = 1024 * 1024 * 1024
+#: Integer values of Kafka client options: librdkafka keeps them in C ints (a larger Python int
+#: is wrapped on the way in, so it could turn into another valid value); aiokafka writes its
+#: timeouts into 32-bit request fields.
+INT32 = (-(2**31), 2**31 - 1)
+
+KafkaOption = Secret[str | int | float | bool]
 
 
 class SecurityProtocol(StrEnum):
@@ -62,10 +96,30 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def topic_template_problem(template: str) -> str | None:
+    """Why ``template`` is no topic-name template (``"{topic}.dlq"``, a fixed name), or None.
+
+    Only the ``{topic}`` placeholder is filled in; anything else would fail (``KeyError``) when
+    the first record needs it. The problem does not quote the template."""
+    try:
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError:
+        return "unbalanced braces (write {{ and }} for literal braces)"
+    if any(field != ("topic", "", None) for field in fields):
+        return "the only placeholder allowed is {topic} (write {{ and }} for literal braces)"
+    return None
+
+
 class DatabaseSettings(BaseSettings):
     """``OUTBOXKIT_DATABASE_URL``: a libpq URL; ``sslmode`` and friends pass through in it."""
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_DATABASE_", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOXKIT_DATABASE_", extra="forbid", allow_inf_nan=False
+    )
 
     url: SecretStr | None = None
 
@@ -78,7 +132,9 @@ class KafkaSettings(BaseSettings):
     are treated as secrets: a repr shows only their names).
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_KAFKA_", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOXKIT_KAFKA_", extra="forbid", allow_inf_nan=False
+    )
 
     bootstrap: str = ""
     client: KafkaClient | None = None
@@ -126,9 +182,17 @@ class KafkaSettings(BaseSettings):
 
 
 class RelaySettings(BaseSettings):
-    """The relay process (``outboxkit relay run``), ``OUTBOXKIT_RELAY_*``."""
+    """The relay process (``outboxkit relay run``), ``OUTBOXKIT_RELAY_*``.
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_RELAY_", extra="forbid")
+    Bounds: the time spans in seconds (``poll_interval``, ``lease_ttl``,
+    ``housekeeping_interval``, ``backoff_*``) at most a day, the retention windows at most a
+    century, ``kafka_timeout`` at most 300 s, ``transaction_max_ms`` at most a minute,
+    ``max_batch_bytes`` at most 1 GiB, ``retention_batch`` at most 100,000.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOXKIT_RELAY_", extra="forbid", allow_inf_nan=False
+    )
 
     group: str = Field("default", min_length=1)
     # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
@@ -138,7 +202,7 @@ class RelaySettings(BaseSettings):
     batch_size: int = Field(500, ge=1, le=10_000)
     max_batch_size: int = Field(2000, ge=1, le=10_000)
     # A claim also stops at this many payload bytes (always at least one row): bounds memory.
-    max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=MAX_BATCH_BYTES)
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
     # transaction markers while the other works). Lower it only with the relay stopped cleanly.
     producers_per_shard: int = Field(1, ge=1, le=4)
@@ -148,38 +212,42 @@ class RelaySettings(BaseSettings):
     # alone. transaction_max_ms = 0 (or max_rows <= batch_size): one claim per transaction.
     # The rows' ids travel in the checkpoint record: 10,000 keep it far below 1 MB.
     transaction_max_rows: int = Field(5000, ge=1, le=10_000)
-    transaction_max_ms: float = Field(100.0, ge=0)
+    transaction_max_ms: float = Field(100.0, ge=0, le=MAX_BATCH_MS)  # <= the transaction timeout
     # `relay run` only (an embedded relay leaves its host's collector alone): gc_tuning.py.
     gc_tuning: bool = True
-    poll_interval: float = Field(1.0, gt=0)  # the longest idle wait; pause/SIGTERM obey within it
+    # The longest idle wait; pause/SIGTERM obey within it.
+    poll_interval: float = Field(1.0, gt=0, le=DAY)
     # At most this many shards held by one process (None: every shard it watches); the others
     # are left to other processes. Bounds the process's data connections (one per held shard).
     max_shards_per_process: int | None = Field(None, ge=1)
-    lease_ttl: float = Field(15.0, gt=0)
+    lease_ttl: float = Field(15.0, gt=0, le=DAY)
     mode: Mode = Mode.EXACTLY_ONCE
     on_publish: OnPublish = OnPublish.MARK
     parked_key_policy: ParkedKeyPolicy = ParkedKeyPolicy.WAIT
     checkpoint_topic: str = Field("outboxkit.relay.checkpoint", min_length=1)
-    retention_seconds: float | None = Field(86_400.0, ge=0)  # None ("forever") keeps rows
-    retention_batch: int = Field(1000, ge=1)
+    retention_seconds: float | None = Field(86_400.0, ge=0, le=CENTURY)  # None ("forever") keeps
+    retention_batch: int = Field(1000, ge=1, le=100_000)
     # Housekeeping of rows that never publish: discarded rows after a week; parked rows only
     # when set (deleting a parked row gives up on it). Counted from when the row was parked.
-    discarded_retention_seconds: float | None = Field(7 * 86_400.0, ge=0)
-    parked_retention_seconds: float | None = Field(None, ge=0)
-    housekeeping_interval: float = Field(600.0, gt=0)
+    discarded_retention_seconds: float | None = Field(7 * 86_400.0, ge=0, le=CENTURY)
+    parked_retention_seconds: float | None = Field(None, ge=0, le=CENTURY)
+    housekeeping_interval: float = Field(600.0, gt=0, le=DAY)
     metrics_port: int | None = Field(None, ge=0, le=65_535)
     metrics_host: str = "127.0.0.1"  # the manifests set 0.0.0.0 inside a pod
     listen: bool = True
-    backoff_initial: float = Field(0.2, gt=0)
-    backoff_max: float = Field(5.0, gt=0)
-    kafka_timeout: float = Field(30.0, gt=0)
+    backoff_initial: float = Field(0.2, gt=0, le=DAY)
+    backoff_max: float = Field(5.0, gt=0, le=DAY)
+    kafka_timeout: float = Field(30.0, gt=0, le=MAX_KAFKA_TIMEOUT)
 
     @field_validator("shards", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             parts = [part.strip() for part in value.split(",")]
-            return tuple(int(part) for part in parts if part) or None
+            try:
+                return tuple(int(part) for part in parts if part) or None
+            except ValueError:  # int()'s message quotes the value
+                raise ValueError("must be shard numbers separated by commas") from None
         return value
 
     @field_validator("shards")
@@ -220,14 +288,22 @@ class ConsumerSettings(BaseSettings):
     ``registry`` and ``handler`` are ``module:attribute`` specs: the ``EventRegistry`` (with
     handlers registered by ``@registry.handler(...)``), and optionally one function for every
     event type without its own handler. ``topics`` is a comma-separated list or a JSON list.
-    ``kafka_options`` are extra consumer properties in the client's own spelling.
+    ``kafka_options`` are extra consumer properties in the client's own spelling; their values
+    are treated as secrets (a repr, ``config show`` and the logs show only their names), integer
+    values must fit 32 bits.
     ``retention_window`` (seconds, 0 = off): finished inbox rows and rejections older than this
     are purged by the running consumer every ``retention_interval`` seconds.
     ``batch_max_records`` records are processed in one transaction (savepoints per handler only
     when one fails; 1 turns batching off); a batch waits at most ``batch_max_ms`` to fill up.
+    ``dead_letter`` is a topic name or a template whose only placeholder is ``{topic}``.
+    Bounds: the time spans (``retry_delay``, ``lease_seconds``, ``offset_commit_interval``,
+    ``retention_interval``) at most a day, the windows (``retention_window``, ``dedup_window``)
+    at most a century, ``batch_max_ms`` at most a minute.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid", allow_inf_nan=False
+    )
 
     name: str | None = None
     group: str | None = None
@@ -235,23 +311,55 @@ class ConsumerSettings(BaseSettings):
     registry: str | None = None
     handler: str | None = None
     max_attempts: int = Field(default=5, ge=1)
-    retry_delay: float = Field(default=0.5, ge=0)
-    lease_seconds: float = Field(default=30.0, gt=0)
+    retry_delay: float = Field(default=0.5, ge=0, le=DAY)
+    lease_seconds: float = Field(default=30.0, gt=0, le=DAY)
     dead_letter: str | None = "{topic}.dlq"
     acks_topic: str | None = None
-    offset_commit_interval: float = Field(default=0.0, ge=0)
-    metrics_port: int | None = None
+    offset_commit_interval: float = Field(default=0.0, ge=0, le=DAY)
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)
     metrics_host: str = "127.0.0.1"
-    dedup_window: float | None = Field(default=None, gt=0)
+    dedup_window: float | None = Field(default=None, gt=0, le=CENTURY)
     dead_letter_check: Literal["fail", "warn", "off"] = "fail"
-    retention_window: float = Field(default=7 * 24 * 3600.0, ge=0)
-    retention_interval: float = Field(default=60.0, gt=0)
+    retention_window: float = Field(default=7 * 24 * 3600.0, ge=0, le=CENTURY)
+    retention_interval: float = Field(default=60.0, gt=0, le=DAY)
     max_unexpected_errors: int = Field(default=5, ge=1)
     error_detail: bool = False
     batch_max_records: int = Field(default=50, ge=1, le=64)
-    batch_max_ms: float = Field(default=5.0, ge=0)
+    batch_max_ms: float = Field(default=5.0, ge=0, le=MAX_BATCH_MS)
     gc_tuning: bool = True  # `inbox run` only: the collector settings of gc_tuning.py
-    kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    kafka_options: Annotated[dict[str, KafkaOption], NoDecode] = Field(default_factory=dict)
+
+    @field_validator("dead_letter")
+    @classmethod
+    def _topic_template(cls, value: str | None) -> str | None:
+        problem = topic_template_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("kafka_options", mode="before")
+    @classmethod
+    def _options_json(cls, value: Any) -> Any:
+        if isinstance(value, str):  # from a variable: a JSON object
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON object (its text is not shown)") from None
+        return value
+
+    @field_validator("kafka_options")
+    @classmethod
+    def _int32_options(cls, value: dict[str, KafkaOption]) -> dict[str, KafkaOption]:
+        low, high = INT32
+        for name, option in value.items():
+            number = option.get_secret_value()
+            if type(number) is int and not low <= number <= high:
+                raise ValueError(f"{name!r}: Kafka clients keep integers in 32 bits")
+        return value
+
+    def client_options(self) -> dict[str, str | int | float | bool]:
+        """``kafka_options`` as the Kafka client takes them (the values themselves)."""
+        return {name: option.get_secret_value() for name, option in self.kafka_options.items()}
 
     @field_validator("topics", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from click.testing import CliRunner
@@ -121,6 +122,8 @@ def test_secrets_never_show_in_repr_redacted_or_errors(monkeypatch: pytest.Monke
     [
         ("OUTBOXKIT_RELAY_MODE", "s3cret-mode", "OUTBOXKIT_RELAY_MODE"),
         ("OUTBOXKIT_RELAY_SHARDS", "1,-2", "OUTBOXKIT_RELAY_SHARDS"),
+        ("OUTBOXKIT_RELAY_SHARDS", "1,s3cret", "OUTBOXKIT_RELAY_SHARDS"),  # int() quotes it
+        ("OUTBOXKIT_CONSUMER_KAFKA_OPTIONS", "s3cret{", "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS"),
         ("OUTBOXKIT_RELAY_TYPO", "s3cret", "OUTBOXKIT_RELAY_TYPO"),
         ("OUTBOXKIT_KAFKA_PROPERTIES", "s3cret{", "OUTBOXKIT_KAFKA_PROPERTIES"),
         ("OUTBOXKIT_KAFKA_SECURITY_PROTOCOL", "s3cret", "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL"),
@@ -223,3 +226,202 @@ def test_connection_options_on_the_group_and_on_the_command() -> None:
         assert "127.0.0.1" in out
         assert "s3cret" not in out
         assert "Traceback" not in out
+
+
+# ------------------------------------------------------------------------- numbers: finite, bounded
+
+
+def _float_settings() -> list[tuple[str, str]]:
+    """(section, field) of every float setting, found in the model (a new one is covered too)."""
+    from outboxkit.settings.models import ConsumerSettings, KafkaSettings, RelaySettings
+
+    found = []
+    for section, part in (
+        ("kafka", KafkaSettings),
+        ("relay", RelaySettings),
+        ("consumer", ConsumerSettings),
+    ):
+        for name, field in part.model_fields.items():
+            if field.annotation is float or set(get_args(field.annotation)) == {float, type(None)}:
+                found.append((section, name))
+    return found
+
+
+FLOAT_SETTINGS = _float_settings()
+
+
+def test_the_float_settings_are_found() -> None:
+    for expected in (
+        ("relay", "kafka_timeout"),
+        ("relay", "lease_ttl"),
+        ("relay", "retention_seconds"),
+        ("consumer", "batch_max_ms"),
+        ("consumer", "lease_seconds"),
+        ("consumer", "dedup_window"),
+    ):
+        assert expected in FLOAT_SETTINGS
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf"])
+@pytest.mark.parametrize(
+    ("section", "name"), FLOAT_SETTINGS, ids=[".".join(f) for f in FLOAT_SETTINGS]
+)
+def test_every_float_setting_refuses_infinity(
+    monkeypatch: pytest.MonkeyPatch, section: str, name: str, value: str
+) -> None:
+    variable = f"OUTBOXKIT_{section}_{name}".upper()
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert f"{variable} ([{section}] {name})" in str(caught.value)
+
+
+def test_infinity_from_the_toml_file_and_the_command_line_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"\[relay\] kafka_timeout"):
+        load_settings(_toml(tmp_path, "[relay]\nkafka_timeout = inf\n"))
+    code, out = _invoke("inbox", "run", "--batch-max-ms", "inf", "--lease-seconds", "1e300")
+    assert code == 1, out
+    assert "OUTBOXKIT_CONSUMER_BATCH_MAX_MS" in out
+    assert "OUTBOXKIT_CONSUMER_LEASE_SECONDS" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("OUTBOXKIT_RELAY_KAFKA_TIMEOUT", "2147484"),  # message.timeout.ms past a C int
+        ("OUTBOXKIT_RELAY_LEASE_TTL", "1e13"),  # PostgreSQL: interval out of range
+        ("OUTBOXKIT_RELAY_POLL_INTERVAL", "1e300"),
+        ("OUTBOXKIT_RELAY_TRANSACTION_MAX_MS", "1e300"),
+        ("OUTBOXKIT_RELAY_RETENTION_SECONDS", "3e11"),  # now() - it: timestamp out of range
+        ("OUTBOXKIT_RELAY_MAX_BATCH_BYTES", str(2**42)),  # queue.buffering.max.kbytes past int
+        ("OUTBOXKIT_RELAY_RETENTION_BATCH", str(2**63)),  # a LIMIT past bigint
+        ("OUTBOXKIT_CONSUMER_BATCH_MAX_MS", "1e12"),  # a poll timeout in ms past a C int
+        ("OUTBOXKIT_CONSUMER_LEASE_SECONDS", "1e12"),  # expires_at past year 9999
+        ("OUTBOXKIT_CONSUMER_RETRY_DELAY", "1e300"),
+        ("OUTBOXKIT_CONSUMER_OFFSET_COMMIT_INTERVAL", "1e300"),
+        ("OUTBOXKIT_CONSUMER_RETENTION_WINDOW", "3e11"),
+        ("OUTBOXKIT_CONSUMER_RETENTION_INTERVAL", "1e300"),
+        ("OUTBOXKIT_CONSUMER_DEDUP_WINDOW", "3e11"),
+        ("OUTBOXKIT_CONSUMER_METRICS_PORT", "70000"),
+        ("OUTBOXKIT_CONSUMER_KAFKA_OPTIONS", '{"session.timeout.ms": 4294977296}'),
+    ],
+)
+def test_values_that_would_overflow_downstream_are_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert name in str(caught.value)
+    assert value not in str(caught.value)
+
+
+def test_the_bounds_are_generous(monkeypatch: pytest.MonkeyPatch) -> None:
+    day, century = "86400", str(100 * 365.25 * 86400)
+    for name, value in {
+        "OUTBOXKIT_RELAY_KAFKA_TIMEOUT": "300",
+        "OUTBOXKIT_RELAY_LEASE_TTL": day,
+        "OUTBOXKIT_RELAY_POLL_INTERVAL": day,
+        "OUTBOXKIT_RELAY_BACKOFF_MAX": day,
+        "OUTBOXKIT_RELAY_HOUSEKEEPING_INTERVAL": day,
+        "OUTBOXKIT_RELAY_TRANSACTION_MAX_MS": "60000",
+        "OUTBOXKIT_RELAY_RETENTION_SECONDS": century,
+        "OUTBOXKIT_RELAY_MAX_BATCH_BYTES": str(2**30),
+        "OUTBOXKIT_CONSUMER_BATCH_MAX_MS": "60000",
+        "OUTBOXKIT_CONSUMER_LEASE_SECONDS": day,
+        "OUTBOXKIT_CONSUMER_RETENTION_WINDOW": century,
+        "OUTBOXKIT_CONSUMER_DEDUP_WINDOW": century,
+        "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS": '{"max.poll.interval.ms": 2147483647}',
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.relay.kafka_timeout == 300
+    assert settings.consumer.client_options() == {"max.poll.interval.ms": 2**31 - 1}
+
+
+# ------------------------------------------------------- the consumer's Kafka options are secrets
+
+OPTIONS = '{"sasl.oauthbearer.client.secret": "hunter2", "fetch.min.bytes": 7, "check.crcs": true}'
+
+
+def test_kafka_options_values_never_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOXKIT_CONSUMER_KAFKA_OPTIONS", OPTIONS)
+    settings = load_settings()
+    shown = settings.redacted()  # what config show prints and the relay logs at start-up
+    for text in (repr(settings), str(settings), repr(settings.consumer), json.dumps(shown)):
+        assert "hunter2" not in text
+    assert shown["consumer"]["kafka_options"] == {
+        "sasl.oauthbearer.client.secret": "**********",
+        "fetch.min.bytes": "**********",
+        "check.crcs": "**********",
+    }
+    # ... while the client gets them as given, types included
+    assert settings.consumer.client_options() == {
+        "sasl.oauthbearer.client.secret": "hunter2",
+        "fetch.min.bytes": 7,
+        "check.crcs": True,
+    }
+
+
+def test_config_show_hides_kafka_options_values() -> None:
+    env = {"OUTBOXKIT_CONSUMER_KAFKA_OPTIONS": OPTIONS}
+    for args in (("config", "show"), ("config", "show", "--json")):
+        code, out = _invoke(*args, env=env)
+        assert code == 0, out
+        assert "sasl.oauthbearer.client.secret" in out
+        assert "hunter2" not in out
+
+
+def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outboxkit.inbox import worker
+
+    handed: dict[str, object] = {}
+    monkeypatch.setattr(worker, "_started", lambda config: True)
+    monkeypatch.setattr(
+        worker, "_run_sync", lambda url, handler, settings, kafka, options: handed.update(options)
+    )
+    monkeypatch.setattr(worker, "resolve_client", lambda kafka: KafkaClient.CONFLUENT)
+    code, out = _invoke(
+        "inbox",
+        *("run", "--consumer", "c", "--group", "g", "--topic", "t", "--handler", "json:dumps"),
+        *("--kafka-option", "sasl.password=hunter2", "--kafka-option", "fetch.min.bytes=7"),
+        env={"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_CONSUMER_GC_TUNING": "false"},
+    )
+    assert code == 0, out
+    assert handed["config"] == {"sasl.password": "hunter2", "fetch.min.bytes": 7}
+
+
+def test_a_malformed_kafka_option_item_is_named_without_its_text() -> None:
+    code, out = _invoke(
+        "inbox", "run", "--kafka-option", "a=1", "--kafka-option", "sasl.password:hunter2"
+    )
+    assert code == 2, out
+    assert "--kafka-option" in out
+    assert "item 2" in out
+    assert "hunter2" not in out
+    assert "sasl.password" not in out  # the item's text, whatever part of it is the secret
+
+
+# ------------------------------------------------------------------ the dead-letter topic template
+
+
+@pytest.mark.parametrize(
+    "template", ["{topic}.{x}", "{0}", "{}", "{topic!r}", "{topic:>9}", "{topic.upper}", "{topic"]
+)
+def test_a_dead_letter_template_that_cannot_be_filled_is_refused(
+    monkeypatch: pytest.MonkeyPatch, template: str
+) -> None:
+    monkeypatch.setenv("OUTBOXKIT_CONSUMER_DEAD_LETTER", template)
+    with pytest.raises(ConfigurationError, match="OUTBOXKIT_CONSUMER_DEAD_LETTER"):
+        load_settings()
+
+
+@pytest.mark.parametrize("template", ["{topic}.dlq", "dead-letters", "{{x}}.{topic}", ""])
+def test_dead_letter_templates_that_work_are_kept(
+    monkeypatch: pytest.MonkeyPatch, template: str
+) -> None:
+    monkeypatch.setenv("OUTBOXKIT_CONSUMER_DEAD_LETTER", template)
+    assert load_settings().consumer.dead_letter == template

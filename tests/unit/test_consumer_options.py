@@ -1,0 +1,98 @@
+"""A consumer option or dead-letter template the consumer cannot use stops it when it is built,
+with a :class:`ConfigurationError` naming the option, never its value; no raw client error, no
+failure at the first record that needs it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.settings import KafkaSettings
+
+pytestmark = pytest.mark.unit
+
+SECRET = "hunter2"
+UNREACHABLE = "127.0.0.1:1"  # nothing is ever sent: the configuration fails first
+
+
+def _confluent(config: dict[str, Any]) -> None:
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+
+    consumer = ConfluentGroupConsumer(KafkaSettings(bootstrap=UNREACHABLE), "g", config=config)
+    consumer.close()  # reached only if the configuration was accepted
+
+
+@pytest.mark.parametrize(
+    ("config", "named", "problem"),
+    [
+        ({"no.such.option": SECRET}, "no.such.option", "unknown property"),
+        (
+            {"auto.offset.reset": SECRET},
+            "auto.offset.reset",
+            "not accepted",
+        ),  # quoted by librdkafka
+        (
+            {"partition.assignment.strategy": SECRET},
+            "partition.assignment.strategy",
+            "not accepted",
+        ),
+        ({"session.timeout.ms": 3_600_001}, "session.timeout.ms", "not accepted"),
+    ],
+)
+def test_confluent_refuses_an_option_with_a_configuration_error(
+    config: dict[str, Any], named: str, problem: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        _confluent(config)
+    message = str(caught.value)
+    assert repr(named) in message
+    assert problem in message
+    assert "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS" in message
+    assert SECRET not in message
+    assert "3600001" not in message
+
+
+def test_aiokafka_refuses_an_option_it_does_not_take_when_built() -> None:
+    pytest.importorskip("aiokafka")
+    from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
+
+    settings = KafkaSettings(bootstrap=UNREACHABLE, client="aiokafka")
+    with pytest.raises(ConfigurationError) as caught:
+        AiokafkaGroupConsumer(settings, "g", config={"session.timeout.ms": SECRET})
+    assert "'session.timeout.ms'" in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+def test_aiokafka_refuses_a_value_it_cannot_take_when_it_subscribes() -> None:
+    pytest.importorskip("aiokafka")
+    from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
+
+    settings = KafkaSettings(bootstrap=UNREACHABLE, client="aiokafka")
+    consumer = AiokafkaGroupConsumer(settings, "g", config={"max_poll_records": SECRET})
+
+    async def subscribe() -> None:
+        await consumer.subscribe(["t"], lambda tps: None, lambda tps: {})
+
+    with pytest.raises(ConfigurationError) as caught:
+        asyncio.run(subscribe())
+    assert SECRET not in str(caught.value)
+    assert "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS" in str(caught.value)
+
+
+@pytest.mark.parametrize("template", ["{topic}.{x}", "{0}", "{topic"])
+def test_a_consumer_with_an_unusable_dead_letter_template_is_not_built(template: str) -> None:
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.inbox.confluent import ConfluentInboxConsumer
+
+    with pytest.raises(ConfigurationError, match="dead-letter topic template"):
+        ConfluentInboxConsumer(
+            cast(Any, None),  # never reached: the template is checked first
+            KafkaSettings(bootstrap=UNREACHABLE),
+            group_id="g",
+            topics=["t"],
+            dead_letter=template,
+        )
