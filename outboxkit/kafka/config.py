@@ -110,6 +110,8 @@ def refused_configuration(
     names = [name for name in conf if isinstance(name, str) and name]
     named = sorted(name for name in names if f'"{name}"' in text)  # librdkafka quotes them
     named = named or sorted(name for name in names if name in text)
+    if not named and "Unsupported SASL mechanism" in text:  # it quotes the value only
+        named = sorted(name for name in names if name.startswith("sasl.mechanism"))
     if text.startswith("No such configuration property") and named:
         problem = f"unknown property {', '.join(map(repr, named))}"
     elif named:

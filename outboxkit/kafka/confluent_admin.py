@@ -16,6 +16,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.api import Admin, TopicInfo
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.confluent_build import create
 from outboxkit.settings import KafkaSettings
 
 _MISSING = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_ID"})
@@ -31,8 +32,10 @@ class ConfluentAdmin(Admin):
         self._timeout = timeout
         # Never let a metadata lookup create a topic with the broker's defaults: the checkpoint
         # topic must be created compacted, by create_topic.
-        self._client: AdminClient | None = AdminClient(
-            confluent_config(settings, {"allow.auto.create.topics": False})
+        self._client: AdminClient | None = create(
+            AdminClient,
+            confluent_config(settings, {"allow.auto.create.topics": False}),
+            "the Kafka admin client (confluent-kafka) cannot be created",
         )
 
     @property

@@ -12,6 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from outboxkit.errors import PublishError
 from outboxkit.kafka.api import CheckpointReader
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.confluent_build import create
 from outboxkit.settings import KafkaSettings
 
 
@@ -33,7 +34,11 @@ class ConfluentCheckpointReader(CheckpointReader):
         return await asyncio.to_thread(self._last_committed, topic, partition, key)
 
     def _last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
-        consumer = Consumer(confluent_config(self._settings, None, **self._consumer_config()))
+        consumer = create(
+            Consumer,
+            confluent_config(self._settings, None, **self._consumer_config()),
+            "the checkpoint reader (confluent-kafka) cannot be created",
+        )
         start = TopicPartition(topic, partition, OFFSET_BEGINNING)
         try:
             deadline = time.monotonic() + self._timeout

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.api import ConsumedRecord, GroupConsumer, Rebalance, Revoke
@@ -19,8 +19,8 @@ from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import (
     CONSUMER_OPTIONS_HINT,
     confluent_config,
-    refused_configuration,
 )
+from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
 
@@ -58,21 +58,12 @@ class ConfluentGroupConsumer(GroupConsumer):
         defaults: dict[str, Any] = {"auto.offset.reset": "earliest"}
         # The consumer's own options win over the shared properties; _FORCED over both.
         forced: dict[str, Any] = {**(config or {}), "group.id": group_id, **_FORCED}
-        conf = confluent_config(settings, defaults, **forced)
-        try:
-            self._consumer = Consumer(conf)
-        except KafkaException as exc:  # an unknown property, a value librdkafka refuses
-            error = exc.args[0] if exc.args else None
-            code, text = ("unknown error", "")
-            if isinstance(error, KafkaError):
-                code, text = error.name(), error.str()
-            raise refused_configuration(
-                "the Kafka consumer (confluent-kafka) cannot be created",
-                code,
-                text,
-                conf,
-                CONSUMER_OPTIONS_HINT,
-            ) from None
+        self._consumer = create(
+            Consumer,
+            confluent_config(settings, defaults, **forced),
+            "the Kafka consumer (confluent-kafka) cannot be created",
+            CONSUMER_OPTIONS_HINT,
+        )
         self._assigned_now: list[TopicPartition] = []
         self._on_assign: Rebalance = lambda tps: None
         self._on_revoke: Revoke = lambda tps: {}

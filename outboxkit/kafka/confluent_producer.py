@@ -25,6 +25,7 @@ from outboxkit.kafka.api import (
     TransactionalProducer,
 )
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
@@ -132,7 +133,9 @@ class ConfluentTransactionalProducer(TransactionalProducer):
 
     async def start(self) -> None:
         try:
-            self._producer = Producer(self._config)
+            self._producer = create(
+                Producer, self._config, "the Kafka producer (confluent-kafka) cannot be created"
+            )
             if self.transactional:
                 await asyncio.to_thread(self._p.init_transactions, self._timeout)
         except (KafkaException, SystemError) as exc:

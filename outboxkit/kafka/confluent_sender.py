@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.api import Headers, RecordSender
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
@@ -28,7 +29,8 @@ class ConfluentRecordSender(RecordSender):
 
     def _get(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(
+            self._producer = create(
+                Producer,
                 confluent_config(
                     self._settings,
                     None,
@@ -37,7 +39,8 @@ class ConfluentRecordSender(RecordSender):
                         "acks": "all",
                         "message.timeout.ms": int(self._timeout * 1000),
                     },
-                )
+                ),
+                "the Kafka producer for dead letters and acks (confluent-kafka) cannot be created",
             )
         return self._producer
 

@@ -20,7 +20,12 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
-from outboxkit.errors import LeaseLostError, ProducerFencedError, PublishError
+from outboxkit.errors import (
+    ConfigurationError,
+    LeaseLostError,
+    ProducerFencedError,
+    PublishError,
+)
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
@@ -115,7 +120,7 @@ class ShardWorker:
                 logger.warning("lease lost on shard %s: %s; back to standby", self.shard, exc)
             except Exception as exc:  # a worker must never die silently: log, back off, retry
                 failures += 1
-                if not isinstance(exc, psycopg.Error | OSError | PublishError):
+                if not isinstance(exc, psycopg.Error | OSError | PublishError | ConfigurationError):
                     logger.exception("shard %s: unexpected error", self.shard)
                 delay = backoff_delay(
                     failures, self.config.backoff_initial, self.config.backoff_max, self._rng
