@@ -30,7 +30,7 @@ from outboxkit.wire import JSON_CONTENT_TYPE
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 BYTES_CONTENT_TYPE = "application/octet-stream"
 
-_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")  # fullmatch: "$" would let a final "\n" through
 MAX_TOPIC_LENGTH = 249
 
 
@@ -45,7 +45,7 @@ def validate_topic(topic: object) -> str:
         )
     if topic in (".", ".."):
         raise InvalidTopicError(f"topic name {topic!r} is reserved by Kafka", topic=topic)
-    if not _TOPIC_RE.match(topic):
+    if not _TOPIC_RE.fullmatch(topic):
         raise InvalidTopicError(
             f"topic name {topic!r} has characters Kafka does not allow (use a-z A-Z 0-9 . _ -)",
             topic=topic,

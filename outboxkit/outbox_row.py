@@ -22,7 +22,14 @@ from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7, uuid_text
 from outboxkit.limits import PRODUCER_MESSAGE_MAX_BYTES, RECORD_OVERHEAD_BYTES, record_size
 from outboxkit.tracing import current_trace_headers
-from outboxkit.wire import JSON_CONTENT_TYPE, content_digest
+from outboxkit.wire import (
+    HEADER_EVENT_TYPE,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_LIMITS,
+    JSON_CONTENT_TYPE,
+    content_digest,
+    header_problem,
+)
 
 if TYPE_CHECKING:
     from outboxkit.outbox_plan import OutboxConfig
@@ -67,6 +74,71 @@ def _too_large(topic: str, payload: bytes, size: int, limit: int) -> PayloadTooL
 
 _topic_ok = lru_cache(maxsize=4096)(validate_topic)
 
+_INT4_MAX = 2**31 - 1  # schema_version is an integer column
+
+
+def _text(field: str, value: object) -> None:
+    """A text column's value: a str (or None) PostgreSQL can store, i.e. without NUL."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ValidationError(f"{field} must be a str or None, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValidationError(f"{field} contains a NUL character, which PostgreSQL cannot store")
+
+
+def _identity(header: str, field: str, value: str) -> None:
+    """An identity header as every consumer checks it on arrival (outboxkit.wire)."""
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        problem: str | None = "not valid UTF-8 (a lone surrogate)"
+    else:
+        problem = header_problem(raw, HEADER_LIMITS[header])
+    if problem is not None:
+        raise ValidationError(
+            f"{field} refused: {problem}; consumers refuse such an {header!r} header"
+        )
+
+
+@lru_cache(maxsize=1024)
+def _event_type_ok(event_type: str) -> None:
+    """Checked once per distinct event type (a batch repeats a few)."""
+    _text("event_type", event_type)
+    _identity(HEADER_EVENT_TYPE, "event_type", event_type)
+
+
+def _optional_fields(
+    content_type: str,
+    schema_version: object,
+    aggregate_type: object,
+    aggregate_id: object,
+    event_id: object,
+    deliver_after: object,
+) -> None:
+    """The fields most messages leave at their defaults, checked only when set."""
+    if content_type is not JSON_CONTENT_TYPE:
+        _text("content_type", content_type)
+    if schema_version is not None and (
+        type(schema_version) is not int or not 1 <= schema_version <= _INT4_MAX
+    ):
+        raise ValidationError(
+            f"schema_version must be an int from 1 to {_INT4_MAX}, got {schema_version!r}"
+        )
+    if aggregate_type is not None:
+        _text("aggregate_type", aggregate_type)
+    if aggregate_id is not None:
+        _text("aggregate_id", aggregate_id)
+    if event_id is not None and not isinstance(event_id, uuid.UUID):
+        raise ValidationError(f"event_id must be a uuid.UUID, got {type(event_id).__name__}")
+    if deliver_after is not None and (
+        not isinstance(deliver_after, datetime) or deliver_after.utcoffset() is None
+    ):
+        raise ValidationError(
+            "deliver_after must be a timezone-aware datetime (a naive one would be read in"
+            f" the database session's time zone), got {deliver_after!r}"
+        )
+
 
 def _as_message(item: Writable, overrides: Mapping[str, Any]) -> Message:
     if isinstance(item, Event):
@@ -84,6 +156,10 @@ def _headers_json(headers: Mapping[str, str]) -> str:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
+        if "\x00" in name or "\x00" in value:
+            raise SerializationError(
+                f"header {name!r} contains a NUL character, which PostgreSQL cannot store"
+            )
     return json.dumps(headers, ensure_ascii=False)
 
 
@@ -148,9 +224,27 @@ def _row(
         validate_topic(topic)  # raises
     if key is not None and not isinstance(key, str):
         raise ValidationError(f"message key must be a str or None, got {key!r}")
-    if event_type is not None and not isinstance(event_type, str):
-        raise ValidationError(f"message event_type must be a str or None, got {event_type!r}")
+    if key is not None and "\x00" in key:
+        raise ValidationError("message key contains a NUL character, which PostgreSQL cannot store")
+    if event_type is not None:
+        if type(event_type) is str:
+            _event_type_ok(event_type)
+        else:
+            raise ValidationError(f"message event_type must be a str or None, got {event_type!r}")
     data, content_type = encode_payload(payload, content_type)
+    if (
+        content_type is not JSON_CONTENT_TYPE
+        or schema_version is not None
+        or aggregate_type
+        or (aggregate_id or event_id or deliver_after)
+    ):
+        _optional_fields(
+            content_type, schema_version, aggregate_type, aggregate_id, event_id, deliver_after
+        )
+    if type(headers) is not dict and not isinstance(headers, Mapping):
+        if headers is not None:
+            raise SerializationError(f"headers must map str to str, got {type(headers).__name__}")
+        headers = {}  # None: no headers of its own
     if trace_headers is None:
         trace_headers = current_trace_headers()
     if trace_headers:
@@ -159,18 +253,30 @@ def _row(
     event_id = event_id or new_id or uuid7()
     if idempotency_key is None:
         idempotency_key = uuid_text(event_id)
+    elif type(idempotency_key) is not str:
+        raise ValidationError(
+            f"the idempotency key must be a str, got {type(idempotency_key).__name__}"
+        )
     elif not idempotency_key:
         raise ValidationError("the idempotency key must not be empty")
+    else:
+        _identity(HEADER_IDEMPOTENCY_KEY, "the idempotency key", idempotency_key)
     optional = (event_type, schema_version, aggregate_type, aggregate_id)
-    size = record_size(len(data), key, idempotency_key, content_type, optional, headers)
+    try:
+        size = record_size(len(data), key, idempotency_key, content_type, optional, headers)
+        digest = content_digest(
+            topic=topic, key=key, event_type=event_type, content_type=content_type, payload=data
+        )
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800") in a text field
+        raise ValidationError(
+            f"a text field is not valid UTF-8 (a lone surrogate at {exc.start}): {exc.object!r:.80}"
+        ) from None
     if size > config.max_message_bytes:
         raise _too_large(topic, data, size, config.max_message_bytes)
     return Row(
         event_id,
         idempotency_key,
-        content_digest(
-            topic=topic, key=key, event_type=event_type, content_type=content_type, payload=data
-        ),
+        digest,
         topic,
         key,
         data,

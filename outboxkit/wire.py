@@ -21,6 +21,29 @@ HEADER_AGGREGATE_ID = "aggregate-id"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
 
+# Byte caps of the identity headers (UTF-8). They become primary-key columns of the inbox, so
+# they stay well inside PostgreSQL's btree index row limit (~2.7 KB). The writer refuses what
+# a consumer would refuse (header_problem), so an event it accepts is never rejected on arrival.
+HEADER_LIMITS: dict[str, int] = {
+    HEADER_EVENT_ID: 1024,
+    HEADER_IDEMPOTENCY_KEY: 1024,
+    HEADER_EVENT_TYPE: 255,
+}
+
+
+def header_problem(raw: bytes, limit: int) -> str | None:
+    """Why a raw identity header value is refused, or ``None``."""
+    if len(raw) > limit:
+        return f"{len(raw)} bytes (limit {limit})"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not valid UTF-8"
+    if not text.isprintable():
+        return "contains control characters"
+    return None
+
+
 JSON_CONTENT_TYPE = "application/json"
 
 _LEN = struct.Struct(">Q")  # the 8-byte big-endian length prefix of each digested part

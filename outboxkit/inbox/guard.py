@@ -13,14 +13,9 @@ import hashlib
 import re
 
 from outboxkit.errors import DecodeError
-from outboxkit.wire import HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_IDEMPOTENCY_KEY
+from outboxkit.wire import HEADER_EVENT_ID, HEADER_LIMITS, header_problem
 
-# Byte caps of the identity headers (UTF-8), well inside the btree index row limit.
-HEADER_LIMITS: dict[str, int] = {
-    HEADER_EVENT_ID: 1024,
-    HEADER_IDEMPOTENCY_KEY: 1024,
-    HEADER_EVENT_TYPE: 255,
-}
+__all__ = ["HEADER_LIMITS", "header_problem"]  # the wire contract, checked here on arrival
 EXCERPT_CHARS = 200  # how much attacker-controlled text a stored reason may quote
 REASON_CHARS = 1000  # the cap of a stored reason / error text
 
@@ -56,19 +51,6 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
 def bounded(text: str, limit: int = REASON_CHARS) -> str:
     """A reason or error text fit to store and print: escaped and capped."""
     return excerpt(text, limit)
-
-
-def header_problem(raw: bytes, limit: int) -> str | None:
-    """Why a raw header value is refused, or ``None``."""
-    if len(raw) > limit:
-        return f"{len(raw)} bytes (limit {limit})"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return "not valid UTF-8"
-    if not text.isprintable():
-        return "contains control characters"
-    return None
 
 
 def check_headers(raw_headers: tuple[tuple[str, bytes | None], ...]) -> None:

@@ -12,6 +12,7 @@ from outboxkit.errors import SerializationError, ValidationError
 from outboxkit.events import Event, Message, encode_payload
 from outboxkit.ids import uuid7, uuid7_batch, uuid7_time_ms
 from outboxkit.outbox import Outbox, OutboxConfig
+from outboxkit.outbox_copy import Stream
 from outboxkit.outbox_plan import prepare
 
 
@@ -139,3 +140,71 @@ def test_dict_and_list_payloads_encode_as_before() -> None:
         pass
 
     assert encode_payload(Sub(a=1)) == (b'{"a":1}', "application/json")
+
+
+HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
+    # What a consumer refuses on arrival (outboxkit.wire.header_problem): refused at the write.
+    ("1025-byte idempotency key", {"idempotency_key": "k" * 1025}, "1025 bytes"),
+    ("tab in idempotency key", {"idempotency_key": "order\t42"}, "control characters"),
+    ("no-break space in key", {"idempotency_key": "a\u00a0b"}, "control characters"),
+    ("256-byte event type", {"event_type": "e" * 256}, "256 bytes"),
+    ("newline in event type", {"event_type": "order.placed\n"}, "control characters"),
+    # What PostgreSQL cannot store (NUL in text and jsonb), or an integer column cannot hold.
+    ("NUL in key", {"key": "a\x00b"}, "NUL"),
+    ("NUL in aggregate id", {"aggregate_id": "x\x00"}, "NUL"),
+    ("NUL in aggregate type", {"aggregate_type": "x\x00"}, "NUL"),
+    ("NUL in content type", {"content_type": "application/x\x00", "payload": b"{}"}, "NUL"),
+    ("NUL in a header", {"headers": {"a": "b\x00"}}, "NUL"),
+    ("schema version 2**40", {"schema_version": 2**40}, "from 1 to 2147483647"),
+    ("schema version 0", {"schema_version": 0}, "from 1 to 2147483647"),
+    ("schema version 1.5", {"schema_version": 1.5}, "from 1 to 2147483647"),
+    ("schema version True", {"schema_version": True}, "from 1 to 2147483647"),
+    # Types and text a driver would fail on with an untyped error.
+    ("topic with a final newline", {"topic": "orders\n"}, "topic"),
+    ("lone surrogate in key", {"key": "\ud800"}, "lone surrogate"),
+    ("lone surrogate in a header", {"headers": {"a": "\ud800"}}, "lone surrogate"),
+    ("event id as text", {"event_id": "0190a3c4-0000-7000-8000-000000000000"}, "uuid.UUID"),
+    ("idempotency key as int", {"idempotency_key": 5}, "must be a str"),
+    ("idempotency key as bytes", {"idempotency_key": b"abc"}, "must be a str"),
+    ("aggregate id as int", {"aggregate_id": 5}, "must be a str"),
+    ("headers as a list", {"headers": [("a", "b")]}, "headers must map"),
+    ("deliver_after as text", {"deliver_after": "tomorrow"}, "timezone-aware"),
+    ("naive deliver_after", {"deliver_after": datetime(2030, 1, 1)}, "timezone-aware"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [pytest.param(f, p, id=name) for name, f, p in HOSTILE_FIELDS],
+)
+def test_hostile_fields_are_refused_typed_on_every_path(
+    fields: dict[str, object], problem: str
+) -> None:
+    """One refusal, before any SQL, whichever path the item takes: add (one row), add_many
+    below the COPY threshold (rows bound as arrays) and above it (the COPY stream)."""
+    item = Message(**{"topic": "orders", "payload": {"a": 1}, **fields})  # type: ignore[arg-type]
+    config = OutboxConfig()
+    with pytest.raises(ValidationError, match=problem):
+        prepare(item, config)
+    with pytest.raises(ValidationError, match=problem):
+        Outbox(config)._plan_many([Message("orders", {"a": 0}), item])
+    stream = Stream([Message("orders", {"a": 0})] * 150 + [item], config, {}, 1)
+    with pytest.raises(ValidationError, match=problem):
+        list(stream)
+
+
+def test_fields_at_their_limits_are_taken() -> None:
+    item = Message(
+        "orders",
+        {"a": 1},
+        idempotency_key="k" * 1024,
+        event_type="e" * 255,
+        schema_version=2**31 - 1,
+        aggregate_id="agg-1",
+        headers={"traceparent": "00-abc"},
+        deliver_after=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    row = prepare(item, OutboxConfig())
+    assert (row.idempotency_key, row.event_type) == ("k" * 1024, "e" * 255)
+    assert row.schema_version == 2**31 - 1
+    assert prepare(Message("orders", {}, headers=None), OutboxConfig()).headers == "{}"  # type: ignore[arg-type]
