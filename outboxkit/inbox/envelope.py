@@ -39,6 +39,7 @@ class Envelope:
     headers: dict[str, str] = field(default_factory=dict)
     raw_headers: tuple[tuple[str, bytes | None], ...] = ()
     timestamp_ms: int | None = None
+    header_error: str | None = None  # why the client could not read the headers
 
     @classmethod
     def from_parts(
@@ -58,11 +59,19 @@ class Envelope:
     @classmethod
     def from_record(cls, record: ConsumedRecord) -> Envelope:
         """From the client seam's record (either client)."""
-        topic, partition, offset, key, value, headers, timestamp_ms = record
+        topic, partition, offset, key, value, headers, timestamp_ms, header_error = record
         if timestamp_ms is not None and timestamp_ms < 0:
             timestamp_ms = None
         return cls(
-            topic, partition, offset, key, value, headers_to_dict(headers), headers, timestamp_ms
+            topic,
+            partition,
+            offset,
+            key,
+            value,
+            headers_to_dict(headers),
+            headers,
+            timestamp_ms,
+            header_error,
         )
 
 
@@ -87,6 +96,8 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
     relay duplicate sits at another offset, so such an id would silently defeat deduplication.
     It is rejected instead, unless the application supplies ``event_id_from``.
     """
+    if envelope.header_error is not None:
+        raise InvalidHeaderError(f"headers refused: {envelope.header_error}", safe_event_id=None)
     check_headers(envelope.raw_headers)
     event_id = envelope.headers.get(HEADER_EVENT_ID) or None
     if event_id is None and event_id_from is not None:

@@ -3,22 +3,33 @@
 The client is created when it subscribes (aiokafka objects belong to the running event loop).
 The rebalance listener runs the seam's plain callbacks, commits what a revocation hands back,
 and resumes every newly assigned partition.
+
+aiokafka decodes header names as UTF-8 while it parses a fetch: one record with a name that is
+not fails ``getmany`` (after it already moved past records of other partitions it then drops),
+and does so again after every restart. So the offset after the last record handed out is kept
+per partition, and such a fetch is read again from there by :mod:`record_batch`: that record
+comes out with a ``header_error`` (the inbox rejects it), the rest as usual, in order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
+from aiokafka.errors import CorruptRecordException, KafkaError
+from aiokafka.errors import for_code as error_for_code
+from aiokafka.protocol.fetch import FetchRequest
 
 from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
+from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
@@ -43,6 +54,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.owner.handed.clear()  # positions start again from the committed offsets
         self.on_assign(_tps(assigned))
         self.owner.resume(_tps(assigned))
 
@@ -66,6 +78,16 @@ def _check_options(config: Mapping[str, Any]) -> None:
         )
 
 
+_CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    decode = _CODECS.get(codec)
+    if decode is None:
+        raise KafkaError(f"unknown compression codec {codec}")
+    return bytes(decode(data))
+
+
 class AiokafkaGroupConsumer(AsyncGroupConsumer):
     def __init__(
         self, settings: KafkaSettings, group_id: str, *, config: Mapping[str, Any] | None = None
@@ -79,6 +101,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             isolation_level="read_committed",
         )
         self._consumer: AIOKafkaConsumer | None = None
+        # Per partition, the offset after the last record handed out (or sought to).
+        self.handed: dict[TP, int] = {}
 
     @property
     def _c(self) -> AIOKafkaConsumer:
@@ -103,20 +127,88 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             raise PublishError(f"Kafka consumer could not start: {exc}") from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
-        batches = await self._c.getmany(timeout_ms=int(wait * 1000), max_records=max_records)
-        return [
-            ConsumedRecord(
-                m.topic,
-                m.partition,
-                m.offset,
-                m.key,
-                m.value,
-                tuple(m.headers or ()),
-                m.timestamp,
-            )
-            for records in batches.values()
-            for m in records
-        ]
+        try:
+            batches = await self._c.getmany(timeout_ms=int(wait * 1000), max_records=max_records)
+        except (UnicodeDecodeError, CorruptRecordException) as exc:
+            # (aiokafka's pure-Python parser raises it as the cause of a CorruptRecordException)
+            cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__
+            if not isinstance(cause, UnicodeDecodeError):
+                raise
+            logger.warning("a fetched header name is not UTF-8 (%s): reading it leniently", exc)
+            records = await self._read_leniently()
+            if not records:
+                await asyncio.sleep(wait)  # e.g. the partition's leader is moving: not a spin
+        else:
+            records = [
+                ConsumedRecord(
+                    m.topic,
+                    m.partition,
+                    m.offset,
+                    m.key,
+                    m.value,
+                    tuple(m.headers or ()),
+                    m.timestamp,
+                )
+                for found in batches.values()
+                for m in found
+            ]
+        for record in records:
+            self.handed[(record.topic, record.partition)] = record.offset + 1
+        return records
+
+    async def _read_leniently(self) -> list[ConsumedRecord]:
+        """Fetch every assigned, unpaused partition again from where its handing out stopped,
+        parse it ourselves, and move the consumer past what was read. The failed ``getmany``
+        may have moved positions past records it never returned: they are not trusted."""
+        paused = set(self._c.paused())
+        records: list[ConsumedRecord] = []
+        for tp in self._c.assignment() - paused:
+            start = await self._handed_out(tp)
+            found, next_offset = await self._fetch_raw(tp, start)
+            records += found
+            self._c.seek(tp, next_offset)
+        return records
+
+    async def _handed_out(self, tp: TopicPartition) -> int:
+        """Where the handing out of the partition stopped: the offset after the last record
+        handed out or sought to; before any, its committed offset, else its first offset
+        (``earliest``) or, last resort, its position (``latest``: may be past lost records)."""
+        known = self.handed.get((tp.topic, tp.partition))
+        if known is not None:
+            return known
+        committed = await self._c.committed(tp)
+        if committed is not None:
+            return int(committed)
+        if self._options.get("auto_offset_reset") == "earliest":
+            return int((await self._c.beginning_offsets([tp]))[tp])
+        return int(await self._c.position(tp))
+
+    async def _fetch_raw(self, tp: TopicPartition, offset: int) -> tuple[list[ConsumedRecord], int]:
+        """The committed records of one fetch from ``offset`` on, and the offset after them."""
+        client = self._c._client  # the consumer's own connections (and credentials)
+        node = client.cluster.leader_for_partition(tp)
+        if node is None or node < 0:
+            return [], offset
+        max_bytes = int(self._options.get("max_partition_fetch_bytes", 1024 * 1024))
+        topics = [(tp.topic, [(tp.partition, offset, max_bytes)])]
+        try:
+            response = await client.send(node, FetchRequest(0, 1, max_bytes, 1, topics))
+        except KafkaError as exc:
+            logger.warning("fetching %s/%d again failed: %s", tp.topic, tp.partition, exc)
+            return [], offset
+        for _, partitions in response.topics:
+            for _, error_code, _, *data in partitions:
+                if error_code != 0:
+                    error = error_for_code(error_code).__name__
+                    logger.warning("fetching %s/%d again: %s", tp.topic, tp.partition, error)
+                    return [], offset
+                # aborted transactions: the third field from v11 on, the last but one before
+                aborted = (data[2] if response.API_VERSION >= 11 else data[-2]) or []
+                batches = list(read_batches(bytes(data[-1] or b""), _decompress))
+                found = committed_records(batches, [(a[0], a[1]) for a in aborted], offset)
+                end = batches[-1].next_offset if batches else offset
+                return [consumed(tp.topic, tp.partition, r) for r in found], max(end, offset)
+        return [], offset
 
     def assignment(self) -> set[TP]:
         return set(_tps(self._c.assignment())) if self._consumer is not None else set()
@@ -134,6 +226,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
     def seek(self, partition: TP, offset: int) -> None:
         for tp in self._only_assigned([partition]):
             self._c.seek(tp, offset)
+            self.handed[partition] = offset
 
     async def commit(self, offsets: dict[TP, int]) -> None:
         if not offsets:

@@ -55,7 +55,12 @@ class Delivery(NamedTuple):
 
 
 class ConsumedRecord(NamedTuple):
-    """One delivered record, client-neutral."""
+    """One delivered record, client-neutral.
+
+    ``header_error`` says why its headers could not be read (a header name that is not UTF-8,
+    which the client libraries refuse to decode); ``headers`` is then empty and the inbox
+    rejects the record instead of stalling its partition on it.
+    """
 
     topic: str
     partition: int
@@ -64,6 +69,13 @@ class ConsumedRecord(NamedTuple):
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp_ms: int | None
+    header_error: str | None = None
+
+
+def undecodable_name(raw: bytes | bytearray) -> str:
+    """The ``header_error`` of a record with a header name that is not UTF-8 (an excerpt)."""
+    shown = repr(bytes(raw[:64])) + ("..." if len(raw) > 64 else "")
+    return f"a header name is not valid UTF-8: {shown}"
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,20 @@ never move again. So every partition assigned is resumed right after the assignm
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from outboxkit.errors import OutboxkitError, PublishError
-from outboxkit.kafka.api import ConsumedRecord, GroupConsumer, Rebalance, Revoke
+from outboxkit.kafka.api import (
+    ConsumedRecord,
+    GroupConsumer,
+    Rebalance,
+    Revoke,
+    undecodable_name,
+)
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import (
     CONSUMER_OPTIONS_HINT,
@@ -37,17 +44,39 @@ def _tps(partitions: list[TopicPartition]) -> list[TP]:
     return [(p.topic, p.partition) for p in partitions]
 
 
+# ``Message.headers()`` decodes every name as UTF-8, and for a name that is not it returns a
+# list holding a NULL with the UnicodeDecodeError still set. Called through the C API the
+# interpreter turns that into a SystemError; a call straight from bytecode that CPython has
+# specialised (a hot call site) skips that check and hands the broken list on. So it is only
+# ever called through ``methodcaller``, once per message (a second call returns the same list).
+_HEADERS = operator.methodcaller("headers")
+
+
+def _headers(msg: Message) -> tuple[tuple[tuple[str, bytes | None], ...], str | None]:
+    """The message's headers, or why they cannot be read: then the record goes on without
+    them, to be rejected by the inbox rather than crash the consumer on every restart."""
+    try:
+        headers: Any = _HEADERS(msg) or ()
+    except (UnicodeDecodeError, SystemError) as exc:
+        cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__ or exc.__context__
+        if not isinstance(cause, UnicodeDecodeError):
+            raise
+        return (), undecodable_name(cause.object)
+    return tuple(headers), None
+
+
 def _record(msg: Message) -> ConsumedRecord:
     ts_type, ts = msg.timestamp()
-    headers: Any = msg.headers() or ()
+    headers, header_error = _headers(msg)
     return ConsumedRecord(
         msg.topic() or "",
         msg.partition() or 0,
         msg.offset() or 0,
         msg.key(),
         msg.value(),
-        tuple(headers),
+        headers,
         ts if ts_type else None,
+        header_error,
     )
 
 

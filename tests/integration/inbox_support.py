@@ -40,6 +40,7 @@ from outboxkit.wire import (
     HEADER_EVENT_TYPE,
     HEADER_IDEMPOTENCY_KEY,
 )
+from tests.support.raw_headers import RawNames
 from tests.support.waiting import wait_for
 
 EVENT_TYPE = "payment.requested"
@@ -95,6 +96,34 @@ def produce(
     for key, value, headers in messages:
         producer.produce(topic, value, key=key, headers=headers, partition=partition)
     assert producer.flush(30) == 0
+
+
+def produce_batch(
+    bootstrap: str,
+    topic: str,
+    messages: list[tuple[bytes | None, bytes, list[tuple[str | bytes, bytes]]]],
+    partition: int = 0,
+) -> None:
+    """Produce the messages as ONE record batch, where a header name may be any bytes
+    (confluent-kafka would send ``str()`` of a bytes name)."""
+
+    async def send() -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            batch, names = producer.create_batch(), RawNames()
+            for key, value, headers in messages:
+                named = names.headers(headers)
+                assert batch.append(key=key, value=value, timestamp=None, headers=named)
+            built = batch._build()  # cached: send_batch sends this very buffer
+            built[:] = names.patch(built)
+            await (await producer.send_batch(batch, topic, partition=partition))
+        finally:
+            await producer.stop()
+
+    asyncio.run(send())
 
 
 def produce_event(

@@ -24,11 +24,13 @@ from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
     REGISTRY,
     Behaviour,
+    effects,
     fetch,
     headers_for,
     inbox_row,
     payload,
     produce,
+    produce_batch,
 )
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
 from tests.support.topics import read_topic
@@ -40,6 +42,7 @@ TopicFactory = Callable[..., str]
 Start = Callable[..., Any]
 SECRET = "ssn-078-05-1120"
 BOUND = 120.0  # seconds within which every record must have ended
+WARM_UP = 40  # records before a hostile one, enough for CPython to specialise the code
 
 
 def _state(db_url: str, event_id: str) -> str | None:
@@ -122,6 +125,66 @@ def test_every_hostile_record_ends_readable_and_later_records_run(
     for _, reason, _ in rejected.values():
         assert reason.isprintable()
         assert len(reason) <= 1100
+    assert harness.error is None
+
+
+def test_a_header_name_that_is_not_utf8_is_rejected_and_nothing_else_is_lost(
+    start: Start,  # noqa: F811
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Both client libraries fail to decode such a name (aiokafka the whole fetch, confluent-kafka
+    the message's headers); the record is rejected with the reason, the records around it (in
+    the same record batch, and of the other partition) are processed, in order."""
+    topic = outboxkit_topic(partitions=2)
+    before, after, later, other1, other2 = (str(uuid.uuid4()) for _ in range(5))
+    produce(
+        outboxkit_kafka_bootstrap,
+        topic,
+        [
+            (b"k", payload("o-1", 1), headers_for(other1)),
+            (b"k", payload("o-2", 2), headers_for(other2)),
+        ],
+        partition=1,
+    )
+    # Warm-up records first: CPython specialises a hot call site, and a specialised call of
+    # confluent-kafka's headers() no longer raises but returns with the error still pending.
+    warm = [str(uuid.uuid4()) for _ in range(WARM_UP)]
+    produce(
+        outboxkit_kafka_bootstrap,
+        topic,
+        [(b"k", payload("warm", 0), headers_for(event_id)) for event_id in warm],
+    )
+    hostile: list[tuple[str | bytes, bytes]] = [(b"\xff\xfe", b"v"), *headers_for("never-read")]
+    batch: list[tuple[bytes | None, bytes, list[tuple[str | bytes, bytes]]]] = [
+        (b"k", payload("before", 1), list(headers_for(before))),
+        (b"k", payload("hostile", 2), hostile),
+        (b"k", payload("after", 3), list(headers_for(after))),
+    ]
+    produce_batch(outboxkit_kafka_bootstrap, topic, batch, partition=0)
+    produce(outboxkit_kafka_bootstrap, topic, [(b"k", payload("later", 4), headers_for(later))])
+    harness = start([topic], Behaviour())
+    valid = (*warm, before, after, later, other1, other2)
+
+    def settled() -> bool:  # or the consumer died
+        done = all(_state(outboxkit_db_url, e) == "succeeded" for e in valid)
+        return harness.error is not None or done
+
+    wait_for(settled, timeout=BOUND, what="the valid records")
+    assert harness.error is None, repr(harness.error)
+    rows = fetch(
+        outboxkit_db_url,
+        "SELECT kafka_partition, kafka_offset, event_id, reason FROM outboxkit.inbox_rejection"
+        " WHERE topic = %s",
+        (topic,),
+    )
+    assert rows == [
+        (0, WARM_UP + 1, None, "headers refused: a header name is not valid UTF-8: b'\\xff\\xfe'")
+    ]
+    assert inbox_row(outboxkit_db_url, "billing", "never-read") is None
+    order = [row[0] for row in effects(outboxkit_db_url) if row[0] in (before, after, later)]
+    assert order == [before, after, later]
     assert harness.error is None
 
 

@@ -329,3 +329,22 @@ def test_a_consumer_started_while_kafka_is_away_waits_for_it() -> None:
 
     assert drive_sync(loop.check_dead_letters(), Script(answer)) == []
     assert pauses == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "one-by-one"])
+def test_a_record_whose_headers_the_client_could_not_read_is_rejected(batched: bool) -> None:
+    """A header name that is not UTF-8 (the client seam passes the record with a
+    ``header_error``): recorded as a rejection with that reason, and its offset passed."""
+    unreadable = ConsumedRecord(
+        "orders", 0, 5, b"k", b"{}", (), None, "a header name is not valid UTF-8: b'\\xff'"
+    )
+    loop, _ = _loop(batch_max_records=50 if batched else 1)
+    script = _polling([[unreadable], [], []])
+    outcomes = drive_sync(loop.poll_batch(), script)
+    assert [(o.kind, o.event_id) for o in outcomes] == [(OutcomeKind.REJECTED, None)]
+    assert script.names().count("claim") == 0  # no inbox row: refused before any claim
+    rejection = next(s for s in script.steps if _name(s) == "record_rejection")
+    params = rejection.params  # type: ignore[attr-defined]
+    assert params["reason"] == "headers refused: a header name is not valid UTF-8: b'\\xff'"
+    assert (params["event_id"], params["kafka_offset"]) == (None, 5)
+    assert [s.offsets for s in script.steps if isinstance(s, Commit)] == [{("orders", 0): 6}]
