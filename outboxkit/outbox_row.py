@@ -89,6 +89,8 @@ def _text(field: str, value: object) -> None:
 
 def _identity(header: str, field: str, value: str) -> None:
     """An identity header as every consumer checks it on arrival (outboxkit.wire)."""
+    if len(value) <= HEADER_LIMITS[header] and value.isascii() and value.isprintable():
+        return  # the usual value: ASCII, one byte a character, nothing to decode
     try:
         raw = value.encode("utf-8")
     except UnicodeEncodeError:
@@ -227,16 +229,27 @@ def _row(
     if key is not None and "\x00" in key:
         raise ValidationError("message key contains a NUL character, which PostgreSQL cannot store")
     if event_type is not None:
-        if type(event_type) is str:
-            _event_type_ok(event_type)
-        else:
-            raise ValidationError(f"message event_type must be a str or None, got {event_type!r}")
+        if type(event_type) is not str:  # a StrEnum member is taken as its text
+            if not isinstance(event_type, str):
+                raise ValidationError(
+                    f"message event_type must be a str or None, got {event_type!r}"
+                )
+            event_type = str.__str__(event_type)
+        _event_type_ok(event_type)
+    if (  # an IntEnum member is taken as its number (a bool is refused below)
+        type(schema_version) is not int
+        and isinstance(schema_version, int)
+        and not isinstance(schema_version, bool)
+    ):
+        schema_version = int(schema_version)
     data, content_type = encode_payload(payload, content_type)
     if (
         content_type is not JSON_CONTENT_TYPE
         or schema_version is not None
-        or aggregate_type
-        or (aggregate_id or event_id or deliver_after)
+        or aggregate_type is not None
+        or aggregate_id is not None
+        or event_id is not None
+        or deliver_after is not None
     ):
         _optional_fields(
             content_type, schema_version, aggregate_type, aggregate_id, event_id, deliver_after
@@ -253,13 +266,14 @@ def _row(
     event_id = event_id or new_id or uuid7()
     if idempotency_key is None:
         idempotency_key = uuid_text(event_id)
-    elif type(idempotency_key) is not str:
+    elif type(idempotency_key) is not str and not isinstance(idempotency_key, str):
         raise ValidationError(
             f"the idempotency key must be a str, got {type(idempotency_key).__name__}"
         )
     elif not idempotency_key:
         raise ValidationError("the idempotency key must not be empty")
     else:
+        idempotency_key = str.__str__(idempotency_key)  # a str subclass as its text
         _identity(HEADER_IDEMPOTENCY_KEY, "the idempotency key", idempotency_key)
     optional = (event_type, schema_version, aggregate_type, aggregate_id)
     try:

@@ -46,6 +46,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.on_revoke = on_revoke
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.owner.generation += 1  # a lenient re-read in flight must not seek any more
         offsets = self.on_revoke(_tps(revoked))
         if offsets:
             try:
@@ -54,6 +55,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.owner.generation += 1
         self.owner.handed.clear()  # positions start again from the committed offsets
         self.on_assign(_tps(assigned))
         self.owner.resume(_tps(assigned))
@@ -77,6 +79,8 @@ def _check_options(config: Mapping[str, Any]) -> None:
             f" (session_timeout_ms, not session.timeout.ms); {CONSUMER_OPTIONS_HINT}"
         )
 
+
+_OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 
 _CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
 
@@ -103,6 +107,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         self._consumer: AIOKafkaConsumer | None = None
         # Per partition, the offset after the last record handed out (or sought to).
         self.handed: dict[TP, int] = {}
+        self.generation = 0  # bumped by every rebalance callback
 
     @property
     def _c(self) -> AIOKafkaConsumer:
@@ -138,35 +143,49 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             records = await self._read_leniently()
             if not records:
                 await asyncio.sleep(wait)  # e.g. the partition's leader is moving: not a spin
-        else:
-            records = [
-                ConsumedRecord(
-                    m.topic,
-                    m.partition,
-                    m.offset,
-                    m.key,
-                    m.value,
-                    tuple(m.headers or ()),
-                    m.timestamp,
-                )
-                for found in batches.values()
-                for m in found
-            ]
-        for record in records:
-            self.handed[(record.topic, record.partition)] = record.offset + 1
-        return records
+            return records
+        handed = self.handed
+        for tp, found in batches.items():
+            if found:
+                handed[(tp.topic, tp.partition)] = found[-1].offset + 1
+        return [
+            ConsumedRecord(
+                m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp
+            )
+            for found in batches.values()
+            for m in found
+        ]
 
     async def _read_leniently(self) -> list[ConsumedRecord]:
         """Fetch every assigned, unpaused partition again from where its handing out stopped,
         parse it ourselves, and move the consumer past what was read. The failed ``getmany``
         may have moved positions past records it never returned: they are not trusted."""
-        paused = set(self._c.paused())
+        # Three phases, so that neither a rebalance during an await nor an error loses a
+        # record: every start is known before any position moves; every partition is moved
+        # back to its start before any fetch (an error from here on leaves it there, to be
+        # read again); positions move forward only after every fetch succeeded, in one go.
+        generation = self.generation
+        starts: dict[TopicPartition, int] = {}
+        for tp in self._c.assignment() - set(self._c.paused()):
+            starts[tp] = await self._handed_out(tp)
+            if self.generation != generation:
+                return []  # rebalanced meanwhile: aiokafka restarts from the committed offsets
+        for tp, start in starts.items():
+            self._c.seek(tp, start)
+        fetched: list[tuple[TopicPartition, list[ConsumedRecord], int | None]] = []
+        for tp, start in starts.items():
+            fetched.append((tp, *await self._fetch_raw(tp, start)))
+            if self.generation != generation:
+                return []
         records: list[ConsumedRecord] = []
-        for tp in self._c.assignment() - paused:
-            start = await self._handed_out(tp)
-            found, next_offset = await self._fetch_raw(tp, start)
+        for tp, found, next_offset in fetched:
+            key = (tp.topic, tp.partition)
+            if next_offset is None:  # out of range: aiokafka's reset policy decides
+                self.handed.pop(key, None)
+                continue
             records += found
             self._c.seek(tp, next_offset)
+            self.handed[key] = next_offset
         return records
 
     async def _handed_out(self, tp: TopicPartition) -> int:
@@ -183,8 +202,11 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             return int((await self._c.beginning_offsets([tp]))[tp])
         return int(await self._c.position(tp))
 
-    async def _fetch_raw(self, tp: TopicPartition, offset: int) -> tuple[list[ConsumedRecord], int]:
-        """The committed records of one fetch from ``offset`` on, and the offset after them."""
+    async def _fetch_raw(
+        self, tp: TopicPartition, offset: int
+    ) -> tuple[list[ConsumedRecord], int | None]:
+        """The committed records of one fetch from ``offset`` on, and the offset after them
+        (``None``: ``offset`` is out of the log's range)."""
         client = self._c._client  # the consumer's own connections (and credentials)
         node = client.cluster.leader_for_partition(tp)
         if node is None or node < 0:
@@ -198,6 +220,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             return [], offset
         for _, partitions in response.topics:
             for _, error_code, _, *data in partitions:
+                if error_code == _OFFSET_OUT_OF_RANGE:
+                    return [], None
                 if error_code != 0:
                     error = error_for_code(error_code).__name__
                     logger.warning("fetching %s/%d again: %s", tp.topic, tp.partition, error)

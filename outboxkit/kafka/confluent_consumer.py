@@ -52,7 +52,7 @@ def _tps(partitions: list[TopicPartition]) -> list[TP]:
 _HEADERS = operator.methodcaller("headers")
 
 
-def _headers(msg: Message) -> tuple[tuple[tuple[str, bytes | None], ...], str | None]:
+def message_headers(msg: Message) -> tuple[tuple[tuple[str, bytes | None], ...], str | None]:
     """The message's headers, or why they cannot be read: then the record goes on without
     them, to be rejected by the inbox rather than crash the consumer on every restart."""
     try:
@@ -67,7 +67,7 @@ def _headers(msg: Message) -> tuple[tuple[tuple[str, bytes | None], ...], str | 
 
 def _record(msg: Message) -> ConsumedRecord:
     ts_type, ts = msg.timestamp()
-    headers, header_error = _headers(msg)
+    headers, header_error = message_headers(msg)
     return ConsumedRecord(
         msg.topic() or "",
         msg.partition() or 0,

@@ -105,7 +105,7 @@ def read_batches(data: bytes, decompress: Decompress) -> Iterator[Batch]:
         fields = _BATCH.unpack_from(data, pos)
         base, length, _, magic, _, attributes, last_delta, first_ts, max_ts, producer = fields[:10]
         end = pos + _LENGTH_END + length
-        if magic != 2 or end > len(data):
+        if magic != 2 or end > len(data) or end < pos + _BATCH.size:  # (a corrupt length)
             return
         body = data[pos + _BATCH.size : end]
         if attributes & _CODEC_MASK:

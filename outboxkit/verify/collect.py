@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from outboxkit.errors import OutboxkitError
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.confluent_consumer import message_headers
 from outboxkit.settings import KafkaSettings
 from outboxkit.verify.history import (
     ConsumerEffect,
@@ -87,7 +88,8 @@ def read_topics(
 
 
 def _record(msg: Any) -> KafkaRecord:
-    headers = {name: value for name, value in msg.headers() or () if value is not None}
+    raw, _unreadable = message_headers(msg)  # a name that is not UTF-8: read as no headers
+    headers = {name: value for name, value in raw if value is not None}
     raw_id = headers.get(HEADER_EVENT_ID)
     key = msg.key()
     seq: int | None = None

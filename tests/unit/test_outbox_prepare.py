@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -167,6 +168,8 @@ HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
     ("idempotency key as int", {"idempotency_key": 5}, "must be a str"),
     ("idempotency key as bytes", {"idempotency_key": b"abc"}, "must be a str"),
     ("aggregate id as int", {"aggregate_id": 5}, "must be a str"),
+    ("aggregate id 0", {"aggregate_id": 0}, "must be a str"),
+    ("deliver_after 0", {"deliver_after": 0}, "timezone-aware"),
     ("headers as a list", {"headers": [("a", "b")]}, "headers must map"),
     ("deliver_after as text", {"deliver_after": "tomorrow"}, "timezone-aware"),
     ("naive deliver_after", {"deliver_after": datetime(2030, 1, 1)}, "timezone-aware"),
@@ -208,3 +211,26 @@ def test_fields_at_their_limits_are_taken() -> None:
     assert (row.idempotency_key, row.event_type) == ("k" * 1024, "e" * 255)
     assert row.schema_version == 2**31 - 1
     assert prepare(Message("orders", {}, headers=None), OutboxConfig()).headers == "{}"  # type: ignore[arg-type]
+
+
+class Kind(enum.StrEnum):
+    PLACED = "order.placed"
+
+
+class Version(enum.IntEnum):
+    V2 = 2
+
+
+class ByEnum(Event, topic="orders", event_type=Kind.PLACED, schema_version=Version.V2):
+    order_id: str
+
+
+def test_enum_members_are_taken_as_their_values() -> None:
+    """A StrEnum event type or key and an IntEnum schema version, as many codebases declare
+    them, are written as their plain text and number."""
+    row = prepare(ByEnum(order_id="o"), OutboxConfig())
+    assert (type(row.event_type), row.event_type) == (str, "order.placed")
+    assert (type(row.schema_version), row.schema_version) == (int, 2)
+    message = Message("orders", {}, idempotency_key=Kind.PLACED, event_type=Kind.PLACED)
+    row = prepare(message, OutboxConfig())
+    assert (type(row.idempotency_key), row.idempotency_key) == (str, "order.placed")
