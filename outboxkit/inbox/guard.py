@@ -71,6 +71,15 @@ def header_problem(raw: bytes, limit: int) -> str | None:
     return None
 
 
+def event_id_problem(event_id: str) -> str | None:
+    """Why an event id given by an operator or an application is one the consumer would refuse
+    in the event-id header (the same check), or ``None``. The reason never quotes the id."""
+    if not event_id:
+        return "empty"
+    raw = event_id.encode("utf-8", errors="surrogatepass")
+    return header_problem(raw, HEADER_LIMITS[HEADER_EVENT_ID])
+
+
 def check_headers(raw_headers: tuple[tuple[str, bytes | None], ...]) -> None:
     """Raise :class:`InvalidHeaderError` for the first identity header that is unsafe.
 
