@@ -82,6 +82,11 @@ class MissingEventIdError(DecodeError):
     """The message carries no event id, so it cannot be deduplicated."""
 
 
+class InvalidEventIdError(OutboxkitError):
+    """The event id is not one a consumer could have read from a record (empty, too long, not
+    UTF-8, or with control characters): no inbox row can have it."""
+
+
 class RetentionWindowError(ConfigurationError):
     """The dedup retention window is shorter than the topic's retention (replays may re-apply)."""
 

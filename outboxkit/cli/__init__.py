@@ -2,6 +2,10 @@
 
 Sub-command modules are imported only when their command runs, so ``outboxkit relay run`` does
 not import the dev tooling (``dev``, ``demo``) or a Kafka client it does not use.
+
+An :class:`~outboxkit.errors.OutboxkitError` escaping any command ends it in one line (``Error:
+...``, exit 1), here once for all commands, rather than in a traceback: its messages are written
+to be shown and never quote a secret, while a traceback's frames might.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import logging
 from typing import Any
 
 import click
+
+from outboxkit.errors import OutboxkitError
 
 _COMMANDS = {
     "config": "outboxkit.cli.config:config",
@@ -24,7 +30,18 @@ _COMMANDS = {
 }
 
 
-class _LazyGroup(click.Group):
+class OneLineErrors(click.Group):
+    """A group whose commands end an :class:`OutboxkitError` in one line, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OutboxkitError as exc:
+            message = str(exc).strip() or type(exc).__name__
+        raise click.ClickException(message)  # outside the except block: no traceback context
+
+
+class _LazyGroup(OneLineErrors):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*_COMMANDS, *super().list_commands(ctx)})
 

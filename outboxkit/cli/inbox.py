@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -75,6 +76,13 @@ def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
     click.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for d in shown:
         click.echo("  ".join(d[c].ljust(widths[c]) for c in columns))
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``nan`` passes a FloatRange (every comparison with it is false): no window at all."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds")
+    return value
 
 
 @click.group()
@@ -181,8 +189,14 @@ def cancel(
 @inbox.command()
 @_database
 @_schema
-@click.option("--older-than", type=float, required=True, help="Window in seconds.")
-@click.option("--batch-size", default=1000, show_default=True)
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    callback=_finite,
+    required=True,
+    help="Window in seconds.",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
 def purge(database_url: str, schema: str, older_than: float, batch_size: int) -> None:
     """Delete terminal rows finished before the window, in small batches."""
     with _engine(database_url) as engine:

@@ -31,9 +31,10 @@ def _rows(obj: dict[str, str], name: str, params: dict[str, Any]) -> Sequence[tu
     """One statement on a connection of our own; a database error is one line, password-free."""
     if not obj["url"]:
         raise click.UsageError("Missing option '--database-url' (or $OUTBOXKIT_DATABASE_URL).")
+    query = db.query("relay", name, obj["schema"])  # a bad schema name: before connecting
     try:
         with db.connect(obj["url"]) as conn:
-            return db.rows(conn, db.query("relay", name, obj["schema"]), params)
+            return db.rows(conn, query, params)
     except psycopg.Error as exc:
         raise click.ClickException(str(exc).strip()) from None
 

@@ -22,6 +22,7 @@ import click
 import psycopg
 
 from outboxkit import db
+from outboxkit.cli import OneLineErrors
 from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.gc_tuning import tune_gc
 from outboxkit.settings import (
@@ -121,7 +122,7 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return connection, options
 
 
-@click.group()
+@click.group(cls=OneLineErrors)  # also when run as ``python -m outboxkit.relay``
 @connection_options
 @click.pass_context
 def relay(ctx: click.Context, /, **options: Any) -> None:

@@ -14,8 +14,14 @@ from pathlib import Path
 
 import click
 
+UNREADABLE_HISTORY = 2  # no verdict: distinct from 1, "anomalies found" (docs/verify.md)
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
 _UNIT = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+class _UnreadableHistory(click.ClickException):
+    exit_code = UNREADABLE_HISTORY
 
 
 def parse_duration(text: str) -> float:
@@ -91,16 +97,22 @@ def verify(
 ) -> None:
     """Inject faults into writers, relays, consumers, Kafka and PostgreSQL; check the guarantees.
 
-    Exits 1 when any anomaly is found. Without OUTBOXKIT_DATABASE_URL and a Kafka bootstrap
-    (or with --dev), PostgreSQL and Kafka are started here, and then restarted as faults too.
+    Exits 1 when any anomaly is found, 2 when the --check history cannot be read. Without
+    OUTBOXKIT_DATABASE_URL and a Kafka bootstrap (or with --dev), PostgreSQL and Kafka are
+    started here, and then restarted as faults too.
     """
-    from outboxkit.verify import History, check
+    from outboxkit.verify import History, HistoryFormatError, check
 
     if check_path is not None:
-        history = History.from_json(check_path.read_bytes())
-        report = check(history, exactly_once=history.params.mode == "exactly_once")
-        _finish(report.summary_lines(), report.ok)
-        return
+        try:
+            history = History.from_json(check_path.read_bytes())
+        except (HistoryFormatError, OSError) as exc:
+            error = _UnreadableHistory(f"cannot check {check_path}: {exc}")
+        else:
+            report = check(history, exactly_once=history.params.mode == "exactly_once")
+            _finish(report.summary_lines(), report.ok)
+            return
+        raise error  # outside the except block: one line, no traceback context
     seed = seed if seed is not None else random.SystemRandom().randrange(1, 10**9)
     _quiet_clients()
     from outboxkit.verify.layout import RunConfig

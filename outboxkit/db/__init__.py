@@ -8,7 +8,15 @@ Usage: ``db.one(conn, db.query("relay", "shard_count", schema))``.
 from __future__ import annotations
 
 from outboxkit.db import migrator
-from outboxkit.db.connect import Url, connect, connect_async, redact, sqlalchemy_url
+from outboxkit.db.connect import (
+    Url,
+    checked_url,
+    connect,
+    connect_async,
+    redact,
+    sqlalchemy_url,
+    url_problem,
+)
 from outboxkit.db.copy import copy_rows, copy_rows_async
 from outboxkit.db.execute import (
     AsyncTarget,
@@ -38,6 +46,7 @@ __all__ = [
     "Result",
     "SyncTarget",
     "Url",
+    "checked_url",
     "connect",
     "connect_async",
     "copy_rows",
@@ -61,4 +70,5 @@ __all__ = [
     "savepoint",
     "savepoint_async",
     "sqlalchemy_url",
+    "url_problem",
 ]

@@ -3,6 +3,11 @@
 A connection string can carry a password, and libpq quotes the string back in some parse errors
 (e.g. a bad ``%`` escape). Every error raised here has the password removed and is raised with no
 link to the original exception (which may hold it): not chained, not even as its context.
+
+A URL whose password holds an unencoded ``@``, ``/``, ``?`` or ``#`` is refused before it is
+used (:func:`checked_url`): libpq splits the user info at the first ``@``, urllib (our redaction) at
+the last and SQLAlchemy by its own pattern, so a piece of the password would reach an error
+message as a "host" or "port", where no redaction can recognise it.
 """
 
 from __future__ import annotations
@@ -14,13 +19,58 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from pydantic import SecretStr
 
+from outboxkit.errors import ConfigurationError
+
 Url = str | SecretStr
 
 _KEYWORD_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+INVALID_URL = "the database URL is invalid"
+_ENCODE = "percent-encode '@', ':', '/', '?' and '#' in the user name and password"
 
 
 def _plain(url: Url) -> str:
     return url.get_secret_value() if isinstance(url, SecretStr) else url
+
+
+def _port_problem(hosts: str) -> str | None:
+    for host in hosts.partition("?")[0].split(","):
+        port = host.rpartition("]")[2] if host.startswith("[") else host
+        digits = port.partition(":")[2]
+        if digits and not (digits.isascii() and digits.isdigit()):
+            return "a port that is not a number"
+    return None
+
+
+def url_problem(url: str) -> str | None:
+    """Why libpq, urllib and SQLAlchemy could split ``url``'s user info, host and port
+    differently, or None (a keyword/value string has none). The reason never quotes the URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not _SCHEME_RE.fullmatch(scheme):
+        return None
+    head, _, after = rest.partition("/")  # libpq looks for the '@' up to the first '/'
+    if "#" in head:  # a fragment to urllib, text to libpq
+        return "a '#' before the database name"
+    userinfo, at, hosts = head.partition("@")
+    if not at:
+        hosts = head
+    elif "@" in hosts:
+        return "more than one '@' before the database name"
+    elif "?" in userinfo:
+        return "a '?' before the '@'"
+    if "@" in after:  # e.g. a '/' in the password ended the host early (%40 in a path is fine)
+        return "an '@' after the first '/'"
+    return _port_problem(hosts)
+
+
+def checked_url(url: Url) -> str:
+    """The URL's text, or a :class:`ConfigurationError` (one line, quoting nothing) when its
+    parts could be read differently: every connection of ours, and ``config show``, go here."""
+    plain = _plain(url)
+    problem = url_problem(plain)
+    if problem is not None:
+        raise ConfigurationError(f"{INVALID_URL} ({problem}): {_ENCODE}")
+    return plain
 
 
 def _password_of(url: str) -> str | None:
@@ -54,8 +104,9 @@ def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.
 
 def connect(url: Url, *, autocommit: bool = True, **options: Any) -> psycopg.Connection[Any]:
     """A psycopg connection of our own (autocommit by default: every statement its own tx)."""
+    plain = checked_url(url)
     try:
-        return psycopg.connect(_plain(url), autocommit=autocommit, **options)
+        return psycopg.connect(plain, autocommit=autocommit, **options)
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
     raise error  # outside the except block: no __context__ holding the original
@@ -65,17 +116,30 @@ async def connect_async(
     url: Url, *, autocommit: bool = True, **options: Any
 ) -> psycopg.AsyncConnection[Any]:
     """:func:`connect` for asyncio."""
+    plain = checked_url(url)
     try:
-        return await psycopg.AsyncConnection.connect(_plain(url), autocommit=autocommit, **options)
+        return await psycopg.AsyncConnection.connect(plain, autocommit=autocommit, **options)
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
     raise error
 
 
 def sqlalchemy_url(url: Url, *, driver: str = "psycopg") -> str:
-    """libpq URL to the SQLAlchemy form (``postgresql+psycopg://``)."""
-    plain = _plain(url)
+    """libpq URL to the SQLAlchemy form (``postgresql+psycopg://``); one SQLAlchemy cannot
+    parse is a :class:`ConfigurationError` here, not its own error quoting the text."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    plain = checked_url(url)
     scheme, _, rest = plain.partition("://")
     if scheme in ("postgres", "postgresql"):
-        return f"postgresql+{driver}://{rest}"
-    return plain
+        plain = f"postgresql+{driver}://{rest}"
+    try:
+        make_url(plain)
+        return plain
+    except (ArgumentError, ValueError, TypeError):  # e.g. a keyword/value string, two hosts
+        pass
+    raise ConfigurationError(  # outside the except block: no context holding the text
+        f"{INVALID_URL}: SQLAlchemy cannot parse it (a postgresql:// URL is needed, with one"
+        " host; its text is not shown)"
+    )

@@ -15,7 +15,6 @@ import re
 from outboxkit.errors import DecodeError
 from outboxkit.wire import HEADER_EVENT_ID, HEADER_LIMITS, header_problem
 
-__all__ = ["HEADER_LIMITS", "header_problem"]  # the wire contract, checked here on arrival
 EXCERPT_CHARS = 200  # how much attacker-controlled text a stored reason may quote
 REASON_CHARS = 1000  # the cap of a stored reason / error text
 
@@ -51,6 +50,15 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
 def bounded(text: str, limit: int = REASON_CHARS) -> str:
     """A reason or error text fit to store and print: escaped and capped."""
     return excerpt(text, limit)
+
+
+def event_id_problem(event_id: str) -> str | None:
+    """Why an event id given by an operator or an application is one the consumer would refuse
+    in the event-id header (the same check), or ``None``. The reason never quotes the id."""
+    if not event_id:
+        return "empty"
+    raw = event_id.encode("utf-8", errors="surrogatepass")
+    return header_problem(raw, HEADER_LIMITS[HEADER_EVENT_ID])
 
 
 def check_headers(raw_headers: tuple[tuple[str, bytes | None], ...]) -> None:

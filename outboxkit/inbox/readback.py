@@ -7,6 +7,7 @@ All functions take a SQLAlchemy ``Engine`` and run one short transaction each (s
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -14,7 +15,11 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from outboxkit import db
+from outboxkit.errors import InvalidEventIdError
+from outboxkit.inbox.guard import event_id_problem
 from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+
+EventId = str | uuid.UUID  # a writer's ``WriteResult.event_id`` is a UUID; rows store its text
 
 
 @dataclass(frozen=True)
@@ -88,14 +93,16 @@ class CancelResult:
 def _rows(
     engine: Engine, name: str, schema: str, params: Mapping[str, Any] | None = None
 ) -> list[tuple[Any, ...]]:
+    query = db.query("inbox", name, schema)  # a bad schema name fails before connecting
     with engine.connect() as conn:
-        return list(db.rows(conn, db.query("inbox", name, schema), params))
+        return list(db.rows(conn, query, params))
 
 
 def get_event(
-    engine: Engine, consumer: str, event_id: str, *, schema: str = DEFAULT_SCHEMA
+    engine: Engine, consumer: str, event_id: EventId, *, schema: str = DEFAULT_SCHEMA
 ) -> InboxRecord | None:
-    found = _rows(engine, "get_message", schema, {"consumer": consumer, "event_id": event_id})
+    key = {"consumer": consumer, "event_id": str(event_id)}
+    found = _rows(engine, "get_message", schema, key)
     return InboxRecord.from_row(found[0]) if found else None
 
 
@@ -116,11 +123,12 @@ def list_rejections(
     engine: Engine,
     *,
     consumer: str | None = None,
-    event_id: str | None = None,
+    event_id: EventId | None = None,
     limit: int = 50,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[Rejection]:
-    params = {"consumer": consumer, "event_id": event_id, "limit": limit}
+    wanted = None if event_id is None else str(event_id)
+    params = {"consumer": consumer, "event_id": wanted, "limit": limit}
     return [Rejection(*r) for r in _rows(engine, "list_rejections", schema, params)]
 
 
@@ -131,7 +139,7 @@ def stats(engine: Engine, *, schema: str = DEFAULT_SCHEMA) -> list[StateCount]:
 def cancel_event(
     engine: Engine,
     consumer: str,
-    event_id: str,
+    event_id: EventId,
     *,
     reason: str = "cancelled by operator",
     before_delivery: bool = False,
@@ -141,9 +149,16 @@ def cancel_event(
 
     A handler running for it is not interrupted by a lock: its lease renewal and its final
     ``succeeded`` update are refused, so its writes roll back. ``before_delivery=True`` also
-    cancels an event not seen yet (its later delivery is skipped).
+    cancels an event not seen yet (its later delivery is skipped); it writes a row, so an id the
+    consumer would refuse in the event-id header is an :class:`InvalidEventIdError` instead.
     """
-    key = {"consumer": consumer, "event_id": event_id, "reason": reason}
+    text = str(event_id)
+    problem = event_id_problem(text) if before_delivery else None
+    if problem is not None:
+        raise InvalidEventIdError(
+            f"event id refused ({problem}): the consumer refuses such an event-id header"
+        )
+    key = {"consumer": consumer, "event_id": text, "reason": reason}
     queries = db.queries("inbox", schema)
     with engine.begin() as conn:
         done = db.execute(conn, queries["cancel"], key) == 1

@@ -73,7 +73,7 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.config = settings.relay
-        self.database_url = settings.database_url  # raises if unset: before anything starts
+        self.database_url = settings.database_url  # raises if unset or ambiguous: before anything
         self.kafka = KafkaClients(settings.kafka, timeout=self.config.kafka_timeout)
         self.holder = holder or default_holder()
         self.metrics = metrics or RelayMetrics()

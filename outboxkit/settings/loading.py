@@ -137,23 +137,29 @@ class Settings(BaseSettings):
 
     @property
     def database_url(self) -> SecretStr:
-        """The URL, or a :class:`ConfigurationError` naming the setting."""
+        """The URL, or a :class:`ConfigurationError`: not set, or parts that could be read
+        differently (:func:`outboxkit.db.checked_url`)."""
+        from outboxkit.db.connect import checked_url
+
         if self.database.url is None or not self.database.url.get_secret_value():
             raise ConfigurationError(
                 "the database URL is not set (OUTBOXKIT_DATABASE_URL, [database] url"
                 " or --database-url)"
             )
+        checked_url(self.database.url)
         return self.database.url
 
     def redacted(self) -> dict[str, Any]:
-        """The effective settings as shown to people: secrets masked, the URL's password too."""
-        from outboxkit.db.connect import redact
+        """The effective settings as shown to people: secrets masked, the URL's password too.
+        A URL whose password could not be told apart (:func:`outboxkit.db.checked_url`) is a
+        :class:`ConfigurationError` here as everywhere, not shown half-masked."""
+        from outboxkit.db.connect import checked_url, redact
 
         shown = self.model_dump(mode="json")
         shown["schema"] = shown.pop("schema_name")
         url = self.database.url
         if url is not None:
-            shown["database"]["url"] = redact(url.get_secret_value(), url)
+            shown["database"]["url"] = redact(checked_url(url), url)
         return shown
 
 

@@ -220,21 +220,33 @@ class History:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> History:
+        """The history in ``text``, or a :class:`HistoryFormatError` of one line, whatever the
+        bytes (deep nesting included): a file to re-check may come from anywhere."""
         try:
             data = json.loads(text, parse_constant=_refuse_constant)
         except ValueError as exc:
             raise HistoryFormatError(f"history is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise HistoryFormatError("history is not valid JSON: nested too deeply") from None
         if not isinstance(data, dict):
             raise HistoryFormatError("history JSON must be an object")
         version = data.pop("format", None)
         if version != FORMAT:
+            shown = version if isinstance(version, int) and not isinstance(version, bool) else "?"
             raise HistoryFormatError(
-                f"history format {version!r} is not supported (this version reads {FORMAT})"
+                f"history format {shown} is not supported (this version reads {FORMAT})"
             )
         try:
             return _ADAPTER.validate_python(data)
         except PydanticValidationError as exc:
-            raise HistoryFormatError(f"history does not match format {FORMAT}: {exc}") from exc
+            first = exc.errors()[0]
+            where = ascii(".".join(str(part) for part in first["loc"]))[1:-1][:200] or "top"
+            raise HistoryFormatError(
+                f"history does not match format {FORMAT}: {exc.error_count()} error(s), the"
+                f" first at {where}: {first['msg']}"
+            ) from exc
+        except RecursionError:
+            raise HistoryFormatError("history is nested too deeply for its format") from None
 
 
 def _refuse_constant(name: str) -> Any:

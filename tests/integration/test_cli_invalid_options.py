@@ -21,6 +21,19 @@ CASES = [
     ["relay", "shards", "5000"],
     ["relay", "pause", "--reason", "\x00"],
     ["migrate", "grants", "--app", "a\x00b", "--apply"],
+    ["inbox", "show", "--limit", HUGE],
+    ["inbox", "show", "--schema", "Bad"],
+    ["inbox", "stats", "--schema", "Bad"],
+    ["inbox", "purge", "--older-than", "60", "--batch-size", "0"],
+    ["inbox", "purge", "--older-than", "60", "--batch-size", HUGE],
+    ["inbox", "purge", "--older-than", "-1"],
+    ["inbox", "purge", "--older-than", "nan"],
+    ["inbox", "purge", "--older-than", "60", "--schema", "Bad"],
+    ["inbox", "cancel", "--consumer", "c", "--event-id", "e", "--schema", "Bad"],
+    ["inbox", "cancel", "--consumer", "c", "--event-id", "a\x00b"],
+    ["inbox", "cancel", "--consumer", "c", "--event-id", "a\x00b", "--before-delivery"],
+    ["inbox", "cancel", "--consumer", "c", "--event-id", "a\x1b[2Jb", "--before-delivery"],
+    ["inbox", "cancel", "--consumer", "c", "--event-id", "x" * 1025, "--before-delivery"],
 ]
 
 

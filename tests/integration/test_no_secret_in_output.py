@@ -2,7 +2,9 @@
 credentials, prints (stdout, stderr, logs, the exception a user would see) none of them.
 
 Cases: a password with a bad ``%`` escape (libpq quotes the connection string in its parse
-error), a wrong password, an unreachable host, and wrong SASL credentials for the SASL_SSL Kafka.
+error), a wrong password, an unreachable host, passwords with an unencoded ``@``, ``:`` or ``/``
+(libpq would read a piece of them as the host or port: refused before connecting, ``config show``
+included), and wrong SASL credentials for the SASL_SSL Kafka.
 Short commands run in-process (their logs captured); ``relay run`` and ``inbox run`` never end by
 themselves, so they run as real processes until they have said what they wait for, or failed.
 Every secret ends in ``LEAK7`` and is looked for case-insensitively, so a quoted fragment counts.
@@ -37,7 +39,11 @@ URL_CASES = {
     "bad_escape": "postgresql://{user}:Pct%zzPw-LEAK7@{host}/{db}",
     "wrong_password": "postgresql://{user}:WrongPw-LEAK7@{host}/{db}",
     "unreachable_host": "postgresql://{user}:UnreachPw-LEAK7@127.0.0.1:1/{db}",
+    "two_at_signs": "postgresql://{user}:Pa:ss@w0rd-LEAK7@{host}/{db}",
+    "at_then_port": "postgresql://{user}:p@ss:LEAK7w0rd99@{host}/{db}",
+    "slash": "postgresql://{user}:LEAK7/ss@{host}/{db}",
 }
+REFUSED_CASES = {"two_at_signs", "at_then_port", "slash"}  # before any connection
 SHORT_COMMANDS = [
     ["relay", "status"],
     ["relay", "pause"],
@@ -153,9 +159,12 @@ def test_bad_database_urls_leak_nothing(
     url = _bad_url(case, outboxkit_db_url)
     good_password = urlsplit(outboxkit_db_url).password or ""
     env = {"OUTBOXKIT_DATABASE_URL": url, "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap}
+    refused = case in REFUSED_CASES
     for args in SHORT_COMMANDS:
-        shown = _run_short(args, env, caplog, fails=args[0] != "config")
+        shown = _run_short(args, env, caplog, fails=refused or args[0] != "config")
         _assert_clean(shown, good_password)
+        if refused:
+            assert "the database URL is invalid" in shown, shown
     # The URL as an option too (click echoes bad option values): where each group takes it.
     for args in (
         ["relay", "status", "--database-url", url],
