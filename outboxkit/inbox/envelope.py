@@ -6,23 +6,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outboxkit.errors import DecodeError, MissingEventIdError
-from outboxkit.inbox.guard import (
-    HEADER_LIMITS,
-    InvalidHeaderError,
-    check_headers,
-    error_text,
-    hashed,
-    header_problem,
-)
+from outboxkit.inbox.guard import InvalidHeaderError, check_headers, error_text, hashed
 from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.wire import (
     HEADER_CONTENT_TYPE,
     HEADER_EVENT_ID,
     HEADER_EVENT_TYPE,
     HEADER_IDEMPOTENCY_KEY,
+    HEADER_LIMITS,
     JSON_CONTENT_TYPE,
     KafkaHeaders,
     content_digest,
+    header_problem,
     headers_to_dict,
 )
 
