@@ -160,20 +160,13 @@ def committed_records(
 def consumed(topic: str, partition: int, record: RawRecord) -> ConsumedRecord:
     """The seam's record: header names decoded, or a ``header_error`` when one is not UTF-8."""
     headers: list[tuple[str, bytes | None]] = []
+    header_error = None
     for name, value in record.headers:
         try:
             headers.append((name.decode("utf-8"), value))
         except UnicodeDecodeError:
-            return ConsumedRecord(
-                topic,
-                partition,
-                record.offset,
-                record.key,
-                record.value,
-                (),
-                record.timestamp_ms,
-                undecodable_name(name),
-            )
+            headers, header_error = [], undecodable_name(name)
+            break
     return ConsumedRecord(
         topic,
         partition,
@@ -182,4 +175,5 @@ def consumed(topic: str, partition: int, record: RawRecord) -> ConsumedRecord:
         record.value,
         tuple(headers),
         record.timestamp_ms,
+        header_error,
     )

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from outboxkit.cli import main
 from outboxkit.devstack import KafkaServer
+from tests.support.cli_commands import SHORT_COMMANDS
 
 pytestmark = pytest.mark.integration
 
@@ -44,24 +45,6 @@ URL_CASES = {
     "slash": "postgresql://{user}:LEAK7/ss@{host}/{db}",
 }
 REFUSED_CASES = {"two_at_signs", "at_then_port", "slash"}  # before any connection
-SHORT_COMMANDS = [
-    ["relay", "status"],
-    ["relay", "pause"],
-    ["relay", "resume"],
-    ["relay", "shards", "4"],
-    ["outbox", "parked"],
-    ["outbox", "retry", "--all"],
-    ["outbox", "discard", "--all"],
-    ["inbox", "show"],
-    ["inbox", "stats"],
-    ["inbox", "purge", "--older-than", "60"],
-    ["inbox", "cancel", "--consumer", "c", "--event-id", "e"],
-    ["migrate", "up"],
-    ["migrate", "status"],
-    ["migrate", "check"],
-    ["migrate", "grants", "--app", "app", "--apply"],
-    ["config", "show"],
-]
 LONG_COMMANDS = {
     "relay run": ["relay", "run"],
     "inbox run": ["inbox", "run", "--topic", "t"],

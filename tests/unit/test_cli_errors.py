@@ -24,6 +24,7 @@ from outboxkit.cli import main
 from outboxkit.errors import ConfigurationError
 from outboxkit.inbox import guard
 from outboxkit.settings import load_settings
+from tests.support.cli_commands import SHORT_COMMANDS
 
 UNREADABLE_HISTORY = 2  # outboxkit.cli.verify.UNREADABLE_HISTORY, as documented
 
@@ -38,25 +39,7 @@ AMBIGUOUS = {
 }
 # Every command that connects (``relay run`` and ``inbox run`` never end by themselves: they are
 # in tests/integration/test_no_secret_in_output.py), and ``config show``.
-CONNECTING = [
-    ["relay", "status"],
-    ["relay", "pause"],
-    ["relay", "resume"],
-    ["relay", "shards", "4"],
-    ["outbox", "parked"],
-    ["outbox", "retry", "--all"],
-    ["outbox", "discard", "--all"],
-    ["inbox", "show"],
-    ["inbox", "stats"],
-    ["inbox", "purge", "--older-than", "60"],
-    ["inbox", "cancel", "--consumer", "c", "--event-id", "e"],
-    ["migrate", "up"],
-    ["migrate", "status"],
-    ["migrate", "check"],
-    ["migrate", "sql"],
-    ["migrate", "grants", "--app", "app", "--apply"],
-    ["config", "show"],
-]
+CONNECTING = [*SHORT_COMMANDS, ["migrate", "sql"]]
 GOOD_URL = "postgresql://app:pw@127.0.0.1:1/app?connect_timeout=2"  # nothing listens on port 1
 
 
