@@ -245,7 +245,10 @@ def _row(
     data, content_type = encode_payload(payload, content_type)
     if (
         content_type is not JSON_CONTENT_TYPE
-        or schema_version is not None
+        or (
+            schema_version is not None
+            and not (type(schema_version) is int and 0 < schema_version <= _INT4_MAX)
+        )
         or aggregate_type is not None
         or aggregate_id is not None
         or event_id is not None
