@@ -15,6 +15,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
+from outboxkit.cli.options import schema_option
 from outboxkit.db import redact, sqlalchemy_url
 from outboxkit.inbox.guard import escape
 from outboxkit.inbox.readback import (
@@ -25,7 +26,7 @@ from outboxkit.inbox.readback import (
     stats,
 )
 from outboxkit.inbox.retention import purge_finished
-from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+from outboxkit.schema import InboxState
 from outboxkit.settings import KafkaClient
 
 _database = click.option(
@@ -34,7 +35,6 @@ _database = click.option(
     required=True,
     help="PostgreSQL URL (default: $OUTBOXKIT_DATABASE_URL).",
 )
-_schema = click.option("--schema", default=DEFAULT_SCHEMA, show_default=True)
 _json = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
@@ -92,7 +92,7 @@ def inbox() -> None:
 
 @inbox.command()
 @_database
-@_schema
+@schema_option
 @_json
 @click.option("--consumer", help="Only this consumer.")
 @click.option("--event-id", help="One event (requires --consumer): full detail.")
@@ -141,7 +141,7 @@ def show(
 
 @inbox.command(name="stats")
 @_database
-@_schema
+@schema_option
 @_json
 def stats_command(database_url: str, schema: str, as_json: bool) -> None:
     """Counts per state per consumer (plus the rejection log)."""
@@ -151,7 +151,7 @@ def stats_command(database_url: str, schema: str, as_json: bool) -> None:
 
 @inbox.command()
 @_database
-@_schema
+@schema_option
 @click.option("--consumer", required=True)
 @click.option("--event-id", required=True)
 @click.option("--reason", default="cancelled by operator", show_default=True)
@@ -188,7 +188,7 @@ def cancel(
 
 @inbox.command()
 @_database
-@_schema
+@schema_option
 @click.option(
     "--older-than",
     type=click.FloatRange(min=0),

@@ -8,22 +8,15 @@ import click
 import psycopg
 
 from outboxkit import db
+from outboxkit.cli.options import schema_option
 from outboxkit.db import migrator
 from outboxkit.errors import OutboxkitError
-from outboxkit.schema import DEFAULT_SCHEMA
 
 _database_url = click.option(
     "--database-url",
     envvar="OUTBOXKIT_DATABASE_URL",
     required=True,
     help="libpq URL of the database (default: $OUTBOXKIT_DATABASE_URL).",
-)
-_schema = click.option(
-    "--schema",
-    envvar="OUTBOXKIT_SCHEMA",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
-    help="PostgreSQL schema holding the outboxkit tables.",
 )
 
 
@@ -39,7 +32,7 @@ def migrate() -> None:
 
 @migrate.command()
 @_database_url
-@_schema
+@schema_option
 def up(database_url: str, schema: str) -> None:
     """Apply every pending migration (safe to run from many processes at once)."""
     try:
@@ -69,7 +62,7 @@ def _describe(current: migrator.MigrationStatus) -> list[str]:
 
 @migrate.command()
 @_database_url
-@_schema
+@schema_option
 def status(database_url: str, schema: str) -> None:
     """Show applied and pending migrations."""
     try:
@@ -84,7 +77,7 @@ def status(database_url: str, schema: str) -> None:
 
 @migrate.command()
 @_database_url
-@_schema
+@schema_option
 def check(database_url: str, schema: str) -> None:
     """Exit 0 if the schema is exactly current, 1 if behind, ahead or edited."""
     try:
@@ -107,7 +100,7 @@ def check(database_url: str, schema: str) -> None:
     default=None,
     help="Print only what this database still needs (default: everything).",
 )
-@_schema
+@schema_option
 @click.option("--after", type=int, default=None, help="Print migrations after this version.")
 def sql_(database_url: str | None, schema: str, after: int | None) -> None:
     """Print the SQL `up` would run, for a DBA to apply by hand."""
@@ -133,7 +126,7 @@ def sql_(database_url: str | None, schema: str, after: int | None) -> None:
     default=None,
     help="Needed with --apply (default: $OUTBOXKIT_DATABASE_URL).",
 )
-@_schema
+@schema_option
 def grants(
     app_role: str | None,
     relay_role: str | None,

@@ -10,7 +10,7 @@ import click
 import psycopg
 
 from outboxkit import db
-from outboxkit.schema import DEFAULT_SCHEMA
+from outboxkit.cli.options import schema_option
 
 
 @click.group()
@@ -20,7 +20,7 @@ from outboxkit.schema import DEFAULT_SCHEMA
     show_envvar=True,
     help="libpq URL of the database (required to run a command; not for --help).",
 )
-@click.option("--schema", default=DEFAULT_SCHEMA, envvar="OUTBOXKIT_SCHEMA")
+@schema_option
 @click.pass_context
 def outbox(ctx: click.Context, database_url: str | None, schema: str) -> None:
     """Operate on outbox rows (parked rows: list, retry, discard)."""

@@ -70,3 +70,32 @@ def test_inbox_run_batch_options_reach_the_consumer_settings(
     assert refused.exit_code != 0
     assert "batch_max_records" in refused.output
     assert "Traceback" not in refused.output
+
+
+def _command(path: list[str]) -> click.Command:
+    command: click.Command = main
+    ctx = click.Context(main)
+    for name in path:
+        assert isinstance(command, click.Group)
+        found = command.get_command(ctx, name)
+        assert found is not None, name
+        command, ctx = found, click.Context(found, parent=ctx)
+    return command
+
+
+def test_every_schema_option_reads_outboxkit_schema() -> None:
+    """One settings model: a schema set in the environment reaches every command that takes
+    ``--schema``: read by the option itself, or (no default: an override) by the settings
+    model the command loads. The inbox commands once ignored it for a fixed default."""
+    with_schema = []
+    for path in PATHS:
+        command = _command(path)
+        for param in command.params:
+            if isinstance(param, click.Option) and "--schema" in param.opts:
+                with_schema.append(" ".join(path))
+                own_default = isinstance(param.get_default(click.Context(command)), str)
+                reads_it = param.envvar == "OUTBOXKIT_SCHEMA" or not own_default
+                assert reads_it, " ".join(path)
+    assert "inbox stats" in with_schema
+    assert "outbox" in with_schema
+    assert "migrate up" in with_schema
