@@ -49,9 +49,28 @@ def stale_statistics(outboxkit_db_url: str) -> str:
     return outboxkit_db_url
 
 
+@pytest.fixture
+def no_statistics(outboxkit_db_url: str) -> str:
+    """A new consumer's rows in a table no ANALYZE has seen (a fresh deployment, autovacuum
+    late or off): the planner's default estimates. With the consumer as a one-row subquery
+    joined first, a mark of 50 events compared every row of the consumer with every event
+    (20,000 x 50 here, 275 ms; 511 ms with 40,000). A smaller table may be read whole by a
+    hash join, which costs little at that size."""
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE outboxkit.inbox_message SET (autovacuum_enabled = false)")
+        conn.execute(_FILL, {"consumer": "new", "state": "processing", "rows": NEW})
+    return outboxkit_db_url
+
+
+@pytest.fixture(params=["stale_statistics", "no_statistics"])
+def statistics(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue(request.param)
+    return url
+
+
 @pytest.mark.parametrize("name", ["mark_succeeded_batch", "release_batch"])
-def test_a_batch_statement_reads_only_its_own_rows_under_stale_statistics(
-    stale_statistics: str, name: str
+def test_a_batch_statement_reads_only_its_own_rows_whatever_the_statistics(
+    statistics: str, name: str
 ) -> None:
     statement = query("inbox", name, "outboxkit")
     params: dict[str, Any] = {
@@ -60,7 +79,7 @@ def test_a_batch_statement_reads_only_its_own_rows_under_stale_statistics(
         "tokens": list(range(1000, 1000 + BATCH)),
         "now": None,
     }
-    with psycopg.connect(stale_statistics) as conn:
+    with psycopg.connect(statistics) as conn:
         sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
         ((plan,),) = conn.execute(sql, {k: params[k] for k in statement.parameters}).fetchall()
         conn.rollback()

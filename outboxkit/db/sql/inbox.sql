@@ -63,12 +63,17 @@ ORDER BY g.position
 {_takeover}
 RETURNING m.event_id, m.lease_token, m.attempts, m.last_error;
 
--- name: _one_consumer
--- The batch statements join their rows to the consumer through this one-row subquery, not a
--- `m.consumer = :consumer` constant: with a constant, statistics that do not know a new
--- consumer's rows yet (before ANALYZE) make the planner hash all of that consumer's rows (a
--- scan growing with the table) instead of looking each event up by primary key.
-(SELECT CAST(:consumer AS text) AS consumer OFFSET 0) AS c
+-- name: _batch_keys
+-- The batch statements' rows: each event with its token and the consumer, one row per event, so
+-- the planner looks each up by the whole primary key (consumer, event_id). The consumer is not a
+-- constant (`m.consumer = :consumer`) nor a one-row subquery joined first: with statistics that
+-- do not know a new consumer's rows yet (before ANALYZE), or none at all (a table never
+-- analyzed), the planner then read all of that consumer's rows (a scan growing with the table)
+-- to find the batch's.
+unnest(
+    CAST(:event_ids AS text[]), CAST(:tokens AS bigint[]),
+    array_fill(CAST(:consumer AS text), ARRAY[cardinality(CAST(:event_ids AS text[]))])
+) AS g(event_id, token, consumer)
 
 -- name: release_batch
 -- Claimed in a batch but not run (behind a failed record of the same partition, or after the
@@ -76,9 +81,8 @@ RETURNING m.event_id, m.lease_token, m.attempts, m.last_error;
 UPDATE {schema}.inbox_message AS m
 SET attempts = m.attempts - 1, updated_at = now(),
     lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
-FROM {_one_consumer},
-     unnest(CAST(:event_ids AS text[]), CAST(:tokens AS bigint[])) AS g(event_id, token)
-WHERE m.consumer = c.consumer AND m.event_id = g.event_id AND m.state = 'processing'
+FROM {_batch_keys}
+WHERE m.consumer = g.consumer AND m.event_id = g.event_id AND m.state = 'processing'
   AND m.lease_token = g.token;
 
 -- name: get_state
@@ -115,9 +119,8 @@ WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
 -- The successes of a batch, in its one transaction: each conditional on its own token.
 UPDATE {schema}.inbox_message AS m
 SET state = 'succeeded', finished_at = now(), updated_at = now(), lease_expires_at = NULL
-FROM {_one_consumer},
-     unnest(CAST(:event_ids AS text[]), CAST(:tokens AS bigint[])) AS g(event_id, token)
-WHERE m.consumer = c.consumer AND m.event_id = g.event_id AND m.state = 'processing'
+FROM {_batch_keys}
+WHERE m.consumer = g.consumer AND m.event_id = g.event_id AND m.state = 'processing'
   AND m.lease_token = g.token
 RETURNING m.event_id;
 
