@@ -11,7 +11,8 @@ import pytest
 from outboxkit.bounds import check_range
 from outboxkit.inbox import RetryPolicy
 from outboxkit.inbox.gate import PartitionGate
-from outboxkit.settings.models import DAY
+from outboxkit.inbox.retention import Retention, purge_finished
+from outboxkit.settings.models import CENTURY, DAY, MAX_RETENTION_BATCH
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +65,54 @@ def test_retry_delay_does_not_overflow_after_many_attempts() -> None:
     assert policy.delay(1) == 1.0
     assert policy.delay(2000) == DAY  # 2.0 ** 1999 raises OverflowError
     assert RetryPolicy(max_attempts=5000, multiplier=10).delay(5000) == 30.0
+
+
+class _NoDatabase:
+    """An engine that fails the test if a purge gets as far as SQL."""
+
+    def begin(self) -> None:
+        raise AssertionError("the purge ran SQL")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"window_seconds": NAN}, "window_seconds"),  # nan <= 0 is False: passed the old check
+        ({"window_seconds": INF}, "window_seconds"),  # make_interval(secs => inf) fails each time
+        ({"window_seconds": CENTURY * 2}, "window_seconds"),
+        ({"window_seconds": 0}, "window_seconds"),
+        ({"window_seconds": 600, "every_seconds": NAN}, "every_seconds"),  # purges every poll
+        ({"window_seconds": 600, "every_seconds": INF}, "every_seconds"),
+        ({"window_seconds": 600, "every_seconds": DAY * 2}, "every_seconds"),
+        ({"window_seconds": 600, "max_batches": 0}, "max_batches"),  # silently purges nothing
+        ({"window_seconds": 600, "batch_size": MAX_RETENTION_BATCH + 1}, "batch_size"),
+    ],
+)
+def test_retention_refuses_non_finite_and_out_of_range(
+    kwargs: dict[str, float], field: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"Retention\.{field} must be"):
+        Retention(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        # Deletes the dedup rows of events finished just now: a redelivery is applied twice.
+        ({"window_seconds": 0}, "window_seconds"),
+        ({"window_seconds": -60}, "window_seconds"),
+        ({"window_seconds": NAN}, "window_seconds"),
+        ({"window_seconds": INF}, "window_seconds"),
+        ({"window_seconds": 600, "max_batches": 0}, "max_batches"),
+        ({"window_seconds": 600, "max_batches": -1}, "max_batches"),
+        ({"window_seconds": 600, "pause_seconds": -1}, "pause_seconds"),  # time.sleep raises
+        ({"window_seconds": 600, "pause_seconds": NAN}, "pause_seconds"),
+        ({"window_seconds": 600, "pause_seconds": INF}, "pause_seconds"),  # sleeps forever
+        ({"window_seconds": 600, "batch_size": 0}, "batch_size"),
+    ],
+)
+def test_purge_finished_refuses_bad_numbers_before_any_sql(
+    kwargs: dict[str, float], field: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"purge_finished\.{field} must be"):
+        purge_finished(_NoDatabase(), **kwargs)  # type: ignore[arg-type]
