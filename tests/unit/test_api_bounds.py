@@ -9,7 +9,7 @@ import math
 import pytest
 
 from outboxkit.bounds import check_range
-from outboxkit.inbox import RetryPolicy
+from outboxkit.inbox import EventRegistry, InboxSettings, RetryPolicy
 from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.retention import Retention, purge_finished
 from outboxkit.settings.models import CENTURY, DAY, MAX_RETENTION_BATCH
@@ -116,3 +116,27 @@ def test_purge_finished_refuses_bad_numbers_before_any_sql(
 ) -> None:
     with pytest.raises(ValueError, match=rf"purge_finished\.{field} must be"):
         purge_finished(_NoDatabase(), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lease_seconds", NAN),  # renewal interval NaN: renews in a busy loop; claims fail
+        ("lease_seconds", INF),  # make_interval(secs => inf) fails every claim
+        ("lease_seconds", 0.0),  # the lease expires as it is taken
+        ("lease_seconds", -30.0),
+        ("lease_seconds", DAY * 30),  # a crashed member's event held for a month
+        ("replay_window", 0.0),  # every delivery without a dedup row refused as a replay
+        ("replay_window", -1.0),
+        ("replay_window", NAN),  # never too old: the window silently off
+        ("replay_window", INF),
+    ],
+)
+def test_inbox_settings_refuse_bad_lease_and_replay_window(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"InboxSettings\.{field} must be"):
+        InboxSettings(consumer="c", registry=EventRegistry(), **{field: value})  # type: ignore[arg-type]
+
+
+def test_inbox_settings_keep_their_defaults_and_a_replay_window() -> None:
+    settings = InboxSettings(consumer="c", registry=EventRegistry(), replay_window=7 * DAY)
+    assert (settings.lease_seconds, settings.replay_window) == (30.0, 7 * DAY)
