@@ -5,18 +5,26 @@ the value would have done downstream had it been accepted."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
+from sqlalchemy import create_engine
 
 from outboxkit.bounds import check_range
-from outboxkit.inbox import EventRegistry, InboxSettings, RetryPolicy
+from outboxkit.inbox import EventRegistry, Inbox, InboxSettings, RetryPolicy
+from outboxkit.inbox.confluent import ConfluentInboxConsumer
+from outboxkit.inbox.consumer import check_options, check_poll_timeout
 from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.retention import Retention, purge_finished
-from outboxkit.settings.models import CENTURY, DAY, MAX_RETENTION_BATCH
+from outboxkit.settings import KafkaSettings
+from outboxkit.settings.models import CENTURY, DAY, MAX_RETENTION_BATCH, KafkaClient
 
 pytestmark = pytest.mark.unit
 
 NAN, INF = math.nan, math.inf
+REGISTRY = EventRegistry()
 
 
 def test_check_range_refuses_nan_inf_and_wrong_types_without_echoing_text() -> None:
@@ -140,3 +148,83 @@ def test_inbox_settings_refuse_bad_lease_and_replay_window(field: str, value: fl
 def test_inbox_settings_keep_their_defaults_and_a_replay_window() -> None:
     settings = InboxSettings(consumer="c", registry=EventRegistry(), replay_window=7 * DAY)
     assert (settings.lease_seconds, settings.replay_window) == (30.0, 7 * DAY)
+
+
+VALID = {
+    "offset_commit_interval": 0.0,
+    "poll_timeout": 0.5,
+    "max_records": 100,
+    "max_unexpected_errors": 5,
+    "dead_letter_max_bytes": 1_000_000,
+    "batch_max_records": 50,
+    "batch_max_ms": 5.0,
+}
+
+
+@contextmanager
+def _confluent_consumer(**options: Any) -> Iterator[ConfluentInboxConsumer]:
+    """A real consumer (nothing connects until it polls), closed without Kafka."""
+    pytest.importorskip("confluent_kafka")
+    engine = create_engine("postgresql+psycopg://u@127.0.0.1:1/db")
+    inbox = Inbox(engine, lambda e, c, s: None, InboxSettings(consumer="c", registry=REGISTRY))
+    kafka = KafkaSettings(bootstrap="127.0.0.1:1", client=KafkaClient.CONFLUENT)
+    consumer = ConfluentInboxConsumer(
+        inbox, kafka, group_id="g", topics=["t"], dead_letter=None, **options
+    )
+    try:
+        yield consumer
+    finally:
+        inbox.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("poll_timeout", -1.0),  # confluent-kafka waits forever: SIGTERM unheard while idle
+        ("poll_timeout", NAN),  # confluent returns at once (a busy loop); aiokafka raises
+        ("poll_timeout", INF),
+        ("poll_timeout", 0.0),  # a busy loop while idle
+        ("offset_commit_interval", INF),  # commits only on revoke and close
+        ("offset_commit_interval", NAN),
+        ("offset_commit_interval", -1.0),
+        ("max_records", 0),  # aiokafka's getmany raises at every poll
+        ("max_records", 1_000_001),  # confluent's consume() raises at every poll
+        ("max_records", NAN),
+        ("max_unexpected_errors", NAN),  # never given up: the partition retried forever
+        ("max_unexpected_errors", INF),
+        ("batch_max_records", NAN),  # takes no record at all: nothing is ever processed
+        ("batch_max_records", INF),
+        ("batch_max_records", 65),  # more subtransactions than PostgreSQL keeps in memory
+        ("batch_max_ms", NAN),
+        ("dead_letter_max_bytes", NAN),  # a TypeError when trimming: no dead letter
+        ("dead_letter_max_bytes", 0),  # every original header dropped from every dead letter
+        ("dead_letter_max_bytes", 10**10),  # larger than any producer takes: record refused
+    ],
+)
+def test_consumer_options_out_of_range_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"InboxConsumer\.{field} must be"):
+        check_options(**{**VALID, field: value})  # type: ignore[arg-type]
+    with (
+        pytest.raises(ValueError, match=rf"InboxConsumer\.{field} must be"),
+        _confluent_consumer(**{field: value}),
+    ):
+        pass
+
+
+class _NoPoll:
+    def poll_once(self, timeout: float | None) -> None:
+        raise AssertionError(f"polled with {timeout}")
+
+    poll_batch = poll_once
+
+
+@pytest.mark.parametrize("timeout", [-1.0, NAN, INF])
+def test_a_poll_call_refuses_a_timeout_that_never_returns(timeout: float) -> None:
+    with _confluent_consumer() as consumer:
+        consumer.loop = _NoPoll()  # type: ignore[assignment]
+        for poll in (consumer.poll_once, consumer.poll_batch):
+            with pytest.raises(ValueError, match="timeout must be a finite number between 0"):
+                poll(timeout)
+        check_poll_timeout(0.0)
+        check_poll_timeout(None)
