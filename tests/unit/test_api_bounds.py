@@ -13,11 +13,13 @@ import pytest
 from sqlalchemy import create_engine
 
 from outboxkit.bounds import check_range
+from outboxkit.errors import ConfigurationError
 from outboxkit.inbox import EventRegistry, Inbox, InboxSettings, RetryPolicy
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
 from outboxkit.inbox.consumer import check_options, check_poll_timeout
 from outboxkit.inbox.gate import PartitionGate
 from outboxkit.inbox.retention import Retention, purge_finished
+from outboxkit.outbox_plan import OutboxConfig
 from outboxkit.settings import KafkaSettings
 from outboxkit.settings.models import CENTURY, DAY, MAX_RETENTION_BATCH, KafkaClient
 
@@ -228,3 +230,11 @@ def test_a_poll_call_refuses_a_timeout_that_never_returns(timeout: float) -> Non
                 poll(timeout)
         check_poll_timeout(0.0)
         check_poll_timeout(None)
+
+
+@pytest.mark.parametrize("value", [NAN, INF, 10**12, 0, 1.5])
+def test_outbox_config_refuses_a_message_limit_no_producer_has(value: float) -> None:
+    # NaN/inf/huge refused nothing: the relay's producer refused the record later, parking it
+    # and holding back every later message with its key.
+    with pytest.raises(ConfigurationError, match=r"OutboxConfig\.max_message_bytes must be"):
+        OutboxConfig(max_message_bytes=value)  # type: ignore[arg-type]
