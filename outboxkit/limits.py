@@ -26,6 +26,8 @@ from outboxkit.wire import (
 
 #: librdkafka's default ``message.max.bytes``: the largest record its producer accepts.
 PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
+#: librdkafka's range of ``message.max.bytes``: no producer takes a larger record.
+MESSAGE_MAX_BYTES_RANGE = (1000, 1_000_000_000)
 #: The broker's default ``message.max.bytes`` (and a topic's ``max.message.bytes``): one batch.
 BROKER_MESSAGE_MAX_BYTES = 1_048_588
 #: A v2 record batch's header, counted by the broker against its limit.

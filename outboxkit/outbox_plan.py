@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from outboxkit.bounds import check_range
 from outboxkit.errors import ConfigurationError, IdempotencyKeyConflictError, ValidationError
-from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
+from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_MAX_BYTES_RANGE
 from outboxkit.outbox_row import Row, Writable, prepare
 from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
 
@@ -51,7 +52,7 @@ class OutboxConfig:
     ``max_message_bytes``: the relay producer's ``message.max.bytes``. A message whose Kafka
     record (key, payload, every header, framing: :mod:`outboxkit.limits`) is larger is refused
     here rather than parked by the relay. Raise it only together with the producer's setting and
-    the topics' ``max.message.bytes``.
+    the topics' ``max.message.bytes``; at most 1,000,000,000 (librdkafka's largest).
     """
 
     schema: str = DEFAULT_SCHEMA
@@ -61,8 +62,11 @@ class OutboxConfig:
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
-        if self.max_message_bytes < 1:
-            raise ConfigurationError("max_message_bytes must be positive")
+        # NaN, inf or more than any producer takes would refuse nothing here: the relay would
+        # park the message and hold back every later one with its key.
+        high = MESSAGE_MAX_BYTES_RANGE[1]
+        name = "OutboxConfig.max_message_bytes"
+        check_range(name, self.max_message_bytes, 1, high, integer=True, error=ConfigurationError)
         if self.copy_min_rows is not None and self.copy_min_rows < 2:
             raise ConfigurationError("copy_min_rows must be at least 2 (or None: never COPY)")
 

@@ -28,6 +28,7 @@ from outboxkit.inbox.readback import (
 from outboxkit.inbox.retention import purge_finished
 from outboxkit.schema import InboxState
 from outboxkit.settings import KafkaClient
+from outboxkit.settings.models import CENTURY, MAX_RETENTION_BATCH
 
 _database = click.option(
     "--database-url",
@@ -191,12 +192,17 @@ def cancel(
 @schema_option
 @click.option(
     "--older-than",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, min_open=True, max=CENTURY),
     callback=_finite,
     required=True,
-    help="Window in seconds.",
+    help="Window in seconds (above 0: rows of events finished just now recognise redeliveries).",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1, max=MAX_RETENTION_BATCH),
+    default=1000,
+    show_default=True,
+)
 def purge(database_url: str, schema: str, older_than: float, batch_size: int) -> None:
     """Delete terminal rows finished before the window, in small batches."""
     with _engine(database_url) as engine:

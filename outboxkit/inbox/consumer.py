@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from outboxkit.bounds import check_range
 from outboxkit.inbox.deadletter import (
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TOPIC,
@@ -29,14 +30,51 @@ from outboxkit.inbox.retention import Retention
 from outboxkit.inbox.steps import Executor
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import AsyncGroupConsumer, AsyncRecordSender, GroupConsumer, RecordSender
+from outboxkit.limits import MESSAGE_MAX_BYTES_RANGE
 from outboxkit.settings import KafkaSettings
-from outboxkit.settings.models import MAX_BATCH_MS
+from outboxkit.settings.models import DAY, MAX_BATCH_MS, MAX_BATCH_RECORDS
 
 if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
 
 InboxT = TypeVar("InboxT", Inbox, AsyncInbox)
 Clients = tuple[GroupConsumer | AsyncGroupConsumer, RecordSender | AsyncRecordSender]
+#: confluent-kafka's consume() takes at most this many records (more: ValueError at every poll).
+MAX_POLL_RECORDS = 1_000_000
+
+
+def check_options(
+    *,
+    offset_commit_interval: float,
+    poll_timeout: float,
+    max_records: int,
+    max_unexpected_errors: int,
+    dead_letter_max_bytes: int,
+    batch_max_records: int,
+    batch_max_ms: float,
+) -> None:
+    """Refuse what would stall or crash the loop later. A poll timeout that is negative waits
+    forever in confluent-kafka (SIGTERM unheard while idle), NaN or 0 spins, and aiokafka
+    raises on NaN at every poll; an infinite commit interval commits only on revoke and close;
+    a NaN ``max_unexpected_errors`` never gives a poison record up, a NaN
+    ``batch_max_records`` takes no record at all; a dead-letter limit above what any producer
+    accepts loses the dead-letter record instead of trimming it."""
+    name = "InboxConsumer."
+    check_range(name + "offset_commit_interval", offset_commit_interval, 0, DAY)
+    check_range(name + "poll_timeout", poll_timeout, 0, DAY, above=True)
+    check_range(name + "max_records", max_records, 1, MAX_POLL_RECORDS, integer=True)
+    check_range(name + "max_unexpected_errors", max_unexpected_errors, 1, integer=True)
+    low, high = MESSAGE_MAX_BYTES_RANGE
+    check_range(name + "dead_letter_max_bytes", dead_letter_max_bytes, low, high, integer=True)
+    check_range(name + "batch_max_records", batch_max_records, 1, MAX_BATCH_RECORDS, integer=True)
+    check_range(name + "batch_max_ms", batch_max_ms, 0, MAX_BATCH_MS)
+
+
+def check_poll_timeout(timeout: float | None, name: str = "timeout") -> None:
+    """A call's own timeout (seconds, at most a day): 0 polls without waiting; a negative one
+    would wait forever in confluent-kafka."""
+    if timeout is not None:
+        check_range(name, timeout, 0, DAY)
 
 
 def stopped_by(stop: Any) -> Callable[[], bool]:
@@ -63,6 +101,12 @@ class InboxConsumer(Generic[InboxT]):
     ``batch_max_records``: records processed in one transaction (a savepoint per handler only
     after a failure; 1: one transaction per record); ``batch_max_ms``: how long a batch waits
     to fill up after its first record.
+
+    Bounds (a ``ValueError`` names the argument): ``offset_commit_interval`` 0 to a day,
+    ``poll_timeout`` above 0 and at most a day (seconds), ``max_records`` 1 to 1,000,000,
+    ``max_unexpected_errors`` at least 1, ``dead_letter_max_bytes`` 1000 to 1,000,000,000
+    (librdkafka's range of ``message.max.bytes``), ``batch_max_records`` 1 to 64,
+    ``batch_max_ms`` 0 to 60,000; every number finite.
     """
 
     def __init__(
@@ -86,13 +130,15 @@ class InboxConsumer(Generic[InboxT]):
         batch_max_records: int = BATCH_MAX_RECORDS,
         batch_max_ms: float = BATCH_MAX_MS,
     ) -> None:
-        if max_unexpected_errors < 1:
-            raise ValueError("max_unexpected_errors must be at least 1")
-        if batch_max_records < 1 or not 0 <= batch_max_ms <= MAX_BATCH_MS:  # refuses nan too
-            raise ValueError(
-                "batch_max_records must be at least 1,"
-                f" batch_max_ms between 0 and {MAX_BATCH_MS:.0f}"
-            )
+        check_options(
+            offset_commit_interval=offset_commit_interval,
+            poll_timeout=poll_timeout,
+            max_records=max_records,
+            max_unexpected_errors=max_unexpected_errors,
+            dead_letter_max_bytes=dead_letter_max_bytes,
+            batch_max_records=batch_max_records,
+            batch_max_ms=batch_max_ms,
+        )
         check_dead_letter_topic(dead_letter)
         self.inbox: InboxT = inbox
         self.group_id = group_id

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from outboxkit.bounds import check_range
 from outboxkit.errors import DecodeError, LeaseLostError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
@@ -49,6 +50,7 @@ from outboxkit.inbox.steps import (
 )
 from outboxkit.inbox.store import Claim, InboxStatements
 from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+from outboxkit.settings.models import CENTURY, DAY
 
 logger = logging.getLogger("outboxkit.inbox.middleware")
 
@@ -82,6 +84,9 @@ class InboxSettings:
     dedup row no longer exists is refused (recorded in ``inbox_rejection``) instead of being
     applied again; set it to the retention window of the dedup rows.
 
+    ``lease_seconds``: above 0 and at most a day; ``replay_window``: above 0 and at most a
+    century (seconds).
+
     ``error_detail``: store and publish the full exception text (with SQL parameters and row
     values) instead of the class, SQLSTATE and first line (see :func:`guard.error_text`).
     """
@@ -95,6 +100,13 @@ class InboxSettings:
     event_id_from: EventIdFrom | None = None
     replay_window: float | None = None
     error_detail: bool = False
+
+    def __post_init__(self) -> None:
+        """A NaN lease renews in a busy loop and, like an infinite one, fails every claim in
+        PostgreSQL; a replay window of 0 or less refuses every delivery without a dedup row."""
+        check_range("InboxSettings.lease_seconds", self.lease_seconds, 0, DAY, above=True)
+        if self.replay_window is not None:
+            check_range("InboxSettings.replay_window", self.replay_window, 0, CENTURY, above=True)
 
     def too_old(self, env: Envelope, now: float | None = None) -> bool:
         if self.replay_window is None or env.timestamp_ms is None or env.timestamp_ms <= 0:

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from outboxkit.bounds import check_range
+from outboxkit.settings.models import DAY
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """``max_attempts`` handler runs in total; the wait before run n+1 grows exponentially."""
+    """``max_attempts`` handler runs in total; the wait before run n+1 grows exponentially.
+
+    The delays are at most a day (``DAY``) and every number is finite: a NaN or infinite delay
+    would make the retry of a failed event never come due, its partition paused for good; a
+    NaN ``max_attempts`` would never be exhausted.
+    """
 
     max_attempts: int = 5
     initial_delay: float = 0.5
@@ -15,10 +23,10 @@ class RetryPolicy:
     max_delay: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1:
-            raise ValueError("delays must be >= 0 and multiplier >= 1")
+        check_range("RetryPolicy.max_attempts", self.max_attempts, 1, integer=True)
+        check_range("RetryPolicy.initial_delay", self.initial_delay, 0, DAY, unit="seconds")
+        check_range("RetryPolicy.multiplier", self.multiplier, 1)
+        check_range("RetryPolicy.max_delay", self.max_delay, 0, DAY, unit="seconds")
 
     def exhausted(self, attempts: int) -> bool:
         return attempts >= self.max_attempts
@@ -26,4 +34,8 @@ class RetryPolicy:
     def delay(self, attempts: int) -> float:
         """Seconds to wait after the ``attempts``-th failed run."""
         exponent = max(attempts - 1, 0)
-        return float(min(self.initial_delay * self.multiplier**exponent, self.max_delay))
+        try:
+            grown = self.initial_delay * float(self.multiplier) ** exponent
+        except OverflowError:  # many attempts: past any max_delay long ago
+            grown = self.max_delay
+        return float(min(grown, self.max_delay))

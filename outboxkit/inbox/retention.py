@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from outboxkit import db
+from outboxkit.bounds import check_range
 from outboxkit.errors import RetentionWindowError
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.steps import Plan, Sql
 from outboxkit.kafka.api import Admin
 from outboxkit.schema import DEFAULT_SCHEMA
+from outboxkit.settings.models import CENTURY, DAY, MAX_RETENTION_BATCH
 
 logger = logging.getLogger("outboxkit.inbox.retention")
 
@@ -32,6 +34,9 @@ class Retention:
     """Purge finished inbox rows and rejections older than ``window_seconds`` from the
     consumer loop: every ``every_seconds``, at most ``max_batches`` of ``batch_size`` rows per
     table, each batch its own short transaction (the loop waits for them, so keep them small).
+
+    Bounds (see :func:`check_purge`): the window above 0 and at most a century, the interval
+    above 0 and at most a day, ``batch_size`` 1 to 100,000, ``max_batches`` at least 1.
     """
 
     window_seconds: float
@@ -40,8 +45,22 @@ class Retention:
     max_batches: int = 4
 
     def __post_init__(self) -> None:
-        if self.window_seconds <= 0 or self.every_seconds <= 0 or self.batch_size < 1:
-            raise ValueError("retention window, interval and batch size must be positive")
+        check_purge("Retention", self.window_seconds, self.batch_size, self.max_batches)
+        check_range(
+            "Retention.every_seconds", self.every_seconds, 0, DAY, above=True, unit="seconds"
+        )
+
+
+def check_purge(
+    where: str, window_seconds: float, batch_size: int, max_batches: int | None
+) -> None:
+    """A window of 0 or less (NaN compares false) would delete the dedup rows of events that
+    finished just now, and their redelivery would be applied twice; a NaN or infinite one fails
+    in PostgreSQL at every purge. ``max_batches`` below 1 would purge nothing, silently."""
+    check_range(f"{where}.window_seconds", window_seconds, 0, CENTURY, above=True, unit="seconds")
+    check_range(f"{where}.batch_size", batch_size, 1, MAX_RETENTION_BATCH, integer=True)
+    if max_batches is not None:
+        check_range(f"{where}.max_batches", max_batches, 1, integer=True)
 
 
 class Purger:
@@ -98,9 +117,10 @@ def purge_finished(
     now: dt.datetime | None = None,
 ) -> PurgeResult:
     """Delete terminal rows finished more than ``window_seconds`` before ``now`` (default: the
-    database clock), one small batch per transaction."""
-    if batch_size < 1:
-        raise ValueError("batch_size must be positive")
+    database clock), one small batch per transaction; ``pause_seconds`` (at most a day) between
+    batches. Bounds as :class:`Retention`'s."""
+    check_purge("purge_finished", window_seconds, batch_size, max_batches)
+    check_range("purge_finished.pause_seconds", pause_seconds, 0, DAY, unit="seconds")
     params = {"window_seconds": window_seconds, "batch_size": batch_size, "now": now}
     queries = db.queries("inbox", schema)
     totals = dict.fromkeys(_PURGES, 0)

@@ -48,6 +48,11 @@ CENTURY = 100 * 365.25 * DAY
 MAX_KAFKA_TIMEOUT = 300.0
 #: The longest a consumer's batch waits to fill up (ms), and a relay transaction takes claims.
 MAX_BATCH_MS = 60_000.0
+#: The most rows one retention DELETE takes (a batch is one transaction; the loop waits for it).
+MAX_RETENTION_BATCH = 100_000
+#: The most records in one consumer batch: one savepoint per handler, and PostgreSQL keeps 64
+#: subtransactions per transaction in shared memory (more slow down every snapshot).
+MAX_BATCH_RECORDS = 64
 #: A claim's byte cap: the confluent producer's queue is sized from it (in kilobytes, a C int).
 MAX_BATCH_BYTES = 1024 * 1024 * 1024
 #: Integer values of Kafka client options: librdkafka keeps them in C ints (a larger Python int
@@ -226,7 +231,7 @@ class RelaySettings(BaseSettings):
     parked_key_policy: ParkedKeyPolicy = ParkedKeyPolicy.WAIT
     checkpoint_topic: str = Field("outboxkit.relay.checkpoint", min_length=1)
     retention_seconds: float | None = Field(86_400.0, ge=0, le=CENTURY)  # None ("forever") keeps
-    retention_batch: int = Field(1000, ge=1, le=100_000)
+    retention_batch: int = Field(1000, ge=1, le=MAX_RETENTION_BATCH)
     # Housekeeping of rows that never publish: discarded rows after a week; parked rows only
     # when set (deleting a parked row gives up on it). Counted from when the row was parked.
     discarded_retention_seconds: float | None = Field(7 * 86_400.0, ge=0, le=CENTURY)
@@ -324,7 +329,7 @@ class ConsumerSettings(BaseSettings):
     retention_interval: float = Field(default=60.0, gt=0, le=DAY)
     max_unexpected_errors: int = Field(default=5, ge=1)
     error_detail: bool = False
-    batch_max_records: int = Field(default=50, ge=1, le=64)
+    batch_max_records: int = Field(default=50, ge=1, le=MAX_BATCH_RECORDS)
     batch_max_ms: float = Field(default=5.0, ge=0, le=MAX_BATCH_MS)
     gc_tuning: bool = True  # `inbox run` only: the collector settings of gc_tuning.py
     kafka_options: Annotated[dict[str, KafkaOption], NoDecode] = Field(default_factory=dict)

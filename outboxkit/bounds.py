@@ -1,0 +1,65 @@
+"""Range checks of the Python API's own numeric arguments (the settings models check theirs with
+pydantic).
+
+A check written ``if x < 0: raise`` lets NaN through (every comparison with it is false) and
+says nothing of infinity; a NaN retry delay or an infinite interval then stalls a partition or
+a loop long after the object was built. So each check here asks that the value lie *inside* its
+range, which NaN never does, and names the argument and the range (never anything but a number
+it was given).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+
+def _number(value: float) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _shown(value: object) -> str:
+    """The number as given (NaN, inf too); of anything else only its type."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return f"a {type(value).__name__}"
+    if isinstance(value, Integral):
+        text = str(value)
+        return text if len(text) <= 20 else f"an integer of {len(text)} digits"
+    return _number(float(value))
+
+
+def _inside(value: object, low: float, high: float | None, *, above: bool, integer: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, Integral if integer else Real):
+        return False
+    number = int(value) if isinstance(value, Integral) else float(value)
+    if isinstance(number, float) and not math.isfinite(number):
+        return False
+    return (number > low if above else number >= low) and (high is None or number <= high)
+
+
+def check_range(
+    name: str,
+    value: object,
+    low: float,
+    high: float | None = None,
+    *,
+    above: bool = False,
+    integer: bool = False,
+    unit: str = "",
+    error: type[Exception] = ValueError,
+) -> None:
+    """Raise ``error`` unless ``value`` is a finite number (an ``int`` if ``integer``) from
+    ``low`` (exclusive if ``above``) to ``high`` (inclusive; ``None``: no upper bound)."""
+    if _inside(value, low, high, above=above, integer=integer):
+        return
+    if high is None:
+        span = f"above {_number(low)}" if above else f"at least {_number(low)}"
+    elif above:
+        span = f"above {_number(low)} and at most {_number(high)}"
+    else:
+        span = f"between {_number(low)} and {_number(high)}"
+    what = "an integer" if integer else "a finite number"
+    suffix = f" {unit}" if unit else ""
+    raise error(f"{name} must be {what} {span}{suffix}, not {_shown(value)}")
