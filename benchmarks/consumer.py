@@ -464,8 +464,9 @@ def run(
         with psycopg.connect(db_url) as conn:
             conn.execute(EFFECT_DDL)
             conn.execute(HISTORY_SQL, {"rows": history})
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute("ANALYZE outboxkit.inbox_message")
+        if history:  # a brand-new table stays one no ANALYZE has seen
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                conn.execute("ANALYZE outboxkit.inbox_message")
         topic = _produce(bootstrap, events)
         rates: dict[tuple[str, str], list[float]] = {}
         chosen = [v for v in VARIANTS if v[1] in columns]

@@ -11,7 +11,7 @@ it was given).
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from decimal import Decimal
 
 
 def _number(value: float) -> str:
@@ -20,20 +20,36 @@ def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _shown(value: object) -> str:
+def _accepted(value: object, integer: bool) -> bool:
+    """The types the values go on as (to PostgreSQL, a Kafka client, ``time``): ``int``, and
+    for a non-integer ``float`` or ``Decimal``. Other numbers (``Fraction``, numpy scalars)
+    pass a comparison but not every driver, so they are refused here, by name."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if integer else isinstance(value, int | float | Decimal)
+
+
+def _shown(value: object, integer: bool) -> str:
     """The number as given (NaN, inf too); of anything else only its type."""
-    if isinstance(value, bool) or not isinstance(value, Real):
+    if not _accepted(value, False):
         return f"a {type(value).__name__}"
-    if isinstance(value, Integral):
+    if isinstance(value, int):
         text = str(value)
         return text if len(text) <= 20 else f"an integer of {len(text)} digits"
-    return _number(float(value))
+    if integer:  # 5.0 is not an integer: say so rather than print "5"
+        return f"{value!r} (a {type(value).__name__})"
+    if isinstance(value, Decimal):
+        return str(value)
+    return _number(float(value))  # type: ignore[arg-type]
 
 
 def _inside(value: object, low: float, high: float | None, *, above: bool, integer: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, Integral if integer else Real):
+    if not _accepted(value, integer):
         return False
-    number = int(value) if isinstance(value, Integral) else float(value)
+    try:
+        number = value if isinstance(value, int) else float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return False
     if isinstance(number, float) and not math.isfinite(number):
         return False
     return (number > low if above else number >= low) and (high is None or number <= high)
@@ -62,4 +78,4 @@ def check_range(
         span = f"between {_number(low)} and {_number(high)}"
     what = "an integer" if integer else "a finite number"
     suffix = f" {unit}" if unit else ""
-    raise error(f"{name} must be {what} {span}{suffix}, not {_shown(value)}")
+    raise error(f"{name} must be {what} {span}{suffix}, not {_shown(value, integer)}")

@@ -67,8 +67,9 @@ class OutboxConfig:
         high = MESSAGE_MAX_BYTES_RANGE[1]
         name = "OutboxConfig.max_message_bytes"
         check_range(name, self.max_message_bytes, 1, high, integer=True, error=ConfigurationError)
-        if self.copy_min_rows is not None and self.copy_min_rows < 2:
-            raise ConfigurationError("copy_min_rows must be at least 2 (or None: never COPY)")
+        if self.copy_min_rows is not None:
+            name = "OutboxConfig.copy_min_rows (None: never COPY)"
+            check_range(name, self.copy_min_rows, 2, integer=True, error=ConfigurationError)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ class RetryPolicy:
     def delay(self, attempts: int) -> float:
         """Seconds to wait after the ``attempts``-th failed run."""
         exponent = max(attempts - 1, 0)
+        if self.initial_delay == 0:  # no back-off at all, however many attempts
+            return 0.0
         try:
             grown = self.initial_delay * float(self.multiplier) ** exponent
         except OverflowError:  # many attempts: past any max_delay long ago

@@ -62,7 +62,12 @@ def inbox_settings(consumer: ConsumerSettings, schema: str = DEFAULT_SCHEMA) -> 
     return InboxSettings(
         consumer=consumer.name,
         registry=registry,
-        policy=RetryPolicy(max_attempts=consumer.max_attempts, initial_delay=consumer.retry_delay),
+        policy=RetryPolicy(
+            max_attempts=consumer.max_attempts,
+            initial_delay=consumer.retry_delay,
+            # the first back-off as asked even when it is above the default cap of 30 s
+            max_delay=max(RetryPolicy.max_delay, consumer.retry_delay),
+        ),
         schema=schema,
         lease_seconds=consumer.lease_seconds,
         replay_window=consumer.dedup_window,

@@ -238,3 +238,41 @@ def test_outbox_config_refuses_a_message_limit_no_producer_has(value: float) -> 
     # and holding back every later message with its key.
     with pytest.raises(ConfigurationError, match=r"OutboxConfig\.max_message_bytes must be"):
         OutboxConfig(max_message_bytes=value)  # type: ignore[arg-type]
+
+
+def test_only_numbers_every_driver_takes_pass_and_a_float_is_no_integer() -> None:
+    """A Fraction compares like a number but psycopg cannot send it (the purge would fail at
+    every interval); a Decimal it can. 5.0 where an integer is due is named as a float."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    assert Retention(Decimal("3600")).window_seconds == Decimal("3600")
+    with pytest.raises(ValueError, match="not a Fraction"):
+        Retention(Fraction(3600))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"not 5\.0 \(a float\)"):
+        RetryPolicy(max_attempts=5.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not 1E"):
+        Retention(Decimal("1e400"))  # type: ignore[arg-type]
+
+
+def test_no_back_off_stays_none_after_very_many_attempts() -> None:
+    policy = RetryPolicy(initial_delay=0, max_attempts=5000)
+    assert policy.delay(1000) == 0.0
+    assert policy.delay(1100) == 0.0  # the overflow fallback used to give max_delay (30 s)
+
+
+def test_inbox_run_waits_the_first_back_off_it_was_given() -> None:
+    from outboxkit.inbox.worker import inbox_settings
+    from outboxkit.settings.models import ConsumerSettings
+
+    consumer = ConsumerSettings(name="c", group="g", topics=["t"], handler="m:f", retry_delay=60)
+    policy = inbox_settings(consumer, "outboxkit").policy
+    assert policy.delay(1) == 60.0  # was capped by the default max_delay, 30 s
+
+
+def test_copy_min_rows_is_an_integer_of_at_least_two() -> None:
+    with pytest.raises(ConfigurationError, match="copy_min_rows"):
+        OutboxConfig(copy_min_rows=math.nan)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="copy_min_rows"):
+        OutboxConfig(copy_min_rows=1)
+    assert OutboxConfig(copy_min_rows=None).copy_min_rows is None
