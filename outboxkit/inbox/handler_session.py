@@ -57,15 +57,19 @@ def driver_of(conn: Connection | None) -> Any:
 
 
 def pending(session: Session) -> bool:
-    """Whether a flush has anything to write (a flush costs an await even when it has not)."""
-    return bool(session.new or session.dirty or session.deleted)
+    """Whether a flush has anything to write (a flush costs an await even when it has not).
+
+    The flush's own test (new, deleted or modified objects), without building the set of dirty
+    ones: ``session.dirty`` is the modified ones less the deleted ones."""
+    return bool(session.new or session.deleted) or session.identity_map.check_modified()
 
 
 def transaction_aborted(driver: Any) -> HandlerTransactionAbortedError | None:
     """An error if the handler left the transaction aborted (it caught a database error and went
-    on). psycopg knows the transaction's status from the last reply: no round trip."""
-    info = getattr(driver, "info", None)
-    if info is None or info.transaction_status != TransactionStatus.INERROR:
+    on). psycopg knows the transaction's status from the last reply: no round trip. Read from
+    ``pgconn`` (an int): ``driver.info`` builds an object and an enum on every call."""
+    pgconn = getattr(driver, "pgconn", None)
+    if pgconn is None or pgconn.transaction_status != TransactionStatus.INERROR:
         return None
     return HandlerTransactionAbortedError(
         "the handler left its transaction aborted (a database error caught without rolling"

@@ -236,7 +236,13 @@ def _drive(plan: Plan[T], execute: Executor) -> Generator[Any, Any, T]:
                 return result
             try:
                 reply, error = execute(step), None
-                if inspect.isawaitable(reply):
+                # Per step, so the common replies skip ``isawaitable`` (an ABC check): none (most
+                # sync steps) and a coroutine (every async step), awaited directly.
+                if reply is None:
+                    pass
+                elif type(reply) is types.CoroutineType:
+                    reply = yield from reply.__await__()
+                elif inspect.isawaitable(reply):
                     reply = yield from _await(reply)
             except Exception as exc:
                 reply, error = None, exc
