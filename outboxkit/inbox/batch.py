@@ -78,18 +78,15 @@ class BatchResult:
     reruns: int = 0  # times the handlers ran again in a new transaction (for a metric)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Item:
     index: int
     run: ClaimedRun
+    tp: TopicPartition
     event: Any = None
     handler: Callable[..., Any] | None = None
     bulk: Callable[..., Any] | None = None  # its batch handler, if its type has one
     ctx: HandlerContext | None = None
-
-    @property
-    def tp(self) -> TopicPartition:
-        return (self.run.env.topic, self.run.env.partition)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -126,13 +123,8 @@ class _Batch:
         takeover = next((n for n, p in enumerate(picked) if _taken(claims, p.ident)), None)
         if takeover is not None:
             later = picked[takeover + 1 :] if takeover == 0 else picked[takeover:]
-            yield from self._release(
-                [
-                    (p.ident.event_id, claims[p.ident.event_id].token)
-                    for p in later
-                    if p.ident.event_id in claims
-                ]
-            )
+            gone = [p.ident.event_id for p in later if p.ident.event_id in claims]
+            yield from self._release([(event_id, claims[event_id].token) for event_id in gone])
             stop = later[0].index if later else stop
             if takeover == 0:  # it runs alone, in a transaction of its own
                 head = picked[0]
@@ -158,8 +150,8 @@ class _Batch:
             yield from self._give_back(items)
             raise
         for item in succeeded:
-            self.done[item.index] = Outcome(
-                OutcomeKind.SUCCEEDED, item.run.ident.event_id, item.run.claim.attempts
+            self.done[item.index] = Outcome.succeeded(
+                item.run.ident.event_id, item.run.claim.attempts
             )
         for item, exc in self.failed:
             self.done[item.index] = yield from self.core.failed(item.run, exc)
@@ -173,8 +165,13 @@ class _Batch:
         """Identify each record; stop at an event id seen earlier in the batch."""
         picked: list[_Picked] = []
         seen: set[str] = set()
+        core, too_old = self.core, self.core.settings.too_old
         for index, env in enumerate(envs):
-            ident = yield from self.core.admit(env)
+            found = core.identify(env)  # a plan of its own only for a refusal or an old replay
+            if isinstance(found, Identity) and not too_old(env):
+                ident: Identity | Outcome = found
+            else:
+                ident = yield from core.admitted(env, found)
             if isinstance(ident, Outcome):
                 self.done[index] = ident
                 continue
@@ -187,7 +184,7 @@ class _Batch:
     def _claim(self, picked: list[_Picked]) -> Plan[dict[str, Claim]]:
         statement = self.core.statements.claim_batch([(p.ident, p.env) for p in picked])
         rows = (yield statement).rows
-        return {row[0]: Claim("claimed", row[1], row[2], row[3]) for row in rows}
+        return {row[0]: Claim.claimed(*row[1:4]) for row in rows}
 
     def _not_claimed(self, p: _Picked) -> Plan[None]:
         claim = yield from self.core.statements.unclaimed_plan(p.ident)
@@ -197,7 +194,8 @@ class _Batch:
         self.done[p.index] = yield from self.core.not_claimed(p.env, p.ident, claim)
 
     def _item(self, p: _Picked, claim: Claim) -> _Item:
-        return _Item(p.index, ClaimedRun(p.env, p.ident, claim, self.dead_letter))
+        run = ClaimedRun(p.env, p.ident, claim, self.dead_letter)
+        return _Item(p.index, run, (p.env.topic, p.env.partition))
 
     def _prepare(self, items: list[_Item]) -> Plan[list[_Item]]:
         """Decode each event and find its handler (refused ones end ``rejected``); take leases."""

@@ -33,6 +33,7 @@ from outboxkit.errors import DecodeError, LeaseLostError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
+from outboxkit.inbox.frozen import build
 from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
@@ -139,7 +140,8 @@ def handler_context(
             return "partition revoked"
         return reason
 
-    return HandlerContext(
+    return build(
+        HandlerContext,
         consumer=settings.consumer,
         event_id=ident.event_id,
         idempotency_key=ident.idempotency_key,
@@ -259,10 +261,22 @@ class InboxCore:
     def admit(self, env: Envelope) -> Plan[Identity | Outcome]:
         """The delivery's identity, or its ``rejected`` outcome (no usable event id, or a replay
         older than the dedup window of a forgotten event), recorded in the rejection log."""
-        settings, statements = self.settings, self.statements
+        return (yield from self.admitted(env, self.identify(env)))
+
+    def identify(self, env: Envelope) -> Identity | DecodeError:
+        """The delivery's identity, or why it has none: no IO, so a batch admits a record whose
+        identity is plain without a plan of its own (see :meth:`admitted`)."""
         try:
-            ident = identify(env, settings.event_id_from)
+            return identify(env, self.settings.event_id_from)
         except DecodeError as exc:
+            return exc
+
+    def admitted(self, env: Envelope, ident: Identity | DecodeError) -> Plan[Identity | Outcome]:
+        """:meth:`admit` once :meth:`identify` answered: a refusal is recorded; an identity is
+        returned unless it is a replay too old (``replay_window``) of an event forgotten."""
+        settings, statements = self.settings, self.statements
+        if isinstance(ident, DecodeError):
+            exc = ident
             event_id = exc.safe_event_id if isinstance(exc, InvalidHeaderError) else None
             reason = bounded(str(exc))
             yield statements.reject(env, reason, event_id=event_id)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outboxkit.errors import DecodeError, MissingEventIdError
+from outboxkit.inbox.frozen import build
 from outboxkit.inbox.guard import InvalidHeaderError, check_headers, error_text, hashed
 from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.wire import (
@@ -57,16 +58,17 @@ class Envelope:
         topic, partition, offset, key, value, headers, timestamp_ms, header_error = record
         if timestamp_ms is not None and timestamp_ms < 0:
             timestamp_ms = None
-        return cls(
-            topic,
-            partition,
-            offset,
-            key,
-            value,
-            headers_to_dict(headers),
-            headers,
-            timestamp_ms,
-            header_error,
+        return build(
+            cls,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            value=value,
+            headers=headers_to_dict(headers),
+            raw_headers=headers,
+            timestamp_ms=timestamp_ms,
+            header_error=header_error,
         )
 
 
@@ -93,8 +95,10 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
     """
     if envelope.header_error is not None:
         raise InvalidHeaderError(f"headers refused: {envelope.header_error}", safe_event_id=None)
-    check_headers(envelope.raw_headers)
-    event_id = envelope.headers.get(HEADER_EVENT_ID) or None
+    if not _plain_headers(envelope.raw_headers):
+        check_headers(envelope.raw_headers)
+    headers = envelope.headers
+    event_id = headers.get(HEADER_EVENT_ID) or None
     if event_id is None and event_id_from is not None:
         event_id = _call_event_id_from(event_id_from, envelope)
         raw = (event_id or "").encode("utf-8", errors="surrogatepass")
@@ -104,8 +108,8 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
             raise InvalidHeaderError(message, safe_event_id=hashed(raw))
     if event_id is None:
         raise MissingEventIdError("the message has no event-id header")
-    event_type = envelope.headers.get(HEADER_EVENT_TYPE) or None
-    content_type = envelope.headers.get(HEADER_CONTENT_TYPE) or JSON_CONTENT_TYPE
+    event_type = headers.get(HEADER_EVENT_TYPE) or None
+    content_type = headers.get(HEADER_CONTENT_TYPE) or JSON_CONTENT_TYPE
     key = envelope.key.decode("utf-8", errors="replace") if envelope.key is not None else None
     digest = content_digest(
         topic=envelope.topic,
@@ -114,13 +118,28 @@ def identify(envelope: Envelope, event_id_from: EventIdFrom | None = None) -> Id
         content_type=content_type,
         payload=envelope.value or b"",
     )
-    return Identity(
+    return build(
+        Identity,
         event_id=event_id,
-        idempotency_key=envelope.headers.get(HEADER_IDEMPOTENCY_KEY) or event_id,
+        idempotency_key=headers.get(HEADER_IDEMPOTENCY_KEY) or event_id,
         event_type=event_type,
         content_type=content_type,
         digest=digest,
     )
+
+
+def _plain_headers(raw_headers: tuple[tuple[str, bytes | None], ...]) -> bool:
+    """Whether every identity header (each occurrence) is short, printable ASCII: then
+    :func:`check_headers` has nothing to refuse (it is asked only otherwise, for its reason).
+    ASCII bytes are valid UTF-8 of the same length, and printable as text exactly when no byte
+    is a control character."""
+    for name, value in raw_headers:
+        limit = HEADER_LIMITS.get(name)
+        if limit is None or value is None:
+            continue
+        if len(value) > limit or not value.isascii() or not value.decode("ascii").isprintable():
+            return False
+    return True
 
 
 def _call_event_id_from(event_id_from: EventIdFrom, envelope: Envelope) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from outboxkit import db
 from outboxkit.inbox.envelope import Envelope, Identity
+from outboxkit.inbox.frozen import build
 from outboxkit.inbox.guard import bounded
 from outboxkit.inbox.steps import HandlerSql, Plan, Sql
 from outboxkit.schema import DEFAULT_SCHEMA, TERMINAL_INBOX_STATES, InboxState
@@ -28,6 +29,18 @@ class Claim:
     attempts: int = 0
     previous_error: str | None = None
     existing_state: str | None = None
+
+    @classmethod
+    def claimed(cls, token: int, attempts: int, previous_error: str | None) -> Claim:
+        """A claim made (built field by field for less: one per event of a batch)."""
+        return build(
+            cls,
+            kind="claimed",
+            token=token,
+            attempts=attempts,
+            previous_error=previous_error,
+            existing_state=None,
+        )
 
 
 class InboxStatements:

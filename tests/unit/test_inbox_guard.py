@@ -348,3 +348,24 @@ def test_a_record_whose_headers_the_client_could_not_read_is_rejected(batched: b
     assert params["reason"] == "headers refused: a header name is not valid UTF-8: b'\\xff'"
     assert (params["event_id"], params["kafka_offset"]) == (None, 5)
     assert [s.offsets for s in script.steps if isinstance(s, Commit)] == [{("orders", 0): 6}]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"e1", b"", b"a b~", b"a\x00b", b"a\x7fb", b"x" * 1024, b"x" * 1025, b"\xc3\xa9", b"\xff"],
+)
+@pytest.mark.parametrize("name", ["event-id", "event-type", "idempotency-key", "other"])
+def test_the_plain_header_shortcut_never_passes_what_the_check_refuses(
+    name: str, value: bytes
+) -> None:
+    """``identify`` skips ``check_headers`` when every identity header is short printable ASCII:
+    whatever that shortcut lets through, the full check passes too."""
+    from outboxkit.inbox.envelope import _plain_headers
+
+    for headers in [
+        ((name, value),),
+        ((name, value), (name, b"ok")),
+        ((name, b"ok"), (name, value)),
+    ]:
+        if _plain_headers(headers):
+            check_headers(headers)
