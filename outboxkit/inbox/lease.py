@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from outboxkit.inbox.guard import error_text
@@ -102,13 +102,21 @@ class LeaseThread:
         self._lock = threading.Lock()
 
     def begin(self, event_id: str, token: int) -> LeaseHandle:
+        self._start()
+        return self.schedule.begin(event_id, token)
+
+    def begin_all(self, claims: Iterable[tuple[str, int]]) -> list[LeaseHandle]:
+        """:meth:`begin` for each ``(event_id, token)`` of a batch (the thread checked once)."""
+        self._start()
+        return [self.schedule.begin(event_id, token) for event_id, token in claims]
+
+    def _start(self) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="outboxkit-inbox-lease", daemon=True
                 )
                 self._thread.start()
-        return self.schedule.begin(event_id, token)
 
     def _run(self) -> None:
         try:
@@ -135,13 +143,21 @@ class LeaseTask:
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, event_id: str, token: int) -> LeaseHandle:
+        self._start()
+        return self.schedule.begin(event_id, token)
+
+    def begin_all(self, claims: Iterable[tuple[str, int]]) -> list[LeaseHandle]:
+        """:meth:`begin` for each ``(event_id, token)`` of a batch (the task checked once)."""
+        self._start()
+        return [self.schedule.begin(event_id, token) for event_id, token in claims]
+
+    def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(
                 drive_async(self.schedule.keep(_never), self._execute),
                 name="outboxkit-inbox-lease",
             )
-        return self.schedule.begin(event_id, token)
 
     async def close(self) -> None:
         task, self._task = self._task, None

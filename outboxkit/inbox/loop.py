@@ -214,9 +214,14 @@ class ConsumerLoop:
             self.inflight = set()
         self._count_rerun("rolled_back", result.reruns)
         self.buffer.extendleft(reversed([records[i] for i in result.rest]))
+        metrics, consumer = self.options.metrics, self.core.settings.consumer
         for env, outcome in result.outcomes:
-            self.failures.pop((env.topic, env.partition, env.offset), None)
-            yield from self._observed(env, outcome, began)
+            if self.failures:
+                self.failures.pop((env.topic, env.partition, env.offset), None)
+            if metrics is not None:
+                metrics.observe(consumer, outcome, self.clock() - began)
+            if not self._settled_quietly(env, outcome):  # as _observed, without a plan per event
+                yield from self._settle(env, outcome)
         return [outcome for _, outcome in result.outcomes]
 
     def _take(self, timeout: float | None) -> Plan[list[ConsumedRecord]]:
@@ -325,6 +330,18 @@ class ConsumerLoop:
 
     def _revoked(self) -> bool:
         return bool(self.revoked)
+
+    def _settled_quietly(self, env: Envelope, outcome: Outcome) -> bool:
+        """:meth:`_settle` when it has no step to take (no acknowledgement, offsets committed at
+        intervals): whether it was that case."""
+        if self.pending is None or self.options.acks_topic is not None:
+            return False
+        if not outcome.kind.advances_offset:
+            return False
+        tp = (env.topic, env.partition)
+        if tp in self.assigned:
+            self.pending.settle(tp, env.offset + 1)
+        return True
 
     def _settle(self, env: Envelope, outcome: Outcome) -> Plan[None]:
         tp = (env.topic, env.partition)

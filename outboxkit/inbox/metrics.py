@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.outcome import Outcome, OutcomeKind
 
 
 class InboxMetrics:
@@ -46,12 +46,22 @@ class InboxMetrics:
             ["consumer", "reason"],
             registry=self.registry,
         )
+        self._children: dict[tuple[str, OutcomeKind], tuple[Counter, Histogram]] = {}
 
     def observe(self, consumer: str, outcome: Outcome, seconds: float) -> None:
-        self.outcomes.labels(consumer, outcome.kind.value).inc()
+        # One per delivery: the labelled children are looked up once (``labels`` takes a lock
+        # and builds a key on every call).
+        children = self._children.get((consumer, outcome.kind))
+        if children is None:
+            children = (
+                self.outcomes.labels(consumer, outcome.kind.value),
+                self.seconds.labels(consumer),
+            )
+            self._children[(consumer, outcome.kind)] = children
+        children[0].inc()
         if outcome.alert is not None:
             self.alerts.labels(consumer, outcome.alert).inc()
-        self.seconds.labels(consumer).observe(seconds)
+        children[1].observe(seconds)
 
     def batch_rerun(self, consumer: str, reason: str, count: int = 1) -> None:
         self.batch_reruns.labels(consumer, reason).inc(count)

@@ -128,7 +128,7 @@ class _Steps:
         return lease
 
     def start_leases(self, step: StartLeases) -> list[LeaseHandle]:
-        leases = [self.keeper.begin(event_id, token) for event_id, token in step.claims]
+        leases = self.keeper.begin_all(step.claims)
         self.leases.extend(leases)
         return leases
 
