@@ -83,14 +83,11 @@ class _Item:
     index: int
     run: ClaimedRun
     tp: TopicPartition
+    key: tuple[str, int]  # (event_id, token)
     event: Any = None
     handler: Callable[..., Any] | None = None
     bulk: Callable[..., Any] | None = None  # its batch handler, if its type has one
     ctx: HandlerContext | None = None
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.run.ident.event_id, self.run.claim.token)
 
 
 @dataclass
@@ -195,12 +192,13 @@ class _Batch:
 
     def _item(self, p: _Picked, claim: Claim) -> _Item:
         run = ClaimedRun(p.env, p.ident, claim, self.dead_letter)
-        return _Item(p.index, run, (p.env.topic, p.env.partition))
+        return _Item(p.index, run, (p.env.topic, p.env.partition), (p.ident.event_id, claim.token))
 
     def _prepare(self, items: list[_Item]) -> Plan[list[_Item]]:
         """Decode each event and find its handler (refused ones end ``rejected``); take leases."""
         settings, runnable = self.core.settings, []
         registry, fallback = settings.registry, self.core.handler
+        handlers: dict[str | None, tuple[Any, Any]] = {}  # per event type: one look-up a batch
         for item in items:
             ident = item.run.ident
             try:
@@ -210,12 +208,16 @@ class _Batch:
             except DecodeError as exc:
                 self.done[item.index] = yield from self.core.refuse(item.run, str(exc))
                 continue
-            item.handler = registry.handler_for(ident.event_type) or fallback
+            if (found := handlers.get(ident.event_type)) is None:
+                found = handlers[ident.event_type] = (
+                    registry.handler_for(ident.event_type) or fallback,
+                    registry.batch_handler_for(ident.event_type),
+                )
+            item.handler, item.bulk = found
             if item.handler is None:
                 reason = f"no handler for {ident.event_type!r}"
                 self.done[item.index] = yield from self.core.refuse(item.run, reason)
                 continue
-            item.bulk = registry.batch_handler_for(ident.event_type)
             runnable.append(item)
         if not runnable:
             return runnable
