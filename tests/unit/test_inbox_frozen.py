@@ -24,6 +24,8 @@ RECORD = ConsumedRecord("orders", 3, 42, b"key", b"{}", HEADERS, -1, None)
 
 
 def _same(built: Any, expected: Any) -> None:
+    # build() skips __init__: a class built with it must not gain a __post_init__ (validation)
+    assert not hasattr(type(expected), "__post_init__")
     names = {f.name for f in dataclasses.fields(expected)}
     assert set(vars(built)) == names
     assert type(built) is type(expected)
