@@ -91,7 +91,25 @@ class LeaseSchedule:
                 handle.mark(REFUSED)
 
 
-class LeaseThread:
+class _Keeper:
+    """What both drivers share: a lease begins once the driver runs (``_start``)."""
+
+    schedule: LeaseSchedule
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def begin(self, event_id: str, token: int) -> LeaseHandle:
+        self._start()
+        return self.schedule.begin(event_id, token)
+
+    def begin_all(self, claims: Iterable[tuple[str, int]]) -> list[LeaseHandle]:
+        """:meth:`begin` for each ``(event_id, token)`` of a batch (the driver checked once)."""
+        self._start()
+        return [self.schedule.begin(event_id, token) for event_id, token in claims]
+
+
+class LeaseThread(_Keeper):
     """The sync driver: one daemon thread, started with the first lease."""
 
     def __init__(self, schedule: LeaseSchedule, run_sql: Callable[[Sql], Any]) -> None:
@@ -100,15 +118,6 @@ class LeaseThread:
         self._execute = TableExecutor({Sql: run_sql, Sleep: lambda s: self._closed.wait(s.seconds)})
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-
-    def begin(self, event_id: str, token: int) -> LeaseHandle:
-        self._start()
-        return self.schedule.begin(event_id, token)
-
-    def begin_all(self, claims: Iterable[tuple[str, int]]) -> list[LeaseHandle]:
-        """:meth:`begin` for each ``(event_id, token)`` of a batch (the thread checked once)."""
-        self._start()
-        return [self.schedule.begin(event_id, token) for event_id, token in claims]
 
     def _start(self) -> None:
         with self._lock:
@@ -134,22 +143,13 @@ def _never() -> bool:
     return False
 
 
-class LeaseTask:
+class LeaseTask(_Keeper):
     """The async driver: one task, started with the first lease in the running event loop."""
 
     def __init__(self, schedule: LeaseSchedule, run_sql: Callable[[Sql], Any]) -> None:
         self.schedule = schedule
         self._execute = TableExecutor({Sql: run_sql, Sleep: lambda s: asyncio.sleep(s.seconds)})
         self._task: asyncio.Task[None] | None = None
-
-    def begin(self, event_id: str, token: int) -> LeaseHandle:
-        self._start()
-        return self.schedule.begin(event_id, token)
-
-    def begin_all(self, claims: Iterable[tuple[str, int]]) -> list[LeaseHandle]:
-        """:meth:`begin` for each ``(event_id, token)`` of a batch (the task checked once)."""
-        self._start()
-        return [self.schedule.begin(event_id, token) for event_id, token in claims]
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
