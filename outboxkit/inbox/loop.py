@@ -214,13 +214,11 @@ class ConsumerLoop:
             self.inflight = set()
         self._count_rerun("rolled_back", result.reruns)
         self.buffer.extendleft(reversed([records[i] for i in result.rest]))
-        metrics, consumer = self.options.metrics, self.core.settings.consumer
         for env, outcome in result.outcomes:
             if self.failures:
                 self.failures.pop((env.topic, env.partition, env.offset), None)
-            if metrics is not None:
-                metrics.observe(consumer, outcome, self.clock() - began)
-            if not self._settled_quietly(env, outcome):  # as _observed, without a plan per event
+            self._observe(outcome, began)
+            if not self._settled_quietly(env, outcome):  # no plan per event when none is needed
                 yield from self._settle(env, outcome)
         return [outcome for _, outcome in result.outcomes]
 
@@ -288,10 +286,13 @@ class ConsumerLoop:
         if count and self.options.metrics is not None:
             self.options.metrics.batch_rerun(self.core.settings.consumer, reason, count)
 
-    def _observed(self, env: Envelope, outcome: Outcome, began: float) -> Plan[None]:
+    def _observe(self, outcome: Outcome, began: float) -> None:
         if self.options.metrics is not None:
             consumer = self.core.settings.consumer
             self.options.metrics.observe(consumer, outcome, self.clock() - began)
+
+    def _observed(self, env: Envelope, outcome: Outcome, began: float) -> Plan[None]:
+        self._observe(outcome, began)
         yield from self._settle(env, outcome)
 
     def close(self) -> Plan[None]:
@@ -332,8 +333,8 @@ class ConsumerLoop:
         return bool(self.revoked)
 
     def _settled_quietly(self, env: Envelope, outcome: Outcome) -> bool:
-        """:meth:`_settle` when it has no step to take (no acknowledgement, offsets committed at
-        intervals): whether it was that case."""
+        """The part of :meth:`_settle` that takes no step (an offset to commit later, no
+        acknowledgement to publish), done at once; whether the outcome was that case."""
         if self.pending is None or self.options.acks_topic is not None:
             return False
         if not outcome.kind.advances_offset:
@@ -344,6 +345,8 @@ class ConsumerLoop:
         return True
 
     def _settle(self, env: Envelope, outcome: Outcome) -> Plan[None]:
+        if self._settled_quietly(env, outcome):
+            return
         tp = (env.topic, env.partition)
         if outcome.kind.advances_offset:
             yield from self._acknowledge(env, outcome)
