@@ -34,6 +34,7 @@ from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
     CopiedIds,
     Stream,
+    copy_setting,
     notify_statement,
     take_notified,
     worth_copying,
@@ -202,20 +203,20 @@ class Outbox:
         self, conn: Connection, items: list[Writable], notified: tuple[str | None, list[int]]
     ) -> Plan | None:
         schema = self.config.schema
-        [(shard_count, encoding, after_id)] = _execute(conn, schema, "copy_setting", {})
+        [(shard_count, encoding, ids, after_id)] = _execute(conn, schema, *copy_setting(items))
         if encoding != "UTF8":
             return None
-        stream = Stream(items, self.config, current_trace_headers(), shard_count)
+        stream = Stream(items, self.config, current_trace_headers(), shard_count, ids)
         try:
-            if not db.copy_rows(conn, db.query("outbox", "copy_rows", schema), stream):
+            if not db.copy_rows(conn, db.query("outbox", stream.query_name, schema), stream):
                 return None
         except sa.exc.IntegrityError:  # a taken key or event id: the ON CONFLICT path decides
             db.rollback_to_savepoint(conn)
             return None
         plan = stream.plan()
-        ids = CopiedIds(plan, after_id)
-        while (ids_query := ids.statement()) is not None:
-            ids.take(_execute(conn, schema, *ids_query))
+        read_back = CopiedIds(plan, after_id)  # only if the identity numbered the rows
+        while (statement := read_back.statement()) is not None:
+            read_back.take(_execute(conn, schema, *statement))
         statement = notify_statement(plan, stream.shards, notified)
         if statement is not None:
             take_notified(plan, _execute(conn, schema, *statement))
@@ -289,11 +290,13 @@ class Outbox:
         self, conn: AsyncConnection, items: list[Writable], notified: tuple[str | None, list[int]]
     ) -> Plan | None:
         schema = self.config.schema
-        [(shard_count, encoding, after_id)] = await _execute_async(conn, schema, "copy_setting", {})
+        [(shard_count, encoding, ids, after_id)] = await _execute_async(
+            conn, schema, *copy_setting(items)
+        )
         if encoding != "UTF8":
             return None
-        stream = Stream(items, self.config, current_trace_headers(), shard_count)
-        query = db.query("outbox", "copy_rows", schema)
+        stream = Stream(items, self.config, current_trace_headers(), shard_count, ids)
+        query = db.query("outbox", stream.query_name, schema)
         try:
             if not await db.copy_rows_async(conn, query, stream):
                 return None
@@ -301,9 +304,9 @@ class Outbox:
             await db.rollback_to_savepoint_async(conn)
             return None
         plan = stream.plan()
-        ids = CopiedIds(plan, after_id)
-        while (ids_query := ids.statement()) is not None:
-            ids.take(await _execute_async(conn, schema, *ids_query))
+        read_back = CopiedIds(plan, after_id)  # only if the identity numbered the rows
+        while (statement := read_back.statement()) is not None:
+            read_back.take(await _execute_async(conn, schema, *statement))
         statement = notify_statement(plan, stream.shards, notified)
         if statement is not None:
             take_notified(plan, await _execute_async(conn, schema, *statement))

@@ -94,10 +94,13 @@ def test_copy_writes_what_insert_writes(engine: sa.Engine) -> None:
     assert len({r.xact_id for r in found}) == 1
 
 
-def test_ids_are_read_back_when_a_sequence_cache_hands_out_lower_ones(engine: sa.Engine) -> None:
-    """The ids are read back as the range above the highest id seen before the COPY; with a
-    sequence cache, this session's ids can lie below another session's committed row. Then
-    the writer reads them back by event id: the same results either way."""
+def test_ids_follow_input_order_with_a_sequence_cache_and_other_sessions(
+    engine: sa.Engine,
+) -> None:
+    """The COPY's ids are taken from the identity before it and sent with the rows. With a
+    sequence cache, this session's ids can lie below another session's committed row: each row
+    still has the id it was stored with, increasing in input order, and folded repeats take
+    none."""
 
     def cache(size: int) -> None:
         with engine.begin() as conn:
@@ -110,16 +113,20 @@ def test_ids_are_read_back_when_a_sequence_cache_hands_out_lower_ones(engine: sa
             mine.commit()
             [theirs] = INSERTING.add_many(other, batch(1, "b"))  # the next 50: above ours
             other.commit()
-            copied = COPYING.add_many(mine, batch(20, "c"))
+            items = batch(30, "c")
+            copied = COPYING.add_many(mine, items + items[:10])  # 10 repeats, folded
             mine.commit()
     finally:
         cache(1)
     assert first.id is not None
     assert theirs.id is not None
-    assert [w.id for w in copied] == list(range(first.id + 1, first.id + 21))
-    assert all(w.id < theirs.id for w in copied)  # so the range read-back found none
+    ids = [w.id for w in copied]
+    assert ids[:30] == list(range(first.id + 1, first.id + 31))  # below theirs: the cache
+    assert [w.duplicate for w in copied] == [False] * 30 + [True] * 10  # folded, no row
+    assert [w.event_id for w in copied[30:]] == [w.event_id for w in copied[:10]]
     by_event_id = {r.event_id: r.id for r in stored(engine)}
-    assert [by_event_id[w.event_id] for w in copied] == [w.id for w in copied]
+    assert len(by_event_id) == 2 + 30  # first, theirs and the copied rows
+    assert [by_event_id[w.event_id] for w in copied[:30]] == ids[:30]
 
 
 def test_taken_keys_fall_back_to_insert_with_the_same_answers(engine: sa.Engine) -> None:

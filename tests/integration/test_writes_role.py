@@ -2,17 +2,21 @@
 
 The grants are those of docs/writes.md ("Database role"): INSERT of the written columns, SELECT
 of the columns RETURNING and the idempotency re-read use, SELECT of the shard count, EXECUTE of
-the shard function. No DELETE, no UPDATE, no sequence, no payloads of other writers' rows.
+the shard function. No DELETE, no UPDATE, no payloads of other writers' rows. With them alone the
+role cannot choose ids, and add_many's COPY path reads the ids back; with INSERT of ``id`` and
+USAGE of its sequence as well (what ``outboxkit migrate grants`` gives), it sends them.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from outboxkit import outbox as outbox_module
 from outboxkit.errors import IdempotencyKeyConflictError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox
@@ -30,17 +34,25 @@ GRANT INSERT (event_id, idempotency_key, content_digest, topic, message_key, pay
 GRANT SELECT (id, event_id, idempotency_key, content_digest, shard, xact_id)
     ON outboxkit.outbox_message TO {role};
 """
+HAS_ID_GRANTS = """SELECT has_column_privilege('outboxkit.outbox_message', 'id', 'INSERT')
+    AND has_sequence_privilege('outboxkit.outbox_message_id_seq', 'USAGE')"""
+IDS = """
+GRANT INSERT (id) ON outboxkit.outbox_message TO {role};
+GRANT USAGE ON SEQUENCE outboxkit.outbox_message_id_seq TO {role};
+"""
 
 
-@pytest.fixture
-def app_engine(sa_url: str) -> Iterator[sa.Engine]:
-    """An engine whose connections act as a fresh role holding only the documented grants."""
+@pytest.fixture(params=["documented", "with ids"])
+def app_engine(sa_url: str, request: pytest.FixtureRequest) -> Iterator[sa.Engine]:
+    """An engine whose connections act as a fresh role holding only the documented grants
+    (and, the second time, those that let add_many's COPY send the ids)."""
     role = f"app_{uuid.uuid4().hex[:10]}"
+    grants = GRANTS + (IDS if request.param == "with ids" else "")
     admin = sa.create_engine(sa_url)
     with admin.begin() as conn:
         conn.execute(sa.text(f"CREATE ROLE {role} NOLOGIN"))
         conn.execute(sa.text("REVOKE EXECUTE ON FUNCTION outboxkit.outbox_shard FROM PUBLIC"))
-        for statement in GRANTS.format(role=role).split(";"):
+        for statement in grants.format(role=role).split(";"):
             if statement.strip():
                 conn.execute(sa.text(statement))
     engine = sa.create_engine(sa_url)
@@ -61,8 +73,16 @@ def app_engine(sa_url: str) -> Iterator[sa.Engine]:
 
 @pytest.mark.parametrize("notify", [True, False])
 def test_every_write_path_works_under_the_application_role(
-    app_engine: sa.Engine, notify: bool
+    app_engine: sa.Engine, notify: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    statements: list[str] = []
+    execute = outbox_module._execute
+
+    def recording(conn: sa.Connection, schema: str, name: str, params: dict[str, Any]) -> Any:
+        statements.append(name)
+        return execute(conn, schema, name, params)
+
+    monkeypatch.setattr(outbox_module, "_execute", recording)
     outbox = Outbox(notify=notify)
     copying = Outbox(notify=notify, copy_min_rows=2)  # add_many's COPY path from 2 rows on
     with app_engine.begin() as conn:
@@ -78,6 +98,11 @@ def test_every_write_path_works_under_the_application_role(
         assert [r.duplicate for r in many] == [False, True]
         copied = copying.add_many(conn, [Message("t", b"5"), Message("t", b"6")])
         assert [r.duplicate for r in copied] == [False, False]
+        query = sa.text("SELECT event_id, id FROM outboxkit.outbox_message")
+        stored: dict[uuid.UUID, int] = dict(list(conn.execute(query)))
+        assert [stored[r.event_id] for r in copied] == [r.id for r in copied]
+        read_back = "copied_ids" in statements  # how the COPY path learnt the ids
+        assert read_back == (not conn.execute(sa.text(HAS_ID_GRANTS)).scalar())
         fell_back = copying.add_many(  # "a" is taken: the COPY fails, ON CONFLICT decides
             conn, [Message("t", b"7"), Message("t", b"1", idempotency_key="a")]
         )

@@ -191,7 +191,7 @@ def test_hostile_fields_are_refused_typed_on_every_path(
         prepare(item, config)
     with pytest.raises(ValidationError, match=problem):
         Outbox(config)._plan_many([Message("orders", {"a": 0}), item])
-    stream = Stream([Message("orders", {"a": 0})] * 150 + [item], config, {}, 1)
+    stream = Stream([Message("orders", {"a": 0})] * 150 + [item], config, {}, 1, range(151))
     with pytest.raises(ValidationError, match=problem):
         list(stream)
 

@@ -102,22 +102,45 @@ SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
 
 -- name: copy_setting
 -- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard
--- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY); and the
--- highest id this transaction sees, below every id the COPY will take (see copied_ids).
+-- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY). Then
+-- the ids: when the role may write the id column (and take values of its sequence), :rows ids
+-- from the identity in increasing order, which the COPY writes in input order, so nothing is
+-- read back; ids not used (folded repeats, a failed COPY) are gaps, as after any rollback.
+-- Otherwise (a role that cannot choose ids) the highest id this transaction sees, below every
+-- id the COPY will take (see copied_ids). Only the branch taken runs its subquery.
 SELECT shard_count, current_setting('server_encoding'),
-       (SELECT coalesce(max(id), 0) FROM {schema}.outbox_message)
-FROM {schema}.outbox_setting;
+       CASE WHEN privileged THEN
+           (SELECT array_agg(n.id ORDER BY n.id)
+            FROM (SELECT nextval('{schema}.outbox_message_id_seq') AS id
+                  FROM generate_series(1, CAST(:rows AS integer))) AS n)
+       END,
+       CASE WHEN NOT privileged THEN
+           (SELECT coalesce(max(id), 0) FROM {schema}.outbox_message)
+       END
+FROM {schema}.outbox_setting,
+     LATERAL (SELECT has_sequence_privilege('{schema}.outbox_message_id_seq', 'USAGE')
+                     AND has_column_privilege('{schema}.outbox_message', 'id', 'INSERT')
+                     AS privileged) AS p;
 
 -- name: copy_rows
 -- add_many of many rows: a COPY straight into the table (no ON CONFLICT: a taken key or event
 -- id fails it, the caller rolls back to its savepoint and inserts with ON CONFLICT instead).
+-- The ids come from copy_setting (COPY may write an identity column GENERATED ALWAYS).
+COPY {schema}.outbox_message (
+    event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
+    headers, event_type, schema_version, aggregate_type, aggregate_id, deliver_after, shard, id
+) FROM STDIN;
+
+-- name: copy_rows_default_ids
+-- copy_rows for a role that may not write ids: the identity numbers the rows, copied_ids reads
+-- them back.
 COPY {schema}.outbox_message (
     event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
     headers, event_type, schema_version, aggregate_type, aggregate_id, deliver_after, shard
 ) FROM STDIN;
 
 -- name: copied_ids
--- The ids of the rows just copied (COPY returns nothing), in input order: the identity hands
+-- The ids of the rows just copied by copy_rows_default_ids, in input order: the identity hands
 -- this session increasing values, all above :after_id (read before the COPY), and rows of
 -- other transactions in that range have another xact_id. One short primary-key range scan. The
 -- caller checks the count: a sequence cache above 1 could have handed us lower ids, and then it
