@@ -203,6 +203,8 @@ class Outbox:
         self, conn: Connection, items: list[Writable], notified: tuple[str | None, list[int]]
     ) -> Plan | None:
         schema = self.config.schema
+        if not db.can_copy(conn):
+            return None
         [(shard_count, encoding, ids, after_id)] = _execute(conn, schema, *copy_setting(items))
         if encoding != "UTF8":
             return None
@@ -290,6 +292,8 @@ class Outbox:
         self, conn: AsyncConnection, items: list[Writable], notified: tuple[str | None, list[int]]
     ) -> Plan | None:
         schema = self.config.schema
+        if not await db.can_copy_async(conn):
+            return None
         [(shard_count, encoding, ids, after_id)] = await _execute_async(
             conn, schema, *copy_setting(items)
         )

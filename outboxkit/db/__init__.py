@@ -17,7 +17,7 @@ from outboxkit.db.connect import (
     sqlalchemy_url,
     url_problem,
 )
-from outboxkit.db.copy import copy_rows, copy_rows_async
+from outboxkit.db.copy import can_copy, can_copy_async, copy_rows, copy_rows_async
 from outboxkit.db.execute import (
     AsyncTarget,
     Result,
@@ -46,6 +46,8 @@ __all__ = [
     "Result",
     "SyncTarget",
     "Url",
+    "can_copy",
+    "can_copy_async",
     "checked_url",
     "connect",
     "connect_async",

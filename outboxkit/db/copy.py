@@ -26,6 +26,23 @@ def _check(query: Query) -> None:
         raise TypeError(f"outboxkit {query.area}.{query.name}: not a parameterless COPY")
 
 
+def can_copy(target: SyncTarget) -> bool:
+    """Whether :func:`copy_rows` can COPY on this target (psycopg underneath): asked first, so
+    that nothing is prepared, and no id taken, for a COPY that would not happen."""
+    if isinstance(target, psycopg.Connection):
+        return True
+    conn = target.connection() if isinstance(target, Session) else target
+    return isinstance(conn.connection.driver_connection, psycopg.Connection)
+
+
+async def can_copy_async(target: AsyncTarget) -> bool:
+    """:func:`can_copy` for async targets."""
+    if isinstance(target, psycopg.AsyncConnection):
+        return True
+    conn = await target.connection() if isinstance(target, AsyncSession) else target
+    return isinstance((await conn.get_raw_connection()).driver_connection, psycopg.AsyncConnection)
+
+
 def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     """COPY ``rows`` with ``query`` (``COPY .. FROM STDIN``); False, having sent nothing, when
     the connection's driver is not psycopg."""

@@ -135,3 +135,49 @@ def test_every_write_path_works_under_the_application_role(
 def test_the_application_role_can_do_nothing_else(app_engine: sa.Engine, statement: str) -> None:
     with app_engine.connect() as conn, pytest.raises(sa.exc.ProgrammingError, match="denied"):
         conn.execute(sa.text(statement))
+
+
+@pytest.mark.parametrize("app_engine", ["documented"], indirect=True)
+def test_a_role_that_cannot_choose_ids_reads_them_back_by_event_id_past_a_sequence_cache(
+    app_engine: sa.Engine, sa_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the id grants the COPY's ids are read back as the range above the highest id
+    seen before it; with a sequence cache this session's ids can lie below another session's
+    committed row, the range comes back short, and the ids are read back by event id."""
+    statements: list[str] = []
+    execute = outbox_module._execute
+
+    def recording(conn: sa.Connection, schema: str, name: str, params: dict[str, Any]) -> Any:
+        statements.append(name)
+        return execute(conn, schema, name, params)
+
+    monkeypatch.setattr(outbox_module, "_execute", recording)
+    admin = sa.create_engine(sa_url)
+
+    def cache(size: int) -> None:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE outboxkit.outbox_message ALTER id SET CACHE {size}"))
+
+    outbox, copying = Outbox(), Outbox(copy_min_rows=2)
+    cache(50)
+    try:
+        with app_engine.connect() as mine, app_engine.connect() as other:
+            first = outbox.add(mine, Message("t", b"a"))  # takes a cache of 50 ids
+            mine.commit()
+            theirs = outbox.add(other, Message("t", b"b"))  # the next 50: above ours
+            other.commit()
+            copied = copying.add_many(mine, [Message("t", str(i).encode()) for i in range(20)])
+            mine.commit()
+    finally:
+        cache(1)
+        admin.dispose()
+    assert first.id is not None
+    assert theirs.id is not None
+    assert [w.id for w in copied] == list(range(first.id + 1, first.id + 21))
+    assert all(w.id is not None and w.id < theirs.id for w in copied)  # range found none
+    assert statements.count("copied_ids") == 1
+    assert statements.count("copied_ids_by_event_id") == 1
+    with app_engine.connect() as conn:
+        query = sa.text("SELECT event_id, id FROM outboxkit.outbox_message")
+        stored: dict[uuid.UUID, int] = dict(list(conn.execute(query)))
+    assert [stored[w.event_id] for w in copied] == [w.id for w in copied]

@@ -107,7 +107,8 @@ SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
 -- from the identity in increasing order, which the COPY writes in input order, so nothing is
 -- read back; ids not used (folded repeats, a failed COPY) are gaps, as after any rollback.
 -- Otherwise (a role that cannot choose ids) the highest id this transaction sees, below every
--- id the COPY will take (see copied_ids). Only the branch taken runs its subquery.
+-- id the COPY will take (see copied_ids). Only the branch taken runs its subquery, and no id is
+-- taken on a database the COPY path does not serve (not UTF8).
 SELECT shard_count, current_setting('server_encoding'),
        CASE WHEN privileged THEN
            (SELECT array_agg(n.id ORDER BY n.id)
@@ -120,6 +121,7 @@ SELECT shard_count, current_setting('server_encoding'),
 FROM {schema}.outbox_setting,
      LATERAL (SELECT has_sequence_privilege('{schema}.outbox_message_id_seq', 'USAGE')
                      AND has_column_privilege('{schema}.outbox_message', 'id', 'INSERT')
+                     AND current_setting('server_encoding') = 'UTF8'
                      AS privileged) AS p;
 
 -- name: copy_rows
