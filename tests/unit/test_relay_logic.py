@@ -339,3 +339,86 @@ def test_produce_requests_have_the_same_headers_for_every_shape_of_row() -> None
         ProduceRequest(r.topic, r.key.encode() if r.key else None, r.payload, r.kafka_headers())
         for r in records
     ]
+
+
+class _Timeline:
+    """A store, a topic gate and a producer that write down, in order, what the publisher did:
+    when its claims ran against its Kafka send and commit."""
+
+    def __init__(self, transactional: bool, claimed: int) -> None:
+        self.transactional, self.claimed, self.events = transactional, claimed, []  # type: ignore[var-annotated]
+
+    async def claim(self, conn: object, shard: int, limit: int, in_flight: object) -> list[object]:
+        self.events.append("claim")
+        return list(_rows(self.claimed))
+
+    async def mark_published(self, *args: object, delete: bool) -> None:
+        self.events.append("mark")
+
+    async def sendable(
+        self, term: object, conn: object, producer: object, claim: list[object]
+    ) -> list[object]:
+        return claim
+
+    async def begin(self) -> None:
+        self.events.append("begin")
+
+    async def _step(self, name: str) -> None:
+        self.events.append(f"{name} starts")
+        for _ in range(5):  # the client's thread works; the loop runs other tasks meanwhile
+            await asyncio.sleep(0)
+        self.events.append(f"{name} returns")
+
+    async def send(self, requests: list[object]) -> list[object]:
+        await self._step("send")
+        return [type("Delivered", (), {"error": None})() for _ in requests]
+
+    async def commit(self) -> None:
+        await self._step("commit")
+
+
+class _Term:
+    token = 1
+
+    def check(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("transactional", "claimed", "settings", "overlaps"),
+    [
+        # Exactly-once, no backlog (a short claim): the next transaction's first claim waits
+        # for the deliveries and runs during the commit, so it sees rows written meanwhile.
+        (True, 3, {}, "commit"),
+        # Under backlog (a full claim; one claim per transaction) it overlaps the send.
+        (True, 10, {"transaction_max_ms": 0}, "send"),
+        # At-least-once has no commit to overlap: the claim overlaps the send.
+        (False, 3, {}, "send"),
+    ],
+)
+def test_the_next_claim_overlaps_the_send_under_backlog_and_the_commit_when_idle(
+    transactional: bool, claimed: int, settings: dict[str, int], overlaps: str
+) -> None:
+    config = RelaySettings(batch_size=10, max_batch_size=10, **settings)  # type: ignore[arg-type]
+    publisher = _publisher(config)
+    timeline = _Timeline(transactional, claimed)
+    publisher._store = timeline  # type: ignore[assignment]
+    publisher._gate = timeline  # type: ignore[assignment]
+    first = _rows(claimed)
+    publisher._sizer.observe(10, first)
+
+    async def one_transaction() -> list[object]:
+        _, following = await publisher.publish(_Term(), None, timeline, first)  # type: ignore[arg-type]
+        await publisher.settle_mark()
+        return following  # type: ignore[return-value]
+
+    following = asyncio.run(one_transaction())
+    events = timeline.events
+    assert len(following) == claimed  # the next transaction's first claim, handed back
+    assert events.count("claim") == 1
+    claim = events.index("claim")
+    if overlaps == "commit":  # after every delivery, on the wire before the commit
+        assert events.index("send returns") < claim < events.index("commit starts")
+    else:  # on the wire before the send
+        assert claim < events.index("send starts")
+    assert events[-1] == "mark"
