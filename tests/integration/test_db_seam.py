@@ -351,7 +351,12 @@ def test_every_statement_prepares_on_the_real_schema(outboxkit_db_url: str) -> N
         q for a in AREAS for q in db.queries(a, "outboxkit").values()
         if q.text.lstrip().upper().startswith(("LISTEN", "LOCK", "COPY"))
     ]  # fmt: skip
-    assert sorted(q.name for q in utility) == ["copy_rows", "listen", "shards_lock_table"]
+    assert sorted(q.name for q in utility) == [
+        "copy_rows",
+        "copy_rows_default_ids",
+        "listen",
+        "shards_lock_table",
+    ]
     assert len(inferred) == sum(len(db.queries(a, "outboxkit")) for a in AREAS) - len(utility)
     for name, types in inferred.items():
         assert "unknown" not in types, name
