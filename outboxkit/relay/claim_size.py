@@ -29,9 +29,12 @@ class ClaimSizer:
         self.size = low
         self.full = False  # the last claim came back full (rows or bytes): there is a backlog
 
-    def observe(self, asked: int, claim: Sequence[_Sized]) -> None:
-        """Record one claim that asked for ``asked`` rows and returned ``claim``."""
+    def observe(self, asked: int, claim: Sequence[_Sized], *, grow: bool = True) -> None:
+        """Record one claim that asked for ``asked`` rows and returned ``claim``; with
+        ``grow=False`` only whether it came back full (the size stays)."""
         self.full = len(claim) >= asked or self._cut_by_bytes(claim)
+        if not grow:
+            return
         if self.full:
             self.size = min(self.high, self.size * 2)
         else:

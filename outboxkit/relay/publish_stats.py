@@ -18,7 +18,9 @@ class PublishStats:
     rows: int = 0
     # Seconds the publishing loop spent awaiting each stage (the others overlap with it).
     send: float = 0.0  # records handed to the client until every delivery is confirmed
-    claim_wait: float = 0.0  # the next claim still running after the send finished
+    # The next claim still running after the send finished (or, when it was deferred, after
+    # the commit: exactly-once without a backlog).
+    claim_wait: float = 0.0
     commit: float = 0.0  # commit_transaction (exactly-once)
     _since: float = field(default_factory=time.monotonic)
 

@@ -100,10 +100,11 @@ class BatchPublisher:
         """Claim pending rows (``limit``, default ``self.limit``) and adapt the next size."""
         asked = self.limit if limit is None else limit
         found = await self._store.claim(conn, self.shard, asked, in_flight)
-        if self._isolate_remaining == 0 and self._one_claim_transactions == 0:
-            # Not while a failed transaction is retried or isolated: those claims are small on
-            # purpose, and growing from them would put the bad row back into a large claim.
-            self._sizer.observe(asked, found)
+        # No growth while a failed transaction is retried or isolated: those claims are small
+        # on purpose, and growing from them would put the bad row back into a large claim.
+        self._sizer.observe(
+            asked, found, grow=self._isolate_remaining == 0 and self._one_claim_transactions == 0
+        )
         if found:
             self.stats.claims += 1
             self.stats.largest_claim = max(self.stats.largest_claim, len(found))
@@ -270,23 +271,25 @@ class BatchPublisher:
                 await _retrieve(next_claim)
             raise
         self.stats.commit += time.monotonic() - clock
-        if next_claim is not None:  # the deferred first claim of the next transaction
-            clock = time.monotonic()
-            following = await next_claim
-            self.stats.claim_wait += time.monotonic() - clock
-            term.check()
         self.stats.transactions += 1
         self.stats.rows += len(carried)
         if self._one_claim_transactions > 0:
             self._one_claim_transactions -= 1
         ids = [i for i, _ in carried]
+        if self._isolate_remaining > 0:
+            self._isolate_remaining -= len(ids)
+        self._metrics.published.labels(self._label).inc(len(ids))
+        # Committed and counted: should the deferred claim fail now, the checkpoint of this
+        # transaction is what a new producer life (or a successor) reconciles before claiming.
+        if next_claim is not None:  # the deferred first claim of the next transaction
+            clock = time.monotonic()
+            following = await next_claim
+            self.stats.claim_wait += time.monotonic() - clock
+            term.check()
         # The mark runs while the next transaction goes to Kafka; it is awaited before that
         # one's commit. Yield once so its statement is on the wire before the next CPU work.
         self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
         await asyncio.sleep(0)
-        if self._isolate_remaining > 0:
-            self._isolate_remaining -= len(ids)
-        self._metrics.published.labels(self._label).inc(len(ids))
         self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)
         return Outcome.PUBLISHED, following if last else []
 

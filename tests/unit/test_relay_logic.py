@@ -345,11 +345,15 @@ class _Timeline:
     """A store, a topic gate and a producer that write down, in order, what the publisher did:
     when its claims ran against its Kafka send and commit."""
 
-    def __init__(self, transactional: bool, claimed: int) -> None:
-        self.transactional, self.claimed, self.events = transactional, claimed, []  # type: ignore[var-annotated]
+    def __init__(self, transactional: bool, claimed: int, fails: str | None = None) -> None:
+        self.transactional, self.claimed, self.fails = transactional, claimed, fails
+        self.events: list[str] = []
 
     async def claim(self, conn: object, shard: int, limit: int, in_flight: object) -> list[object]:
         self.events.append("claim")
+        await asyncio.sleep(0)
+        if self.fails == "claim":
+            raise PublishError("the claim failed")
         return list(_rows(self.claimed))
 
     async def mark_published(self, *args: object, delete: bool) -> None:
@@ -375,6 +379,8 @@ class _Timeline:
 
     async def commit(self) -> None:
         await self._step("commit")
+        if self.fails == "commit":
+            raise PublishError("the commit failed")
 
 
 class _Term:
@@ -422,3 +428,33 @@ def test_the_next_claim_overlaps_the_send_under_backlog_and_the_commit_when_idle
     else:  # on the wire before the send
         assert claim < events.index("send starts")
     assert events[-1] == "mark"
+
+
+@pytest.mark.parametrize("fails", ["commit", "claim"])
+def test_a_failure_around_a_deferred_claim_surfaces_and_leaves_no_task_behind(fails: str) -> None:
+    """The deferred claim runs during the commit. A failed commit waits for it before raising
+    (the connection is free again, its outcome retrieved); a claim failing after the commit
+    raises too, with the committed transaction already counted (its checkpoint is what the
+    next producer life reconciles)."""
+    publisher = _publisher(RelaySettings(batch_size=10, max_batch_size=10))
+    timeline = _Timeline(True, 3, fails)
+    publisher._store = timeline  # type: ignore[assignment]
+    publisher._gate = timeline  # type: ignore[assignment]
+    first = _rows(3)
+    publisher._sizer.observe(10, first)
+    unretrieved: list[object] = []
+
+    async def one_transaction() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: unretrieved.append(context)
+        )
+        with pytest.raises(PublishError, match=f"the {fails} failed"):
+            await publisher.publish(_Term(), None, timeline, first)  # type: ignore[arg-type]
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert tasks == []  # nothing left running on the shard's connection
+
+    asyncio.run(one_transaction())
+    assert unretrieved == []
+    assert "claim" in timeline.events
+    assert "mark" not in timeline.events  # no mark after a failure: reconciled instead
+    assert publisher.stats.transactions == (1 if fails == "claim" else 0)
