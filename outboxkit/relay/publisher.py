@@ -200,10 +200,9 @@ class BatchPublisher:
             claim_next = functools.partial(
                 self._claim, conn, previous_mark if first else None, limit, in_flight
             )
-            # Without a backlog the next transaction's first claim waits until these records
-            # are delivered and then runs during the commit: it takes the rows written while
-            # they went out, which a claim at the start of the send would leave for one more
-            # transaction. Under backlog (full claims) it overlaps the send, for throughput.
+            # Without a backlog the next transaction's first claim waits for these deliveries
+            # and runs during the commit: it takes the rows written meanwhile, which a claim now
+            # would leave for one more transaction. Under backlog it overlaps the send.
             deferred = last and producer.transactional and not self._sizer.full
             next_claim = None if deferred else asyncio.create_task(claim_next())
             stats = self.stats
@@ -279,8 +278,7 @@ class BatchPublisher:
         if self._isolate_remaining > 0:
             self._isolate_remaining -= len(ids)
         self._metrics.published.labels(self._label).inc(len(ids))
-        # Committed and counted: should the deferred claim fail now, the checkpoint of this
-        # transaction is what a new producer life (or a successor) reconciles before claiming.
+        # Counted first: should the deferred claim fail, its checkpoint is reconciled instead.
         if next_claim is not None:  # the deferred first claim of the next transaction
             clock = time.monotonic()
             following = await next_claim

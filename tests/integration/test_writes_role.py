@@ -71,18 +71,24 @@ def app_engine(sa_url: str, request: pytest.FixtureRequest) -> Iterator[sa.Engin
     admin.dispose()
 
 
-@pytest.mark.parametrize("notify", [True, False])
-def test_every_write_path_works_under_the_application_role(
-    app_engine: sa.Engine, notify: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    statements: list[str] = []
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the writer's statements, in the order it runs them."""
+    names: list[str] = []
     execute = outbox_module._execute
 
     def recording(conn: sa.Connection, schema: str, name: str, params: dict[str, Any]) -> Any:
-        statements.append(name)
+        names.append(name)
         return execute(conn, schema, name, params)
 
     monkeypatch.setattr(outbox_module, "_execute", recording)
+    return names
+
+
+@pytest.mark.parametrize("notify", [True, False])
+def test_every_write_path_works_under_the_application_role(
+    app_engine: sa.Engine, notify: bool, statements: list[str]
+) -> None:
     outbox = Outbox(notify=notify)
     copying = Outbox(notify=notify, copy_min_rows=2)  # add_many's COPY path from 2 rows on
     with app_engine.begin() as conn:
@@ -139,19 +145,11 @@ def test_the_application_role_can_do_nothing_else(app_engine: sa.Engine, stateme
 
 @pytest.mark.parametrize("app_engine", ["documented"], indirect=True)
 def test_a_role_that_cannot_choose_ids_reads_them_back_by_event_id_past_a_sequence_cache(
-    app_engine: sa.Engine, sa_url: str, monkeypatch: pytest.MonkeyPatch
+    app_engine: sa.Engine, sa_url: str, statements: list[str]
 ) -> None:
     """Without the id grants the COPY's ids are read back as the range above the highest id
     seen before it; with a sequence cache this session's ids can lie below another session's
     committed row, the range comes back short, and the ids are read back by event id."""
-    statements: list[str] = []
-    execute = outbox_module._execute
-
-    def recording(conn: sa.Connection, schema: str, name: str, params: dict[str, Any]) -> Any:
-        statements.append(name)
-        return execute(conn, schema, name, params)
-
-    monkeypatch.setattr(outbox_module, "_execute", recording)
     admin = sa.create_engine(sa_url)
 
     def cache(size: int) -> None:
