@@ -209,8 +209,9 @@ class RelaySettings(BaseSettings):
     # A claim also stops at this many payload bytes (always at least one row): bounds memory.
     max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=MAX_BATCH_BYTES)
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
-    # transaction markers while the other works). Lower it only with the relay stopped cleanly.
-    producers_per_shard: int = Field(1, ge=1, le=4)
+    # transaction markers while the other works; docs/tuning.md has the figures behind 2).
+    # Lower it only with every relay of the group stopped cleanly.
+    producers_per_shard: int = Field(2, ge=1, le=4)
     # Under backlog one Kafka transaction (at-least-once: one database mark) carries several
     # claims, up to this many rows or until this many milliseconds passed since its first claim;
     # a claim that comes back short ends it at once, so an idle relay still sends each row
