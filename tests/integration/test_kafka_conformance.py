@@ -82,6 +82,64 @@ async def test_idempotent_send_acknowledges_in_order_with_headers(
     assert got[3].headers == {"event-id": "3"}
 
 
+@pytest.mark.parametrize("transactional", [False, True])
+async def test_a_send_larger_than_one_batch_per_partition_keeps_each_partitions_order(
+    producers: ProducerFactory,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    transactional: bool,
+) -> None:
+    """Over 300 KiB per partition and two topics in one send (a claim and its checkpoint):
+    every record acknowledged with its own offset, each partition read back in send order."""
+    topic, other = outboxkit_topic(partitions=2), outboxkit_topic()
+    producer = producers(_txn_id() if transactional else None)
+    await producer.start()
+    if transactional:
+        await producer.begin()
+    padding = b"p" * 1024
+    requests = [
+        ProduceRequest(topic, f"key-{n % 7}".encode(), b"%d:" % n + padding, [("n", b"%d" % n)])
+        for n in range(700)
+    ]
+    requests.insert(350, ProduceRequest(other, b"checkpoint", b"c", ()))
+    deliveries = await producer.send(requests)
+    if transactional:
+        await producer.commit()
+    assert all(d.error is None for d in deliveries), deliveries
+    by_partition: dict[int | None, list[int]] = {}
+    for request, delivery in zip(requests, deliveries, strict=True):
+        if request.topic == topic:
+            assert delivery.offset is not None
+            by_partition.setdefault(delivery.partition, []).append(delivery.offset)
+    assert len(by_partition) == 2
+    for offsets in by_partition.values():
+        assert offsets == sorted(offsets)
+        assert len(set(offsets)) == len(offsets)
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=700, quiet=0.5)
+    assert len(got) == 700
+    for partition in (0, 1):
+        numbers = [int(r.value.split(b":")[0]) for r in got if r.partition == partition]
+        assert numbers == sorted(numbers)
+    assert [r.value for r in consume(outboxkit_kafka_bootstrap, other, expect=1)] == [b"c"]
+
+
+async def test_a_record_above_the_request_size_fails_alone(
+    producers: ProducerFactory, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    """Refused before it is sent (both clients cap a request at 1 MiB); the rest go out."""
+    topic = outboxkit_topic()
+    producer = producers()
+    await producer.start()
+    requests = _requests(topic, "k", 3)
+    requests.insert(1, ProduceRequest(topic, b"k", b"x" * (1024 * 1024 + 1)))
+    deliveries = await producer.send(requests)
+    assert deliveries[1].error is not None
+    assert deliveries[1].error.kind is ErrorKind.PERMANENT, deliveries[1].error
+    assert [d.error for d in deliveries[:1] + deliveries[2:]] == [None, None, None]
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=3, quiet=0.5)
+    assert [r.value for r in got] == [b"k-0", b"k-1", b"k-2"]
+
+
 async def test_transaction_commit_is_visible_and_abort_is_not(
     producers: ProducerFactory, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
 ) -> None:
