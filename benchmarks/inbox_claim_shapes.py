@@ -21,22 +21,19 @@ event (from /proc), variants alternating round by round. Benchmark code, not par
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from consumer import HISTORY_SQL, scratch_database
 
 from outboxkit.db.migrator import upgrade
 from outboxkit.db.queries import query
 from outboxkit.devstack import DevStack
-from outboxkit.devstack.postgres import database_url_with
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "10"))
 BATCHES = int(os.environ.get("BENCH_BATCHES", "60"))
@@ -47,13 +44,6 @@ SCHEMA = "outboxkit"
 CLAIM = query("inbox", "claim_batch", SCHEMA).psycopg_binary
 MARK = query("inbox", "mark_succeeded_batch", SCHEMA).psycopg_binary
 
-HISTORY_SQL = """
-INSERT INTO outboxkit.inbox_message
-    (consumer, event_id, content_digest, event_type, state, attempts, lease_owner, lease_token,
-     topic, kafka_partition, kafka_offset, finished_at)
-SELECT 'history', 'h' || g, '\\x00', 'charged', 'succeeded', 1, 'o', g, 'old', 0, g, now()
-FROM generate_series(1, %(rows)s) AS g
-"""
 MARKER_TABLE = """
 CREATE TABLE outboxkit.bench_inbox_batch (
     consumer text, topic text, kafka_partition integer, first_offset bigint, last_offset bigint,
@@ -143,19 +133,6 @@ def optimistic(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
 
 
 VARIANTS = {"current": current, "optimistic": optimistic}
-
-
-@contextlib.contextmanager
-def scratch_database(server_url: str) -> Iterator[str]:
-    name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield database_url_with(server_url, name)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
 
 
 def main() -> None:
