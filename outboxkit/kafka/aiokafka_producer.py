@@ -30,6 +30,14 @@ def raise_for(exc: BaseException, what: str) -> None:
     raise PublishError(f"{what}: {_name(exc)}: {exc}") from exc
 
 
+def _refused(exc: KafkaError, what: str) -> RecordError:
+    """A client error for one record or batch: a fenced producer raises, anything else is that
+    record's error."""
+    if classify(_name(exc)) is ErrorKind.FENCED:
+        raise_for(exc, what)
+    return RecordError(_name(exc), str(exc))
+
+
 def _unusable(exc: AssertionError, what: str) -> PublishError:
     """aiokafka checks its transaction state machine with ``assert``: after a fatal error (seen
     during a broker restart) ``abort_transaction`` fails with "Invalid state transition
@@ -219,6 +227,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                 await asyncio.wait_for(producer.stop(), self._timeout)
 
 
+# Delivery is a NamedTuple: tuple.__new__ skips its keyword-handling __new__ (once per record).
 _new = tuple.__new__
 _BATCH_BYTES = 256 * 1024  # a batch the producer builds itself (aiokafka's default is 16 KiB)
 _NOT_SENT = RecordError("KafkaError", "the record could not be added to a batch")
@@ -231,9 +240,7 @@ async def _topic_partitions(
     try:
         every = list(await producer.partitions_for(topic))
     except KafkaError as exc:
-        if classify(_name(exc)) is ErrorKind.FENCED:
-            raise_for(exc, "send failed")
-        return RecordError(_name(exc), str(exc))
+        return _refused(exc, "send failed")
     available = list(producer.client.cluster.available_partitions_for_topic(topic))
     return every, available, {}
 
@@ -259,7 +266,5 @@ async def _submit(
     try:
         future: asyncio.Future[Any] = await producer.send_batch(builder, topic, partition=partition)
     except KafkaError as exc:
-        if classify(_name(exc)) is ErrorKind.FENCED:
-            raise_for(exc, "send failed")
-        return RecordError(_name(exc), str(exc))
+        return _refused(exc, "send failed")
     return future
