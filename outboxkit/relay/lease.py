@@ -69,6 +69,33 @@ class LeaseTerm:
         return {"group": self.group, "shard": self.shard, "token": self.token}
 
 
+def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> str:
+    """Explain a failed token check from the lease row (token, holder, expires_at, now).
+
+    The expired case names the clock gap on purpose: this process still trusting its term while
+    the database calls it expired means the database's wall clock moved faster than our
+    monotonic clock (a paused or restored VM, a clock step on the database host).
+    """
+    if row is None:
+        return "the lease row is gone"
+    token, holder, expires_at, now = row
+    if int(token) != term.token:
+        return f"taken over (token {token} now, held by {holder})"
+    if holder is None:
+        return "released"
+    if expires_at <= now:
+        ago = (now - expires_at).total_seconds()
+        trusted = term.trusted_until - term.clock()
+        if trusted > 0:
+            return (
+                f"expired by the database clock {ago:.1f}s ago while this process still trusted"
+                f" it for {trusted:.1f}s (the database's clock jumped ahead of ours: a paused or"
+                " restored VM, or a clock step)"
+            )
+        return f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
+    return "the token check failed, but the lease row is ours and unexpired now"
+
+
 class LeaseStore:
     """The lease SQL, on an autocommit connection of its own.
 

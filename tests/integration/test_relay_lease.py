@@ -112,3 +112,43 @@ async def test_retention_deletes_only_rows_older_than_the_window(outboxkit_db_ur
         assert await store.retention(conn, term, hour, 2, now=_later(hour + 1)) == 2  # batches
         assert await store.retention(conn, term, hour, 10, now=_later(hour + 1)) == 3
     assert row_states(outboxkit_db_url) == {}
+
+
+async def test_a_failed_token_check_says_why(outboxkit_db_url: str) -> None:
+    """Taken over, released, or expired by the database clock while still trusted here (what a
+    paused VM or a clock step on the database host produces): the error names which."""
+    set_shard_count(outboxkit_db_url, 1)
+    ids = insert_rows(outboxkit_db_url, "t", payloads("k", 1))
+    leases = LeaseStore("outboxkit")
+    store = ShardStore("outboxkit")
+    async with await _conn(outboxkit_db_url) as a, await _conn(outboxkit_db_url) as b:
+        old = await leases.acquire(a, "default", 0, "A", 30)
+        assert old is not None
+        new = await leases.acquire(b, "default", 0, "B", 30, now=_later(31))
+        assert new is not None
+        with pytest.raises(
+            LeaseLostError, match=rf"taken over \(token {new.token} now, held by B\)"
+        ):
+            await store.mark_published(a, old, ids, delete=False)
+
+        # The database clock runs ahead of this process's: the row expired 5 s ago by it.
+        await a.execute(
+            "UPDATE outboxkit.relay_lease SET expires_at = now() - interval '5 seconds'"
+            " WHERE relay_group = 'default' AND shard = 0"
+        )
+        assert new.held  # still trusted locally
+        with pytest.raises(
+            LeaseLostError, match=r"expired by the database clock 5\.\ds ago while this process"
+        ) as lost:
+            await store.mark_published(b, new, ids, delete=False)
+        assert "clock jumped ahead" in str(lost.value)
+        assert new.lost_reason is not None
+        assert "expired by the database clock" in new.lost_reason
+
+        third = await leases.acquire(a, "default", 0, "A", 30)
+        assert third is not None
+        assert await leases.release(a, third)
+        third.lost_reason = None  # as if the release had not been seen by this worker
+        with pytest.raises(LeaseLostError, match=r"lost during mark_published: released"):
+            await store.mark_published(a, third, ids, delete=False)
+    assert row_states(outboxkit_db_url) == {"pending": 1}

@@ -30,6 +30,12 @@ WHERE l.relay_group = :group AND l.shard = t.shard AND l.token = t.token
   AND l.holder = :holder AND l.expires_at > coalesce(CAST(:now AS timestamptz), now())
 RETURNING l.shard;
 
+-- name: lease_state
+-- Why a token check just failed, for the log: the shard's lease row and the database clock that
+-- the check (the _lease_held fragment) compared it with.
+SELECT token, holder, expires_at, now() FROM {schema}.relay_lease
+WHERE relay_group = :group AND shard = :shard;
+
 -- name: lease_release
 UPDATE {schema}.relay_lease
 SET holder = NULL, expires_at = now()
