@@ -4,6 +4,12 @@ The holder trusts its lease only until a *local monotonic* deadline: the moment 
 sent plus the TTL minus a safety margin. That deadline ends before the database can see the lease
 expire, so by the time a standby may take over, this process has already stopped publishing —
 whatever its wall clock says. Every relay write also re-checks the token in SQL (fencing).
+
+One case the monotonic clock alone misses: a paused virtual machine. Its monotonic clock stands
+still while paused and its wall clock is set forward on resume, while the database's clock ran
+on. So the deadline is judged on the monotonic clock *plus* any forward jump of the wall clock
+since the renewal was sent: a resumed relay stops at once instead of finding out at its next
+write's token check.
 """
 
 from __future__ import annotations
@@ -42,22 +48,47 @@ class LeaseTerm:
     trusted_until: float
     clock: Clock = field(default=time.monotonic, repr=False)
     lost_reason: str | None = None
+    wall: Clock = field(default=time.time, repr=False)
+    _offset: float = field(default=0.0, init=False, repr=False)  # wall - monotonic at the send
 
-    def extend(self, sent_at: float) -> None:
+    def __post_init__(self) -> None:
+        self._offset = self.wall() - self.clock()
+
+    def extend(self, sent_at: float, sent_wall: float | None = None) -> None:
+        """Trust until ``sent_at`` + TTL - margin (``sent_wall``: the wall clock at that moment)."""
         self.trusted_until = sent_at + self.ttl - trust_margin(self.ttl)
+        self._offset = (self.wall() if sent_wall is None else sent_wall) - sent_at
 
     def mark_lost(self, reason: str) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason
 
+    def jumped(self) -> float:
+        """Seconds the wall clock moved ahead of the monotonic one since the last renewal was
+        sent (a paused VM's pause; NTP's slewing adds milliseconds at most). Never negative."""
+        return max(0.0, self.wall() - self.clock() - self._offset)
+
+    def remaining(self) -> float:
+        """Seconds this term is still trusted (negative: past its deadline)."""
+        return self.trusted_until - self.clock() - self.jumped()
+
     @property
     def held(self) -> bool:
-        return self.lost_reason is None and self.clock() < self.trusted_until
+        return self.lost_reason is None and self.remaining() > 0
 
     def check(self) -> None:
         """Raise :class:`LeaseLostError` unless the term is still trusted."""
-        if self.lost_reason is None and self.clock() >= self.trusted_until:
-            self.mark_lost("local trust deadline passed before a renewal succeeded")
+        if self.lost_reason is None and self.remaining() <= 0:
+            jumped = self.jumped()
+            self.mark_lost(
+                "local trust deadline passed before a renewal succeeded"
+                + (
+                    f" (the wall clock jumped {jumped:.1f}s ahead of the monotonic clock: this"
+                    " host was paused)"
+                    if jumped >= 1.0
+                    else ""
+                )
+            )
         if self.lost_reason is not None:
             raise LeaseLostError(
                 f"lease of shard {self.shard} lost: {self.lost_reason}",
@@ -85,12 +116,12 @@ def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> str:
         return "released"
     if expires_at <= now:
         ago = (now - expires_at).total_seconds()
-        trusted = term.trusted_until - term.clock()
+        trusted = term.remaining()
         if trusted > 0:
             return (
                 f"expired by the database clock {ago:.1f}s ago while this process still trusted"
-                f" it for {trusted:.1f}s (the database's clock jumped ahead of ours: a paused or"
-                " restored VM, or a clock step)"
+                f" it for {trusted:.1f}s (the database host's clock jumped ahead of ours: that"
+                " host was paused, or its clock was stepped)"
             )
         return f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
     return "the token check failed, but the lease row is ours and unexpired now"
@@ -103,9 +134,12 @@ class LeaseStore:
     "later" instead of sleeping through a TTL; production passes None.
     """
 
-    def __init__(self, schema: str, *, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, schema: str, *, clock: Clock = time.monotonic, wall: Clock = time.time
+    ) -> None:
         self._schema = schema
         self._clock = clock
+        self._wall = wall
 
     async def acquire(
         self,
@@ -117,7 +151,7 @@ class LeaseStore:
         *,
         now: datetime | None = None,
     ) -> LeaseTerm | None:
-        sent_at = self._clock()
+        sent_at, sent_wall = self._clock(), self._wall()
         row = await db.one_async(
             conn,
             db.query("relay", "lease_acquire", self._schema),
@@ -125,8 +159,8 @@ class LeaseStore:
         )
         if row is None:
             return None
-        term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock)
-        term.extend(sent_at)
+        term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock, wall=self._wall)
+        term.extend(sent_at, sent_wall)
         logger.info(
             "acquired lease of shard %s (token %s)",
             shard,
@@ -152,7 +186,7 @@ class LeaseStore:
         if not terms:
             return []
         first = terms[0]
-        sent_at = self._clock()
+        sent_at, sent_wall = self._clock(), self._wall()
         rows = await db.rows_async(
             conn,
             db.query("relay", "lease_renew_many", self._schema),
@@ -169,7 +203,7 @@ class LeaseStore:
         lost = []
         for term in terms:
             if term.shard in renewed:
-                term.extend(sent_at)
+                term.extend(sent_at, sent_wall)
             else:
                 term.mark_lost("renewal matched no lease row (expired or taken over)")
                 lost.append(term)

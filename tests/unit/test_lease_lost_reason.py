@@ -25,8 +25,8 @@ def _term(trusted_for: float) -> LeaseTerm:
             (7, "A", NOW - timedelta(seconds=1.5), NOW),
             6.2,
             "expired by the database clock 1.5s ago while this process still trusted it for"
-            " 6.2s (the database's clock jumped ahead of ours: a paused or restored VM, or a"
-            " clock step)",
+            " 6.2s (the database host's clock jumped ahead of ours: that host was paused, or"
+            " its clock was stepped)",
         ),
         (
             (7, "A", NOW - timedelta(seconds=2), NOW),

@@ -112,6 +112,45 @@ def test_lost_is_sticky_even_if_a_late_renewal_lands() -> None:
         term.check()
 
 
+def test_a_paused_host_stops_trusting_at_once_on_resume() -> None:
+    """A paused VM: its monotonic clock stood still, its wall clock is set forward on resume,
+    while the database's clock ran on. The jump counts against the trust window."""
+    clock, wall = FakeClock(), FakeClock()
+    wall.now = 1_000_000.0
+    term = LeaseTerm("g", 0, "me", 5, 15.0, 0.0, clock, wall=wall)
+    term.extend(clock.now, wall.now)
+    clock.now += 1.0
+    wall.now += 1.0
+    assert term.held
+    wall.now += 20.0  # resumed after 20 s; the monotonic clock did not move
+    assert term.jumped() == pytest.approx(20.0)
+    assert not term.held
+    with pytest.raises(LeaseLostError, match=r"wall clock jumped 20\.0s ahead .* was paused"):
+        term.check()
+
+
+def test_a_pause_between_a_renewal_and_its_reply_counts_too() -> None:
+    clock, wall = FakeClock(), FakeClock()
+    term = LeaseTerm("g", 0, "me", 5, 15.0, 0.0, clock, wall=wall)
+    sent_at, sent_wall = clock.now, wall.now
+    wall.now += 30.0  # paused after the database renewed, before the reply was read
+    term.extend(sent_at, sent_wall)
+    assert not term.held
+
+
+def test_small_or_backward_wall_steps_change_nothing() -> None:
+    clock, wall = FakeClock(), FakeClock()
+    term = LeaseTerm("g", 0, "me", 5, 15.0, 0.0, clock, wall=wall)
+    term.extend(clock.now, wall.now)
+    wall.now -= 3600.0  # stepped back: the monotonic deadline still decides
+    clock.now += 10.0
+    assert term.held
+    assert term.remaining() == pytest.approx(15.0 - trust_margin(15.0) - 10.0)
+    wall.now += 3600.0 + 10.0 + 0.05  # NTP-sized drift on top
+    assert term.held
+    term.check()
+
+
 def test_checkpoint_round_trip_and_key() -> None:
     rows = ((1, str(uuid.uuid4())), (5, str(uuid.uuid4())))
     checkpoint = Checkpoint("g", 3, 42, rows)
