@@ -41,6 +41,7 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pause_watch import PauseWatch  # noqa: E402
 from proc_cpu import group_seconds, machine_busy, machine_steal, process_seconds  # noqa: E402
 
 from outboxkit import db  # noqa: E402
@@ -487,6 +488,7 @@ def main() -> None:
         ]  # fmt: skip
         runs = [run for n, run in enumerate(runs) if n not in SKIP_RUNS]
         warm_up(server_url, bootstrap)
+        pauses = PauseWatch()
         for label, shards, batch, processes, mode, extra in runs:
             raw_key = f"raw{shards}"
             if raw_key not in results:
@@ -496,6 +498,7 @@ def main() -> None:
                     f" {results[raw_key]:,.0f} rows/s",
                     flush=True,
                 )
+                pauses.warn()
             rate, cpu = relay_throughput(
                 server_url, bootstrap, topic, shards, batch, processes, mode, extra
             )
@@ -507,9 +510,11 @@ def main() -> None:
                 f" (stolen by the host: {cpu.get('_steal', 0.0):.2f})",
                 flush=True,
             )
+            pauses.warn()
         if BARE:
             bare = bare_producer(bootstrap, topic)
             print(f"bare confluent producer (idempotent, acks=all): {bare:,.0f} msg/s", flush=True)
+            pauses.warn()
             for label, *_ in runs:
                 print(f"  relay {label}: {results[label] / bare:.2f} x bare producer", flush=True)
         latencies: dict[str, tuple[float, float]] = {}
@@ -521,7 +526,10 @@ def main() -> None:
                 f" (commit -> read_committed consumer; {missing} not seen)",
                 flush=True,
             )
+            pauses.warn()
         print_goals(results, latencies, default, alo)
+        if pauses.total:
+            print(f"!! the machine was paused for {pauses.total:.1f}s in all: see the warnings")
     print(f"benchmark total {time.monotonic() - started:.0f}s")
 
 

@@ -18,6 +18,8 @@ import statistics
 import time
 import uuid
 
+from pause_watch import PauseWatch
+
 import relay as bench
 from outboxkit.devstack import DevStack
 
@@ -55,15 +57,19 @@ def main() -> None:
         print(f"{ROUNDS} rounds, backlog {bench.ROWS} rows of 500 bytes, 1 shard, batch 500")
         print(f"before: {BEFORE or 'one claim per transaction'}; load {os.getloadavg()}")
         bench.warm_up(server, bootstrap)
+        pauses = PauseWatch()
         for n in range(ROUNDS):
             raw = bench.raw_drain(server, topic, 1)
             rates.setdefault("raw", []).append(raw)
             print(f"round {n + 1} raw drain: {raw:,.0f} rows/s", flush=True)
+            pauses.warn()
             order = list(VARIANTS) if n % 2 == 0 else list(reversed(VARIANTS))
             runs = [(name, 1, 1, *VARIANTS[name]) for name in order]
             if SHARDS4:
                 raw4 = bench.raw_drain(server, topic, 4)
                 rates.setdefault("raw4", []).append(raw4)
+                print(f"round {n + 1} raw drain, 4 shards: {raw4:,.0f} rows/s", flush=True)
+                pauses.warn()
                 runs.append(("eos-after-4x2", 4, 2, "exactly_once", {}))
             for name, shards, procs, mode, extra in runs:
                 rate, cpu = bench.relay_throughput(
@@ -79,6 +85,7 @@ def main() -> None:
                     f" cores stolen by the host {cpu.get('_steal', 0.0):.2f}",
                     flush=True,
                 )
+                pauses.warn()
             for name, shards, _, mode, extra in runs:
                 if shards != 1 or not LATENCY:
                     continue
@@ -89,6 +96,9 @@ def main() -> None:
                     f" p99 {p99:.1f} ms ({missing} not seen)",
                     flush=True,
                 )
+                pauses.warn()
+        if pauses.total:
+            print(f"!! the machine was paused for {pauses.total:.1f}s in all: see the warnings")
     print("medians:")
     print(f"  raw drain: {statistics.median(rates['raw']):,.0f} rows/s")
     for name in rates:
