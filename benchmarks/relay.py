@@ -529,7 +529,7 @@ def main() -> None:
             pauses.warn()
         print_goals(results, latencies, default, alo)
         if pauses.total:
-            print(f"!! the machine was paused for {pauses.total:.1f}s in all: see the warnings")
+            print(f"!! the clock jumped by {pauses.total:.1f}s in all: see the warnings above")
     print(f"benchmark total {time.monotonic() - started:.0f}s")
 
 

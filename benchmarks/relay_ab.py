@@ -98,7 +98,7 @@ def main() -> None:
                 )
                 pauses.warn()
         if pauses.total:
-            print(f"!! the machine was paused for {pauses.total:.1f}s in all: see the warnings")
+            print(f"!! the clock jumped by {pauses.total:.1f}s in all: see the warnings above")
     print("medians:")
     print(f"  raw drain: {statistics.median(rates['raw']):,.0f} rows/s")
     for name in rates:

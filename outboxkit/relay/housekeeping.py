@@ -19,8 +19,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
-from outboxkit.errors import LeaseLostError
-from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.lease import LeaseTerm, token_check_failed
 from outboxkit.settings import RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.housekeeping")
@@ -35,6 +34,7 @@ class Housekeeping:
         self, config: RelaySettings, schema: str, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._config = config
+        self._schema = schema
         self._query = db.query("relay", "housekeeping_delete", schema)
         self._clock = clock
         self._due = clock()  # the first sweep runs at the first retention hook of a term
@@ -89,9 +89,6 @@ class Housekeeping:
         row = await db.one_async(conn, self._query, params)
         assert row is not None
         if not int(row[0]):
-            term.mark_lost("housekeeping: the token check failed (lease expired or taken over)")
-            raise LeaseLostError(
-                f"lease of shard {term.shard} lost during housekeeping", shard=term.shard
-            )
+            await token_check_failed(conn, self._schema, term, "housekeeping")
         term.check()
         return int(row[1])

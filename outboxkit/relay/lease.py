@@ -8,8 +8,9 @@ whatever its wall clock says. Every relay write also re-checks the token in SQL 
 One case the monotonic clock alone misses: a paused virtual machine. Its monotonic clock stands
 still while paused and its wall clock is set forward on resume, while the database's clock ran
 on. So the deadline is judged on the monotonic clock *plus* any forward jump of the wall clock
-since the renewal was sent: a resumed relay stops at once instead of finding out at its next
-write's token check.
+since the renewal was sent: once a resumed VM's wall clock is stepped forward (a guest agent
+or time synchronisation does it; a slewed correction is not seen), the relay stops at its next
+step instead of finding out at its next write's token check.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -54,10 +55,11 @@ class LeaseTerm:
     def __post_init__(self) -> None:
         self._offset = self.wall() - self.clock()
 
-    def extend(self, sent_at: float, sent_wall: float | None = None) -> None:
-        """Trust until ``sent_at`` + TTL - margin (``sent_wall``: the wall clock at that moment)."""
+    def extend(self, sent_at: float, sent_wall: float) -> None:
+        """Trust until ``sent_at`` + TTL - margin; ``sent_wall`` is the wall clock read at the
+        same moment (both before the statement went out: a pause during it must count)."""
         self.trusted_until = sent_at + self.ttl - trust_margin(self.ttl)
-        self._offset = (self.wall() if sent_wall is None else sent_wall) - sent_at
+        self._offset = sent_wall - sent_at
 
     def mark_lost(self, reason: str) -> None:
         if self.lost_reason is None:
@@ -84,7 +86,7 @@ class LeaseTerm:
                 "local trust deadline passed before a renewal succeeded"
                 + (
                     f" (the wall clock jumped {jumped:.1f}s ahead of the monotonic clock: this"
-                    " host was paused)"
+                    " host was paused, or its clock was stepped)"
                     if jumped >= 1.0
                     else ""
                 )
@@ -104,14 +106,15 @@ def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> str:
     """Explain a failed token check from the lease row (token, holder, expires_at, now).
 
     The expired case names the clock gap on purpose: this process still trusting its term while
-    the database calls it expired means the database's wall clock moved faster than our
-    monotonic clock (a paused or restored VM, a clock step on the database host).
+    the database calls it expired means the database's clock moved faster than ours (this host
+    paused without its wall clock stepped yet, or the database host's clock stepped).
     """
     if row is None:
         return "the lease row is gone"
     token, holder, expires_at, now = row
     if int(token) != term.token:
-        return f"taken over (token {token} now, held by {holder})"
+        held_by = f"held by {holder}" if holder is not None else "since released"
+        return f"taken over (token {token} now, {held_by})"
     if holder is None:
         return "released"
     if expires_at <= now:
@@ -120,11 +123,31 @@ def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> str:
         if trusted > 0:
             return (
                 f"expired by the database clock {ago:.1f}s ago while this process still trusted"
-                f" it for {trusted:.1f}s (the database host's clock jumped ahead of ours: that"
-                " host was paused, or its clock was stepped)"
+                f" it for {trusted:.1f}s (the clocks disagree: this host was paused, or the"
+                " database host's clock jumped or was stepped)"
             )
         return f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
     return "the token check failed, but the lease row is ours and unexpired now"
+
+
+async def token_check_failed(
+    conn: psycopg.AsyncConnection[Any], schema: str, term: LeaseTerm, during: str
+) -> NoReturn:
+    """A fenced write found the lease not held: mark the term lost with the reason the lease row
+    shows (best effort: read on the same connection, which the failed check left usable)."""
+    try:
+        row = await db.one_async(
+            conn,
+            db.query("relay", "lease_state", schema),
+            {"group": term.group, "shard": term.shard},
+        )
+        why = why_check_failed(term, row)
+    except psycopg.Error:
+        why = "lease expired or taken over (the lease row could not be read)"
+    term.mark_lost(f"{during}: the token check failed: {why}")
+    raise LeaseLostError(
+        f"lease of shard {term.shard} lost during {during}: {why}", shard=term.shard
+    )
 
 
 class LeaseStore:

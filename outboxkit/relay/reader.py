@@ -17,9 +17,8 @@ import psycopg
 
 from outboxkit import db, wire
 from outboxkit.db.id_arrays import BigintIds
-from outboxkit.errors import LeaseLostError
 from outboxkit.kafka.api import ProduceRequest
-from outboxkit.relay.lease import LeaseTerm, why_check_failed
+from outboxkit.relay.lease import LeaseTerm, token_check_failed
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -209,22 +208,8 @@ class ShardStore:
         row = found.rows[0]
         held, changed = int(row[0]), int(row[1])
         if not held:
-            why = await self._why_lost(conn, term)
-            term.mark_lost(f"{name}: the token check failed: {why}")
-            raise LeaseLostError(
-                f"lease of shard {term.shard} lost during {name}: {why}", shard=term.shard
-            )
+            await token_check_failed(conn, self._schema, term, name)
         return changed
-
-    async def _why_lost(self, conn: Conn, term: LeaseTerm) -> str:
-        """The lease row behind a failed token check, for the operator (best effort)."""
-        try:
-            row = await db.one_async(
-                conn, self._query("lease_state"), {"group": term.group, "shard": term.shard}
-            )
-        except psycopg.Error:
-            return "lease expired or taken over (the lease row could not be read)"
-        return why_check_failed(term, row)
 
     async def mark_published(
         self, conn: Conn, term: LeaseTerm, ids: Sequence[int], *, delete: bool

@@ -12,7 +12,9 @@ NOW = datetime(2026, 12, 4, 0, 41, 29, tzinfo=UTC)
 
 
 def _term(trusted_for: float) -> LeaseTerm:
-    return LeaseTerm("g", 0, "A", 7, 15.0, 100.0 + trusted_for, clock=lambda: 100.0)
+    return LeaseTerm(
+        "g", 0, "A", 7, 15.0, 100.0 + trusted_for, clock=lambda: 100.0, wall=lambda: 0.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -20,13 +22,14 @@ def _term(trusted_for: float) -> LeaseTerm:
     [
         (None, 5.0, "the lease row is gone"),
         ((8, "B", NOW + timedelta(seconds=9), NOW), 5.0, "taken over (token 8 now, held by B)"),
+        ((9, None, NOW, NOW), 5.0, "taken over (token 9 now, since released)"),
         ((7, None, NOW, NOW), 5.0, "released"),
         (
             (7, "A", NOW - timedelta(seconds=1.5), NOW),
             6.2,
             "expired by the database clock 1.5s ago while this process still trusted it for"
-            " 6.2s (the database host's clock jumped ahead of ours: that host was paused, or"
-            " its clock was stepped)",
+            " 6.2s (the clocks disagree: this host was paused, or the database host's clock"
+            " jumped or was stepped)",
         ),
         (
             (7, "A", NOW - timedelta(seconds=2), NOW),

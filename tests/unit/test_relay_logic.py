@@ -16,8 +16,9 @@ from outboxkit.errors import LeaseLostError, PublishError
 from outboxkit.faults import FaultPoints, parse_fault
 from outboxkit.kafka.api import ProduceRequest, RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.relay import lease as lease_module
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
-from outboxkit.relay.lease import LeaseTerm, trust_margin
+from outboxkit.relay.lease import LeaseStore, LeaseTerm, trust_margin
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher
 from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
@@ -89,25 +90,27 @@ class FakeClock:
 
 @pytest.mark.parametrize("ttl", [1.0, 3.0, 15.0, 60.0])
 def test_trust_window_ends_before_the_lease_can_expire(ttl: float) -> None:
-    clock = FakeClock()
-    term = LeaseTerm("g", 0, "me", 5, ttl, 0.0, clock)
-    term.extend(sent_at=clock.now)
+    clock, wall = FakeClock(), FakeClock()
+    term = LeaseTerm("g", 0, "me", 5, ttl, 0.0, clock, wall=wall)
+    term.extend(clock.now, wall.now)
     assert 0 < trust_margin(ttl) < ttl
     clock.now += ttl - trust_margin(ttl) - 0.001
+    wall.now += ttl - trust_margin(ttl) - 0.001
     term.check()
     assert term.held
     clock.now += 0.002  # still before the database expiry (sent_at + ttl), but no longer trusted
+    wall.now += 0.002
     assert not term.held
     with pytest.raises(LeaseLostError):
         term.check()
 
 
 def test_lost_is_sticky_even_if_a_late_renewal_lands() -> None:
-    clock = FakeClock()
-    term = LeaseTerm("g", 1, "me", 9, 3.0, 0.0, clock)
-    term.extend(clock.now)
+    clock, wall = FakeClock(), FakeClock()
+    term = LeaseTerm("g", 1, "me", 9, 3.0, 0.0, clock, wall=wall)
+    term.extend(clock.now, wall.now)
     term.mark_lost("renewal matched no row")
-    term.extend(clock.now)
+    term.extend(clock.now, wall.now)
     with pytest.raises(LeaseLostError, match="renewal matched no row"):
         term.check()
 
@@ -125,7 +128,7 @@ def test_a_paused_host_stops_trusting_at_once_on_resume() -> None:
     wall.now += 20.0  # resumed after 20 s; the monotonic clock did not move
     assert term.jumped() == pytest.approx(20.0)
     assert not term.held
-    with pytest.raises(LeaseLostError, match=r"wall clock jumped 20\.0s ahead .* was paused"):
+    with pytest.raises(LeaseLostError, match=r"wall clock jumped 20\.0s ahead .* was paused, or"):
         term.check()
 
 
@@ -135,6 +138,35 @@ def test_a_pause_between_a_renewal_and_its_reply_counts_too() -> None:
     sent_at, sent_wall = clock.now, wall.now
     wall.now += 30.0  # paused after the database renewed, before the reply was read
     term.extend(sent_at, sent_wall)
+    assert not term.held
+
+
+@pytest.mark.parametrize("renewal", [False, True])
+async def test_the_store_reads_the_wall_clock_before_the_statement_goes_out(
+    monkeypatch: pytest.MonkeyPatch, renewal: bool
+) -> None:
+    """A pause while the acquire or renewal is in flight must count against the term."""
+    clock, wall = FakeClock(), FakeClock()
+
+    async def paused_during_the_statement(*_: object) -> list[tuple[int]]:
+        wall.now += 30.0  # the VM paused after the database answered, before we read it
+        return [(0,)]
+
+    async def first(*args: object) -> tuple[int]:
+        return (await paused_during_the_statement(*args))[0]
+
+    store = LeaseStore("outboxkit", clock=clock, wall=wall)
+    if renewal:
+        term = LeaseTerm("g", 0, "me", 5, 15.0, 0.0, clock, wall=wall)
+        term.extend(clock.now, wall.now)
+        monkeypatch.setattr(lease_module.db, "rows_async", paused_during_the_statement)
+        assert await store.renew_many(None, [term]) == []  # type: ignore[arg-type]
+    else:
+        monkeypatch.setattr(lease_module.db, "one_async", first)
+        got = await store.acquire(None, "g", 0, "me", 15.0)  # type: ignore[arg-type]
+        assert got is not None
+        term = got
+    assert term.jumped() == pytest.approx(30.0)
     assert not term.held
 
 
