@@ -54,7 +54,7 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for name in ("shard", "token"):
+        for name in ("shard", "token", "reason"):
             if hasattr(record, name):
                 entry[name] = getattr(record, name)
         if record.exc_info:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, NoReturn
 
 import psycopg
@@ -30,6 +31,24 @@ from outboxkit.errors import LeaseLostError
 logger = logging.getLogger("outboxkit.relay.lease")
 
 Clock = Callable[[], float]
+
+
+class LeaseLoss(StrEnum):
+    """Why a term ended in lease lost: the ``reason`` label of
+    ``outboxkit_relay_lease_lost_total``, so a clock problem can be told from contention or a
+    second relay in an alert."""
+
+    TAKEN_OVER = "taken_over"  # the lease row shows a newer token
+    RELEASED = "released"  # the row shows this term's token, released (by an operator)
+    EXPIRED = "expired"  # expired by the database clock; renewals had not succeeded
+    CLOCK_JUMP = "clock_jump"  # a paused host, or a clock stepped: the clocks disagree
+    TRUST_LAPSED = "trust_lapsed"  # the local trust deadline passed before a renewal succeeded
+    FENCED = "fenced"  # Kafka fenced this term's producer
+    UNKNOWN = "unknown"  # the lease row could not be read, or shows nothing wrong
+
+
+#: A forward jump of the wall clock this large counts as a pause or a stepped clock.
+JUMP_SECONDS = 1.0
 
 
 def trust_margin(ttl: float) -> float:
@@ -49,6 +68,7 @@ class LeaseTerm:
     trusted_until: float
     clock: Clock = field(default=time.monotonic, repr=False)
     lost_reason: str | None = None
+    lost_cause: LeaseLoss | None = None
     wall: Clock = field(default=time.time, repr=False)
     _offset: float = field(default=0.0, init=False, repr=False)  # wall - monotonic at the send
 
@@ -61,9 +81,10 @@ class LeaseTerm:
         self.trusted_until = sent_at + self.ttl - trust_margin(self.ttl)
         self._offset = sent_wall - sent_at
 
-    def mark_lost(self, reason: str) -> None:
+    def mark_lost(self, reason: str, cause: LeaseLoss) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason
+            self.lost_cause = cause
 
     def jumped(self) -> float:
         """Seconds the wall clock moved ahead of the monotonic one since the last renewal was
@@ -82,27 +103,31 @@ class LeaseTerm:
         """Raise :class:`LeaseLostError` unless the term is still trusted."""
         if self.lost_reason is None and self.remaining() <= 0:
             jumped = self.jumped()
-            self.mark_lost(
-                "local trust deadline passed before a renewal succeeded"
-                + (
-                    f" (the wall clock jumped {jumped:.1f}s ahead of the monotonic clock: this"
-                    " host was paused, or its clock was stepped)"
-                    if jumped >= 1.0
-                    else ""
+            if jumped >= JUMP_SECONDS:
+                self.mark_lost(
+                    "local trust deadline passed before a renewal succeeded (the wall clock"
+                    f" jumped {jumped:.1f}s ahead of the monotonic clock: this host was paused,"
+                    " or its clock was stepped)",
+                    LeaseLoss.CLOCK_JUMP,
                 )
-            )
+            else:
+                self.mark_lost(
+                    "local trust deadline passed before a renewal succeeded",
+                    LeaseLoss.TRUST_LAPSED,
+                )
         if self.lost_reason is not None:
             raise LeaseLostError(
                 f"lease of shard {self.shard} lost: {self.lost_reason}",
                 shard=self.shard,
                 token=self.token,
+                cause=self.lost_cause or LeaseLoss.UNKNOWN,
             )
 
     def sql_params(self) -> dict[str, object]:
         return {"group": self.group, "shard": self.shard, "token": self.token}
 
 
-def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> str:
+def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> tuple[LeaseLoss, str]:
     """Explain a failed token check from the lease row (token, holder, expires_at, now).
 
     The expired case names the clock gap on purpose: this process still trusting its term while
@@ -110,24 +135,45 @@ def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> str:
     paused without its wall clock stepped yet, or the database host's clock stepped).
     """
     if row is None:
-        return "the lease row is gone"
+        return LeaseLoss.UNKNOWN, "the lease row is gone"
     token, holder, expires_at, now = row
     if int(token) != term.token:
         held_by = f"held by {holder}" if holder is not None else "since released"
-        return f"taken over (token {token} now, {held_by})"
+        return LeaseLoss.TAKEN_OVER, f"taken over (token {token} now, {held_by})"
     if holder is None:
-        return "released"
+        return LeaseLoss.RELEASED, "released"
     if expires_at <= now:
         ago = (now - expires_at).total_seconds()
         trusted = term.remaining()
         if trusted > 0:
-            return (
+            return LeaseLoss.CLOCK_JUMP, (
                 f"expired by the database clock {ago:.1f}s ago while this process still trusted"
                 f" it for {trusted:.1f}s (the clocks disagree: this host was paused, or the"
                 " database host's clock jumped or was stepped)"
             )
-        return f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
-    return "the token check failed, but the lease row is ours and unexpired now"
+        return LeaseLoss.EXPIRED, (
+            f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
+        )
+    return LeaseLoss.UNKNOWN, "the token check failed, but the lease row is ours and unexpired now"
+
+
+async def explain_loss(
+    conn: psycopg.AsyncConnection[Any],
+    schema: str,
+    term: LeaseTerm,
+    now: datetime | None = None,
+) -> tuple[LeaseLoss, str]:
+    """Read the lease row back (only after a refusal) and say why the term is lost; ``now``: the
+    clock the refused statement was given (tests), else the database's."""
+    try:
+        row = await db.one_async(
+            conn,
+            db.query("relay", "lease_state", schema),
+            {"group": term.group, "shard": term.shard, "now": now},
+        )
+    except psycopg.Error:
+        return LeaseLoss.UNKNOWN, "expired or taken over (the lease row could not be read)"
+    return why_check_failed(term, row)
 
 
 async def token_check_failed(
@@ -135,18 +181,10 @@ async def token_check_failed(
 ) -> NoReturn:
     """A fenced write found the lease not held: mark the term lost with the reason the lease row
     shows (best effort: read on the same connection, which the failed check left usable)."""
-    try:
-        row = await db.one_async(
-            conn,
-            db.query("relay", "lease_state", schema),
-            {"group": term.group, "shard": term.shard},
-        )
-        why = why_check_failed(term, row)
-    except psycopg.Error:
-        why = "lease expired or taken over (the lease row could not be read)"
-    term.mark_lost(f"{during}: the token check failed: {why}")
+    cause, why = await explain_loss(conn, schema, term)
+    term.mark_lost(f"{during}: the token check failed: {why}", cause)
     raise LeaseLostError(
-        f"lease of shard {term.shard} lost during {during}: {why}", shard=term.shard
+        f"lease of shard {term.shard} lost during {during}: {why}", shard=term.shard, cause=cause
     )
 
 
@@ -228,7 +266,8 @@ class LeaseStore:
             if term.shard in renewed:
                 term.extend(sent_at, sent_wall)
             else:
-                term.mark_lost("renewal matched no lease row (expired or taken over)")
+                cause, why = await explain_loss(conn, self._schema, term, now)
+                term.mark_lost(f"renewal matched no lease row: {why}", cause)
                 lost.append(term)
         return lost
 
@@ -236,5 +275,5 @@ class LeaseStore:
         row = await db.one_async(
             conn, db.query("relay", "lease_release", self._schema), term.sql_params()
         )
-        term.mark_lost("released")
+        term.mark_lost("released", LeaseLoss.RELEASED)
         return row is not None

@@ -61,7 +61,10 @@ class RelayMetrics:
             "outboxkit_relay_parked", "Rows parked with a permanent error.", ["shard"], registry=r
         )
         self.lease_lost = Counter(
-            "outboxkit_relay_lease_lost", "Leases lost while active.", ["shard"], registry=r
+            "outboxkit_relay_lease_lost",
+            "Leases lost while active, by reason (outboxkit.relay.lease.LeaseLoss).",
+            ["shard", "reason"],
+            registry=r,
         )
         self.batch_seconds = Histogram(
             "outboxkit_relay_batch_seconds",

@@ -31,7 +31,7 @@ from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.housekeeping import Housekeeping
-from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.lease import LeaseLoss, LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
@@ -95,8 +95,10 @@ class ShardWorker:
         self.housekeeping = Housekeeping(self.config, settings.schema_name)
         self._rng = random.Random()
         self._label = str(shard)
-        for counter in (metrics.published, metrics.failed, metrics.parked, metrics.lease_lost):
+        for counter in (metrics.published, metrics.failed, metrics.parked):
             counter.labels(self._label)  # every series exists from the start, at 0
+        for cause in LeaseLoss:
+            metrics.lease_lost.labels(self._label, cause)
         metrics.lease_active.labels(self._label).set(0)
 
     # ----------------------------------------------------------------- outer loop (standby)
@@ -115,9 +117,20 @@ class ShardWorker:
                 await self._one_session()
                 failures = 0
             except (LeaseLostError, ProducerFencedError) as exc:
+                cause = (
+                    LeaseLoss.FENCED
+                    if isinstance(exc, ProducerFencedError)
+                    else exc.context.get("cause", LeaseLoss.UNKNOWN)
+                )
                 self.lease_lost_count += 1
-                self._metrics.lease_lost.labels(self._label).inc()
-                logger.warning("lease lost on shard %s: %s; back to standby", self.shard, exc)
+                self._metrics.lease_lost.labels(self._label, cause).inc()
+                logger.warning(
+                    "lease lost on shard %s (%s): %s; back to standby",
+                    self.shard,
+                    cause,
+                    exc,
+                    extra={"shard": self.shard, "reason": str(cause)},
+                )
             except Exception as exc:  # a worker must never die silently: log, back off, retry
                 failures += 1
                 if not isinstance(exc, psycopg.Error | OSError | PublishError | ConfigurationError):
@@ -254,11 +267,12 @@ class ShardWorker:
                 await self._close_all(producers)
 
     def _fenced(self, term: LeaseTerm, exc: ProducerFencedError) -> LeaseLostError:
-        term.mark_lost(f"Kafka fenced our producer: {exc}")
+        term.mark_lost(f"Kafka fenced our producer: {exc}", LeaseLoss.FENCED)
         return LeaseLostError(
             f"lease of shard {self.shard} lost: Kafka fenced our producer ({exc})",
             shard=self.shard,
             token=term.token,
+            cause=LeaseLoss.FENCED,
         )
 
     @property

@@ -44,25 +44,35 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _lease_lost_total(port: int) -> float:
+def _lease_lost_by_reason(port: int) -> dict[str, float]:
+    """The non-zero series of ``outboxkit_relay_lease_lost_total``, by their reason label."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    (line,) = [x for x in text.splitlines() if x.startswith("outboxkit_relay_lease_lost_total{")]
-    return float(line.rsplit(" ", 1)[1])
+    series = re.compile(r'outboxkit_relay_lease_lost_total\{reason="(\w+)",shard="0"\} (\S+)')
+    counts = {}
+    for line in text.splitlines():
+        found = series.match(line)
+        if found and float(found[2]):
+            counts[found[1]] = float(found[2])
+    return counts
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
 @pytest.mark.parametrize(
-    ("point", "fenced_by"),
+    ("point", "fenced_by", "reasons"),
     [
         # Resumed with its batch not sent yet: its records are refused as fenced in the middle
         # of the send (librdkafka: a fatal error among the delivery callbacks).
-        ("before_send", r"fenced"),
-        ("after_produce", r"fenced"),
+        ("before_send", r"fenced", {"fenced"}),
+        ("after_produce", r"fenced", {"fenced"}),
         # Resumed before its mark: either the local trust deadline stops it first, or the mark
         # is refused by the token check in SQL (tests/integration/test_relay_lease.py proves
         # that refusal directly).
-        ("after_kafka_commit", r"lost during mark_published|local trust deadline passed"),
+        (
+            "after_kafka_commit",
+            r"lost during mark_published|local trust deadline passed",
+            {"taken_over", "trust_lapsed"},
+        ),
     ],
 )
 def test_zombie_gets_nothing_through(
@@ -72,6 +82,7 @@ def test_zombie_gets_nothing_through(
     processes: list[RelayProcess],
     point: str,
     fenced_by: str,
+    reasons: set[str],
     client: str,
 ) -> None:
     topic = outboxkit_topic()
@@ -121,7 +132,9 @@ def test_zombie_gets_nothing_through(
     log = zombie.log()
     assert re.search(fenced_by, log), log
     # Lease lost is its own outcome: counted, and never an (unexpected) error that is retried.
-    assert _lease_lost_total(port) == 1.0
+    counted = _lease_lost_by_reason(port)
+    assert list(counted.values()) == [1.0], counted
+    assert set(counted) <= reasons, counted
     assert "unexpected error" not in log, log
     assert not re.search(r"shard 0: .*retrying in", log), log
     assert "SystemError" not in log, log

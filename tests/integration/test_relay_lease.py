@@ -15,7 +15,7 @@ import pytest
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError
-from outboxkit.relay.lease import LeaseStore
+from outboxkit.relay.lease import LeaseLoss, LeaseStore
 from outboxkit.relay.reader import ShardStore
 from tests.relay_support import (
     insert_rows,
@@ -47,7 +47,9 @@ async def test_one_holder_tokens_grow_and_only_expiry_or_release_hands_over(
         assert await leases.renew(a, first)
         # 31 s later the renewed lease has expired: it is never revived...
         assert not await leases.renew(a, first, now=_later(31))
+        assert first.lost_cause is LeaseLoss.CLOCK_JUMP  # trusted here, expired by that clock
         assert first.lost_reason is not None
+        assert first.lost_reason.startswith("renewal matched no lease row: expired by the")
         # ...and a standby may take it, with a greater token.
         second = await leases.acquire(b, "g", 0, "B", 30, now=_later(31))
         assert second is not None

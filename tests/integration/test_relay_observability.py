@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from outboxkit.relay.lease import LeaseLoss
 from tests.relay_support import (
     insert_rows,
     payloads,
@@ -74,7 +75,8 @@ async def test_metrics_and_health(
         assert 'outboxkit_relay_backlog{shard="1"}' in metrics
         assert "outboxkit_relay_oldest_pending_seconds" in metrics
         assert "outboxkit_relay_lease_token" in metrics
-        assert 'outboxkit_relay_lease_lost_total{shard="0"} 0.0' in metrics
+        for cause in LeaseLoss:  # every reason's series exists from the start, at 0
+            assert f'outboxkit_relay_lease_lost_total{{reason="{cause}",shard="0"}} 0.0' in metrics
     # A second relay for shard 1 as well: everything drains, health recovers.
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, metrics_port=port)
     async with running_relay(settings):

@@ -10,6 +10,7 @@ import random
 import time
 import uuid
 
+import psycopg
 import pytest
 
 from outboxkit.errors import LeaseLostError, PublishError
@@ -18,7 +19,7 @@ from outboxkit.kafka.api import ProduceRequest, RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.relay import lease as lease_module
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
-from outboxkit.relay.lease import LeaseStore, LeaseTerm, trust_margin
+from outboxkit.relay.lease import LeaseLoss, LeaseStore, LeaseTerm, trust_margin
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher
 from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
@@ -101,18 +102,21 @@ def test_trust_window_ends_before_the_lease_can_expire(ttl: float) -> None:
     clock.now += 0.002  # still before the database expiry (sent_at + ttl), but no longer trusted
     wall.now += 0.002
     assert not term.held
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError) as lost:
         term.check()
+    assert lost.value.context["cause"] is LeaseLoss.TRUST_LAPSED
 
 
 def test_lost_is_sticky_even_if_a_late_renewal_lands() -> None:
     clock, wall = FakeClock(), FakeClock()
     term = LeaseTerm("g", 1, "me", 9, 3.0, 0.0, clock, wall=wall)
     term.extend(clock.now, wall.now)
-    term.mark_lost("renewal matched no row")
+    term.mark_lost("renewal matched no row", LeaseLoss.TAKEN_OVER)
+    term.mark_lost("a later reason", LeaseLoss.FENCED)  # the first one stays
     term.extend(clock.now, wall.now)
-    with pytest.raises(LeaseLostError, match="renewal matched no row"):
+    with pytest.raises(LeaseLostError, match="renewal matched no row") as lost:
         term.check()
+    assert lost.value.context["cause"] is LeaseLoss.TAKEN_OVER
 
 
 def test_a_paused_host_stops_trusting_at_once_on_resume() -> None:
@@ -130,6 +134,7 @@ def test_a_paused_host_stops_trusting_at_once_on_resume() -> None:
     assert not term.held
     with pytest.raises(LeaseLostError, match=r"wall clock jumped 20\.0s ahead .* was paused, or"):
         term.check()
+    assert term.lost_cause is LeaseLoss.CLOCK_JUMP
 
 
 def test_a_pause_between_a_renewal_and_its_reply_counts_too() -> None:
@@ -168,6 +173,36 @@ async def test_the_store_reads_the_wall_clock_before_the_statement_goes_out(
         term = got
     assert term.jumped() == pytest.approx(30.0)
     assert not term.held
+
+
+@pytest.mark.parametrize("readable", [True, False])
+async def test_a_refused_renewal_reads_the_lease_row_back_for_its_reason(
+    monkeypatch: pytest.MonkeyPatch, readable: bool
+) -> None:
+    clock, wall = FakeClock(), FakeClock()
+    term = LeaseTerm("g", 0, "me", 5, 15.0, 0.0, clock, wall=wall)
+    term.extend(clock.now, wall.now)
+
+    async def renewed_nothing(*_: object) -> list[tuple[int]]:
+        return []
+
+    async def lease_row(*_: object) -> tuple[object, ...]:
+        if not readable:
+            raise psycopg.OperationalError("connection lost")
+        return (6, "other-host", None, None)
+
+    monkeypatch.setattr(lease_module.db, "rows_async", renewed_nothing)
+    monkeypatch.setattr(lease_module.db, "one_async", lease_row)
+    store = LeaseStore("outboxkit", clock=clock, wall=wall)
+    assert await store.renew_many(None, [term]) == [term]  # type: ignore[arg-type]
+    if readable:
+        assert term.lost_cause is LeaseLoss.TAKEN_OVER
+        assert term.lost_reason == (
+            "renewal matched no lease row: taken over (token 6 now, held by other-host)"
+        )
+    else:
+        assert term.lost_cause is LeaseLoss.UNKNOWN
+        assert "could not be read" in str(term.lost_reason)
 
 
 def test_small_or_backward_wall_steps_change_nothing() -> None:

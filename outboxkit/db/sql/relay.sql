@@ -31,9 +31,10 @@ WHERE l.relay_group = :group AND l.shard = t.shard AND l.token = t.token
 RETURNING l.shard;
 
 -- name: lease_state
--- Why a token check just failed, for the log: the shard's lease row and the database clock that
--- the check (the _lease_held fragment) compared it with.
-SELECT token, holder, expires_at, now() FROM {schema}.relay_lease
+-- Why a token check or a renewal just failed, for the log and the lease-lost reason: the shard's
+-- lease row and the clock the failed statement compared it with (:now when it was given one).
+SELECT token, holder, expires_at, coalesce(CAST(:now AS timestamptz), now())
+FROM {schema}.relay_lease
 WHERE relay_group = :group AND shard = :shard;
 
 -- name: lease_release
