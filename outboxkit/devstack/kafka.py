@@ -25,8 +25,8 @@ from outboxkit.devstack.process import ManagedServer, ServiceProcess, free_port
 from outboxkit.devstack.sasl import SCRAM_SHA_512, SaslSslListener
 from outboxkit.devstack.tls import make_broker_tls
 from outboxkit.errors import DevStackError, OutboxkitError
-from outboxkit.kafka import KafkaClients
-from outboxkit.settings import KafkaSettings, SecurityProtocol
+from outboxkit.kafka import KafkaClients, resolve_client
+from outboxkit.settings import KafkaClient, KafkaSettings, SecurityProtocol
 
 KAFKA_VERSION = "4.1.1"
 _LOG4J_VERSION = "2.24.3"
@@ -115,7 +115,9 @@ def _java() -> str:
 
 def _metadata_ok(settings: KafkaSettings) -> bool:
     """A real metadata request through the Kafka seam (whichever client is installed)."""
-    quiet = settings.model_copy(update={"properties": {"log_level": SecretStr("0")}})
+    quiet = settings
+    if resolve_client(settings) is KafkaClient.CONFLUENT:  # aiokafka reads no librdkafka property
+        quiet = settings.model_copy(update={"properties": {"log_level": SecretStr("0")}})
 
     async def probe() -> None:
         admin = KafkaClients(quiet, timeout=2.0).admin()

@@ -18,6 +18,8 @@ from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
 
 LIBRDKAFKA_LOGGER = logging.getLogger("outboxkit.kafka.librdkafka")
+logger = logging.getLogger("outboxkit.kafka")
+_unread_warned: set[frozenset[str]] = set()  # property sets already named (once per process)
 
 
 class _CredentialsHint(logging.Filter):
@@ -148,8 +150,18 @@ def aiokafka_options(
     settings: KafkaSettings, defaults: Mapping[str, Any] | None = None, **overrides: Any
 ) -> dict[str, Any]:
     """aiokafka keyword arguments, later wins: ``defaults``, connection + security, then
-    ``overrides``. (``properties`` are librdkafka names: aiokafka does not read them.)"""
+    ``overrides``. ``properties`` are librdkafka names, which aiokafka does not read: said once
+    per process in a warning (names only), as a silently ignored setting would be a trap."""
     _check_sasl(settings)
+    names = frozenset(settings.properties)
+    if names and names not in _unread_warned:
+        _unread_warned.add(names)
+        logger.warning(
+            "[kafka] properties %s are librdkafka (confluent-kafka) properties: the aiokafka"
+            " clients do not read them (set OUTBOXKIT_KAFKA_CLIENT=confluent for the"
+            " relay, or remove them)",
+            ", ".join(sorted(names)),
+        )
     options: dict[str, Any] = dict(defaults or {})
     options |= {
         "bootstrap_servers": _require_bootstrap(settings),

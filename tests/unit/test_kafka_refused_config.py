@@ -71,3 +71,28 @@ def test_a_refused_kafka_property_is_a_configuration_error_without_its_value(
     assert problem in message, message
     assert "OUTBOXKIT_KAFKA_" in message
     assert SECRET not in message
+
+
+def test_aiokafka_names_the_librdkafka_properties_it_does_not_read_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A setting silently ignored would be a trap: aiokafka says which ones, never their value."""
+    from outboxkit.kafka.config import aiokafka_options
+
+    settings = KafkaSettings(
+        bootstrap=UNREACHABLE,
+        properties={"message.max.bytes": "5000000", "sasl.oauthbearer.config": SECRET},
+    )
+    with caplog.at_level("WARNING", logger="outboxkit.kafka"):
+        options = aiokafka_options(settings)
+        aiokafka_options(settings)  # the same set again: not repeated
+    warnings = [r.getMessage() for r in caplog.records if r.name == "outboxkit.kafka"]
+    assert len(warnings) == 1, warnings
+    assert "message.max.bytes, sasl.oauthbearer.config" in warnings[0]
+    assert "aiokafka clients do not read them" in warnings[0]
+    assert SECRET not in warnings[0]
+    assert SECRET not in repr(options)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="outboxkit.kafka"):
+        aiokafka_options(KafkaSettings(bootstrap=UNREACHABLE))
+    assert not caplog.records
