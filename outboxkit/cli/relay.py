@@ -156,7 +156,11 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
     try:
         from outboxkit.relay.runner import Relay
     except ImportError as exc:
-        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0], "confluent")
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:  # not an optional extra: a broken or half-upgraded installation
+            raise click.ClickException(
+                f"the relay cannot start: {exc}; reinstall outboxkit with its dependencies"
+            ) from None
         raise click.ClickException(
             f"the relay needs {exc.name}, which is not installed: pip install 'outboxkit[{extra}]'"
         ) from None

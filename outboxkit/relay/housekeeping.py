@@ -19,7 +19,8 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
-from outboxkit.relay.lease import LeaseTerm, token_check_failed
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.lease_loss import token_check_failed
 from outboxkit.settings import RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.housekeeping")

@@ -20,35 +20,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
-from typing import Any, NoReturn
+from typing import Any
 
 import psycopg
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError
+from outboxkit.relay.lease_loss import (
+    JUMP_SECONDS,
+    UNREADABLE,
+    LeaseLoss,
+    explain_losses,
+    jump_note,
+)
 
 logger = logging.getLogger("outboxkit.relay.lease")
 
 Clock = Callable[[], float]
-
-
-class LeaseLoss(StrEnum):
-    """Why a term ended in lease lost: the ``reason`` label of
-    ``outboxkit_relay_lease_lost_total``, so a clock problem can be told from contention or a
-    second relay in an alert."""
-
-    TAKEN_OVER = "taken_over"  # the lease row shows a newer token
-    RELEASED = "released"  # the row shows this term's token, released (by an operator)
-    EXPIRED = "expired"  # expired by the database clock; renewals had not succeeded
-    CLOCK_JUMP = "clock_jump"  # a paused host, or a clock stepped: the clocks disagree
-    TRUST_LAPSED = "trust_lapsed"  # the local trust deadline passed before a renewal succeeded
-    FENCED = "fenced"  # Kafka fenced this term's producer
-    UNKNOWN = "unknown"  # the lease row could not be read, or shows nothing wrong
-
-
-#: A forward jump of the wall clock this large counts as a pause or a stepped clock.
-JUMP_SECONDS = 1.0
 
 
 def trust_margin(ttl: float) -> float:
@@ -91,9 +79,19 @@ class LeaseTerm:
         sent (a paused VM's pause; NTP's slewing adds milliseconds at most). Never negative."""
         return max(0.0, self.wall() - self.clock() - self._offset)
 
+    def cause_of(self, cause: LeaseLoss) -> LeaseLoss:
+        """``cause``, unless the wall clock jumped since the last renewal: then the pause (or
+        the stepped clock) is what ended the term, whatever the lease row shows now."""
+        return LeaseLoss.CLOCK_JUMP if self.jumped() >= JUMP_SECONDS else cause
+
+    def trusted_for(self) -> float:
+        """Seconds of trust left by the monotonic clock alone (the wall clock's jump not
+        counted)."""
+        return self.trusted_until - self.clock()
+
     def remaining(self) -> float:
         """Seconds this term is still trusted (negative: past its deadline)."""
-        return self.trusted_until - self.clock() - self.jumped()
+        return self.trusted_for() - self.jumped()
 
     @property
     def held(self) -> bool:
@@ -102,19 +100,10 @@ class LeaseTerm:
     def check(self) -> None:
         """Raise :class:`LeaseLostError` unless the term is still trusted."""
         if self.lost_reason is None and self.remaining() <= 0:
-            jumped = self.jumped()
-            if jumped >= JUMP_SECONDS:
-                self.mark_lost(
-                    "local trust deadline passed before a renewal succeeded (the wall clock"
-                    f" jumped {jumped:.1f}s ahead of the monotonic clock: this host was paused,"
-                    " or its clock was stepped)",
-                    LeaseLoss.CLOCK_JUMP,
-                )
-            else:
-                self.mark_lost(
-                    "local trust deadline passed before a renewal succeeded",
-                    LeaseLoss.TRUST_LAPSED,
-                )
+            self.mark_lost(
+                "local trust deadline passed before a renewal succeeded" + jump_note(self),
+                self.cause_of(LeaseLoss.TRUST_LAPSED),
+            )
         if self.lost_reason is not None:
             raise LeaseLostError(
                 f"lease of shard {self.shard} lost: {self.lost_reason}",
@@ -125,67 +114,6 @@ class LeaseTerm:
 
     def sql_params(self) -> dict[str, object]:
         return {"group": self.group, "shard": self.shard, "token": self.token}
-
-
-def why_check_failed(term: LeaseTerm, row: tuple[Any, ...] | None) -> tuple[LeaseLoss, str]:
-    """Explain a failed token check from the lease row (token, holder, expires_at, now).
-
-    The expired case names the clock gap on purpose: this process still trusting its term while
-    the database calls it expired means the database's clock moved faster than ours (this host
-    paused without its wall clock stepped yet, or the database host's clock stepped).
-    """
-    if row is None:
-        return LeaseLoss.UNKNOWN, "the lease row is gone"
-    token, holder, expires_at, now = row
-    if int(token) != term.token:
-        held_by = f"held by {holder}" if holder is not None else "since released"
-        return LeaseLoss.TAKEN_OVER, f"taken over (token {token} now, {held_by})"
-    if holder is None:
-        return LeaseLoss.RELEASED, "released"
-    if expires_at <= now:
-        ago = (now - expires_at).total_seconds()
-        trusted = term.remaining()
-        if trusted > 0:
-            return LeaseLoss.CLOCK_JUMP, (
-                f"expired by the database clock {ago:.1f}s ago while this process still trusted"
-                f" it for {trusted:.1f}s (the clocks disagree: this host was paused, or the"
-                " database host's clock jumped or was stepped)"
-            )
-        return LeaseLoss.EXPIRED, (
-            f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
-        )
-    return LeaseLoss.UNKNOWN, "the token check failed, but the lease row is ours and unexpired now"
-
-
-async def explain_loss(
-    conn: psycopg.AsyncConnection[Any],
-    schema: str,
-    term: LeaseTerm,
-    now: datetime | None = None,
-) -> tuple[LeaseLoss, str]:
-    """Read the lease row back (only after a refusal) and say why the term is lost; ``now``: the
-    clock the refused statement was given (tests), else the database's."""
-    try:
-        row = await db.one_async(
-            conn,
-            db.query("relay", "lease_state", schema),
-            {"group": term.group, "shard": term.shard, "now": now},
-        )
-    except psycopg.Error:
-        return LeaseLoss.UNKNOWN, "expired or taken over (the lease row could not be read)"
-    return why_check_failed(term, row)
-
-
-async def token_check_failed(
-    conn: psycopg.AsyncConnection[Any], schema: str, term: LeaseTerm, during: str
-) -> NoReturn:
-    """A fenced write found the lease not held: mark the term lost with the reason the lease row
-    shows (best effort: read on the same connection, which the failed check left usable)."""
-    cause, why = await explain_loss(conn, schema, term)
-    term.mark_lost(f"{during}: the token check failed: {why}", cause)
-    raise LeaseLostError(
-        f"lease of shard {term.shard} lost during {during}: {why}", shard=term.shard, cause=cause
-    )
 
 
 class LeaseStore:
@@ -261,14 +189,19 @@ class LeaseStore:
             },
         )
         renewed = {int(row[0]) for row in rows}
-        lost = []
+        lost = [term for term in terms if term.shard not in renewed]
         for term in terms:
             if term.shard in renewed:
                 term.extend(sent_at, sent_wall)
-            else:
-                cause, why = await explain_loss(conn, self._schema, term, now)
-                term.mark_lost(f"renewal matched no lease row: {why}", cause)
-                lost.append(term)
+        if lost:
+            # Every renewed term is extended first: a slow or cancelled read-back below must not
+            # cost them their renewal. The lost ones are marked whatever happens to it.
+            reasons = [(term.cause_of(LeaseLoss.UNKNOWN), UNREADABLE) for term in lost]
+            try:
+                reasons = await explain_losses(conn, self._schema, lost, now)
+            finally:
+                for term, (cause, why) in zip(lost, reasons, strict=True):
+                    term.mark_lost(f"renewal matched no lease row: {why}", cause)
         return lost
 
     async def release(self, conn: psycopg.AsyncConnection[Any], term: LeaseTerm) -> bool:

@@ -62,7 +62,7 @@ class RelayMetrics:
         )
         self.lease_lost = Counter(
             "outboxkit_relay_lease_lost",
-            "Leases lost while active, by reason (outboxkit.relay.lease.LeaseLoss).",
+            "Leases lost while active, by reason (outboxkit.relay.lease_loss.LeaseLoss).",
             ["shard", "reason"],
             registry=r,
         )

@@ -18,7 +18,8 @@ import psycopg
 from outboxkit import db, wire
 from outboxkit.db.id_arrays import BigintIds
 from outboxkit.kafka.api import ProduceRequest
-from outboxkit.relay.lease import LeaseTerm, token_check_failed
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.lease_loss import token_check_failed
 
 Conn = psycopg.AsyncConnection[Any]
 

@@ -31,7 +31,8 @@ from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.housekeeping import Housekeeping
-from outboxkit.relay.lease import LeaseLoss, LeaseTerm
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
@@ -267,12 +268,13 @@ class ShardWorker:
                 await self._close_all(producers)
 
     def _fenced(self, term: LeaseTerm, exc: ProducerFencedError) -> LeaseLostError:
-        term.mark_lost(f"Kafka fenced our producer: {exc}", LeaseLoss.FENCED)
+        # A term already lost keeps its first reason; a fenced one after a pause is a clock jump.
+        term.mark_lost(f"Kafka fenced our producer: {exc}", term.cause_of(LeaseLoss.FENCED))
         return LeaseLostError(
             f"lease of shard {self.shard} lost: Kafka fenced our producer ({exc})",
             shard=self.shard,
             token=term.token,
-            cause=LeaseLoss.FENCED,
+            cause=term.lost_cause,
         )
 
     @property

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
+from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.runner import Relay
 from tests.relay_support import relay_settings, running_relay, set_shard_count
 from tests.support.waiting import wait_for_async
@@ -151,6 +152,13 @@ async def test_a_lease_taken_over_is_lost_alone_in_the_shared_renewal(
         assert not victim.active.is_set()
         assert [w.lease_lost_count for s, w in relay.workers.items() if s != 2] == [0, 0, 0]
         assert _held(relay) == 3
+        counted = {  # counted with the reason the lease row shows
+            (sample.labels["shard"], sample.labels["reason"])
+            for metric in relay.metrics.lease_lost.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total") and sample.value
+        }
+        assert counted == {("2", LeaseLoss.TAKEN_OVER)}
 
 
 async def test_a_broken_lease_connection_is_reopened_and_no_lease_lost(

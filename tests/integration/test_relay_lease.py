@@ -15,7 +15,8 @@ import pytest
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError
-from outboxkit.relay.lease import LeaseLoss, LeaseStore
+from outboxkit.relay.lease import LeaseStore
+from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.reader import ShardStore
 from tests.relay_support import (
     insert_rows,

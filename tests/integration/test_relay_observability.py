@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from outboxkit.relay.lease import LeaseLoss
+from outboxkit.relay.lease_loss import LeaseLoss
 from tests.relay_support import (
     insert_rows,
     payloads,

@@ -250,3 +250,22 @@ def test_an_unreadable_history_exits_with_its_own_code(tmp_path: Path, text: str
     from outboxkit.cli import verify
 
     assert verify.UNREADABLE_HISTORY == UNREADABLE_HISTORY != 1  # 1 is "anomalies found"
+
+
+def test_relay_run_with_a_module_of_outboxkit_missing_names_no_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module of outboxkit itself missing (a broken or half-upgraded installation) must not
+    send the user to install an unrelated extra."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "outboxkit.relay.runner", None)  # its import now fails
+    result = CliRunner().invoke(
+        main,
+        ["relay", "run", "--database-url", "postgresql://u@127.0.0.1:1/db"],
+        env={"OUTBOXKIT_KAFKA_BOOTSTRAP": "127.0.0.1:1"},
+    )
+    assert result.exit_code == 1, result.output
+    assert "outboxkit.relay.runner" in result.output
+    assert "reinstall outboxkit with its dependencies" in result.output
+    assert "pip install 'outboxkit[" not in result.output

@@ -63,7 +63,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "lease_acquire": {"group", "shard", "holder", "ttl", "now"},
         "lease_renew_many": {"group", "holder", "shards", "tokens", "ttl", "now"},
         "lease_release": _FENCE,
-        "lease_state": {"group", "shard", "now"},
+        "lease_state": {"group", "shards", "now"},
         "claim_batch": {"shard", "skip_parked_keys", "in_flight", "limit", "max_bytes"},
         "mark_published": _FENCE | {"ids"},
         "reconcile_published": _FENCE | {"ids", "event_ids"},

@@ -10,7 +10,6 @@ import random
 import time
 import uuid
 
-import psycopg
 import pytest
 
 from outboxkit.errors import LeaseLostError, PublishError
@@ -19,7 +18,8 @@ from outboxkit.kafka.api import ProduceRequest, RecordError, transactional_id
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.relay import lease as lease_module
 from outboxkit.relay.checkpoint import Checkpoint, checkpoint_key
-from outboxkit.relay.lease import LeaseLoss, LeaseStore, LeaseTerm, trust_margin
+from outboxkit.relay.lease import LeaseStore, LeaseTerm, trust_margin
+from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher
 from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
@@ -173,36 +173,6 @@ async def test_the_store_reads_the_wall_clock_before_the_statement_goes_out(
         term = got
     assert term.jumped() == pytest.approx(30.0)
     assert not term.held
-
-
-@pytest.mark.parametrize("readable", [True, False])
-async def test_a_refused_renewal_reads_the_lease_row_back_for_its_reason(
-    monkeypatch: pytest.MonkeyPatch, readable: bool
-) -> None:
-    clock, wall = FakeClock(), FakeClock()
-    term = LeaseTerm("g", 0, "me", 5, 15.0, 0.0, clock, wall=wall)
-    term.extend(clock.now, wall.now)
-
-    async def renewed_nothing(*_: object) -> list[tuple[int]]:
-        return []
-
-    async def lease_row(*_: object) -> tuple[object, ...]:
-        if not readable:
-            raise psycopg.OperationalError("connection lost")
-        return (6, "other-host", None, None)
-
-    monkeypatch.setattr(lease_module.db, "rows_async", renewed_nothing)
-    monkeypatch.setattr(lease_module.db, "one_async", lease_row)
-    store = LeaseStore("outboxkit", clock=clock, wall=wall)
-    assert await store.renew_many(None, [term]) == [term]  # type: ignore[arg-type]
-    if readable:
-        assert term.lost_cause is LeaseLoss.TAKEN_OVER
-        assert term.lost_reason == (
-            "renewal matched no lease row: taken over (token 6 now, held by other-host)"
-        )
-    else:
-        assert term.lost_cause is LeaseLoss.UNKNOWN
-        assert "could not be read" in str(term.lost_reason)
 
 
 def test_small_or_backward_wall_steps_change_nothing() -> None:

@@ -31,11 +31,11 @@ WHERE l.relay_group = :group AND l.shard = t.shard AND l.token = t.token
 RETURNING l.shard;
 
 -- name: lease_state
--- Why a token check or a renewal just failed, for the log and the lease-lost reason: the shard's
--- lease row and the clock the failed statement compared it with (:now when it was given one).
-SELECT token, holder, expires_at, coalesce(CAST(:now AS timestamptz), now())
+-- Why a token check or a renewal just failed, for the log and the lease-lost reason: the shards'
+-- lease rows and the clock the failed statement compared them with (:now when it had one).
+SELECT shard, token, holder, expires_at, coalesce(CAST(:now AS timestamptz), now())
 FROM {schema}.relay_lease
-WHERE relay_group = :group AND shard = :shard;
+WHERE relay_group = :group AND shard = ANY(CAST(:shards AS integer[]));
 
 -- name: lease_release
 UPDATE {schema}.relay_lease
