@@ -19,7 +19,7 @@ from outboxkit.settings import KafkaSettings
 
 LIBRDKAFKA_LOGGER = logging.getLogger("outboxkit.kafka.librdkafka")
 logger = logging.getLogger("outboxkit.kafka")
-_unread_warned: set[frozenset[str]] = set()  # property sets already named (once per process)
+_unread_warned: set[frozenset[str]] = set()  # property sets already named in this process
 
 
 class _CredentialsHint(logging.Filter):
@@ -150,16 +150,17 @@ def aiokafka_options(
     settings: KafkaSettings, defaults: Mapping[str, Any] | None = None, **overrides: Any
 ) -> dict[str, Any]:
     """aiokafka keyword arguments, later wins: ``defaults``, connection + security, then
-    ``overrides``. ``properties`` are librdkafka names, which aiokafka does not read: said once
-    per process in a warning (names only), as a silently ignored setting would be a trap."""
+    ``overrides``. ``properties`` are librdkafka names, which aiokafka does not read: said in a
+    warning (names only, once per process and set of names), as a silently ignored setting
+    would be a trap."""
     _check_sasl(settings)
     names = frozenset(settings.properties)
     if names and names not in _unread_warned:
         _unread_warned.add(names)
         logger.warning(
-            "[kafka] properties %s are librdkafka (confluent-kafka) properties: the aiokafka"
-            " clients do not read them (set OUTBOXKIT_KAFKA_CLIENT=confluent for the"
-            " relay, or remove them)",
+            "[kafka] properties %s are librdkafka properties: they apply to the confluent-kafka"
+            " clients only, and this process builds an aiokafka client, which does not read"
+            " them (remove them if no client here is confluent-kafka's)",
             ", ".join(sorted(names)),
         )
     options: dict[str, Any] = dict(defaults or {})

@@ -135,6 +135,10 @@ class ProcessLeases:
                 # A hung statement must not outlive the interval: drop it and reconnect.
                 lost = await asyncio.wait_for(self._renew([h.term for h in held]), interval)
             except Exception as exc:  # the renewer must outlive any error
+                for each in held:  # terms the failed pass still marked lost (lease.renew_many)
+                    if each.term.lost_reason is not None:
+                        each.lost.set()
+                        each.wake.set()
                 async with self._lock:
                     await self._conn.drop()
                 delay = min(interval / 2, 1.0)

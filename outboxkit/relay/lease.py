@@ -26,13 +26,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError
-from outboxkit.relay.lease_loss import (
-    JUMP_SECONDS,
-    UNREADABLE,
-    LeaseLoss,
-    explain_losses,
-    jump_note,
-)
+from outboxkit.relay.lease_loss import UNREADABLE, LeaseLoss, blame_jump, explain_losses
 
 logger = logging.getLogger("outboxkit.relay.lease")
 
@@ -79,11 +73,6 @@ class LeaseTerm:
         sent (a paused VM's pause; NTP's slewing adds milliseconds at most). Never negative."""
         return max(0.0, self.wall() - self.clock() - self._offset)
 
-    def cause_of(self, cause: LeaseLoss) -> LeaseLoss:
-        """``cause``, unless the wall clock jumped since the last renewal: then the pause (or
-        the stepped clock) is what ended the term, whatever the lease row shows now."""
-        return LeaseLoss.CLOCK_JUMP if self.jumped() >= JUMP_SECONDS else cause
-
     def trusted_for(self) -> float:
         """Seconds of trust left by the monotonic clock alone (the wall clock's jump not
         counted)."""
@@ -100,10 +89,12 @@ class LeaseTerm:
     def check(self) -> None:
         """Raise :class:`LeaseLostError` unless the term is still trusted."""
         if self.lost_reason is None and self.remaining() <= 0:
-            self.mark_lost(
-                "local trust deadline passed before a renewal succeeded" + jump_note(self),
-                self.cause_of(LeaseLoss.TRUST_LAPSED),
+            cause, why = blame_jump(
+                self,
+                LeaseLoss.TRUST_LAPSED,
+                "local trust deadline passed before a renewal succeeded",
             )
+            self.mark_lost(why, cause)
         if self.lost_reason is not None:
             raise LeaseLostError(
                 f"lease of shard {self.shard} lost: {self.lost_reason}",
@@ -196,7 +187,7 @@ class LeaseStore:
         if lost:
             # Every renewed term is extended first: a slow or cancelled read-back below must not
             # cost them their renewal. The lost ones are marked whatever happens to it.
-            reasons = [(term.cause_of(LeaseLoss.UNKNOWN), UNREADABLE) for term in lost]
+            reasons = [blame_jump(term, LeaseLoss.UNKNOWN, UNREADABLE) for term in lost]
             try:
                 reasons = await explain_losses(conn, self._schema, lost, now)
             finally:

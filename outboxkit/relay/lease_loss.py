@@ -40,6 +40,12 @@ JUMP_SECONDS = 1.0
 
 UNREADABLE = "expired or taken over (the lease row could not be read)"
 
+#: What a pause (or a stepped clock) leads to: after a jump these are counted as ``clock_jump``.
+#: Not the others: a release or a lost commit is not something a pause causes.
+PAUSE_CONSEQUENCES = frozenset(
+    {LeaseLoss.TAKEN_OVER, LeaseLoss.EXPIRED, LeaseLoss.TRUST_LAPSED, LeaseLoss.FENCED}
+)
+
 
 def jump_note(term: LeaseTerm) -> str:
     """The clause a reason gets when the wall clock jumped since the last renewal, else ''."""
@@ -50,6 +56,15 @@ def jump_note(term: LeaseTerm) -> str:
         f" (the wall clock jumped {jumped:.1f}s ahead of the monotonic clock since the last"
         " renewal: this host was paused, or its clock was stepped)"
     )
+
+
+def blame_jump(term: LeaseTerm, cause: LeaseLoss, why: str) -> tuple[LeaseLoss, str]:
+    """``(cause, why)``, or, when the wall clock jumped since the last renewal, the jump named in
+    ``why`` and blamed for the causes a pause leads to."""
+    note = jump_note(term)
+    if not note:
+        return cause, why
+    return (LeaseLoss.CLOCK_JUMP if cause in PAUSE_CONSEQUENCES else cause), why + note
 
 
 def _what_the_row_shows(term: LeaseTerm, row: Sequence[Any] | None) -> tuple[LeaseLoss, str]:
@@ -83,14 +98,12 @@ def _what_the_row_shows(term: LeaseTerm, row: Sequence[Any] | None) -> tuple[Lea
         return LeaseLoss.EXPIRED, (
             f"expired by the database clock {ago:.1f}s ago (renewals did not succeed)"
         )
-    return LeaseLoss.UNKNOWN, "the token check failed, but the lease row is ours and unexpired now"
+    return LeaseLoss.UNKNOWN, "refused, but the lease row is ours and unexpired now"
 
 
 def why_check_failed(term: LeaseTerm, row: Sequence[Any] | None) -> tuple[LeaseLoss, str]:
     """Explain a refusal from the lease row (token, holder, expires_at, now)."""
-    cause, why = _what_the_row_shows(term, row)
-    note = jump_note(term)
-    return (LeaseLoss.CLOCK_JUMP, why + note) if note else (cause, why)
+    return blame_jump(term, *_what_the_row_shows(term, row))
 
 
 async def explain_losses(
@@ -108,8 +121,9 @@ async def explain_losses(
             db.query("relay", "lease_state", schema),
             {"group": terms[0].group, "shards": [t.shard for t in terms], "now": now},
         )
-    except Exception:  # a reason is best effort; the loss itself is certain
-        return [(term.cause_of(LeaseLoss.UNKNOWN), UNREADABLE) for term in terms]
+    except (psycopg.Error, OSError) as exc:  # a reason is best effort; the loss is certain
+        why = f"{UNREADABLE[:-1]}: {type(exc).__name__}: {exc})"
+        return [blame_jump(term, LeaseLoss.UNKNOWN, why) for term in terms]
     found = {int(row[0]): row[1:] for row in rows}
     return [why_check_failed(term, found.get(term.shard)) for term in terms]
 

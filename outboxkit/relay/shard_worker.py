@@ -32,7 +32,7 @@ from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.lease import LeaseTerm
-from outboxkit.relay.lease_loss import LeaseLoss
+from outboxkit.relay.lease_loss import LeaseLoss, blame_jump
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
@@ -268,10 +268,12 @@ class ShardWorker:
                 await self._close_all(producers)
 
     def _fenced(self, term: LeaseTerm, exc: ProducerFencedError) -> LeaseLostError:
-        # A term already lost keeps its first reason; a fenced one after a pause is a clock jump.
-        term.mark_lost(f"Kafka fenced our producer: {exc}", term.cause_of(LeaseLoss.FENCED))
+        """A term already lost keeps its first reason (the renewer may have seen the takeover
+        before Kafka's refusal arrived); a fenced one after a pause counts as a clock jump."""
+        cause, why = blame_jump(term, LeaseLoss.FENCED, f"Kafka fenced our producer ({exc})")
+        term.mark_lost(why, cause)
         return LeaseLostError(
-            f"lease of shard {self.shard} lost: Kafka fenced our producer ({exc})",
+            f"lease of shard {self.shard} lost: {term.lost_reason}",
             shard=self.shard,
             token=term.token,
             cause=term.lost_cause,

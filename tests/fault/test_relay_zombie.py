@@ -62,9 +62,10 @@ def _lease_lost_by_reason(port: int) -> dict[str, float]:
     ("point", "fenced_by", "reasons"),
     [
         # Resumed with its batch not sent yet: its records are refused as fenced in the middle
-        # of the send (librdkafka: a fatal error among the delivery callbacks).
-        ("before_send", r"fenced", {"fenced"}),
-        ("after_produce", r"fenced", {"fenced"}),
+        # of the send (librdkafka: a fatal error among the delivery callbacks), unless the
+        # renewer's refused renewal saw the takeover first.
+        ("before_send", r"fenced|taken over", {"fenced", "taken_over"}),
+        ("after_produce", r"fenced|taken over", {"fenced", "taken_over"}),
         # Resumed before its mark: either the local trust deadline stops it first, or the mark
         # is refused by the token check in SQL (tests/integration/test_relay_lease.py proves
         # that refusal directly).

@@ -1,6 +1,7 @@
 """relay/prometheus/outboxkit-rules.yaml, the deployable alert rules, says what
 docs/operations.md says: the same expressions and `for` durations, runbooks that name a section
-of that page, and only metrics and labels the relay and the consumer export."""
+of that page, and only metrics and labels the relay and the consumer export (plus the target
+labels Prometheus adds, ``job`` and ``instance``)."""
 
 from __future__ import annotations
 
@@ -67,8 +68,25 @@ def _exported() -> dict[str, set[str]]:
 
 
 def test_the_rules_are_the_documented_alerts() -> None:
-    rules = {(_flat(rule["expr"]), rule.get("for")) for rule in _rules()}
-    assert rules == _documented()
+    rules = [(_flat(rule["expr"]), rule.get("for")) for rule in _rules()]
+    assert len(rules) == len(set(rules))
+    assert set(rules) == _documented()
+
+
+def _result_labels(expr: str) -> set[str]:
+    """The labels an alert of ``expr`` carries: its first ``by (...)`` (the outermost
+    aggregation here), without ``le`` under histogram_quantile; none for absent()."""
+    if expr.startswith("absent("):
+        return set()
+    grouped = GROUPED_BY.search(expr)
+    assert grouped is not None, expr
+    return {g.strip() for g in grouped[1].split(",")} - {"le"}
+
+
+def test_the_summaries_use_only_labels_the_alert_carries() -> None:
+    for rule in _rules():
+        used = set(re.findall(r"\$labels\.(\w+)", rule["annotations"]["summary"]))
+        assert used <= _result_labels(rule["expr"]), rule
 
 
 def test_every_rule_has_a_severity_a_summary_and_a_runbook_section() -> None:
@@ -93,6 +111,6 @@ def test_the_rules_use_only_exported_metrics_and_their_labels() -> None:
     for rule in _rules():
         used = {re.sub(r"_(total|bucket|sum|count)$", "", m) for m in METRIC.findall(rule["expr"])}
         assert used <= set(exported), rule
-        labels = set().union(*(exported[m] for m in used)) | {"le"}
+        labels = set().union(*(exported[m] for m in used)) | {"le", "job", "instance"}
         for grouped in GROUPED_BY.findall(rule["expr"]):
             assert {g.strip() for g in grouped.split(",")} <= labels, rule

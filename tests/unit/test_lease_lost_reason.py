@@ -12,7 +12,7 @@ import pytest
 
 from outboxkit.relay import lease_loss
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
-from outboxkit.relay.lease_loss import LeaseLoss, why_check_failed
+from outboxkit.relay.lease_loss import LeaseLoss, blame_jump, why_check_failed
 
 pytestmark = pytest.mark.unit
 
@@ -83,7 +83,7 @@ def _term(trusted_for: float, shard: int = 0, wall: Callable[[], float] | None =
             (7, "A", NOW + timedelta(seconds=3), NOW),
             5.0,
             LeaseLoss.UNKNOWN,
-            "the token check failed, but the lease row is ours and unexpired now",
+            "refused, but the lease row is ours and unexpired now",
         ),
     ],
 )
@@ -94,24 +94,40 @@ def test_the_reason_names_what_the_lease_row_shows(
 
 
 @pytest.mark.parametrize(
-    "row",
+    ("row", "cause"),
     [
-        (8, "B", NOW + timedelta(seconds=9), NOW),  # a standby took over meanwhile
-        (7, "A", NOW - timedelta(seconds=20), NOW),  # or nobody did yet
+        # What a pause leads to: a standby took over meanwhile, or nobody did yet.
+        ((8, "B", NOW + timedelta(seconds=9), NOW), LeaseLoss.CLOCK_JUMP),
+        ((7, "A", NOW - timedelta(seconds=20), NOW), LeaseLoss.CLOCK_JUMP),
+        # What a pause does not cause keeps its own reason: a release, a lost commit.
+        ((7, None, NOW, NOW), LeaseLoss.RELEASED),
+        ((6, "A", NOW + timedelta(seconds=9), NOW), LeaseLoss.UNKNOWN),
     ],
 )
-def test_a_wall_clock_jump_outranks_what_the_row_shows(row: tuple[object, ...]) -> None:
-    """A resumed VM usually finds its lease taken over or expired: the pause is the cause."""
+def test_a_wall_clock_jump_outranks_what_a_pause_leads_to(
+    row: tuple[object, ...], cause: LeaseLoss
+) -> None:
     wall = FakeClock(0.0)
     term = _term(5.0, wall=wall)
     term.extend(100.0, 0.0)
     wall.now += 20.0  # paused 20 s; the monotonic clock stood still
-    cause, reason = why_check_failed(term, row)
-    assert cause is LeaseLoss.CLOCK_JUMP
+    found, reason = why_check_failed(term, row)
+    assert found is cause
     assert reason.endswith(
         "(the wall clock jumped 20.0s ahead of the monotonic clock since the last renewal:"
         " this host was paused, or its clock was stepped)"
     )
+
+
+def test_a_fenced_producer_after_a_pause_is_blamed_on_the_pause() -> None:
+    wall = FakeClock(0.0)
+    term = _term(5.0, wall=wall)
+    term.extend(100.0, 0.0)
+    assert blame_jump(term, LeaseLoss.FENCED, "fenced") == (LeaseLoss.FENCED, "fenced")
+    wall.now += 3.0
+    cause, why = blame_jump(term, LeaseLoss.FENCED, "fenced")
+    assert cause is LeaseLoss.CLOCK_JUMP
+    assert why.startswith("fenced (the wall clock jumped 3.0s ahead")
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, *answers: object) -> list[dict[str, object]]:
@@ -181,6 +197,14 @@ async def test_a_failed_read_back_costs_no_renewal_and_still_marks_the_lost(
     assert ok.lost_reason is None
     assert ok.trusted_for() > 5.0
     assert lost.lost_cause is LeaseLoss.UNKNOWN
-    assert lost.lost_reason == (
-        "renewal matched no lease row: expired or taken over (the lease row could not be read)"
+    assert (
+        lost.lost_reason
+        == "renewal matched no lease row: "
+        + {
+            "error": "expired or taken over (the lease row could not be read:"
+            " OperationalError: connection lost)",
+            "other": "expired or taken over (the lease row could not be read:"
+            " OSError: socket closed)",
+            "cancelled": "expired or taken over (the lease row could not be read)",
+        }[failure]
     )
