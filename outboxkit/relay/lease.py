@@ -26,7 +26,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError
-from outboxkit.relay.lease_loss import UNREADABLE, LeaseLoss, blame_jump, explain_losses
+from outboxkit.relay.lease_loss import LeaseLoss, blame_jump, explain_losses, unreadable
 
 logger = logging.getLogger("outboxkit.relay.lease")
 
@@ -187,7 +187,7 @@ class LeaseStore:
         if lost:
             # Every renewed term is extended first: a slow or cancelled read-back below must not
             # cost them their renewal. The lost ones are marked whatever happens to it.
-            reasons = [blame_jump(term, LeaseLoss.UNKNOWN, UNREADABLE) for term in lost]
+            reasons = [blame_jump(term, LeaseLoss.UNKNOWN, unreadable()) for term in lost]
             try:
                 reasons = await explain_losses(conn, self._schema, lost, now)
             finally:

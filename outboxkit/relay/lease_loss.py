@@ -1,9 +1,10 @@
 """Why a relay's lease term ended: the reason logged and counted (``reason`` label).
 
 A term ends as lost on a refused renewal, a failed token check, a passed trust deadline or a
-fenced producer. The first two read the lease row back to say what happened; a forward jump of
-this host's wall clock since the last renewal outranks what the row shows, because a paused host
-(or a stepped clock) is then the cause and a takeover only its consequence.
+fenced producer. The first two read the lease row back to say what happened. A forward jump of
+this host's wall clock since the last renewal outranks the reasons a pause leads to (taken over,
+expired, lapsed, fenced): the paused host (or the stepped clock) is then the cause and they only
+its consequence. It does not outrank a release or a lost commit, which no pause causes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ class LeaseLoss(StrEnum):
 #: A forward jump of the wall clock this large counts as a pause or a stepped clock.
 JUMP_SECONDS = 1.0
 
-UNREADABLE = "expired or taken over (the lease row could not be read)"
+
+def unreadable(error: Exception | None = None) -> str:
+    """The reason when the lease row could not be read back (``error``: what stopped it)."""
+    detail = f": {type(error).__name__}: {error}" if error is not None else ""
+    return f"expired or taken over (the lease row could not be read{detail})"
+
 
 #: What a pause (or a stepped clock) leads to: after a jump these are counted as ``clock_jump``.
 #: Not the others: a release or a lost commit is not something a pause causes.
@@ -122,8 +128,7 @@ async def explain_losses(
             {"group": terms[0].group, "shards": [t.shard for t in terms], "now": now},
         )
     except (psycopg.Error, OSError) as exc:  # a reason is best effort; the loss is certain
-        why = f"{UNREADABLE[:-1]}: {type(exc).__name__}: {exc})"
-        return [blame_jump(term, LeaseLoss.UNKNOWN, why) for term in terms]
+        return [blame_jump(term, LeaseLoss.UNKNOWN, unreadable(exc)) for term in terms]
     found = {int(row[0]): row[1:] for row in rows}
     return [why_check_failed(term, found.get(term.shard)) for term in terms]
 
