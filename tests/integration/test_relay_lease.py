@@ -7,6 +7,9 @@ database clock) instead of sleeping through a TTL.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +18,7 @@ import pytest
 
 from outboxkit import db
 from outboxkit.errors import LeaseLostError
-from outboxkit.relay.lease import LeaseStore
+from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.reader import ShardStore
 from tests.relay_support import (
@@ -30,6 +33,33 @@ pytestmark = pytest.mark.integration
 
 async def _conn(url: str) -> psycopg.AsyncConnection[Any]:
     return await db.connect_async(url)
+
+
+@dataclass
+class _HandedOver:
+    """Shard 0 of group "default" taken by holder B (``heir``, term ``new``) after holder A's
+    term (``zombie``, ``old``) expired; ``ids`` of pending rows."""
+
+    store: ShardStore
+    leases: LeaseStore
+    zombie: psycopg.AsyncConnection[Any]
+    heir: psycopg.AsyncConnection[Any]
+    old: LeaseTerm
+    new: LeaseTerm
+    ids: list[int]
+
+
+@asynccontextmanager
+async def _handed_over(url: str, rows: int) -> AsyncIterator[_HandedOver]:
+    set_shard_count(url, 1)
+    ids = insert_rows(url, "t", payloads("k", rows))
+    leases = LeaseStore("outboxkit")
+    async with await _conn(url) as zombie, await _conn(url) as heir:
+        old = await leases.acquire(zombie, "default", 0, "A", 30)
+        assert old is not None
+        new = await leases.acquire(heir, "default", 0, "B", 30, now=_later(31))
+        assert new is not None
+        yield _HandedOver(ShardStore("outboxkit"), leases, zombie, heir, old, new, ids)
 
 
 def _later(seconds: float) -> datetime:
@@ -78,15 +108,8 @@ async def test_concurrent_acquire_on_a_fresh_database_has_one_winner(
 
 
 async def test_writes_with_a_stale_token_change_nothing(outboxkit_db_url: str) -> None:
-    set_shard_count(outboxkit_db_url, 1)
-    ids = insert_rows(outboxkit_db_url, "t", payloads("k", 3))
-    leases = LeaseStore("outboxkit")
-    store = ShardStore("outboxkit")
-    async with await _conn(outboxkit_db_url) as zombie, await _conn(outboxkit_db_url) as heir:
-        old = await leases.acquire(zombie, "default", 0, "A", 30)
-        assert old is not None
-        new = await leases.acquire(heir, "default", 0, "B", 30, now=_later(31))
-        assert new is not None
+    async with _handed_over(outboxkit_db_url, 3) as h:
+        store, zombie, heir, old, new, ids = h.store, h.zombie, h.heir, h.old, h.new, h.ids
         for write in (
             store.mark_published(zombie, old, ids, delete=False),
             store.mark_published(zombie, old, ids, delete=True),
@@ -120,15 +143,9 @@ async def test_retention_deletes_only_rows_older_than_the_window(outboxkit_db_ur
 async def test_a_failed_token_check_says_why(outboxkit_db_url: str) -> None:
     """Taken over, released, or expired by the database clock while still trusted here (what a
     paused database host or a clock step there produces): the error names which."""
-    set_shard_count(outboxkit_db_url, 1)
-    ids = insert_rows(outboxkit_db_url, "t", payloads("k", 1))
-    leases = LeaseStore("outboxkit")
-    store = ShardStore("outboxkit")
-    async with await _conn(outboxkit_db_url) as a, await _conn(outboxkit_db_url) as b:
-        old = await leases.acquire(a, "default", 0, "A", 30)
-        assert old is not None
-        new = await leases.acquire(b, "default", 0, "B", 30, now=_later(31))
-        assert new is not None
+    async with _handed_over(outboxkit_db_url, 1) as h:
+        store, leases, ids = h.store, h.leases, h.ids
+        a, b, old, new = h.zombie, h.heir, h.old, h.new
         with pytest.raises(
             LeaseLostError, match=rf"taken over \(token {new.token} now, held by B\)"
         ):
