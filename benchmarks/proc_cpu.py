@@ -1,8 +1,11 @@
-"""CPU seconds of a process, or of a whole process group, from /proc (Linux only).
+"""CPU seconds of a process, or of a server with its worker processes, from /proc (Linux only).
 
-A process group covers a server and its workers (PostgreSQL's backends, Kafka's JVM threads are
-in its one process). Children that already exited are counted through the reaper's
-``cutime``/``cstime``, so short-lived backends are not lost between two readings.
+A server counts as its process and its direct children: PostgreSQL's backends and background
+workers are children of the postmaster, each in a process group and session of its own (every
+child calls ``setsid()``), so a process group would miss them; Kafka's JVM is one process.
+Children that already exited are counted through the parent's ``cutime``/``cstime``, so
+short-lived backends are not lost between two readings, and a child alive at both readings is
+counted from its own entry: each CPU second once.
 """
 
 from __future__ import annotations
@@ -34,19 +37,22 @@ def process_seconds(pid: int, *, children: bool = False) -> float:
     return ticks / TICKS
 
 
-def group_seconds(pgrp: int) -> float:
-    """All live processes of a process group, plus the children its leader has reaped."""
-    total = 0.0
+def tree_seconds(pid: int | None) -> float:
+    """``pid`` and its living direct children, each with the children it has reaped."""
+    if pid is None:
+        return 0.0
+    own = _fields(pid)
+    if own is None:
+        return 0.0
+    total = sum(int(f) for f in own[11:15])
+    parent = str(pid)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _fields(int(entry))
-        if fields is None or int(fields[2]) != pgrp:
-            continue
-        # Its own time plus its reaped children's (the postmaster reaps exited backends); a
-        # live child is never in its parent's cutime, so nothing is counted twice.
-        total += sum(int(f) for f in fields[11:15]) / TICKS
-    return total
+        if fields is not None and fields[1] == parent:  # ppid
+            total += sum(int(f) for f in fields[11:15])
+    return total / TICKS
 
 
 def _machine_ticks() -> list[int]:

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pause_watch import PauseWatch  # noqa: E402
-from proc_cpu import group_seconds, machine_busy, machine_steal, process_seconds  # noqa: E402
+from proc_cpu import machine_busy, machine_steal, process_seconds, tree_seconds  # noqa: E402
 
 from outboxkit import db  # noqa: E402
 from outboxkit.db.migrator import upgrade  # noqa: E402
@@ -63,8 +63,8 @@ LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 BATCH = 500
 KEYS = 1000
 MAX_BYTES = 16 * 1024 * 1024  # the relay's default max_batch_bytes (500 rows stay far below)
-# Process groups of the stack's PostgreSQL and Kafka (set by main), for CPU seconds from /proc.
-SERVICE_GROUPS: dict[str, int] = {}
+# Server pids of the stack's PostgreSQL and Kafka (set by main), for CPU seconds from /proc.
+SERVICE_PIDS: dict[str, int] = {}
 LOGS: dict[int, str] = {}  # relay pid -> its log file
 PAYLOAD_SQL = "convert_to(json_build_object('n', g, 'pad', repeat('x', 480))::text, 'UTF8')"
 
@@ -118,15 +118,24 @@ def published_span(url: str) -> tuple[int, float]:
 def wait_drained(
     url: str, rows: int, timeout: float = 600, procs: list[subprocess.Popen[bytes]] | None = None
 ) -> None:
+    """Until no row is pending. One connection and an index probe per check: a new connection
+    and a count over the whole table every half second cost PostgreSQL about 1.9 CPU seconds
+    per 100k rows, which the relay then competed with and the raw drain never paid."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        count, _ = published_span(url)
-        if count >= rows:
-            return
-        for proc in procs or []:
-            if proc.poll() is not None:
-                raise RuntimeError(f"relay exited with {proc.returncode}: {LOGS[proc.pid]}")
-        time.sleep(0.5)
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM outboxkit.outbox_message WHERE state = 'pending')"
+            ).fetchone()
+            if row is not None and not row[0]:
+                count, _ = published_span(url)
+                if count < rows:
+                    raise RuntimeError(f"drained with {count} of {rows} rows published")
+                return
+            for proc in procs or []:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"relay exited with {proc.returncode}: {LOGS[proc.pid]}")
+            time.sleep(0.5)
     raise RuntimeError("drain did not finish in time")
 
 
@@ -162,6 +171,12 @@ async def raw_drain_shard(url: str, shard: int) -> None:
 
 
 def raw_drain(server_url: str, topic: str, shards: int) -> float:
+    return raw_drain_with_cpu(server_url, topic, shards)[0]
+
+
+def raw_drain_with_cpu(server_url: str, topic: str, shards: int) -> tuple[float, dict[str, float]]:
+    """Rows/s of the claim + mark statements alone, and CPU seconds per 100k rows of this
+    process (their client) and of the servers: PostgreSQL's share is the floor any relay pays."""
     url = fresh_database(server_url, shards)
     try:
         fill(url, topic, ROWS)
@@ -169,11 +184,22 @@ def raw_drain(server_url: str, topic: str, shards: int) -> float:
         async def run() -> None:
             await asyncio.gather(*(raw_drain_shard(url, s) for s in range(shards)))
 
+        services_before, client_before = service_seconds(), _own_seconds()
         asyncio.run(run())
+        services_after, client_after = service_seconds(), _own_seconds()
         count, span = published_span(url)
-        return count / span
+        per = 100_000 / count
+        cpu = {"client": (client_after - client_before) * per}
+        for name, after in services_after.items():
+            cpu[name] = (after - services_before[name]) * per
+        return count / span, cpu
     finally:
         drop_database(server_url, url)
+
+
+def _own_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def relay_process(
@@ -223,7 +249,7 @@ def print_stages(proc: subprocess.Popen[bytes]) -> None:
 
 
 def service_seconds() -> dict[str, float]:
-    return {name: group_seconds(pgrp) for name, pgrp in SERVICE_GROUPS.items()}
+    return {name: tree_seconds(pid) for name, pid in SERVICE_PIDS.items()}
 
 
 def cpu_line(cpu: dict[str, float]) -> str:
@@ -433,12 +459,12 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
 
 
 def watch_services(stack: DevStack) -> None:
-    """Remember the self-started servers' process groups (none when they are external)."""
+    """Remember the self-started servers' pids (none when they are external)."""
     for name, server in (("postgres", stack.postgres), ("kafka", stack.kafka)):
         service = getattr(server, "_service", None)  # the dev stack's own process handle
         pid = getattr(service, "pid", None)
         if pid is not None:
-            SERVICE_GROUPS[name] = os.getpgid(pid)
+            SERVICE_PIDS[name] = pid
 
 
 def print_goals(
@@ -492,10 +518,10 @@ def main() -> None:
         for label, shards, batch, processes, mode, extra in runs:
             raw_key = f"raw{shards}"
             if raw_key not in results:
-                results[raw_key] = raw_drain(server_url, topic, shards)
+                results[raw_key], raw_cpu = raw_drain_with_cpu(server_url, topic, shards)
                 print(
                     f"raw drain (claim + mark, batches of {BATCH}), {shards} shard(s):"
-                    f" {results[raw_key]:,.0f} rows/s",
+                    f" {results[raw_key]:,.0f} rows/s{cpu_line(raw_cpu)}",
                     flush=True,
                 )
                 pauses.warn()
