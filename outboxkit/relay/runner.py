@@ -29,6 +29,7 @@ from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
 from outboxkit.relay.shard_worker import ShardWorker
+from outboxkit.relay.status_sampler import sample_forever
 from outboxkit.relay.waiting import backoff_delay, wait_any
 from outboxkit.settings import Mode, Settings
 
@@ -178,7 +179,18 @@ class Relay:
             self.settings.redacted(),
         )
         tasks = [asyncio.create_task(w.run(), name=f"shard-{s}") for s, w in self.workers.items()]
-        helpers = [asyncio.create_task(self._sample_forever())]
+        helpers = [
+            asyncio.create_task(
+                sample_forever(
+                    self.database_url,
+                    self.settings.schema_name,
+                    self.config.group,
+                    self.metrics,
+                    self.stop,
+                    every=max(1.0, self.config.poll_interval * 2),
+                )
+            )
+        ]
         if self.config.listen:
             helpers.append(
                 asyncio.create_task(
@@ -208,24 +220,3 @@ class Relay:
         elif shard is None:
             for each in self.workers.values():
                 each.wake.set()
-
-    async def _sample_forever(self) -> None:
-        """Backlog, oldest pending age, parked rows, group holders: for metrics and /healthz."""
-        status = db.query("relay", "status", self.settings.schema_name)
-        params = {"group": self.config.group}
-        while not self.stop.is_set():
-            try:
-                async with await db.connect_async(
-                    self.database_url, application_name="outboxkit-relay-sample"
-                ) as conn:
-                    while not self.stop.is_set():
-                        for row in await db.rows_async(conn, status, params):
-                            label = str(row[0])
-                            self.metrics.group_active.labels(label).set(1 if row[4] else 0)
-                            self.metrics.backlog.labels(label).set(row[5])
-                            self.metrics.oldest_pending.labels(label).set(float(row[6] or 0))
-                            self.metrics.parked_rows.labels(label).set(row[7])
-                        await wait_any([self.stop], max(1.0, self.config.poll_interval * 2))
-            except (psycopg.Error, OSError) as exc:
-                logger.info("status sampling failed: %s", exc)
-                await wait_any([self.stop], 2.0)

@@ -189,16 +189,25 @@ SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.ch
 
 -- name: status
 -- One row per shard: its lease (if any), backlog and oldest pending age, parked count.
+-- The backlog and its oldest row come from one walk of the shard's pending rows, in the partial
+-- pending index: "shard BETWEEN" and "ORDER BY shard, id" as in claim_batch, so statistics
+-- that still count a drained backlog as pending cannot turn each sample into a scan of the
+-- whole table (0.55 s against 0.05 s with 50,000 of 200,000 rows left).
 SELECT s.shard, l.holder, l.token, l.expires_at, (l.holder IS NOT NULL AND l.expires_at > now())
        AS active,
-       (SELECT count(*) FROM {schema}.outbox_message m
-        WHERE m.shard = s.shard AND m.state = 'pending') AS backlog,
-       (SELECT extract(epoch FROM now() - min(m.created_at)) FROM {schema}.outbox_message m
-        WHERE m.shard = s.shard AND m.state = 'pending') AS oldest_pending_seconds,
+       p.backlog, extract(epoch FROM now() - p.oldest) AS oldest_pending_seconds,
        (SELECT count(*) FROM {schema}.outbox_message m
         WHERE m.shard = s.shard AND m.state = 'parked') AS parked
 FROM generate_series(0, (SELECT shard_count FROM {schema}.outbox_setting) - 1) AS s(shard)
 LEFT JOIN {schema}.relay_lease l ON l.relay_group = :group AND l.shard = s.shard
+CROSS JOIN LATERAL (
+    SELECT count(*) AS backlog, min(o.created_at) AS oldest
+    FROM (
+        SELECT m.created_at FROM {schema}.outbox_message m
+        WHERE m.shard BETWEEN s.shard AND s.shard AND m.state = 'pending'
+        ORDER BY m.shard, m.id
+    ) o
+) p
 ORDER BY s.shard;
 
 -- name: parked_list
