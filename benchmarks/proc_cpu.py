@@ -5,7 +5,8 @@ workers are children of the postmaster, each in a process group and session of i
 child calls ``setsid()``), so a process group would miss them; Kafka's JVM is one process.
 Children that already exited are counted through the parent's ``cutime``/``cstime``, so
 short-lived backends are not lost between two readings, and a child alive at both readings is
-counted from its own entry: each CPU second once.
+counted from its own entry: each CPU second once (see :func:`tree_seconds` for a child reaped
+during a reading).
 """
 
 from __future__ import annotations
@@ -38,21 +39,34 @@ def process_seconds(pid: int, *, children: bool = False) -> float:
 
 
 def tree_seconds(pid: int | None) -> float:
-    """``pid`` and its living direct children, each with the children it has reaped."""
+    """``pid`` and its living direct children, each with the children it has reaped.
+
+    A child reaped while /proc is walked would be in neither reading: the walk is repeated until
+    the parent's reaped total is the same before and after it (a few tries at most)."""
     if pid is None:
         return 0.0
-    own = _fields(pid)
-    if own is None:
-        return 0.0
-    total = sum(int(f) for f in own[11:15])
-    parent = str(pid)
+    for _ in range(10):
+        before = _fields(pid)
+        if before is None:
+            return 0.0
+        children = _children_ticks(pid)
+        after = _fields(pid)
+        if after is None:
+            return 0.0
+        if after[13:15] == before[13:15]:
+            break
+    return (sum(int(f) for f in after[11:15]) + children) / TICKS
+
+
+def _children_ticks(pid: int) -> int:
+    total, parent = 0, str(pid)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _fields(int(entry))
         if fields is not None and fields[1] == parent:  # ppid
             total += sum(int(f) for f in fields[11:15])
-    return total / TICKS
+    return total
 
 
 def _machine_ticks() -> list[int]:
