@@ -240,7 +240,9 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
     group, schema = settings.relay.group, settings.schema_name
     with _database_errors(), _connect(settings) as conn:
         paused_row = db.one(conn, db.query("relay", "control_paused", schema), {"group": group})
-        rows = db.rows(conn, db.query("relay", "status", schema), {"group": group})
+        with conn.transaction():  # the backlog counted by walking the pending index (see SQL)
+            db.execute(conn, db.query("relay", "pending_walk_only", schema))
+            rows = db.rows(conn, db.query("relay", "status", schema), {"group": group})
     paused = bool(paused_row and paused_row[0])
     shards = [
         {

@@ -1,9 +1,11 @@
 """The relay's sampled gauges: backlog, oldest pending age, parked rows, group holders.
 
 Counting a shard's pending rows walks every one of them: about 0.3 s of PostgreSQL's CPU with
-200,000 pending on the 2-core machine of docs/relay.md. Taken every second, the samples cost a
-draining relay's database about a third of a core, just when the backlog needs it. So the pause
-after a sample grows with what the sample took, and sampling stays a small share of the time.
+200,000 pending on the 2-core machine of docs/relay.md. Taken every second, the counts cost a
+draining relay's database about a third of a core, just when the backlog needs it. So the
+backlog is counted again only after a pause that grows with what the last count took, while the
+holders and parked rows (cheap whatever the backlog; /healthz and the alerts read them) are
+read every interval.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ from outboxkit import db
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.waiting import wait_any
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("outboxkit.relay.status_sampler")
 
-# At most this share of the time is spent waiting for the sample's statement.
+# At most this share of the time is spent counting backlogs.
 DUTY = 0.05
 
 
-def sample_delay(base: float, took: float) -> float:
-    """Seconds from one sample's end to the next: ``base``, or longer when a sample that took
-    ``took`` seconds would otherwise be more than ``DUTY`` of the cycle."""
-    return max(base, took * (1 - DUTY) / DUTY)
+def backlog_delay(every: float, took: float) -> float:
+    """Seconds from one backlog count's end to the next: ``every``, or longer when a count that
+    took ``took`` seconds would otherwise be more than ``DUTY`` of the cycle."""
+    return max(every, took * (1 - DUTY) / DUTY)
 
 
 async def sample_forever(
@@ -39,25 +41,37 @@ async def sample_forever(
     *,
     every: float,
 ) -> None:
-    """Set the gauges every ``every`` seconds at most (see :func:`sample_delay`) until ``stop``."""
+    """Holders and parked rows every ``every`` seconds, backlogs as :func:`backlog_delay` allows,
+    until ``stop``."""
+    holders = db.query("relay", "holders", schema)
     status = db.query("relay", "status", schema)
+    walk_only = db.query("relay", "pending_walk_only", schema)
     params = {"group": group}
     while not stop.is_set():
         try:
             async with await db.connect_async(
                 url, application_name="outboxkit-relay-sample"
             ) as conn:
+                count_due = time.monotonic()
                 while not stop.is_set():
-                    started = time.monotonic()
-                    rows = await db.rows_async(conn, status, params)
-                    took = time.monotonic() - started
-                    for row in rows:
-                        label = str(row[0])
-                        metrics.group_active.labels(label).set(1 if row[4] else 0)
-                        metrics.backlog.labels(label).set(row[5])
-                        metrics.oldest_pending.labels(label).set(float(row[6] or 0))
-                        metrics.parked_rows.labels(label).set(row[7])
-                    await wait_any([stop], sample_delay(every, took))
+                    if time.monotonic() >= count_due:
+                        started = time.monotonic()
+                        async with conn.transaction():
+                            await db.execute_async(conn, walk_only)
+                            rows = await db.rows_async(conn, status, params)
+                        took = time.monotonic() - started
+                        count_due = time.monotonic() + backlog_delay(every, took)
+                        for row in rows:
+                            label = str(row[0])
+                            metrics.backlog.labels(label).set(row[5])
+                            metrics.oldest_pending.labels(label).set(float(row[6] or 0))
+                            metrics.group_active.labels(label).set(1 if row[4] else 0)
+                            metrics.parked_rows.labels(label).set(row[7])
+                    else:
+                        for shard, active, parked in await db.rows_async(conn, holders, params):
+                            metrics.group_active.labels(str(shard)).set(1 if active else 0)
+                            metrics.parked_rows.labels(str(shard)).set(parked)
+                    await wait_any([stop], every)
         except (psycopg.Error, OSError) as exc:
             logger.info("status sampling failed: %s", exc)
             await wait_any([stop], 2.0)

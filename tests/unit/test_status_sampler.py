@@ -1,25 +1,25 @@
-"""How long the relay waits between status samples (the pure part of the sampler)."""
+"""How long the relay waits before counting the backlog again (the pure part of the sampler)."""
 
 from __future__ import annotations
 
 import pytest
 
-from outboxkit.relay.status_sampler import DUTY, sample_delay
+from outboxkit.relay.status_sampler import DUTY, backlog_delay
 
 
-def test_a_cheap_sample_comes_every_base_interval() -> None:
-    assert sample_delay(1.0, 0.002) == 1.0
-    assert sample_delay(2.5, 0.0) == 2.5
+def test_a_cheap_count_comes_every_interval() -> None:
+    assert backlog_delay(1.0, 0.002) == 1.0
+    assert backlog_delay(2.5, 0.0) == 2.5
 
 
 @pytest.mark.parametrize("took", [0.06, 0.3, 1.5, 12.0])
-def test_an_expensive_sample_is_at_most_the_duty_share_of_its_cycle(took: float) -> None:
-    delay = sample_delay(1.0, took)
+def test_an_expensive_count_is_at_most_the_duty_share_of_its_cycle(took: float) -> None:
+    delay = backlog_delay(1.0, took)
     assert delay > 1.0
     assert took / (took + delay) == pytest.approx(DUTY)
 
 
-def test_the_delay_grows_with_what_the_sample_took() -> None:
-    delays = [sample_delay(1.0, took) for took in (0.01, 0.1, 0.3, 3.0)]
+def test_the_delay_grows_with_what_the_count_took() -> None:
+    delays = [backlog_delay(1.0, took) for took in (0.01, 0.1, 0.3, 3.0)]
     assert delays == sorted(delays)
     assert delays[-1] > delays[0]
