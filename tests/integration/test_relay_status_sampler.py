@@ -8,7 +8,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 
 from outboxkit import db
 from outboxkit.relay import status_sampler
@@ -45,7 +44,7 @@ async def test_holders_are_read_every_interval_while_a_costly_count_waits(
         return found
 
     monkeypatch.setattr(status_sampler.db, "rows_async", recorded)
-    metrics, stop = RelayMetrics(CollectorRegistry()), asyncio.Event()
+    metrics, stop = RelayMetrics(), asyncio.Event()
     task = asyncio.create_task(
         status_sampler.sample_forever(
             outboxkit_db_url, "outboxkit", "default", metrics, stop, every=0.01
