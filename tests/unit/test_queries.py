@@ -79,7 +79,9 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "shards_set": {"count"},
         "control_paused": {"group"},
         "control_set": {"group", "paused", "reason", "changed_by"},
+        "holders": {"group"},
         "status": {"group"},
+        "pending_walk_only": set(),
         "parked_list": {"limit"},
         "parked_retry": {"all", "ids"},
         "parked_discard": {"all", "ids"},
@@ -152,8 +154,9 @@ def test_one_schema_per_load() -> None:
     for q in all_queries("custom_schema"):
         assert '"outboxkit"' not in q.text
     # Every statement that names a table names it in the custom schema (LISTEN names a channel,
-    # shards_lock_timeout only sets the lock timeout, notify_shards only notifies).
-    no_table = {"listen", "shards_lock_timeout", "notify_shards"}
+    # shards_lock_timeout only sets the lock timeout, pending_walk_only planner settings,
+    # notify_shards only notifies).
+    no_table = {"listen", "shards_lock_timeout", "pending_walk_only", "notify_shards"}
     tables = [q for q in all_queries("custom_schema") if q.name not in no_table]
     assert all('"custom_schema".' in q.text for q in tables)
 
