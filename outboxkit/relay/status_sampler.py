@@ -62,16 +62,18 @@ async def sample_forever(
                         took = time.monotonic() - started
                         count_due = time.monotonic() + backlog_delay(every, took)
                         for row in rows:
-                            label = str(row[0])
-                            metrics.backlog.labels(label).set(row[5])
-                            metrics.oldest_pending.labels(label).set(float(row[6] or 0))
-                            metrics.group_active.labels(label).set(1 if row[4] else 0)
-                            metrics.parked_rows.labels(label).set(row[7])
+                            metrics.backlog.labels(str(row[0])).set(row[5])
+                            metrics.oldest_pending.labels(str(row[0])).set(float(row[6] or 0))
+                            _set_holder(metrics, row[0], row[4], row[7])
                     else:
                         for shard, active, parked in await db.rows_async(conn, holders, params):
-                            metrics.group_active.labels(str(shard)).set(1 if active else 0)
-                            metrics.parked_rows.labels(str(shard)).set(parked)
+                            _set_holder(metrics, shard, active, parked)
                     await wait_any([stop], every)
         except (psycopg.Error, OSError) as exc:
             logger.info("status sampling failed: %s", exc)
             await wait_any([stop], 2.0)
+
+
+def _set_holder(metrics: RelayMetrics, shard: int, active: bool, parked: int) -> None:
+    metrics.group_active.labels(str(shard)).set(1 if active else 0)
+    metrics.parked_rows.labels(str(shard)).set(parked)
