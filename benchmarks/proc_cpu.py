@@ -69,6 +69,17 @@ def _children_ticks(pid: int) -> int:
     return total
 
 
+def own_seconds() -> float:
+    """CPU seconds of this (benchmark) process."""
+    times = os.times()
+    return times.user + times.system
+
+
+def per_100k(before: dict[str, float], after: dict[str, float], rows: int) -> dict[str, float]:
+    """CPU seconds between two readings, per 100,000 rows."""
+    return {name: (after[name] - before[name]) * 100_000 / rows for name in after}
+
+
 def _machine_ticks() -> list[int]:
     # /proc/stat's first line: user nice system idle iowait irq softirq steal (guest time is
     # already counted in user/nice).

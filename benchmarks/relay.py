@@ -42,7 +42,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pause_watch import PauseWatch  # noqa: E402
-from proc_cpu import machine_busy, machine_steal, process_seconds, tree_seconds  # noqa: E402
+from proc_cpu import (  # noqa: E402
+    machine_busy,
+    machine_steal,
+    own_seconds,
+    per_100k,
+    process_seconds,
+    tree_seconds,
+)
 
 from outboxkit import db  # noqa: E402
 from outboxkit.db.migrator import upgrade  # noqa: E402
@@ -187,22 +194,13 @@ def raw_drain_with_cpu(server_url: str, topic: str, shards: int) -> tuple[float,
         async def run() -> None:
             await asyncio.gather(*(raw_drain_shard(url, s) for s in range(shards)))
 
-        services_before, client_before = service_seconds(), _own_seconds()
+        before = {"client": own_seconds(), **service_seconds()}
         asyncio.run(run())
-        services_after, client_after = service_seconds(), _own_seconds()
+        after = {"client": own_seconds(), **service_seconds()}
         count, span = published_span(url)
-        per = 100_000 / count
-        cpu = {"client": (client_after - client_before) * per}
-        for name, after in services_after.items():
-            cpu[name] = (after - services_before[name]) * per
-        return count / span, cpu
+        return count / span, per_100k(before, after, count)
     finally:
         drop_database(server_url, url)
-
-
-def _own_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 def relay_process(
@@ -304,9 +302,7 @@ def relay_throughput(
                 print_stages(proc)
         count, span = published_span(url)
         per = 100_000 / count
-        cpu = {"relay": relay_cpu * per}
-        for name, after in services_after.items():
-            cpu[name] = (after - services_before[name]) * per
+        cpu = {"relay": relay_cpu * per, **per_100k(services_before, services_after, count)}
         cpu["machine"] = (busy_after - busy_before) * per  # everything, both cores
         cpu["_cores"] = (busy_after - busy_before) / window  # busy cores over the same window
         cpu["_steal"] = steal / window  # cores' worth the hypervisor gave to other guests

@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from benchmarks.proc_cpu import machine_busy, machine_steal, tree_seconds
+from benchmarks.proc_cpu import machine_busy, machine_steal, own_seconds, tree_seconds
 
 
 def sample(pids: Mapping[str, int | None]) -> dict[str, float]:
     """CPU seconds so far of each named process tree, this benchmark process and the machine."""
     out = {name: tree_seconds(pid) for name, pid in pids.items()}
-    times = os.times()
-    out["bench_process"] = times.user + times.system
+    out["bench_process"] = own_seconds()
     # machine_busy keeps the meaning of the results already saved (steal counted as busy);
     # machine_steal says how much of it the hypervisor gave to other guests.
     steal = machine_steal()
