@@ -10,7 +10,8 @@ each. The order rotates every round, so in as many rounds as there are variants 
 runs once in every position (an order that only flipped put "after" second or third of four in
 every round, and an A/A run showed that slot alone lean by ~10 % in latency).
 ``BENCH_SHARDS4=1`` adds the defaults on 4 shards over 2 processes (against a 4-shard raw
-drain). A busy machine moves single figures a lot, so the medians over rounds are what to quote.
+drain; with ``BENCH_BEFORE`` for both sides). A busy machine moves single figures a lot, so
+the medians over rounds are what to quote.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def main() -> None:
                 rates.setdefault("raw4", []).append(raw4)
                 print(f"round {n + 1} raw drain, 4 shards: {raw4:,.0f} rows/s", flush=True)
                 pauses.warn()
-                runs.append(("eos-after-4x2", 4, 2, "exactly_once", {}))
+                four = [("eos-after-4x2", 4, 2, "exactly_once", {})]
+                if BEFORE:  # the 4-shard figure of both, in alternating order
+                    four.insert(n % 2, ("eos-before-4x2", 4, 2, "exactly_once", OLD))
+                runs += four
             for name, shards, procs, mode, extra in runs:
                 rate, cpu = bench.relay_throughput(
                     server, bootstrap, topic, shards, bench.BATCH, procs, mode, extra
@@ -118,10 +122,13 @@ def main() -> None:
                 f" p99 {statistics.median(q for _, q in lat[name]):.1f} ms"
             )
         print(line, flush=True)
-    if SHARDS4:
-        scale = [r4 / r1 for r4, r1 in zip(rates["eos-after-4x2"], rates["eos-after"], strict=True)]
+    for side in ("before", "after") if SHARDS4 else ():
+        if f"eos-{side}-4x2" not in rates:
+            continue
+        four, one = rates[f"eos-{side}-4x2"], rates[f"eos-{side}"]
+        scale = [r4 / r1 for r4, r1 in zip(four, one, strict=True)]
         print(
-            f"  4 shards over 2 processes / 1 shard (eos-after): {statistics.median(scale):.2f} x"
+            f"  4 shards over 2 processes / 1 shard (eos-{side}): {statistics.median(scale):.2f} x"
         )
     print(f"benchmark total {time.monotonic() - started:.0f}s")
 

@@ -32,6 +32,9 @@ class NullMetric:
     def collect(self) -> list[Any]:
         return []
 
+    def remove(self, *labelvalues: Any) -> None:
+        pass
+
 
 class NullRegistry:
     pass

@@ -185,6 +185,7 @@ class Relay:
                     self.database_url,
                     self.settings.schema_name,
                     self.config.group,
+                    self.holder,
                     self.metrics,
                     self.stop,
                     every=max(1.0, self.config.poll_interval * 2),

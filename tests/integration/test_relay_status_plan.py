@@ -58,8 +58,9 @@ def test_the_backlog_count_walks_the_pending_index_with_stale_statistics(
     with psycopg.connect(drained_backlog) as conn:
         conn.execute(walk_only.psycopg)
         sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
-        ((plan,),) = conn.execute(sql, {"group": "default"}).fetchall()
-        rows = conn.execute(statement.psycopg, {"group": "default"}).fetchall()
+        params = {"group": "default", "holder": None}
+        ((plan,),) = conn.execute(sql, params).fetchall()
+        rows = conn.execute(statement.psycopg, params).fetchall()
         conn.rollback()
     assert [(row[0], row[5]) for row in rows] == [(s, LEFT // SHARDS) for s in range(SHARDS)]
     assert all(row[6] is not None and row[7] == 0 for row in rows)
@@ -75,3 +76,33 @@ def test_the_backlog_count_walks_the_pending_index_with_stale_statistics(
     ]
     assert not others, plan
     assert sum(s["Actual Rows"] * s["Actual Loops"] for s in pending) == LEFT
+
+
+def test_a_relay_process_walks_no_backlog_another_process_holds(drained_backlog: str) -> None:
+    statement = query("relay", "status", "outboxkit")
+    walk_only = query("relay", "pending_walk_only", "outboxkit")
+    acquire = query("relay", "lease_acquire", "outboxkit")
+    with psycopg.connect(drained_backlog) as conn:
+        for shard, holder in ((0, "me"), (1, "other")):  # 2 and 3: nobody's
+            conn.execute(
+                acquire.psycopg,
+                {"group": "default", "shard": shard, "holder": holder, "ttl": 60, "now": None},
+            )
+        conn.execute(walk_only.psycopg)
+        sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
+        params = {"group": "default", "holder": "me"}
+        ((plan,),) = conn.execute(sql, params).fetchall()
+        rows = conn.execute(statement.psycopg, params).fetchall()
+        conn.rollback()
+    per_shard = LEFT // SHARDS
+    assert [(row[0], row[5], row[8]) for row in rows] == [
+        (0, per_shard, True),
+        (1, None, False),
+        (2, per_shard, True),
+        (3, per_shard, True),
+    ]
+    assert rows[1][6] is None  # no oldest age either
+    pending = [
+        s for s in _scans(plan[0]["Plan"]) if s.get("Index Name") == "outbox_message_pending_idx"
+    ]
+    assert sum(s["Actual Rows"] * s["Actual Loops"] for s in pending) == LEFT - per_shard, plan

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import psycopg
@@ -28,46 +29,108 @@ def _gauge(metric: Any, shard: str) -> float:
     return value
 
 
+def _series(metric: Any) -> dict[str, float]:
+    """The shards a gauge exports, with their values (without creating a series)."""
+    return {
+        sample.labels["shard"]: sample.value
+        for family in metric.collect()
+        for sample in family.samples
+    }
+
+
+def _take_lease(url: str, holder: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        db.one(
+            conn,
+            db.query("relay", "lease_acquire", "outboxkit"),
+            {"group": "default", "shard": 0, "holder": holder, "ttl": 60, "now": None},
+        )
+
+
+class _Recorder:
+    """The names of the statements the sampler read rows with, in order: the test's signal."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.done: asyncio.Queue[str] = asyncio.Queue()
+        real_rows = db.rows_async
+
+        async def recorded(conn: Any, query: db.Query, params: Any = None) -> Sequence[Any]:
+            found = await real_rows(conn, query, params)
+            self.done.put_nowait(query.name)
+            return found
+
+        monkeypatch.setattr(status_sampler.db, "rows_async", recorded)
+
+    async def next(self) -> str:
+        return await asyncio.wait_for(self.done.get(), 30)
+
+    async def until_count(self) -> None:
+        """Holders reads, a count, and the read after it (which begins once the count's gauges
+        are set)."""
+        async with asyncio.timeout(30):  # holders reads come every 10 ms: bound them too
+            while (name := await self.next()) != "status":
+                assert name == "holders"
+        assert await self.next() == "holders"
+
+
+@contextlib.asynccontextmanager
+async def _sampling(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[_Recorder, RelayMetrics]]:
+    """The sampler of relay process "me" over 10 pending rows of shard 0, every 10 ms, whose
+    backlog count, once made, is not due again for an hour."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(_FILL, {"rows": 10, "batch": 1})
+    monkeypatch.setattr(status_sampler, "backlog_delay", lambda *_: 3600.0)
+    reads = _Recorder(monkeypatch)
+    metrics, stop = RelayMetrics(), asyncio.Event()
+    task = asyncio.create_task(
+        status_sampler.sample_forever(url, "outboxkit", "default", "me", metrics, stop, every=0.01)
+    )
+    try:
+        yield reads, metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
 async def test_holders_are_read_every_interval_while_a_costly_count_waits(
     outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
-        conn.execute(_FILL, {"rows": 10, "batch": 1})
-    # As if the first count had been expensive: the next one is an hour away.
-    monkeypatch.setattr(status_sampler, "backlog_delay", lambda every, took: 3600.0)
-    done: asyncio.Queue[str] = asyncio.Queue()
-    real_rows = db.rows_async
-
-    async def recorded(conn: Any, query: db.Query, params: Any = None) -> Sequence[Any]:
-        found = await real_rows(conn, query, params)
-        done.put_nowait(query.name)
-        return found
-
-    monkeypatch.setattr(status_sampler.db, "rows_async", recorded)
-    metrics, stop = RelayMetrics(), asyncio.Event()
-    task = asyncio.create_task(
-        status_sampler.sample_forever(
-            outboxkit_db_url, "outboxkit", "default", metrics, stop, every=0.01
-        )
-    )
-    try:
-        # The count, then the first holders read (it begins after the count's gauges are set).
-        assert [await asyncio.wait_for(done.get(), 30) for _ in range(2)] == ["status", "holders"]
+    async with _sampling(outboxkit_db_url, monkeypatch) as (reads, metrics):
+        await reads.until_count()
         assert _gauge(metrics.backlog, "0") == 10
         assert _gauge(metrics.group_active, "0") == 0
         with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
             conn.execute(_FILL, {"rows": 5, "batch": 2})
-            db.one(
-                conn,
-                db.query("relay", "lease_acquire", "outboxkit"),
-                {"group": "default", "shard": 0, "holder": "h", "ttl": 60, "now": None},
-            )
+        _take_lease(outboxkit_db_url, "me")  # still ours to count: no new count is due
         # Holders read after the lease was taken: twice, so the second began after it.
-        assert [await asyncio.wait_for(done.get(), 30) for _ in range(2)] == ["holders"] * 2
-        while not done.empty():
-            assert done.get_nowait() == "holders"
+        assert [await reads.next() for _ in range(2)] == ["holders"] * 2
+        while not reads.done.empty():
+            assert reads.done.get_nowait() == "holders"
         assert _gauge(metrics.group_active, "0") == 1
         assert _gauge(metrics.backlog, "0") == 10  # not counted again
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+
+
+async def test_a_shard_another_process_holds_is_not_reported_until_its_holder_goes(
+    outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _take_lease(outboxkit_db_url, "other")
+    async with _sampling(outboxkit_db_url, monkeypatch) as (reads, metrics):
+        await reads.until_count()
+        assert _series(metrics.backlog) == {}  # the other process reports it
+        assert _gauge(metrics.group_active, "0") == 1
+        assert metrics.healthy()[0]
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute("UPDATE outboxkit.relay_lease SET holder = NULL")  # the holder is gone
+        # Counted at once, although the next count was an hour away: /healthz must see it.
+        await reads.until_count()
+        assert _series(metrics.backlog) == {"0": 10}
+        assert _series(metrics.oldest_pending).keys() == {"0"}
+        assert metrics.healthy() == (False, {"shards_with_backlog_and_no_holder": ["0"]})
+        _take_lease(outboxkit_db_url, "other")
+        assert await reads.next() == "holders"
+        assert await reads.next() == "holders"  # began after the lease was taken
+        assert _series(metrics.backlog) == {}
+        assert _series(metrics.oldest_pending) == {}
+        assert metrics.healthy()[0]

@@ -23,3 +23,10 @@ def test_the_delay_grows_with_what_the_count_took() -> None:
     delays = [backlog_delay(1.0, took) for took in (0.01, 0.1, 0.3, 3.0)]
     assert delays == sorted(delays)
     assert delays[-1] > delays[0]
+
+
+def test_a_process_counting_part_of_the_shards_waits_as_long_as_for_all_of_them() -> None:
+    """Half the shards took half as long: the next count comes when one count of all of them
+    would have, so two such processes together spend DUTY, not twice that."""
+    assert backlog_delay(1.0, 0.15, 0.5) == pytest.approx(backlog_delay(1.0, 0.3))
+    assert backlog_delay(1.0, 0.001, 0.25) == 1.0

@@ -190,35 +190,48 @@ SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.ch
 -- name: _shard_holders
 -- A fragment (WITH <fragment>, ...): every shard of the group, its lease (if any) and parked
 -- rows. Cheap whatever the backlog: parked rows are few and have their own partial index.
-holders AS (
+-- counts: whether the relay process :holder reports this shard's backlog: a shard it holds, or
+-- one nobody holds (every process then reports it, so /healthz anywhere sees it). A NULL
+-- :holder (the status command) counts every shard. So each backlog is walked once per sample
+-- round, not once per relay process.
+leases AS (
     SELECT s.shard, l.holder, l.token, l.expires_at,
            (l.holder IS NOT NULL AND l.expires_at > now()) AS active,
            (SELECT count(*) FROM {schema}.outbox_message m
             WHERE m.shard = s.shard AND m.state = 'parked') AS parked
     FROM generate_series(0, (SELECT shard_count FROM {schema}.outbox_setting) - 1) AS s(shard)
     LEFT JOIN {schema}.relay_lease l ON l.relay_group = :group AND l.shard = s.shard
+),
+holders AS (
+    SELECT shard, holder, token, expires_at, active, parked,
+           (CAST(:holder AS text) IS NULL OR NOT active OR holder = :holder) AS counts
+    FROM leases
 )
 
 -- name: holders
 WITH {_shard_holders}
-SELECT shard, active, parked FROM holders ORDER BY shard;
+SELECT shard, active, parked, counts FROM holders ORDER BY shard;
 
 -- name: status
--- One row per shard: its lease (if any), backlog and oldest pending age, parked count.
+-- One row per shard: its lease (if any), backlog and oldest pending age (NULL where the
+-- holders fragment says :holder does not count it), parked count.
 -- The backlog and its oldest row come from one walk of the shard's pending rows in the partial
 -- pending index. Run it after pending_walk_only, in the same transaction: with statistics that
 -- still count a drained backlog as pending, the planner otherwise reads the whole table for
--- each shard (a sequential or bitmap scan).
+-- each shard (a sequential or bitmap scan). A shard not counted is not walked (h.counts is a
+-- one-time filter of the walk).
 WITH {_shard_holders}
 SELECT h.shard, h.holder, h.token, h.expires_at, h.active,
-       p.backlog, extract(epoch FROM now() - p.oldest) AS oldest_pending_seconds, h.parked
+       CASE WHEN h.counts THEN p.backlog END AS backlog,
+       CASE WHEN h.counts THEN extract(epoch FROM now() - p.oldest) END AS oldest_pending_seconds,
+       h.parked, h.counts
 FROM holders h
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(o.created_at) AS oldest
     FROM (
         SELECT m.created_at FROM {schema}.outbox_message m
         -- The claim's form (see claim_batch): only the partial pending index gives this order.
-        WHERE m.shard BETWEEN h.shard AND h.shard AND m.state = 'pending'
+        WHERE h.counts AND m.shard BETWEEN h.shard AND h.shard AND m.state = 'pending'
         ORDER BY m.shard, m.id
     ) o
 ) p
