@@ -243,7 +243,9 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
         with conn.transaction():  # the backlog counted by walking the pending index (see SQL)
             db.execute(conn, db.query("relay", "pending_walk_only", schema))
             rows = db.rows(
-                conn, db.query("relay", "status", schema), {"group": group, "holder": None}
+                conn,
+                db.query("relay", "status", schema),
+                {"group": group, "holder": None, "only": None},
             )
     paused = bool(paused_row and paused_row[0])
     shards = [

@@ -5,10 +5,10 @@ Counting a shard's pending rows walks every one of them: about 0.3 s of PostgreS
 draining relay's database about a third of a core, just when the backlog needs it. So the
 backlog is counted again only after a pause that grows with what the last count took, while the
 holders and parked rows (cheap whatever the backlog; /healthz and the alerts read them) are
-read every interval. And a process counts only the shards it holds and those nobody holds, on
-a budget scaled by its share of the shards: counting costs a group of N relay processes
-``DUTY`` of one database backend's time, not N times that, and the shard that lost its holder
-(what /healthz looks for) is counted by every process, at the next interval.
+read every interval. And a process counts only the shards it holds and those nobody holds: no
+two processes walk a held shard's backlog, and none exports the backlog of a shard another holds.
+A shard that just became one to count (its holder is gone, which /healthz looks for; or this
+process took it) is walked alone at the next interval, whatever the pause.
 """
 
 from __future__ import annotations
@@ -25,20 +25,39 @@ from outboxkit.relay.waiting import wait_any
 
 logger = logging.getLogger("outboxkit.relay.status_sampler")
 
-# At most this share of the time is spent counting backlogs, by the whole group of processes.
+# At most this share of the time is spent counting backlogs (a process's full counts).
 DUTY = 0.05
 
 
-def backlog_delay(every: float, took: float, share: float = 1.0) -> float:
+def backlog_delay(every: float, took: float) -> float:
     """Seconds from one backlog count's end to the next: ``every``, or longer when a count that
-    took ``took`` seconds would otherwise be more than ``DUTY`` of the cycle.
+    took ``took`` seconds would otherwise be more than ``DUTY`` of the cycle."""
+    return max(every, took * (1 - DUTY) / DUTY)
 
-    ``share``: the part of the group's shards this count walked. The others are walked by the
-    processes holding them, each on the same budget scaled by its share, so counting costs the
-    group ``DUTY`` of the time, not ``DUTY`` per process, and each gauge is as fresh as if one
-    process counted every shard.
-    """
-    return max(every, took * (1 - DUTY) / (DUTY * share))
+
+class CountedShards:
+    """The shards whose backlog gauges this process exports, and whether each had a holder
+    when it was counted: what decides that a shard needs a count of its own now."""
+
+    def __init__(self) -> None:
+        self._active: dict[int, bool] = {}
+
+    def __contains__(self, shard: int) -> bool:
+        return shard in self._active
+
+    def counted(self, shard: int, active: bool) -> None:
+        self._active[shard] = active
+
+    def forget(self, shard: int) -> bool:
+        """True when ``shard`` was counted here (its series are to be dropped)."""
+        return self._active.pop(shard, None) is not None
+
+    def needs_count(self, shard: int, active: bool) -> bool:
+        """A shard this process is to count (``counts`` in the holders read): at once when never
+        counted here, or when it had a holder at its count and has none now (its gauge would
+        keep a held shard's old figure while /healthz looks for exactly this shard)."""
+        was_active = self._active.get(shard)
+        return was_active is None or (was_active and not active)
 
 
 async def sample_forever(
@@ -54,45 +73,51 @@ async def sample_forever(
     """Holders and parked rows every ``every`` seconds, the backlogs ``holder`` counts (see the
     module) as :func:`backlog_delay` allows, until ``stop``.
 
-    The first count waits one interval, so a process that is starting counts the shards it has
-    taken by then, not every shard of the group."""
+    The first full count comes one interval after the start: a process that takes its shards
+    within that interval counts those, not every shard of the group."""
     holders = db.query("relay", "holders", schema)
     status = db.query("relay", "status", schema)
     walk_only = db.query("relay", "pending_walk_only", schema)
-    params = {"group": group, "holder": holder}
+    counted = CountedShards()  # outlives a reconnect: its series must still be dropped
     while not stop.is_set():
         try:
             async with await db.connect_async(
                 url, application_name="outboxkit-relay-sample"
             ) as conn:
                 count_due = time.monotonic() + every
-                counted: set[int] = set()  # the shards whose backlog gauges this process set
+                urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():
-                    if time.monotonic() >= count_due:
-                        started = time.monotonic()
+                    now = time.monotonic()
+                    # A full count due within the interval covers the urgent shards too.
+                    full = now >= count_due or (bool(urgent) and count_due - now <= every)
+                    if full or urgent:
+                        only = None if full else sorted(urgent)
+                        params = {"group": group, "holder": holder, "only": only}
                         async with conn.transaction():
                             await db.execute_async(conn, walk_only)
                             rows = await db.rows_async(conn, status, params)
-                        took = time.monotonic() - started
-                        share = sum(1 for row in rows if row[-1]) / len(rows) if rows else 0
-                        count_due = time.monotonic() + backlog_delay(every, took, share or 1.0)
-                        for shard, *_, active, backlog, oldest, parked, counts in rows:
+                        if full:
+                            took = time.monotonic() - now
+                            count_due = time.monotonic() + backlog_delay(every, took)
+                        urgent.clear()
+                        for shard, *_, active, backlog, oldest, parked, counts, walked in rows:
                             _set_holder(metrics, shard, active, parked)
-                            if counts:
-                                counted.add(shard)
+                            if walked:
+                                counted.counted(shard, active)
                                 metrics.backlog.labels(str(shard)).set(backlog)
                                 metrics.oldest_pending.labels(str(shard)).set(float(oldest or 0))
-                            else:
+                            elif not counts:
                                 _forget_backlog(metrics, counted, shard)
                     else:
+                        params = {"group": group, "holder": holder}
                         for shard, active, parked, counts in await db.rows_async(
                             conn, holders, params
                         ):
                             _set_holder(metrics, shard, active, parked)
                             if not counts:
                                 _forget_backlog(metrics, counted, shard)
-                            elif shard not in counted:  # e.g. its holder is gone: count it now
-                                count_due = min(count_due, time.monotonic())
+                            elif counted.needs_count(shard, active):
+                                urgent.add(shard)
                     await wait_any([stop], every)
         except (psycopg.Error, OSError) as exc:
             logger.info("status sampling failed: %s", exc)
@@ -104,10 +129,9 @@ def _set_holder(metrics: RelayMetrics, shard: int, active: bool, parked: int) ->
     metrics.parked_rows.labels(str(shard)).set(parked)
 
 
-def _forget_backlog(metrics: RelayMetrics, counted: set[int], shard: int) -> None:
+def _forget_backlog(metrics: RelayMetrics, counted: CountedShards, shard: int) -> None:
     """Another process holds ``shard`` and reports its backlog: drop this process's series
     rather than export a figure that only grows stale."""
-    if shard in counted:
-        counted.discard(shard)
+    if counted.forget(shard):
         metrics.backlog.remove(str(shard))
         metrics.oldest_pending.remove(str(shard))

@@ -58,7 +58,7 @@ def test_the_backlog_count_walks_the_pending_index_with_stale_statistics(
     with psycopg.connect(drained_backlog) as conn:
         conn.execute(walk_only.psycopg)
         sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
-        params = {"group": "default", "holder": None}
+        params = {"group": "default", "holder": None, "only": None}
         ((plan,),) = conn.execute(sql, params).fetchall()
         rows = conn.execute(statement.psycopg, params).fetchall()
         conn.rollback()
@@ -78,31 +78,53 @@ def test_the_backlog_count_walks_the_pending_index_with_stale_statistics(
     assert sum(s["Actual Rows"] * s["Actual Loops"] for s in pending) == LEFT
 
 
-def test_a_relay_process_walks_no_backlog_another_process_holds(drained_backlog: str) -> None:
+def _walked(drained_backlog: str, only: list[int] | None) -> tuple[list[Any], list[Any]]:
+    """Status rows and pending-index scans of relay process "me", which holds shard 0 while
+    "other" holds shard 1 (2 and 3: nobody's)."""
     statement = query("relay", "status", "outboxkit")
     walk_only = query("relay", "pending_walk_only", "outboxkit")
     acquire = query("relay", "lease_acquire", "outboxkit")
     with psycopg.connect(drained_backlog) as conn:
-        for shard, holder in ((0, "me"), (1, "other")):  # 2 and 3: nobody's
+        for shard, holder in ((0, "me"), (1, "other")):
             conn.execute(
                 acquire.psycopg,
                 {"group": "default", "shard": shard, "holder": holder, "ttl": 60, "now": None},
             )
         conn.execute(walk_only.psycopg)
         sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
-        params = {"group": "default", "holder": "me"}
+        params = {"group": "default", "holder": "me", "only": only}
         ((plan,),) = conn.execute(sql, params).fetchall()
         rows = conn.execute(statement.psycopg, params).fetchall()
         conn.rollback()
-    per_shard = LEFT // SHARDS
-    assert [(row[0], row[5], row[8]) for row in rows] == [
-        (0, per_shard, True),
-        (1, None, False),
-        (2, per_shard, True),
-        (3, per_shard, True),
-    ]
-    assert rows[1][6] is None  # no oldest age either
     pending = [
         s for s in _scans(plan[0]["Plan"]) if s.get("Index Name") == "outbox_message_pending_idx"
     ]
-    assert sum(s["Actual Rows"] * s["Actual Loops"] for s in pending) == LEFT - per_shard, plan
+    return rows, pending
+
+
+def test_a_relay_process_walks_no_backlog_another_process_holds(drained_backlog: str) -> None:
+    rows, pending = _walked(drained_backlog, None)
+    per_shard = LEFT // SHARDS
+    assert [(row[0], row[5], row[8], row[9]) for row in rows] == [
+        (0, per_shard, True, True),
+        (1, None, False, False),
+        (2, per_shard, True, True),
+        (3, per_shard, True, True),
+    ]
+    assert rows[1][6] is None  # no oldest age either
+    # Not walked at all (a one-time filter), not walked and filtered out row by row.
+    assert [(s["Actual Loops"], s.get("Rows Removed by Filter", 0)) for s in pending] == [
+        (SHARDS - 1, 0)
+    ], pending
+    assert sum(s["Actual Rows"] * s["Actual Loops"] for s in pending) == LEFT - per_shard
+
+
+def test_a_count_of_one_shard_walks_that_shard_alone(drained_backlog: str) -> None:
+    rows, pending = _walked(drained_backlog, [3])
+    assert [(row[0], row[5], row[8], row[9]) for row in rows] == [
+        (0, None, True, False),
+        (1, None, False, False),
+        (2, None, True, False),
+        (3, LEFT // SHARDS, True, True),
+    ]
+    assert [(s["Actual Loops"], s["Actual Rows"]) for s in pending] == [(1, LEFT // SHARDS)]

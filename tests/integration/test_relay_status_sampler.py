@@ -134,3 +134,37 @@ async def test_a_shard_another_process_holds_is_not_reported_until_its_holder_go
         assert _series(metrics.backlog) == {}
         assert _series(metrics.oldest_pending) == {}
         assert metrics.healthy()[0]
+
+
+async def test_the_holder_itself_counts_again_when_its_lease_is_gone(
+    outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _take_lease(outboxkit_db_url, "me")
+    async with _sampling(outboxkit_db_url, monkeypatch) as (reads, metrics):
+        await reads.until_count()
+        assert _series(metrics.backlog) == {"0": 10}
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(_FILL, {"rows": 5, "batch": 2})
+            conn.execute("UPDATE outboxkit.relay_lease SET holder = NULL")  # released
+        await reads.until_count()  # although the next count was an hour away
+        assert _series(metrics.backlog) == {"0": 15}
+        assert metrics.healthy() == (False, {"shards_with_backlog_and_no_holder": ["0"]})
+
+
+async def test_series_set_before_a_reconnect_are_dropped_after_it(
+    outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _sampling(outboxkit_db_url, monkeypatch) as (reads, metrics):
+        await reads.until_count()
+        assert _series(metrics.backlog) == {"0": 10}
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'outboxkit-relay-sample'"
+            )
+        _take_lease(outboxkit_db_url, "other")  # seen only by the new connection
+        while not reads.done.empty():
+            reads.done.get_nowait()
+        await reads.until_count()  # a new connection starts its schedule over
+        assert _series(metrics.backlog) == {}
+        assert _series(metrics.oldest_pending) == {}

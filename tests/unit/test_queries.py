@@ -80,7 +80,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "control_paused": {"group"},
         "control_set": {"group", "paused", "reason", "changed_by"},
         "holders": {"group", "holder"},
-        "status": {"group", "holder"},
+        "status": {"group", "holder", "only"},
         "pending_walk_only": set(),
         "parked_list": {"limit"},
         "parked_retry": {"all", "ids"},

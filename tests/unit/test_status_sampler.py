@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outboxkit.relay.status_sampler import DUTY, backlog_delay
+from outboxkit.relay.status_sampler import DUTY, CountedShards, backlog_delay
 
 
 def test_a_cheap_count_comes_every_interval() -> None:
@@ -25,8 +25,16 @@ def test_the_delay_grows_with_what_the_count_took() -> None:
     assert delays[-1] > delays[0]
 
 
-def test_a_process_counting_part_of_the_shards_waits_as_long_as_for_all_of_them() -> None:
-    """Half the shards took half as long: the next count comes when one count of all of them
-    would have, so two such processes together spend DUTY, not twice that."""
-    assert backlog_delay(1.0, 0.15, 0.5) == pytest.approx(backlog_delay(1.0, 0.3))
-    assert backlog_delay(1.0, 0.001, 0.25) == 1.0
+def test_a_shard_is_counted_at_once_when_new_here_or_when_its_holder_goes() -> None:
+    counted = CountedShards()
+    assert counted.needs_count(0, active=True)  # never counted here
+    counted.counted(0, active=True)
+    assert not counted.needs_count(0, active=True)
+    assert counted.needs_count(0, active=False)  # held when counted, nobody holds it now
+    counted.counted(1, active=False)
+    assert not counted.needs_count(1, active=False)  # counted while unheld: on the schedule
+    assert not counted.needs_count(1, active=True)
+    assert counted.forget(1)
+    assert not counted.forget(1)  # dropped once
+    assert 1 not in counted
+    assert 0 in counted

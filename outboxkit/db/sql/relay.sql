@@ -213,25 +213,32 @@ WITH {_shard_holders}
 SELECT shard, active, parked, counts FROM holders ORDER BY shard;
 
 -- name: status
--- One row per shard: its lease (if any), backlog and oldest pending age (NULL where the
--- holders fragment says :holder does not count it), parked count.
+-- One row per shard: its lease (if any), backlog and oldest pending age (NULL where not walked),
+-- parked count, counts (see the holders fragment) and walked.
+-- walked: counts, and the shard is in :only (a NULL :only: every shard that counts). A relay
+-- process counts a shard that just became its to count alone, without walking the others.
 -- The backlog and its oldest row come from one walk of the shard's pending rows in the partial
 -- pending index. Run it after pending_walk_only, in the same transaction: with statistics that
 -- still count a drained backlog as pending, the planner otherwise reads the whole table for
--- each shard (a sequential or bitmap scan). A shard not counted is not walked (h.counts is a
+-- each shard (a sequential or bitmap scan). A shard not walked is not read at all (walked is a
 -- one-time filter of the walk).
-WITH {_shard_holders}
+WITH {_shard_holders},
+scope AS (
+    SELECT h.*,
+           h.counts AND (CAST(:only AS smallint[]) IS NULL OR h.shard = ANY(:only)) AS walked
+    FROM holders h
+)
 SELECT h.shard, h.holder, h.token, h.expires_at, h.active,
-       CASE WHEN h.counts THEN p.backlog END AS backlog,
-       CASE WHEN h.counts THEN extract(epoch FROM now() - p.oldest) END AS oldest_pending_seconds,
-       h.parked, h.counts
-FROM holders h
+       CASE WHEN h.walked THEN p.backlog END AS backlog,
+       CASE WHEN h.walked THEN extract(epoch FROM now() - p.oldest) END AS oldest_pending_seconds,
+       h.parked, h.counts, h.walked
+FROM scope h
 CROSS JOIN LATERAL (
     SELECT count(*) AS backlog, min(o.created_at) AS oldest
     FROM (
         SELECT m.created_at FROM {schema}.outbox_message m
         -- The claim's form (see claim_batch): only the partial pending index gives this order.
-        WHERE h.counts AND m.shard BETWEEN h.shard AND h.shard AND m.state = 'pending'
+        WHERE h.walked AND m.shard BETWEEN h.shard AND h.shard AND m.state = 'pending'
         ORDER BY m.shard, m.id
     ) o
 ) p
