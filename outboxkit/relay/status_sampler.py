@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -74,54 +76,79 @@ async def sample_forever(
     module) as :func:`backlog_delay` allows, until ``stop``.
 
     The first full count comes one interval after the start: a process that takes its shards
-    within that interval counts those, not every shard of the group."""
+    within that interval counts those (and any nobody holds yet), not every shard of the
+    group."""
     holders = db.query("relay", "holders", schema)
     status = db.query("relay", "status", schema)
     walk_only = db.query("relay", "pending_walk_only", schema)
-    counted = CountedShards()  # outlives a reconnect: its series must still be dropped
+    # Both outlive a reconnect: the series this process set must still be dropped, and a full
+    # count that keeps failing (a statement timeout, say) must still wait its pause.
+    counted = CountedShards()
+    count_due = time.monotonic() + every
     while not stop.is_set():
+        full_since = None  # while a full count runs: when it began
         try:
             async with await db.connect_async(
                 url, application_name="outboxkit-relay-sample"
             ) as conn:
-                count_due = time.monotonic() + every
                 urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():
                     now = time.monotonic()
-                    # A full count due within the interval covers the urgent shards too.
+                    # A full count due within the interval stands in for the urgent one.
                     full = now >= count_due or (bool(urgent) and count_due - now <= every)
                     if full or urgent:
+                        full_since = now if full else None
                         only = None if full else sorted(urgent)
                         params = {"group": group, "holder": holder, "only": only}
                         async with conn.transaction():
                             await db.execute_async(conn, walk_only)
                             rows = await db.rows_async(conn, status, params)
                         if full:
-                            took = time.monotonic() - now
-                            count_due = time.monotonic() + backlog_delay(every, took)
+                            count_due = _next_count(every, now)
+                            full_since = None
                         urgent.clear()
-                        for shard, *_, active, backlog, oldest, parked, counts, walked in rows:
-                            _set_holder(metrics, shard, active, parked)
-                            if walked:
-                                counted.counted(shard, active)
-                                metrics.backlog.labels(str(shard)).set(backlog)
-                                metrics.oldest_pending.labels(str(shard)).set(float(oldest or 0))
-                            elif not counts:
-                                _forget_backlog(metrics, counted, shard)
+                        _counted(metrics, counted, rows)
                     else:
                         params = {"group": group, "holder": holder}
-                        for shard, active, parked, counts in await db.rows_async(
-                            conn, holders, params
-                        ):
-                            _set_holder(metrics, shard, active, parked)
-                            if not counts:
-                                _forget_backlog(metrics, counted, shard)
-                            elif counted.needs_count(shard, active):
-                                urgent.add(shard)
+                        found = await db.rows_async(conn, holders, params)
+                        urgent |= _held(metrics, counted, found)
                     await wait_any([stop], every)
         except (psycopg.Error, OSError) as exc:
+            if full_since is not None:
+                count_due = _next_count(every, full_since)
             logger.info("status sampling failed: %s", exc)
             await wait_any([stop], 2.0)
+
+
+def _next_count(every: float, began: float) -> float:
+    """When the next full count is due, after one that began at ``began`` ended (now)."""
+    now = time.monotonic()
+    return now + backlog_delay(every, now - began)
+
+
+def _counted(metrics: RelayMetrics, counted: CountedShards, rows: Sequence[Any]) -> None:
+    """Gauges from a count: a walked shard's backlog set, a shard another process holds
+    dropped; a shard that counts but was not walked (not in ``only``) left as it was."""
+    for shard, *_, active, backlog, oldest, parked, counts, walked in rows:
+        _set_holder(metrics, shard, active, parked)
+        if walked:
+            counted.counted(shard, active)
+            metrics.backlog.labels(str(shard)).set(backlog)
+            metrics.oldest_pending.labels(str(shard)).set(float(oldest or 0))
+        elif not counts:
+            _forget_backlog(metrics, counted, shard)
+
+
+def _held(metrics: RelayMetrics, counted: CountedShards, rows: Sequence[Any]) -> set[int]:
+    """Gauges from a holders read; returns the shards to count alone, now."""
+    urgent = set()
+    for shard, active, parked, counts in rows:
+        _set_holder(metrics, shard, active, parked)
+        if not counts:
+            _forget_backlog(metrics, counted, shard)
+        elif counted.needs_count(shard, active):
+            urgent.add(shard)
+    return urgent
 
 
 def _set_holder(metrics: RelayMetrics, shard: int, active: bool, parked: int) -> None:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 _FILL = """
 INSERT INTO outboxkit.outbox_message
     (event_id, idempotency_key, content_digest, topic, message_key, payload, shard)
-SELECT gen_random_uuid(), 'k' || g || '-' || %(batch)s, '\\x00', 'orders', 'key', '\\x7b7d', 0
+SELECT gen_random_uuid(), 'k' || g || '-' || %(batch)s, '\\x00', 'orders', 'key', '\\x7b7d',
+       %(shard)s
 FROM generate_series(1, %(rows)s) AS g
 """
 
@@ -52,10 +53,13 @@ class _Recorder:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.done: asyncio.Queue[str] = asyncio.Queue()
+        self.only: list[list[int] | None] = []  # each count's shards (None: all it counts)
         real_rows = db.rows_async
 
         async def recorded(conn: Any, query: db.Query, params: Any = None) -> Sequence[Any]:
             found = await real_rows(conn, query, params)
+            if query.name == "status":
+                self.only.append(params["only"])
             self.done.put_nowait(query.name)
             return found
 
@@ -80,7 +84,7 @@ async def _sampling(
     """The sampler of relay process "me" over 10 pending rows of shard 0, every 10 ms, whose
     backlog count, once made, is not due again for an hour."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(_FILL, {"rows": 10, "batch": 1})
+        conn.execute(_FILL, {"rows": 10, "batch": 1, "shard": 0})
     monkeypatch.setattr(status_sampler, "backlog_delay", lambda *_: 3600.0)
     reads = _Recorder(monkeypatch)
     metrics, stop = RelayMetrics(), asyncio.Event()
@@ -102,7 +106,7 @@ async def test_holders_are_read_every_interval_while_a_costly_count_waits(
         assert _gauge(metrics.backlog, "0") == 10
         assert _gauge(metrics.group_active, "0") == 0
         with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
-            conn.execute(_FILL, {"rows": 5, "batch": 2})
+            conn.execute(_FILL, {"rows": 5, "batch": 2, "shard": 0})
         _take_lease(outboxkit_db_url, "me")  # still ours to count: no new count is due
         # Holders read after the lease was taken: twice, so the second began after it.
         assert [await reads.next() for _ in range(2)] == ["holders"] * 2
@@ -144,7 +148,7 @@ async def test_the_holder_itself_counts_again_when_its_lease_is_gone(
         await reads.until_count()
         assert _series(metrics.backlog) == {"0": 10}
         with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
-            conn.execute(_FILL, {"rows": 5, "batch": 2})
+            conn.execute(_FILL, {"rows": 5, "batch": 2, "shard": 0})
             conn.execute("UPDATE outboxkit.relay_lease SET holder = NULL")  # released
         await reads.until_count()  # although the next count was an hour away
         assert _series(metrics.backlog) == {"0": 15}
@@ -161,10 +165,32 @@ async def test_series_set_before_a_reconnect_are_dropped_after_it(
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'outboxkit-relay-sample'"
+                " AND datname = current_database()"
             )
         _take_lease(outboxkit_db_url, "other")  # seen only by the new connection
         while not reads.done.empty():
             reads.done.get_nowait()
-        await reads.until_count()  # a new connection starts its schedule over
+        # The second began on the new connection (the first may be the old one's last).
+        assert [await reads.next() for _ in range(2)] == ["holders"] * 2
+        assert reads.only == [None]  # the pause outlived the reconnect: no new full count
         assert _series(metrics.backlog) == {}
         assert _series(metrics.oldest_pending) == {}
+
+
+async def test_a_shard_whose_holder_went_is_counted_alone(
+    outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute("UPDATE outboxkit.outbox_setting SET shard_count = 2")
+        conn.execute(_FILL, {"rows": 7, "batch": 3, "shard": 1})
+    _take_lease(outboxkit_db_url, "me")  # shard 0 ours, shard 1 nobody's
+    async with _sampling(outboxkit_db_url, monkeypatch) as (reads, metrics):
+        await reads.until_count()
+        assert _series(metrics.backlog) == {"0": 10, "1": 7}
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(_FILL, {"rows": 5, "batch": 4, "shard": 0})
+            conn.execute(_FILL, {"rows": 4, "batch": 5, "shard": 1})
+            conn.execute("UPDATE outboxkit.relay_lease SET holder = NULL")  # shard 0 released
+        await reads.until_count()
+        assert reads.only == [None, [0]]
+        assert _series(metrics.backlog) == {"0": 15, "1": 7}  # shard 1 not walked again
