@@ -8,7 +8,8 @@ holders and parked rows (cheap whatever the backlog; /healthz and the alerts rea
 read every interval. And a process counts only the shards it holds and those nobody holds: no
 two processes walk a held shard's backlog, and none exports the backlog of a shard another holds.
 A shard that just became one to count (its holder is gone, which /healthz looks for; or this
-process took it) is walked alone at the next interval, whatever the pause.
+process took it) is walked at the next interval, whatever the pause: alone, or in the full
+count when that is due by then.
 """
 
 from __future__ import annotations

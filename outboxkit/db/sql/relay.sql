@@ -192,8 +192,8 @@ SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.ch
 -- rows. Cheap whatever the backlog: parked rows are few and have their own partial index.
 -- counts: whether the relay process :holder reports this shard's backlog: a shard it holds, or
 -- one nobody holds (every process then reports it, so /healthz anywhere sees it). A NULL
--- :holder (the status command) counts every shard. So each backlog is walked once per sample
--- round, not once per relay process.
+-- :holder (the status command) counts every shard. So a held shard's backlog is walked by its
+-- holder alone, not by every relay process.
 leases AS (
     SELECT s.shard, l.holder, l.token, l.expires_at,
            (l.holder IS NOT NULL AND l.expires_at > now()) AS active,
