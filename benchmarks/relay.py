@@ -19,6 +19,12 @@ Measured, each on a fresh database:
 - latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
   consumer timestamps arrival; p50/p99 of commit -> visible, in both modes;
 - last, the acceptance figures next to their goals.
+
+``BENCH_ROUNDS`` (default 1) repeats the raw drains, relay runs and latency runs that many times
+(every other round in reverse order) after one warm-up. Each ratio is taken within a round, and
+the goals are printed as the median over the rounds, with every round's figure, how many rounds
+met each goal and how many met every goal at once: a single run on this machine moves by
+10-20 %, so one round decides nothing close to a goal.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ WARMUP_ROWS = int(os.environ.get("BENCH_WARMUP_ROWS", "50000"))
 WARMUP_SECONDS = float(os.environ.get("BENCH_WARMUP_SECONDS", "30"))
 BARE = os.environ.get("BENCH_BARE", "1") == "1"
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
+# Whole rounds (throughput and latency runs, each ratio from runs of the same round): the goals
+# are then printed as medians over the rounds, with every round's figure and how many met it.
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1"))
 BATCH = 500
 KEYS = 1000
 MAX_BYTES = 16 * 1024 * 1024  # the relay's default max_batch_bytes (500 rows stay far below)
@@ -466,30 +475,105 @@ def watch_services(stack: DevStack) -> None:
             SERVICE_PIDS[name] = pid
 
 
-def print_goals(
-    results: dict[str, float],
-    latencies: dict[str, tuple[float, float]],
-    default: str,
-    alo: str,
-) -> None:
-    """The acceptance figures side by side with their goals (load: this machine's, now)."""
-    print(f"goals (load average {os.getloadavg()[0]:.1f}):")
+GOALS = [  # (figure, goal, True: at least / False: at most)
+    ("exactly-once / raw drain", 0.7, True),
+    ("at-least-once / raw drain", 0.85, True),
+    ("4 shards over 2 processes / 1 shard", 1.3, True),
+    ("exactly_once latency p50 ms", 15, False),
+    ("exactly_once latency p99 ms", 50, False),
+    ("at_least_once latency p50 ms", 5, False),
+    ("at_least_once latency p99 ms", 25, False),
+]
+
+
+def goal_figures(
+    results: dict[str, float], latencies: dict[str, tuple[float, float]], default: str, alo: str
+) -> dict[str, float]:
+    """One round's acceptance figures: each ratio from runs of the same round."""
+    figures: dict[str, float] = {}
     raw1, four = results.get("raw1"), results.get("exactly-once, 4 shards, defaults, 2 processes")
     if raw1 and default in results:
-        print(f"  exactly-once / raw drain: {results[default] / raw1:.2f} x (goal >= 0.7)")
+        figures["exactly-once / raw drain"] = results[default] / raw1
     if raw1 and alo in results:
-        print(f"  at-least-once / raw drain: {results[alo] / raw1:.2f} x (goal >= 0.85)")
+        figures["at-least-once / raw drain"] = results[alo] / raw1
     if four and default in results:
-        print(
-            f"  4 shards over 2 processes / 1 shard: {four / results[default]:.2f} x (goal >= 1.3)"
-        )
-    for mode, (p50_goal, p99_goal) in (("exactly_once", (15, 50)), ("at_least_once", (5, 25))):
-        if mode in latencies:
-            p50, p99 = latencies[mode]
-            print(
-                f"  {mode} latency p50 {p50:.1f} ms (goal <= {p50_goal}),"
-                f" p99 {p99:.1f} ms (goal <= {p99_goal})"
+        figures["4 shards over 2 processes / 1 shard"] = four / results[default]
+    for mode, (p50, p99) in latencies.items():
+        figures[f"{mode} latency p50 ms"], figures[f"{mode} latency p99 ms"] = p50, p99
+    return figures
+
+
+def print_goals(rounds: list[dict[str, float]]) -> None:
+    """The acceptance figures next to their goals: with several rounds, the median of the
+    rounds' own figures (every round's in brackets), how many rounds met each, and how many
+    met every goal at once (load: this machine's, now)."""
+    print(f"goals (load average {os.getloadavg()[0]:.1f}):")
+    for name, goal, at_least in GOALS:
+        values = [r[name] for r in rounds if name in r]
+        if not values:
+            continue
+        met = sum(v >= goal if at_least else v <= goal for v in values)
+        line = f"  {name}: {statistics.median(values):.2f} ({'>=' if at_least else '<='} {goal})"
+        if len(values) > 1:
+            each = ", ".join(f"{v:.2f}" for v in values)
+            line += f"; median of {len(values)} rounds [{each}], met in {met}"
+        print(line)
+    if len(rounds) > 1:
+        every = sum(
+            all(
+                (r[name] >= goal if at_least else r[name] <= goal)
+                for name, goal, at_least in GOALS
+                if name in r
             )
+            for r in rounds
+        )
+        print(f"  rounds that met every goal at once: {every} of {len(rounds)}")
+
+
+def run_round(
+    server_url: str,
+    bootstrap: str,
+    topic: str,
+    runs: list[tuple[str, int, int, int, str, dict[str, str]]],
+    pauses: PauseWatch,
+    prefix: str,
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Every throughput run (the first of a shard count after a raw drain of that count), then
+    the latency runs. Returns rows/s by run (and ``raw<shards>``) and p50 / p99 by mode."""
+    results: dict[str, float] = {}
+    for label, shards, batch, processes, mode, extra in runs:
+        raw_key = f"raw{shards}"
+        if raw_key not in results:
+            results[raw_key], raw_cpu = raw_drain_with_cpu(server_url, topic, shards)
+            print(
+                f"{prefix}raw drain (claim + mark, batches of {BATCH}), {shards} shard(s):"
+                f" {results[raw_key]:,.0f} rows/s{cpu_line(raw_cpu)}",
+                flush=True,
+            )
+            pauses.warn()
+        rate, cpu = relay_throughput(
+            server_url, bootstrap, topic, shards, batch, processes, mode, extra
+        )
+        results[label] = rate
+        print(
+            f"{prefix}relay (mark), {label}: {rate:,.0f} rows/s"
+            f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)};"
+            f" machine busy {cpu.get('_cores', 0.0):.2f} of {os.cpu_count()} cores"
+            f" (stolen by the host: {cpu.get('_steal', 0.0):.2f})",
+            flush=True,
+        )
+        pauses.warn()
+    latencies: dict[str, tuple[float, float]] = {}
+    for mode in ("at_least_once", "exactly_once") if LATENCY_SECONDS > 0 else ():
+        p50, p99, missing = latency(server_url, bootstrap, mode)
+        latencies[mode] = (p50, p99)
+        print(
+            f"{prefix}latency {mode} at 1,000 events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+            f" (commit -> read_committed consumer; {missing} not seen)",
+            flush=True,
+        )
+        pauses.warn()
+    return results, latencies
 
 
 def main() -> None:
@@ -500,7 +584,6 @@ def main() -> None:
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         create_topic(bootstrap, topic, 4)
         print(f"backlog {ROWS} rows, 500-byte JSON payloads, {KEYS} keys, batch {BATCH}")
-        results: dict[str, float] = {}
         default = "exactly-once, 1 shard, defaults (claims of 500 growing to 2000), 1 process"
         alo = "at-least-once, 1 shard, defaults, 1 process"
         fixed = {"OUTBOXKIT_RELAY_MAX_BATCH_SIZE": str(BATCH)}
@@ -514,45 +597,25 @@ def main() -> None:
         runs = [run for n, run in enumerate(runs) if n not in SKIP_RUNS]
         warm_up(server_url, bootstrap)
         pauses = PauseWatch()
-        for label, shards, batch, processes, mode, extra in runs:
-            raw_key = f"raw{shards}"
-            if raw_key not in results:
-                results[raw_key], raw_cpu = raw_drain_with_cpu(server_url, topic, shards)
-                print(
-                    f"raw drain (claim + mark, batches of {BATCH}), {shards} shard(s):"
-                    f" {results[raw_key]:,.0f} rows/s{cpu_line(raw_cpu)}",
-                    flush=True,
-                )
-                pauses.warn()
-            rate, cpu = relay_throughput(
-                server_url, bootstrap, topic, shards, batch, processes, mode, extra
-            )
-            results[label] = rate
-            print(
-                f"relay (mark), {label}: {rate:,.0f} rows/s"
-                f" = {rate / results[raw_key]:.2f} x raw drain{cpu_line(cpu)};"
-                f" machine busy {cpu.get('_cores', 0.0):.2f} of {os.cpu_count()} cores"
-                f" (stolen by the host: {cpu.get('_steal', 0.0):.2f})",
-                flush=True,
-            )
-            pauses.warn()
+        rounds: list[dict[str, float]] = []
+        first: dict[str, float] = {}
+        for n in range(ROUNDS):
+            prefix = f"round {n + 1}: " if ROUNDS > 1 else ""
+            # Every other round runs the relays in reverse order: no run always comes first.
+            ordered = runs if n % 2 == 0 else runs[::-1]
+            results, latencies = run_round(server_url, bootstrap, topic, ordered, pauses, prefix)
+            rounds.append(goal_figures(results, latencies, default, alo))
+            first = first or results
+            if ROUNDS > 1:
+                print_goals(rounds[-1:])
         if BARE:
             bare = bare_producer(bootstrap, topic)
             print(f"bare confluent producer (idempotent, acks=all): {bare:,.0f} msg/s", flush=True)
             pauses.warn()
             for label, *_ in runs:
-                print(f"  relay {label}: {results[label] / bare:.2f} x bare producer", flush=True)
-        latencies: dict[str, tuple[float, float]] = {}
-        for mode in ("at_least_once", "exactly_once") if LATENCY_SECONDS > 0 else ():
-            p50, p99, missing = latency(server_url, bootstrap, mode)
-            latencies[mode] = (p50, p99)
-            print(
-                f"latency {mode} at 1,000 events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
-                f" (commit -> read_committed consumer; {missing} not seen)",
-                flush=True,
-            )
-            pauses.warn()
-        print_goals(results, latencies, default, alo)
+                which = " (round 1)" if ROUNDS > 1 else ""
+                print(f"  relay {label}{which}: {first[label] / bare:.2f} x bare producer")
+        print_goals(rounds)
         if pauses.total:
             print(f"!! the clock jumped by {pauses.total:.1f}s in all: see the warnings above")
     print(f"benchmark total {time.monotonic() - started:.0f}s")
