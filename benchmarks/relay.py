@@ -20,11 +20,11 @@ Measured, each on a fresh database:
   consumer timestamps arrival; p50/p99 of commit -> visible, in both modes;
 - last, the acceptance figures next to their goals.
 
-``BENCH_ROUNDS`` (default 1) repeats the raw drains, relay runs and latency runs that many times
-(every other round in reverse order) after one warm-up. Each ratio is taken within a round, and
-the goals are printed as the median over the rounds, with every round's figure, how many rounds
-met each goal and how many met every goal at once: a single run on this machine moves by
-10-20 %, so one round decides nothing close to a goal.
+``BENCH_ROUNDS`` (default 3, about 7 minutes in all; 1 for a quick look) repeats the raw drains,
+relay runs and latency runs that many times (every other round in reverse order) after one
+warm-up. Each ratio is taken within a round, and the goals are printed as the median over the
+rounds, with every round's figure, how many rounds met each goal and how many met every goal at
+once: single runs on this machine move by 10-20 %, so one round decides nothing close to a goal.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ BARE = os.environ.get("BENCH_BARE", "1") == "1"
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 # Whole rounds (throughput and latency runs, each ratio from runs of the same round): the goals
 # are then printed as medians over the rounds, with every round's figure and how many met it.
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 BATCH = 500
 KEYS = 1000
 MAX_BYTES = 16 * 1024 * 1024  # the relay's default max_batch_bytes (500 rows stay far below)
