@@ -5,26 +5,28 @@ OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP are set). ``BENCH_ROWS`` (def
 sets the backlog size; ``BENCH_LATENCY_SECONDS`` (default 10) the length of each latency run;
 ``OUTBOXKIT_KAFKA_CLIENT`` (confluent or aiokafka) the relay's Kafka client.
 
-Measured, each on a fresh database:
-- raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards);
-- relay: ``outboxkit relay run`` as separate processes (exactly-once with the default adaptive
-  claims, 500 growing to 2000, and with fixed claims of 500; at-least-once with the defaults, on
-  1 shard; exactly-once on 4 shards shared by 2 processes), rate = rows / (last published_at -
-  first published_at), the same clock as the raw drain; each relay's own stage figures
-  (transactions, claims per transaction, waits) are printed under its line;
+Measured, each on a fresh database, in this order:
 - first a warm-up, not counted: an exactly-once drain of ``BENCH_WARMUP_ROWS`` (default 50000;
   0: none) and ``BENCH_WARMUP_SECONDS`` (default 30) of the latency load, so the broker's JIT
   warm-up (thousands of transactions) does not fall on whichever measured run comes first;
-- bare producer: confluent-kafka, idempotent, acks=all, the same 500-byte messages;
-- latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
-  consumer timestamps arrival; p50/p99 of commit -> visible, in both modes;
-- last, the acceptance figures next to their goals.
-
-``BENCH_ROUNDS`` (default 3, about 7 minutes in all; 1 for a quick look) repeats the raw drains,
-relay runs and latency runs that many times (every other round in reverse order) after one
-warm-up. Each ratio is taken within a round, and the goals are printed as the median over the
-rounds, with every round's figure, how many rounds met each goal and how many met every goal at
-once: single runs on this machine move by 10-20 %, so one round decides nothing close to a goal.
+- then ``BENCH_ROUNDS`` rounds (default 3, about 7 minutes in all; 1 for a quick look), each:
+  - raw drain: the relay's own claim + mark SQL in batches of 500, no Kafka (1 and 4 shards,
+    each before the first relay run of its shard count);
+  - relay: ``outboxkit relay run`` as separate processes (exactly-once with the default adaptive
+    claims, 500 growing to 2000, and with fixed claims of 500; at-least-once with the defaults,
+    on 1 shard; exactly-once on 4 shards shared by 2 processes), rate = rows / (last
+    published_at - first published_at), the same clock as the raw drain; each relay's own stage
+    figures (transactions, claims per transaction, waits) are printed under its line. Every
+    other round runs these in reverse order;
+  - latency: a writer commits 1,000 events/s (10 per transaction every 10 ms); a read_committed
+    consumer timestamps arrival; p50/p99 of commit -> visible, at-least-once then exactly-once;
+- bare producer: confluent-kafka, idempotent, acks=all, the same 500-byte messages (the relay's
+  rates of round 1 are divided by it);
+- last, the acceptance figures next to their goals. Each ratio is taken within a round (the
+  relay against that round's raw drain, 4 shards against that round's 1 shard); with several
+  rounds each goal is printed as the median of the rounds' figures, with every round's figure,
+  how many rounds met it, and how many rounds met every measured goal at once. Single runs on
+  this machine move by 10-20 %, so one round decides nothing close to a goal.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ BARE = os.environ.get("BENCH_BARE", "1") == "1"
 LATENCY_SECONDS = float(os.environ.get("BENCH_LATENCY_SECONDS", "10"))
 # Whole rounds (throughput and latency runs, each ratio from runs of the same round): the goals
 # are then printed as medians over the rounds, with every round's figure and how many met it.
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "3")))
 BATCH = 500
 KEYS = 1000
 MAX_BYTES = 16 * 1024 * 1024  # the relay's default max_batch_bytes (500 rows stay far below)
@@ -506,19 +508,22 @@ def goal_figures(
 def print_goals(rounds: list[dict[str, float]]) -> None:
     """The acceptance figures next to their goals: with several rounds, the median of the
     rounds' own figures (every round's in brackets), how many rounds met each, and how many
-    met every goal at once (load: this machine's, now)."""
+    met every measured goal at once (load: this machine's, now). Figures print as the rounds'
+    own lines do (ratios to 2 decimals, milliseconds to 1); pass or fail is decided unrounded."""
     print(f"goals (load average {os.getloadavg()[0]:.1f}):")
     for name, goal, at_least in GOALS:
         values = [r[name] for r in rounds if name in r]
         if not values:
             continue
+        shown = "{:.1f}" if name.endswith(" ms") else "{:.2f}"
         met = sum(v >= goal if at_least else v <= goal for v in values)
-        line = f"  {name}: {statistics.median(values):.2f} ({'>=' if at_least else '<='} {goal})"
+        median = shown.format(statistics.median(values))
+        line = f"  {name}: {median} ({'>=' if at_least else '<='} {goal})"
         if len(values) > 1:
-            each = ", ".join(f"{v:.2f}" for v in values)
+            each = ", ".join(shown.format(v) for v in values)
             line += f"; median of {len(values)} rounds [{each}], met in {met}"
         print(line)
-    if len(rounds) > 1:
+    if len(rounds) > 1 and any(rounds):
         every = sum(
             all(
                 (r[name] >= goal if at_least else r[name] <= goal)
@@ -527,7 +532,7 @@ def print_goals(rounds: list[dict[str, float]]) -> None:
             )
             for r in rounds
         )
-        print(f"  rounds that met every goal at once: {every} of {len(rounds)}")
+        print(f"  rounds that met every measured goal at once: {every} of {len(rounds)}")
 
 
 def run_round(
@@ -614,7 +619,9 @@ def main() -> None:
             pauses.warn()
             for label, *_ in runs:
                 which = " (round 1)" if ROUNDS > 1 else ""
-                print(f"  relay {label}{which}: {first[label] / bare:.2f} x bare producer")
+                print(
+                    f"  relay {label}{which}: {first[label] / bare:.2f} x bare producer", flush=True
+                )
         print_goals(rounds)
         if pauses.total:
             print(f"!! the clock jumped by {pauses.total:.1f}s in all: see the warnings above")
