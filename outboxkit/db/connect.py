@@ -12,7 +12,9 @@ message as a "host" or "port", where no redaction can recognise it.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -122,6 +124,22 @@ async def connect_async(
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
     raise error
+
+
+@contextlib.asynccontextmanager
+async def connection_async(
+    url: Url, *, autocommit: bool = True, **options: Any
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """:func:`connect_async` for an ``async with`` block that closes the connection whatever
+    ends it. psycopg's own ``async with`` first commits or rolls back, an await: a task cancelled
+    there (a shutdown cancels a task that is already unwinding) skips the close and leaves the
+    connection open until the garbage collector finds it. ``close()`` never waits, so nothing
+    can interrupt it; an open transaction ends with the connection (rolled back)."""
+    conn = await connect_async(url, autocommit=autocommit, **options)
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 def sqlalchemy_url(url: Url, *, driver: str = "psycopg") -> str:

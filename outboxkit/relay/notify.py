@@ -28,12 +28,17 @@ async def listen_forever(
     """
     while not stop.is_set():
         try:
-            async with await db.connect_async(
-                database_url, application_name="outboxkit-relay-listen"
-            ) as conn:
+            async with (
+                db.connection_async(
+                    database_url, application_name="outboxkit-relay-listen"
+                ) as conn,
+                # Closed on leaving, not when the collector finds it: until then it holds the
+                # connection's lock, so the connection could run nothing else.
+                contextlib.aclosing(conn.notifies()) as notifications,
+            ):
                 await db.execute_async(conn, db.query("relay", "listen", schema))
                 on_notify(None)  # anything committed while we were not listening
-                async for notification in conn.notifies():
+                async for notification in notifications:
                     on_notify(_shard(notification.payload))
                     if stop.is_set():
                         break

@@ -151,8 +151,8 @@ class ShardWorker:
                 self.active.clear()
                 self._metrics.lease_active.labels(self._label).set(0)
 
-    async def _connect(self) -> Conn:
-        return await db.connect_async(
+    def _connect(self) -> contextlib.AbstractAsyncContextManager[Conn]:
+        return db.connection_async(
             self._database_url,
             application_name=f"outboxkit-relay-{self.shard}",
             connect_timeout=10,
@@ -165,7 +165,7 @@ class ShardWorker:
         self.term = term
         # Only now does this shard hold a connection of its own, for data (renewal is shared).
         try:
-            async with await self._connect() as data_conn:
+            async with self._connect() as data_conn:
                 await self._active_term(term, data_conn)
         finally:
             await self._leases.release(term)  # hand the shard over at once

@@ -89,9 +89,7 @@ async def sample_forever(
     while not stop.is_set():
         full_since = None  # while a full count runs: when it began
         try:
-            async with await db.connect_async(
-                url, application_name="outboxkit-relay-sample"
-            ) as conn:
+            async with db.connection_async(url, application_name="outboxkit-relay-sample") as conn:
                 urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():
                     now = time.monotonic()

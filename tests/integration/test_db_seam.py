@@ -446,6 +446,25 @@ def test_notify_channel_reaches_a_listener_through_the_seam(outboxkit_db_url: st
     assert [(n.channel, n.payload) for n in got] == [(channel, str(row[2]))]
 
 
+async def test_our_async_connection_closes_at_once_whatever_the_block_left_behind(
+    outboxkit_db_url: str,
+) -> None:
+    """A block that leaves the connection busy (a ``notifies()`` generator left suspended holds
+    its lock) still closes it at once. psycopg's own ``async with`` would first commit, waiting
+    for that lock: a cancellation there skips the close and leaks the connection."""
+    channel = notify_channel("outboxkit")
+    async with db.connection_async(outboxkit_db_url) as conn:
+        await db.listen_async(conn, channel)
+        with db.connect(outboxkit_db_url) as writer:
+            db.run(writer, db.Query("t", "notify", "SELECT pg_notify(:c, '1')"), {"c": channel})
+        notifications = conn.notifies()  # referenced until the end: nothing frees the lock
+        async for _ in notifications:
+            break
+        assert conn.lock.locked()
+    assert conn.closed
+    await notifications.aclose()
+
+
 async def test_listen_async(outboxkit_db_url: str) -> None:
     channel = notify_channel("t" * 60)  # too long for a channel: hashed
     async with await db.connect_async(outboxkit_db_url) as listener:

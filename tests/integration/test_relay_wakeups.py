@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import psycopg
 import pytest
 
+from outboxkit.relay.notify import listen_forever
 from outboxkit.schema import notify_channel
 from tests.relay_support import (
     insert_rows,
@@ -70,3 +72,36 @@ async def test_no_listen_mode_publishes_by_polling(
         insert_rows(outboxkit_db_url, topic, payloads("j", 3))
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 4})
         assert all(w.notifications == 0 for w in relay.workers.values())
+
+
+def _listen_connections(db_url: str) -> int:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'outboxkit-relay-listen'"
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def test_a_stopped_listener_ends_on_its_own_and_closes_its_connection(
+    outboxkit_db_url: str,
+) -> None:
+    """Stopped while a hint arrives: it leaves the notifications loop and closes its connection
+    without waiting for a cancellation (which would find it waiting for the connection's lock)."""
+    stop = asyncio.Event()
+    hints: list[int | None] = []
+
+    def on_notify(shard: int | None) -> None:
+        hints.append(shard)
+        if shard == 5:
+            stop.set()
+
+    listener = asyncio.create_task(listen_forever(outboxkit_db_url, "outboxkit", on_notify, stop))
+    await wait_for_async(lambda: _listening(outboxkit_db_url), what="the LISTEN")
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, '5')", (notify_channel("outboxkit"),))
+    await asyncio.wait_for(listener, timeout=30)  # not cancelled: it ends by itself
+    assert hints == [None, 5]
+    await wait_for_async(
+        lambda: _listen_connections(outboxkit_db_url) == 0, what="the listen connection gone"
+    )
