@@ -86,8 +86,8 @@ def _listen_connections(db_url: str) -> int:
 async def test_a_stopped_listener_ends_on_its_own_and_closes_its_connection(
     outboxkit_db_url: str,
 ) -> None:
-    """Stopped while a hint arrives: it leaves the notifications loop and closes its connection
-    without waiting for a cancellation (which would find it waiting for the connection's lock)."""
+    """Stopped while a hint arrives: it leaves the notifications loop, ends by itself (no
+    cancellation needed) and closes its connection."""
     stop = asyncio.Event()
     hints: list[int | None] = []
 
