@@ -8,6 +8,7 @@ loop flags it and the handler's lease counts as lost.
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import TracebackType
 from typing import Any
 
@@ -16,6 +17,8 @@ from outboxkit.inbox.middleware import AsyncInbox
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.steps import drive_async
 from outboxkit.kafka import KafkaClients
+
+logger = logging.getLogger("outboxkit.inbox.aiokafka")
 
 
 class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
@@ -46,6 +49,22 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         return await drive_async(self.loop.run(stopped_by(stop), max_messages), self.executor)
 
     async def close(self) -> None:
+        """Commit settled offsets, leave the group, stop the clients and the lease task.
+
+        Runs to the end even if the calling task is cancelled meanwhile (a shutdown cancelling
+        a task that is already closing); the cancellation is raised after. A close cut short
+        would leave the Kafka clients and their connections to the garbage collector."""
+        closing = asyncio.ensure_future(self._close())
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            await asyncio.wait([closing])  # cancelled again: the close still ends on its own
+            error = None if closing.cancelled() else closing.exception()
+            if error is not None:  # the cancellation wins; the close's error is not lost
+                logger.warning("closing the consumer failed: %s: %s", type(error).__name__, error)
+            raise
+
+    async def _close(self) -> None:
         try:
             await drive_async(self.loop.close(), self.executor)
         finally:

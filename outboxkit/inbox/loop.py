@@ -296,10 +296,14 @@ class ConsumerLoop:
         yield from self._settle(env, outcome)
 
     def close(self) -> Plan[None]:
-        """Commit what is settled, then close the consumer and the sender."""
-        if self.pending is not None and self.subscribed:
-            yield from self._commit(self.pending.take())
+        """Commit what is settled, then close the consumer and the sender: both, whatever
+        failed before (the first error is raised after them)."""
         errors: list[Exception] = []
+        if self.pending is not None and self.subscribed:
+            try:
+                yield from self._commit(self.pending.take())
+            except Exception as exc:  # not a PublishError (those are logged): a broken client
+                errors.append(exc)
         for step in (CloseConsumer(), CloseSender()):
             try:
                 yield step

@@ -96,8 +96,10 @@ async def test_concurrent_acquire_on_a_fresh_database_has_one_winner(
     outboxkit_db_url: str,
 ) -> None:
     leases = LeaseStore("outboxkit")
-    conns = [await _conn(outboxkit_db_url) for _ in range(6)]
+    conns: list[psycopg.AsyncConnection[Any]] = []
     try:
+        for _ in range(6):  # inside the try: a failed connect still closes the ones before it
+            conns.append(await _conn(outboxkit_db_url))
         terms = await asyncio.gather(
             *(leases.acquire(c, "g", 3, f"H{i}", 30) for i, c in enumerate(conns))
         )

@@ -21,6 +21,8 @@ from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.steps import (
     CallHandler,
+    CloseConsumer,
+    CloseSender,
     Commit,
     HandlerSql,
     Pause,
@@ -272,6 +274,33 @@ def test_a_revoked_hold_is_forgotten_and_its_partition_taken_again_on_assignment
     assert outcome.kind is OutcomeKind.SUCCEEDED
     assert seen == [(0, 5), (1, 3), (0, 5)]  # taken again at once, not after the 600 s hold
     assert not any(isinstance(s, Commit) for s in script.steps)  # interval not elapsed
+
+
+def test_a_failed_offset_commit_on_close_still_closes_both_clients() -> None:
+    """A client error in the last commit (not a PublishError, which is only logged) is raised,
+    but only after the consumer and the sender were closed: neither is left open."""
+    loop = _loop(interval=60.0)  # the settled offset waits for the close
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        return Outcome(OutcomeKind.SUCCEEDED, "e")
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            step.on_assign([("orders", 0)])
+            return None
+        if isinstance(step, Poll):
+            return [_record(0, 5)]
+        if isinstance(step, Commit):
+            raise RuntimeError("the client is broken")
+        return ONE
+
+    loop.core.deliver = deliver  # type: ignore[method-assign]
+    script = Script(answer)
+    assert drive_sync(loop.poll_once(), script) is not None
+    with pytest.raises(RuntimeError, match="broken"):
+        drive_sync(loop.close(), script)
+    assert [type(s) for s in script.steps[-3:]] == [Commit, CloseConsumer, CloseSender]
 
 
 def test_records_of_a_revoked_partition_are_dropped_unprocessed() -> None:
