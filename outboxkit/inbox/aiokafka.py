@@ -20,9 +20,15 @@ from outboxkit.kafka import KafkaClients
 
 logger = logging.getLogger("outboxkit.inbox.aiokafka")
 
+#: Seconds a close may go on after its task was cancelled (the last offset commit, the
+#: consumer's and the sender's stop), so no client is left to the garbage collector.
+CLOSE_GRACE = 10.0
+
 
 class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
     """The async consumer: ``async with consumer: await consumer.run(stop_event)``."""
+
+    _closing: asyncio.Future[None] | None = None
 
     def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:
         return clients.async_group_consumer(group_id, config=config), clients.async_record_sender()
@@ -51,16 +57,27 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
     async def close(self) -> None:
         """Commit settled offsets, leave the group, stop the clients and the lease task.
 
-        Runs to the end even if the calling task is cancelled meanwhile (a shutdown cancelling
-        a task that is already closing); the cancellation is raised after. A close cut short
-        would leave the Kafka clients and their connections to the garbage collector."""
-        closing = asyncio.ensure_future(self._close())
+        A close cut short leaves the Kafka clients and their connections to the garbage
+        collector. So a cancellation while closing (a shutdown cancelling a task already
+        closing) lets the close go on for up to :data:`CLOSE_GRACE` seconds before it raises;
+        past that, or at a second cancellation, the close is cut short (a Kafka outage must not
+        hold a shutdown). A second call waits for the first one's close."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        closing = self._closing
         try:
             await asyncio.shield(closing)
         except asyncio.CancelledError:
-            await asyncio.wait([closing])  # cancelled again: the close still ends on its own
-            error = None if closing.cancelled() else closing.exception()
-            if error is not None:  # the cancellation wins; the close's error is not lost
+            if not closing.done():
+                try:
+                    await asyncio.wait([closing], timeout=CLOSE_GRACE)
+                finally:
+                    if not closing.done():
+                        closing.cancel()
+                        logger.warning("consumer close cut short: its clients may be left open")
+            finished = closing.done() and not closing.cancelled()
+            error = closing.exception() if finished else None
+            if error is not None:  # the cancellation is raised; the close's error is logged
                 logger.warning("closing the consumer failed: %s: %s", type(error).__name__, error)
             raise
 

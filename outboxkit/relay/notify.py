@@ -32,8 +32,8 @@ async def listen_forever(
                 db.connection_async(
                     database_url, application_name="outboxkit-relay-listen"
                 ) as conn,
-                # Closed on leaving, not when the collector finds it: until then it holds the
-                # connection's lock, so the connection could run nothing else.
+                # Closed on leaving, not later by asyncio's finalizer: until then it holds the
+                # connection's lock, and a cancellation could find the exit waiting for it.
                 contextlib.aclosing(conn.notifies()) as notifications,
             ):
                 await db.execute_async(conn, db.query("relay", "listen", schema))

@@ -1,40 +1,53 @@
 """The async consumer's close runs to the end even when its task is cancelled meanwhile: a
 shutdown that cancels a task already closing must not leave a Kafka client to the garbage
-collector (an unclosed producer or connection surfaces later, far from its cause)."""
+collector (an unclosed producer or connection surfaces later, far from its cause). A close
+that cannot end (Kafka away) is cut short after a grace period, so it cannot hold a shutdown."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import inspect
+import logging
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outboxkit.inbox import AsyncInbox, InboxSettings
+from outboxkit.inbox import aiokafka as adapter
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
-from outboxkit.inbox.steps import CloseConsumer, Executor, Step
+from outboxkit.inbox.steps import CloseConsumer, CloseSender, Executor, Step
 from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import REGISTRY, Behaviour, async_handler
 
 pytestmark = pytest.mark.integration
 
+#: Left by a client of ours that nobody closed (aiokafka's and psycopg's own words).
+_OUR_LEAKS = ("Unclosed AIOKafka", "was deleted while still open")
 
-class _CancelOnStep:
-    """The consumer's executor, cancelling ``target`` as the close plan reaches ``CloseConsumer``
-    (so the cancellation lands inside the consumer's stop, the first await of that step)."""
 
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
+class _AtCloseConsumer:
+    """The consumer's executor, acting as the close plan reaches ``CloseConsumer``: it cancels
+    ``target`` (which lands in the consumer's stop, the step's first await) or, with ``hang``,
+    never answers (a Kafka that does not reply)."""
+
+    def __init__(self, inner: Executor, *, hang: bool = False) -> None:
+        self.inner, self.hang = inner, hang
         self.target: asyncio.Task[None] | None = None
-        self.cancelled = False
+        self.reached = asyncio.Event()
 
     def __call__(self, step: Step) -> Any:
-        if isinstance(step, CloseConsumer) and self.target is not None and not self.cancelled:
-            self.cancelled = True
+        if not isinstance(step, CloseConsumer) or self.reached.is_set():
+            return self.inner(step)
+        self.reached.set()
+        if self.hang:
+            return asyncio.Event().wait()
+        if self.target is not None:
             self.target.cancel()
         return self.inner(step)
 
@@ -42,8 +55,10 @@ class _CancelOnStep:
         return self.inner.release()
 
 
-async def _cancel_a_close(sa_url: str, bootstrap: str, topic: str) -> bool:
-    """Whether the cancellation landed inside the close (its task then raised it)."""
+@contextlib.asynccontextmanager
+async def _started(
+    sa_url: str, bootstrap: str, topic: str, *, hang: bool = False
+) -> AsyncIterator[tuple[AiokafkaInboxConsumer, _AtCloseConsumer]]:
     engine = create_async_engine(sa_url)
     try:
         settings = InboxSettings(consumer=f"c-{uuid.uuid4().hex[:6]}", registry=REGISTRY)
@@ -54,26 +69,58 @@ async def _cancel_a_close(sa_url: str, bootstrap: str, topic: str) -> bool:
             topics=[topic],
             dead_letter_check="warn",  # the sender is started: there are two clients to close
         )
-        executor = _CancelOnStep(consumer.executor)
+        executor = _AtCloseConsumer(consumer.executor, hang=hang)
         consumer.executor = executor
         await consumer.start()
         await consumer.poll_batch(0.2)
+        yield consumer, executor
+    finally:
+        await engine.dispose()
+
+
+async def _cancel_a_close(sa_url: str, bootstrap: str, topic: str) -> bool:
+    """Whether the cancellation landed inside the close (its task then raised it)."""
+    async with _started(sa_url, bootstrap, topic) as (consumer, executor):
         executor.target = asyncio.create_task(consumer.close())
         with pytest.raises(asyncio.CancelledError):
             await executor.target
-        return executor.cancelled
-    finally:
-        await engine.dispose()
+        return executor.reached.is_set()
 
 
 def test_a_cancelled_close_still_closes_every_kafka_client(
     sa_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: Callable[..., str]
 ) -> None:
     topic = outboxkit_topic()
+    gc.collect()  # what earlier tests left is theirs, not this test's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cancelled = asyncio.run(_cancel_a_close(sa_url, outboxkit_kafka_bootstrap, topic))
         gc.collect()
     assert cancelled
-    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    leaks = [str(w.message) for w in caught if any(m in str(w.message) for m in _OUR_LEAKS)]
     assert leaks == []
+
+
+async def test_a_close_that_cannot_end_is_cut_short_after_the_grace(
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(adapter, "CLOSE_GRACE", 0.5)
+    topic = outboxkit_topic()
+    async with _started(sa_url, outboxkit_kafka_bootstrap, topic, hang=True) as (consumer, ex):
+        closing = asyncio.create_task(consumer.close())
+        await ex.reached.wait()
+        closing.cancel()
+        with (
+            caplog.at_level(logging.WARNING, logger="outboxkit.inbox.aiokafka"),
+            pytest.raises(asyncio.CancelledError),
+        ):
+            await asyncio.wait_for(closing, 60)  # a TimeoutError would mean it hung on
+        assert "consumer close cut short" in caplog.text
+        for step in (CloseConsumer(), CloseSender()):  # what the hung close left open
+            closed = ex.inner(step)
+            if inspect.isawaitable(closed):
+                await closed

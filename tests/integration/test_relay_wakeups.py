@@ -83,24 +83,32 @@ def _listen_connections(db_url: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-async def test_a_stopped_listener_ends_on_its_own_and_closes_its_connection(
+async def test_a_listener_stopped_then_cancelled_during_a_hint_closes_its_connection(
     outboxkit_db_url: str,
 ) -> None:
-    """Stopped while a hint arrives: it leaves the notifications loop, ends by itself (no
-    cancellation needed) and closes its connection."""
+    """The relay's shutdown sets ``stop`` and then cancels the listener. Here both come as a hint
+    arrives: the listener leaves its loop and closes its connection before the cancellation
+    lands (it has no await left to land in), so the task ends by itself and nothing is left
+    open. Had the connection's exit waited (psycopg's own ``async with`` commits first, behind
+    the lock of a ``notifies()`` generator not yet closed), the cancellation would land there
+    and skip the close."""
     stop = asyncio.Event()
     hints: list[int | None] = []
+    tasks: list[asyncio.Task[None]] = []
 
     def on_notify(shard: int | None) -> None:
         hints.append(shard)
         if shard == 5:
             stop.set()
+            asyncio.get_running_loop().call_soon(tasks[0].cancel)
 
-    listener = asyncio.create_task(listen_forever(outboxkit_db_url, "outboxkit", on_notify, stop))
+    tasks.append(
+        asyncio.create_task(listen_forever(outboxkit_db_url, "outboxkit", on_notify, stop))
+    )
     await wait_for_async(lambda: _listening(outboxkit_db_url), what="the LISTEN")
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         conn.execute("SELECT pg_notify(%s, '5')", (notify_channel("outboxkit"),))
-    await asyncio.wait_for(listener, timeout=30)  # not cancelled: it ends by itself
+    await asyncio.wait_for(tasks[0], timeout=30)  # ended by itself: not cancelled
     assert hints == [None, 5]
     await wait_for_async(
         lambda: _listen_connections(outboxkit_db_url) == 0, what="the listen connection gone"
