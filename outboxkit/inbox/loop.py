@@ -56,10 +56,7 @@ from outboxkit.inbox.steps import (
     Subscribe,
     TopicExists,
 )
-from outboxkit.kafka.api import (
-    ConsumedRecord,
-    TopicPartition,
-)
+from outboxkit.kafka.api import ConsumedRecord, TopicPartition
 
 if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
@@ -371,8 +368,7 @@ class ConsumerLoop:
             return
         try:
             yield Commit(offsets)
-        except PublishError as exc:
-            # The database already holds the outcomes: a redelivery is recognised.
+        except PublishError as exc:  # the database holds the outcomes: a redelivery is known
             logger.warning("offset commit failed (redelivery will be deduplicated): %s", exc)
 
     def _acknowledge(self, env: Envelope, outcome: Outcome) -> Plan[None]:
