@@ -61,8 +61,9 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         collector. So a cancellation while closing (a shutdown cancelling a task already
         closing) lets the close go on for up to :data:`CLOSE_GRACE` seconds before it raises;
         past that, or at a second cancellation, the close is cut short (a Kafka outage must not
-        hold a shutdown). A second call waits for the first one's close."""
-        if self._closing is None:
+        hold a shutdown). A second call waits for the first one's close, or closes again if
+        that one was cut short."""
+        if self._closing is None or self._closing.cancelled():
             self._closing = asyncio.ensure_future(self._close())
         closing = self._closing
         try:
