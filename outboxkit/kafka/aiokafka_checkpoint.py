@@ -1,7 +1,11 @@
 """Read one partition to its end, ``read_committed``, on aiokafka.
 
-With ``read_committed`` the end offset aiokafka reports is the last stable offset: records of
-transactions still open are not waited for, aborted ones are skipped.
+The end is the partition's high watermark as a ``read_uncommitted`` client sees it. A
+``read_committed`` client reports the last stable offset instead: the first offset of the
+oldest transaction still open. Reading only that far would miss a checkpoint committed after
+another producer's transaction on the same partition began (another shard's, another relay
+group's, or a dead relay's not yet aborted), and its rows would be published twice. So the read
+waits for such transactions to end (aborted records are skipped) and times out if one stays open.
 """
 
 from __future__ import annotations
@@ -31,27 +35,42 @@ class AiokafkaCheckpointReader(CheckpointReader):
 
     async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
         consumer = AIOKafkaConsumer(**self._options)
+        # The high watermark, open transactions' records included, is what this one sees.
+        watermark = AIOKafkaConsumer(**{**self._options, "isolation_level": "read_uncommitted"})
         where = f"{topic} [{partition}]"
         tp = TopicPartition(topic, partition)
         last: bytes | None = None
+        position, end = 0, None
         try:
             async with asyncio.timeout(self._timeout):
+                await watermark.start()
+                end = int((await watermark.end_offsets([tp]))[tp])
                 await consumer.start()
                 consumer.assign([tp])
-                end = (await consumer.end_offsets([tp]))[tp]
                 await consumer.seek_to_beginning(tp)
-                while await consumer.position(tp) < end:
+                while (position := await consumer.position(tp)) < end:
                     batch = await consumer.getmany(tp, timeout_ms=500)
                     for record in batch.get(tp, []):
                         if record.key == key:
                             last = record.value
             return last
         except TimeoutError:
-            raise PublishError(f"{where} not readable to its end in time") from None
+            raise PublishError(
+                f"{where} not readable to its end in time{_stuck(position, end)}"
+            ) from None
         except (KafkaError, OSError) as exc:
             raise PublishError(f"reading {where} failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            await consumer.stop()
+            try:
+                await watermark.stop()
+            finally:
+                await consumer.stop()
 
     async def close(self) -> None:
         return None
+
+
+def _stuck(position: int, end: int | None) -> str:
+    if end is None:
+        return ""
+    return f" (at offset {position} of {end}: a transaction still open holds back the rest)"

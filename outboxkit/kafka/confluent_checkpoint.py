@@ -1,4 +1,9 @@
-"""Read one partition to its end, ``read_committed``, on confluent-kafka (in a worker thread)."""
+"""Read one partition to its end, ``read_committed``, on confluent-kafka (in a worker thread).
+
+The end is the high watermark a ``read_uncommitted`` client sees, not the last stable offset a
+``read_committed`` one reports (see ``aiokafka_checkpoint``): a checkpoint committed after another
+producer's still-open transaction began must not be missed, so the read waits for it to end.
+"""
 
 from __future__ import annotations
 
@@ -22,33 +27,45 @@ class ConfluentCheckpointReader(CheckpointReader):
         self._timeout = timeout
 
     @staticmethod
-    def _consumer_config() -> dict[str, Any]:
+    def _consumer_config(isolation: str = "read_committed") -> dict[str, Any]:
         return {
             "group.id": f"outboxkit-checkpoint-{uuid.uuid4().hex}",
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.partition.eof": True,
         }
+
+    def _consumer(self, isolation: str = "read_committed") -> Consumer:
+        return create(
+            Consumer,
+            confluent_config(self._settings, None, **self._consumer_config(isolation)),
+            "the checkpoint reader (confluent-kafka) cannot be created",
+        )
 
     async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
         return await asyncio.to_thread(self._last_committed, topic, partition, key)
 
     def _last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
-        consumer = create(
-            Consumer,
-            confluent_config(self._settings, None, **self._consumer_config()),
-            "the checkpoint reader (confluent-kafka) cannot be created",
-        )
+        deadline = time.monotonic() + self._timeout
         start = TopicPartition(topic, partition, OFFSET_BEGINNING)
+        watermark = self._consumer("read_uncommitted")
         try:
-            deadline = time.monotonic() + self._timeout
-            high = _high_watermark(consumer, start, deadline)
+            high = _high_watermark(watermark, start, deadline)
+        except KafkaException as exc:
+            raise PublishError(f"reading {topic} [{partition}] failed: {exc}") from None
+        finally:
+            watermark.close()
+        consumer = self._consumer()
+        try:
             consumer.assign([start])
             last: bytes | None = None
             position = 0
             while position < high:
                 if time.monotonic() > deadline:
-                    raise PublishError(f"{topic} [{partition}] not readable to its end in time")
+                    raise PublishError(
+                        f"{topic} [{partition}] not readable to its end in time (at offset"
+                        f" {position} of {high}: a transaction still open holds back the rest)"
+                    )
                 msg = consumer.poll(0.5)
                 if msg is None:
                     # Aborted records and transaction markers are skipped without an EOF: ask.

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from outboxkit.errors import PermanentPublishError, ProducerFencedError
+from outboxkit.errors import PermanentPublishError, ProducerFencedError, PublishError
 from outboxkit.kafka import KafkaClients
-from outboxkit.kafka.api import ProduceRequest, TransactionalProducer
+from outboxkit.kafka.api import CheckpointReader, ProduceRequest, TransactionalProducer
 from outboxkit.kafka.config import LIBRDKAFKA_LOGGER
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.settings import KafkaClient, KafkaSettings
@@ -329,12 +329,50 @@ async def test_checkpoint_reader_returns_the_last_committed_value_of_a_key(
         assert await reader.last_committed(topic, 0, b"g/0") == b"second"
         assert await reader.last_committed(topic, 0, b"g/1") == b"other key"
         assert await reader.last_committed(topic, 1, b"g/0") is None  # another partition
-        # A transaction still open (another shard's, say) is neither read nor waited for.
+        # A transaction still open (another shard's, say) is waited for, never read.
         other = producers(_txn_id())
         await other.start()
         await other.begin()
         await other.send([ProduceRequest(topic, b"g/0", b"open", partition=0)])
-        assert await reader.last_committed(topic, 0, b"g/0") == b"second"
+        with pytest.raises(PublishError, match="transaction still open"):
+            await _impatient(kafka).last_committed(topic, 0, b"g/0")
         await other.abort()
+        assert await reader.last_committed(topic, 0, b"g/0") == b"second"
+    finally:
+        await reader.close()
+
+
+def _impatient(kafka: KafkaClients) -> CheckpointReader:
+    """A reader that gives up after 3 s (the fixture's waits 15 s)."""
+    return KafkaClients(kafka.settings, timeout=3).checkpoint_reader()
+
+
+async def test_checkpoint_reader_finds_a_commit_made_after_another_transaction_began(
+    kafka: KafkaClients, producers: ProducerFactory, outboxkit_topic: TopicFactory
+) -> None:
+    """Another producer's transaction (another relay group's, or a dead relay's not yet aborted)
+    opened on the partition before this shard's last commit: that commit lies beyond the last
+    stable offset, and a read that stopped there would return the older checkpoint (and the
+    rows of the newer would be published again)."""
+    topic = outboxkit_topic(partitions=1)
+    writer, other = producers(_txn_id()), producers(_txn_id())
+    await writer.start()
+    await other.start()
+    await writer.begin()
+    await writer.send([ProduceRequest(topic, b"g/0", b"older", partition=0)])
+    await writer.commit()
+    await other.begin()
+    await other.send([ProduceRequest(topic, b"h/0", b"open", partition=0)])
+    await writer.begin()
+    await writer.send([ProduceRequest(topic, b"g/0", b"newer", partition=0)])
+    await writer.commit()
+    with pytest.raises(PublishError, match="transaction still open"):
+        await _impatient(kafka).last_committed(topic, 0, b"g/0")  # never b"older"
+    reader = kafka.checkpoint_reader()
+    try:
+        finished = asyncio.create_task(reader.last_committed(topic, 0, b"g/0"))
+        await other.commit()
+        assert await finished == b"newer"
+        assert await reader.last_committed(topic, 0, b"h/0") == b"open"
     finally:
         await reader.close()
