@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -35,6 +35,21 @@ def _refused(exc: KafkaError, what: str) -> RecordError:
     record's error."""
     if classify(_name(exc)) is ErrorKind.FENCED:
         raise_for(exc, what)
+    return RecordError(_name(exc), str(exc))
+
+
+def _delivery_error(exc: KafkaError) -> RecordError:
+    """A broker's refusal of a produced batch. aiokafka names the error codes it knows; a newer
+    one (INVALID_RECORD, 87: a record without a key on a compacted topic, say) arrives as a bare
+    ``UnknownError`` with no text. On a produce only a refusal of the records comes back that
+    way, so it is classed permanent (the relay isolates the row and parks it with this reason)
+    instead of being retried for ever as the shard stalls behind it."""
+    if isinstance(exc, UnknownError):
+        return RecordError(
+            "UnknownError",
+            "the broker refused the record with an error code aiokafka does not name"
+            " (INVALID_RECORD is one: e.g. a record without a key on a compacted topic)",
+        )
     return RecordError(_name(exc), str(exc))
 
 
@@ -149,7 +164,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                         except KafkaError as exc:
                             if classify(_name(exc)) is ErrorKind.FENCED:
                                 fenced = fenced or exc
-                            outcome = RecordError(_name(exc), str(exc))
+                            outcome = _delivery_error(exc)
                         else:
                             for n, index in enumerate(batch):
                                 results[index] = _new(

@@ -38,6 +38,9 @@ _PERMANENT = frozenset(
         "InvalidTopicError",
         "InvalidRecordError",
         "CorruptRecordException",
+        # aiokafka's name for a broker error code it does not know (INVALID_RECORD among them):
+        # only a delivery's RecordError carries it (see aiokafka_producer._delivery_error).
+        "UnknownError",
     }
 )
 

@@ -36,12 +36,12 @@ pytestmark = pytest.mark.integration
 TopicFactory = Callable[..., str]
 
 
-def _states_by_key(db_url: str) -> dict[str, list[str]]:
+def _states_by_key(db_url: str) -> dict[str | None, list[str]]:
     with psycopg.connect(db_url) as conn:
         rows = conn.execute(
             "SELECT message_key, state FROM outboxkit.outbox_message ORDER BY id"
         ).fetchall()
-    out: dict[str, list[str]] = {}
+    out: dict[str | None, list[str]] = {}
     for key, state in rows:
         out.setdefault(key, []).append(state)
     return out
@@ -226,3 +226,30 @@ async def test_rows_whose_headers_are_not_an_object_are_parked_not_stalling_the_
         )
     got = consume(outboxkit_kafka_bootstrap, topic, expect=8)
     assert [r.value for r in got if r.key == "bad"] == [v for _, v in payloads("bad", 2)]
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+async def test_a_keyless_row_for_a_compacted_topic_is_parked_not_retried_for_ever(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    client: str,
+) -> None:
+    """A compacted topic refuses a record without a key (INVALID_RECORD). aiokafka does not know
+    that error code and reports a bare ``UnknownError``; classed retriable, it held the shard for
+    ever. Both clients must park the row with the reason and publish the rest."""
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic(config={"cleanup.policy": "compact"})
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 3))
+    insert_rows(outboxkit_db_url, topic, [(None, b'{"keyless": true}')])
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 3, start=3))
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, client=client)
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: _states_by_key(outboxkit_db_url) == {"ok": ["published"] * 6, None: ["parked"]},
+            what="the keyless row parked, the keyed ones published",
+        )
+        [parked] = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        assert "invalidrecord" in parked["reason"].lower().replace("_", "")
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=6)
+    assert [r.value for r in got] == [v for _, v in payloads("ok", 6)]

@@ -60,6 +60,8 @@ def test_unknown_fault_point_is_refused_and_empty_means_off() -> None:
         ("INVALID_TOPIC_EXCEPTION", ErrorKind.PERMANENT),
         ("MessageSizeTooLargeError", ErrorKind.PERMANENT),
         ("UnknownTopicOrPartitionError", ErrorKind.PERMANENT),
+        ("INVALID_RECORD", ErrorKind.PERMANENT),
+        ("UnknownError", ErrorKind.PERMANENT),  # aiokafka's INVALID_RECORD (and newer codes)
         ("_FENCED", ErrorKind.FENCED),
         ("ProducerFenced", ErrorKind.FENCED),
         ("INVALID_PRODUCER_EPOCH", ErrorKind.FENCED),
