@@ -32,6 +32,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.ids import uuid7_batch
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
+    COPY_LOCK,
     CopiedIds,
     Stream,
     copy_setting,
@@ -205,6 +206,7 @@ class Outbox:
         schema = self.config.schema
         if not db.can_copy(conn):
             return None
+        _execute(conn, schema, *COPY_LOCK)
         [(shard_count, encoding, ids, after_id)] = _execute(conn, schema, *copy_setting(items))
         if encoding != "UTF8":
             return None
@@ -294,6 +296,7 @@ class Outbox:
         schema = self.config.schema
         if not await db.can_copy_async(conn):
             return None
+        await _execute_async(conn, schema, *COPY_LOCK)
         [(shard_count, encoding, ids, after_id)] = await _execute_async(
             conn, schema, *copy_setting(items)
         )

@@ -40,6 +40,9 @@ def worth_copying(config: OutboxConfig, items: Sequence[Writable]) -> bool:
     return config.copy_min_rows is not None and len(items) >= config.copy_min_rows
 
 
+COPY_LOCK: Statement = ("copy_lock", {})
+
+
 def copy_setting(items: Sequence[Writable]) -> Statement:
     """Reads the shard count and the encoding, and takes one id per item."""
     return "copy_setting", {"rows": len(items)}

@@ -221,6 +221,63 @@ def test_a_concurrent_holder_of_a_key_is_waited_for(engine: sa.Engine) -> None:
     assert len(stored(engine)) == 15
 
 
+def _wait_until_blocked(engine: sa.Engine, pids: list[int]) -> None:
+    end = time.monotonic() + 60
+    with engine.connect() as probe:
+        while time.monotonic() < end:
+            waiting = (
+                probe.execute(
+                    sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
+                    {"pid": pids[0]},
+                ).scalar()
+                if pids
+                else None
+            )
+            probe.rollback()
+            if waiting == "Lock":
+                return
+            time.sleep(0.02)
+    raise AssertionError("the writer never waited for a lock")
+
+
+def test_a_shard_switch_in_progress_is_waited_for_and_its_count_used(engine: sa.Engine) -> None:
+    """`relay shards` locks the table (SHARE) and changes the count. A COPY that read the count
+    before that switch committed, and wrote after, would shard its keys by the old count: one
+    key's rows in two shards, publishing independently. The COPY path waits for the switch
+    before it reads the count."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outboxkit.outbox_setting SET shard_count = 1"))
+    switch = engine.connect()  # what `relay shards 3` does, held open
+    switch.execute(sa.text("LOCK TABLE outboxkit.outbox_message IN SHARE MODE"))
+    switch.execute(sa.text("UPDATE outboxkit.outbox_setting SET shard_count = 3"))
+    outcome: list[list[WriteResult] | BaseException] = []
+    pids: list[int] = []
+
+    def write() -> None:
+        with engine.begin() as conn:
+            pids.append(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+            try:
+                outcome.append(COPYING.add_many(conn, batch(15, "s")))
+            except BaseException as exc:  # reported to the test thread
+                outcome.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        _wait_until_blocked(engine, pids)
+    finally:
+        switch.commit()
+        switch.close()
+        thread.join(60)
+    [results] = outcome
+    assert isinstance(results, list)
+    found = stored(engine)
+    assert len(found) == 15
+    assert {r.shard for r in found} != {0}  # the five keys do not all hash to shard 0 of 3
+    for r in found:
+        assert r.shard == shard_of(f"s-{int(r.idempotency_key[2:]) % 5}", r.event_id, 3)
+
+
 async def test_async_copy(aengine: AsyncEngine) -> None:
     async with aengine.connect() as conn:
         results = await COPYING.add_many_async(conn, batch(25, "a"))

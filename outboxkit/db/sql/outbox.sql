@@ -100,6 +100,13 @@ ORDER BY id;
 -- How many rows are in each state (the demo waits for pending to reach zero).
 SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
 
+-- name: copy_lock
+-- Before add_many's COPY path reads the shard count: the lock an INSERT takes by itself, so
+-- `relay shards` (SHARE) cannot change the count between that read and the COPY, and a switch
+-- in progress is waited for, its new count then read (READ COMMITTED: the next statement's
+-- snapshot is taken after the wait).
+LOCK TABLE {schema}.outbox_message IN ROW EXCLUSIVE MODE;
+
 -- name: copy_setting
 -- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard
 -- count, and the encoding md5 sees text in (the Python twin assumes UTF8, else no COPY). Then
