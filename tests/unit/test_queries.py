@@ -49,6 +49,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "insert_many": _MANY | _NOTIFY,
         "insert_many_silent": _MANY,
         "select_by_idempotency_keys": {"idempotency_keys"},
+        "copy_lock": set(),
         "copy_setting": {"rows"},
         "copy_rows": set(),
         "copy_rows_default_ids": set(),
