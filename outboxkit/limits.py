@@ -22,6 +22,7 @@ from outboxkit.wire import (
     HEADER_EVENT_TYPE,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_SCHEMA_VERSION,
+    RELAY_HEADERS,
 )
 
 #: librdkafka's default ``message.max.bytes``: the largest record its producer accepts.
@@ -38,6 +39,11 @@ RECORD_OVERHEAD_BYTES = 36
 DEFAULT_MAX_MESSAGE_BYTES = min(
     PRODUCER_MESSAGE_MAX_BYTES, BROKER_MESSAGE_MAX_BYTES - BATCH_OVERHEAD_BYTES
 )
+#: The longest message key, in UTF-8 bytes. A parked row's key goes into a btree index (shard,
+#: message_key), whose entries PostgreSQL caps at ~2.7 KB (8 KB pages; less with smaller pages):
+#: a longer key that does not compress could not be parked, and the relay would claim that row
+#: again and again, holding back its whole shard. 1024, as for the event id and idempotency key.
+MESSAGE_KEY_MAX_BYTES = 1024
 
 
 def varint_size(length: int) -> int:
@@ -55,9 +61,10 @@ def _sized(text: str) -> int:
     return n + (1 if n < 64 else varint_size(n))
 
 
-# The relay's headers, from the row's columns (wire.py): they replace user headers of that name.
+# The relay's headers, from the row's columns (wire.py): they replace user headers of that name,
+# those of the optional columns only when the column is set (the user's header travels if not).
 _OPTIONAL = (HEADER_EVENT_TYPE, HEADER_SCHEMA_VERSION, HEADER_AGGREGATE_TYPE, HEADER_AGGREGATE_ID)
-_RELAY_NAMES = frozenset((HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_CONTENT_TYPE, *_OPTIONAL))
+_COLUMN_OF = {name: i for i, name in enumerate(_OPTIONAL)}
 _EVENT_TYPE_NAME, _SCHEMA_VERSION_NAME, _AGGREGATE_TYPE_NAME, _AGGREGATE_ID_NAME = (
     _sized(name) for name in _OPTIONAL
 )
@@ -96,6 +103,12 @@ def record_size(
     if aggregate_id is not None:
         size += _AGGREGATE_ID_NAME + _sized(aggregate_id)
     for name, text in headers.items():
-        if name not in _RELAY_NAMES:
+        if name not in RELAY_HEADERS or _sent_as_given(name, optional):
             size += _sized(name) + _sized(text)
     return size
+
+
+def _sent_as_given(name: str, optional: tuple[object, ...]) -> bool:
+    """Whether a user header named like one of the relay's travels: no column replaces it."""
+    column = _COLUMN_OF.get(name)
+    return column is not None and optional[column] is None

@@ -20,13 +20,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from outboxkit.errors import PayloadTooLargeError, SerializationError, ValidationError
 from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7, uuid_text
-from outboxkit.limits import PRODUCER_MESSAGE_MAX_BYTES, RECORD_OVERHEAD_BYTES, record_size
+from outboxkit.limits import (
+    MESSAGE_KEY_MAX_BYTES,
+    PRODUCER_MESSAGE_MAX_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    record_size,
+)
 from outboxkit.tracing import current_trace_headers
 from outboxkit.wire import (
     HEADER_EVENT_TYPE,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_LIMITS,
     JSON_CONTENT_TYPE,
+    RELAY_HEADERS,
     content_digest,
     header_problem,
 )
@@ -75,6 +81,7 @@ def _too_large(topic: str, payload: bytes, size: int, limit: int) -> PayloadTooL
 _topic_ok = lru_cache(maxsize=4096)(validate_topic)
 
 _INT4_MAX = 2**31 - 1  # schema_version is an integer column
+_SHORT_KEY = MESSAGE_KEY_MAX_BYTES // 4  # characters: at most 4 UTF-8 bytes each
 
 
 def _text(field: str, value: object) -> None:
@@ -154,7 +161,17 @@ def _as_message(item: Writable, overrides: Mapping[str, Any]) -> Message:
     )
 
 
-def _headers_json(headers: Mapping[str, str]) -> str:
+def _long_key(key: str) -> None:
+    """A key the parked rows' index could not hold (see MESSAGE_KEY_MAX_BYTES)."""
+    size = len(key.encode("utf-8", "surrogatepass"))  # a lone surrogate is refused later
+    if size > MESSAGE_KEY_MAX_BYTES:
+        raise ValidationError(
+            f"message key is {size} bytes in UTF-8 (limit {MESSAGE_KEY_MAX_BYTES}): PostgreSQL"
+            " could not index it if the row had to be parked, which would stall its shard"
+        )
+
+
+def _headers_json(headers: Mapping[str, str], event_type: str | None) -> str:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
@@ -162,7 +179,23 @@ def _headers_json(headers: Mapping[str, str]) -> str:
             raise SerializationError(
                 f"header {name!r} contains a NUL character, which PostgreSQL cannot store"
             )
+        if name in RELAY_HEADERS:
+            _relay_named(name, value, event_type)
     return json.dumps(headers, ensure_ascii=False)
+
+
+def _relay_named(name: str, value: str, event_type: str | None) -> None:
+    """A header named like one of the relay's. Stored even when the relay replaces it, so it
+    must encode; sent when no column replaces it, so an event type is checked as consumers do
+    (its size is counted by record_size)."""
+    if name == HEADER_EVENT_TYPE and event_type is None:
+        _identity(HEADER_EVENT_TYPE, f"header {name!r}", value)
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise SerializationError(
+            f"header {name!r} is not valid UTF-8 (a lone surrogate at {exc.start})"
+        ) from None
 
 
 def prepare(
@@ -224,10 +257,15 @@ def _row(
         _topic_ok(topic)
     else:
         validate_topic(topic)  # raises
-    if key is not None and not isinstance(key, str):
-        raise ValidationError(f"message key must be a str or None, got {key!r}")
-    if key is not None and "\x00" in key:
-        raise ValidationError("message key contains a NUL character, which PostgreSQL cannot store")
+    if key is not None:
+        if not isinstance(key, str):
+            raise ValidationError(f"message key must be a str or None, got {key!r}")
+        if "\x00" in key:
+            raise ValidationError(
+                "message key contains a NUL character, which PostgreSQL cannot store"
+            )
+        if len(key) > _SHORT_KEY:
+            _long_key(key)
     if event_type is not None:
         if type(event_type) is not str:  # a StrEnum member is taken as its text
             if not isinstance(event_type, str):
@@ -257,15 +295,18 @@ def _row(
         _optional_fields(
             content_type, schema_version, aggregate_type, aggregate_id, event_id, deliver_after
         )
-    if type(headers) is not dict and not isinstance(headers, Mapping):
-        if headers is not None:
+    if type(headers) is not dict:
+        if isinstance(headers, Mapping):
+            headers = dict(headers)  # json.dumps takes no other mapping (a mappingproxy, ...)
+        elif headers is None:
+            headers = {}  # no headers of its own
+        else:
             raise SerializationError(f"headers must map str to str, got {type(headers).__name__}")
-        headers = {}  # None: no headers of its own
     if trace_headers is None:
         trace_headers = current_trace_headers()
     if trace_headers:
         headers = {**trace_headers, **headers}
-    headers_json = _headers_json(headers) if headers else "{}"
+    headers_json = _headers_json(headers, event_type) if headers else "{}"
     event_id = event_id or new_id or uuid7()
     if idempotency_key is None:
         idempotency_key = uuid_text(event_id)

@@ -20,6 +20,19 @@ HEADER_AGGREGATE_TYPE = "aggregate-type"
 HEADER_AGGREGATE_ID = "aggregate-id"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
+# The headers the relay builds from a row's columns; a user header of the same name is replaced
+# only when its column is set (always, for the first three), and is sent as given otherwise.
+RELAY_HEADERS = frozenset(
+    (
+        HEADER_EVENT_ID,
+        HEADER_IDEMPOTENCY_KEY,
+        HEADER_CONTENT_TYPE,
+        HEADER_EVENT_TYPE,
+        HEADER_SCHEMA_VERSION,
+        HEADER_AGGREGATE_TYPE,
+        HEADER_AGGREGATE_ID,
+    )
+)
 
 # Byte caps of the identity headers (UTF-8). They become primary-key columns of the inbox, so
 # they stay well inside PostgreSQL's btree index row limit (~2.7 KB). The writer refuses what

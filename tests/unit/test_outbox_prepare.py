@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
+import types
 import uuid
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 
 import pytest
 
-from outboxkit.errors import SerializationError, ValidationError
+from outboxkit.errors import PayloadTooLargeError, SerializationError, ValidationError
 from outboxkit.events import Event, Message, encode_payload
 from outboxkit.ids import uuid7, uuid7_batch, uuid7_time_ms
 from outboxkit.outbox import Outbox, OutboxConfig
@@ -173,6 +176,16 @@ HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
     ("headers as a list", {"headers": [("a", "b")]}, "headers must map"),
     ("deliver_after as text", {"deliver_after": "tomorrow"}, "timezone-aware"),
     ("naive deliver_after", {"deliver_after": datetime(2030, 1, 1)}, "timezone-aware"),
+    # A key the parked rows' index could not hold (the row could never be parked).
+    ("1025-byte key", {"key": "k" * 1025}, "1025 bytes in UTF-8"),
+    ("key of 513 two-byte characters", {"key": "é" * 513}, "1026 bytes in UTF-8"),
+    # Headers named like the relay's: sent as given when no column replaces them.
+    ("event-type header with a tab", {"headers": {"event-type": "a\tb"}}, "control characters"),
+    ("256-byte event-type header", {"headers": {"event-type": "e" * 256}}, "256 bytes"),
+    ("2 MB aggregate-id header", {"headers": {"aggregate-id": "x" * 2_000_000}}, "Kafka record"),
+    ("lone surrogate in aggregate-id", {"headers": {"aggregate-id": "\ud800"}}, "lone surrogate"),
+    # ... and stored even when the relay replaces them.
+    ("lone surrogate in event-id", {"headers": {"event-id": "\ud800"}}, "lone surrogate"),
 ]
 
 
@@ -234,3 +247,69 @@ def test_enum_members_are_taken_as_their_values() -> None:
     message = Message("orders", {}, idempotency_key=Kind.PLACED, event_type=Kind.PLACED)
     row = prepare(message, OutboxConfig())
     assert (type(row.idempotency_key), row.idempotency_key) == (str, "order.placed")
+
+
+def test_keys_are_limited_in_utf8_bytes() -> None:
+    """1024 bytes, whatever the characters; a typed event's key as a raw message's."""
+    config = OutboxConfig()
+    for key in ("k" * 1024, "é" * 512, "\U0001f600" * 256):
+        assert prepare(Message("t", b"", key=key), config).message_key == key
+    for key in ("k" * 1025, "é" * 513, "\U0001f600" * 257):
+        with pytest.raises(ValidationError, match="limit 1024"):
+            prepare(Message("t", b"", key=key), config)
+    with pytest.raises(ValidationError, match="message key is 1025 bytes"):
+        prepare(Placed(order_id="o" * 1025, total_cents=1), config)
+
+
+@pytest.mark.parametrize("name", ["event-type", "schema-version", "aggregate-type", "aggregate-id"])
+def test_a_relay_named_header_counts_unless_its_column_replaces_it(name: str) -> None:
+    """The relay sends such a header as given when the row has no value for its column: it
+    counts as any other header then, and not at all when the column's value replaces it."""
+    config = OutboxConfig(max_message_bytes=1_000)
+    value = "v" * 200
+    columns = {"event_type": "e", "schema_version": 1, "aggregate_type": "a", "aggregate_id": "a"}
+    column = name.replace("-", "_")
+    bare = Message("t", b"x" * 700, event_type="e")  # a column set, with none of the headers
+
+    def largest(**fields: object) -> int:
+        """The largest payload the writer takes with these fields."""
+        for n in range(700, -1, -1):
+            try:
+                prepare(dataclasses.replace(bare, payload=b"x" * n, **fields), config)
+            except PayloadTooLargeError:
+                continue
+            return n
+        raise AssertionError("nothing fits")
+
+    others = {k: v for k, v in columns.items() if k != column}
+    # same size as a header of another name (and length): it travels
+    sent = largest(headers={name: value}, **{**others, column: None})
+    assert sent == largest(headers={"x" * len(name): value}, **{**others, column: None})
+    # replaced by the column's value: only that one counts
+    assert largest(headers={name: value}, **columns) == largest(**columns)
+    if name == "event-type":  # a replaced one is not checked as an identity header either
+        prepare(Message("t", b"", headers={name: "a\tb"}, event_type="e"), config)
+
+
+def test_headers_in_any_mapping_are_taken() -> None:
+    """A read-only mapping (mappingproxy) or another Mapping: json.dumps takes only dicts."""
+    config = OutboxConfig()
+    for headers in (types.MappingProxyType({"h": "v"}), _Headers()):
+        item = Message("orders", {"a": 1}, headers=headers)  # type: ignore[arg-type]
+        assert prepare(item, config).headers == '{"h": "v"}'
+        assert Outbox(config)._plan_many([item]).rows[0].headers == '{"h": "v"}'
+        stream = Stream([item] * 151, config, {}, 1, range(151))
+        assert {row[7] for row in stream} == {'{"h": "v"}'}
+
+
+class _Headers(Mapping[str, str]):
+    def __getitem__(self, name: str) -> str:
+        if name != "h":
+            raise KeyError(name)
+        return "v"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("h",))
+
+    def __len__(self) -> int:
+        return 1
