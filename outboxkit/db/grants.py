@@ -1,5 +1,6 @@
 """Least-privilege GRANT statements (``db/sql/grants.sql``) for the application, relay and
-consumer roles.
+consumer roles, with the REVOKEs that narrow what earlier versions granted: re-running them on
+an existing deployment converges on exactly these privileges.
 
 Role names are identifiers chosen by an operator: they are quoted by ``psycopg.sql`` (never
 pasted as text), so a name like ``app"; DROP TABLE x; --`` is one odd role name, not SQL.
@@ -19,7 +20,7 @@ ROLES = ("app", "relay", "consumer")
 
 
 def statements(schema: str, roles: Mapping[str, str]) -> list[sql.Composed]:
-    """The grants for each named role (keys among :data:`ROLES`), in that order."""
+    """The statements for each named role (keys among :data:`ROLES`), in that order."""
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"unknown role kind(s) {sorted(unknown)}; known: {list(ROLES)}")
@@ -38,12 +39,15 @@ def statements(schema: str, roles: Mapping[str, str]) -> list[sql.Composed]:
 def render(
     schema: str, roles: Mapping[str, str], conn: psycopg.Connection[Any] | None = None
 ) -> str:
-    """The grants as a script (``;`` terminated lines) for a DBA or ``psql``."""
-    return "".join(f"{s.as_string(conn)};\n" for s in statements(schema, roles))
+    """The grants as a script (``;`` terminated lines) for a DBA or ``psql``: one transaction,
+    so a writer never sees the moment between a REVOKE and the narrower GRANT after it."""
+    body = "".join(f"{s.as_string(conn)};\n" for s in statements(schema, roles))
+    return f"BEGIN;\n{body}COMMIT;\n"
 
 
 def apply(conn: psycopg.Connection[Any], schema: str, roles: Mapping[str, str]) -> int:
-    """Run the grants in one transaction (as the schema owner); how many statements ran."""
+    """Run the grants in one transaction (as the schema owner; see :func:`render`); how many
+    statements ran."""
     done = statements(schema, roles)
     with conn.transaction(), conn.cursor() as cur:
         for statement in done:

@@ -116,6 +116,8 @@ class RelayMetrics:
         return (not problems, {"shards_with_backlog_and_no_holder": problems})
 
     def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+        """Starts the endpoint. An address it cannot bind is a setting to fix, so it ends the
+        start-up in one line naming the settings, not a traceback."""
         if not HAVE_PROMETHEUS:
             raise ConfigurationError(METRICS_EXTRA_MISSING)
         metrics = self
@@ -141,7 +143,15 @@ class RelayMetrics:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            server = ThreadingHTTPServer((host, port), Handler)
+        except (OSError, ValueError, TypeError) as exc:  # unresolvable, taken, privileged port
+            problem = getattr(exc, "strerror", None) or str(exc)
+            raise ConfigurationError(
+                f"the metrics endpoint cannot listen on {host!r} port {port}: {problem}"
+                " (check metrics_host and metrics_port, OUTBOXKIT_RELAY_METRICS_HOST and"
+                " OUTBOXKIT_RELAY_METRICS_PORT, or --metrics-host and --metrics-port)"
+            ) from None
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="outboxkit-metrics", daemon=True).start()
         return server

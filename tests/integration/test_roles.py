@@ -171,3 +171,53 @@ async def test_each_part_works_under_its_role(
         assert inbox.process(env).kind is OutcomeKind.DUPLICATE
     finally:
         consumer_engine.dispose()
+
+
+def test_migrate_grants_narrows_an_older_whole_table_insert(roles: dict[str, str]) -> None:
+    """A deployment granted INSERT on the whole outbox table (earlier versions) converges on
+    the written columns by re-running ``migrate grants``: the application can no longer store a
+    parked row (which would hold back every pending row of its key in its shard) or set the
+    relay's columns, and still writes on the INSERT and COPY paths."""
+    names = _role_names(roles)
+    migrator.upgrade(roles["owner"], "outboxkit")
+    with psycopg.connect(roles["owner"], autocommit=True) as conn:
+        conn.execute(f"GRANT INSERT ON outboxkit.outbox_message TO {names['app']}")
+    command = ["migrate", "grants", "--app", names["app"], "--apply"]
+    for _ in range(2):  # idempotent
+        result = CliRunner().invoke(main, [*command, "--database-url", roles["owner"]])
+        assert result.exit_code == 0, result.output
+
+    row = (
+        "INSERT INTO outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
+        " message_key, payload, shard{}) VALUES (gen_random_uuid(), 'p', '\\x00', 't', 'k',"
+        " '\\x00', 0{})"
+    )
+    _refused(roles["app"], row.format(", state", ", 'parked'"))
+    _refused(roles["app"], row.format(", attempts", ", 99"))
+    _refused(roles["app"], row.format(", published_at", ", now()"))
+    with psycopg.connect(roles["app"]) as conn:  # the row with the defaults is stored
+        conn.execute(row.format("", ""))
+        conn.rollback()
+
+    engine = sa.create_engine(db.sqlalchemy_url(roles["app"]))
+    try:
+        with engine.begin() as conn:
+            Outbox().add(conn, Message("t", b"one", key="k"), idempotency_key="i-1")
+            copied = Outbox(copy_min_rows=2).add_many(
+                conn, [Message("t", f"m{i}".encode(), key="k") for i in range(3)]
+            )
+            again = Outbox().add(conn, Message("t", b"one", key="k"), idempotency_key="i-1")
+        assert again.duplicate
+        assert len({w.id for w in copied}) == 3
+    finally:
+        engine.dispose()
+    with psycopg.connect(roles["owner"]) as conn:
+        states = conn.execute(
+            "SELECT state, count(*) FROM outboxkit.outbox_message GROUP BY state"
+        ).fetchall()
+        table_wide = conn.execute(
+            "SELECT has_table_privilege(%s, 'outboxkit.outbox_message', 'INSERT')",
+            [names["app"]],
+        ).fetchone()
+    assert states == [("pending", 4)]
+    assert table_wide == (False,)

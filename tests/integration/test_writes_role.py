@@ -4,7 +4,8 @@ The grants are those of docs/writes.md ("Database role"): INSERT of the written 
 of the columns RETURNING and the idempotency re-read use, SELECT of the shard count, EXECUTE of
 the shard function. No DELETE, no UPDATE, no payloads of other writers' rows. With them alone the
 role cannot choose ids, and add_many's COPY path reads the ids back; with INSERT of ``id`` and
-USAGE of its sequence as well (what ``outboxkit migrate grants`` gives), it sends them.
+USAGE of its sequence as well (what ``outboxkit migrate grants`` gives, run here as it is), it
+sends them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from outboxkit import outbox as outbox_module
+from outboxkit.db import grants as grant_sql
 from outboxkit.errors import IdempotencyKeyConflictError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox
@@ -36,23 +38,23 @@ GRANT SELECT (id, event_id, idempotency_key, content_digest, shard, xact_id)
 """
 HAS_ID_GRANTS = """SELECT has_column_privilege('outboxkit.outbox_message', 'id', 'INSERT')
     AND has_sequence_privilege('outboxkit.outbox_message_id_seq', 'USAGE')"""
-IDS = """
-GRANT INSERT (id) ON outboxkit.outbox_message TO {role};
-GRANT USAGE ON SEQUENCE outboxkit.outbox_message_id_seq TO {role};
-"""
 
 
-@pytest.fixture(params=["documented", "with ids"])
+@pytest.fixture(params=["documented", "migrate grants"])
 def app_engine(sa_url: str, request: pytest.FixtureRequest) -> Iterator[sa.Engine]:
     """An engine whose connections act as a fresh role holding only the documented grants
-    (and, the second time, those that let add_many's COPY send the ids)."""
+    (the second time, those of ``outboxkit migrate grants``, which let add_many's COPY send the
+    ids)."""
     role = f"app_{uuid.uuid4().hex[:10]}"
-    grants = GRANTS + (IDS if request.param == "with ids" else "")
+    if request.param == "migrate grants":
+        grants = [s.as_string(None) for s in grant_sql.statements("outboxkit", {"app": role})]
+    else:
+        grants = GRANTS.format(role=role).split(";")
     admin = sa.create_engine(sa_url)
     with admin.begin() as conn:
         conn.execute(sa.text(f"CREATE ROLE {role} NOLOGIN"))
         conn.execute(sa.text("REVOKE EXECUTE ON FUNCTION outboxkit.outbox_shard FROM PUBLIC"))
-        for statement in grants.format(role=role).split(";"):
+        for statement in grants:
             if statement.strip():
                 conn.execute(sa.text(statement))
     engine = sa.create_engine(sa_url)
@@ -141,6 +143,36 @@ def test_every_write_path_works_under_the_application_role(
 def test_the_application_role_can_do_nothing_else(app_engine: sa.Engine, statement: str) -> None:
     with app_engine.connect() as conn, pytest.raises(sa.exc.ProgrammingError, match="denied"):
         conn.execute(sa.text(statement))
+
+
+# Rows a writer could hold other writers' rows back with (a parked row blocks its key's pending
+# rows in its shard) or fake the relay's bookkeeping: each column keeps its default.
+RELAY_ONLY = [
+    ("state", "'parked'"),
+    ("attempts", "99"),
+    ("published_at", "now()"),
+    ("kafka_offset", "1"),
+    ("xact_id", "pg_current_xact_id()"),
+]
+
+
+@pytest.mark.parametrize("app_engine", ["migrate grants"], indirect=True)
+@pytest.mark.parametrize(("column", "value"), RELAY_ONLY, ids=[c for c, _ in RELAY_ONLY])
+def test_the_application_role_cannot_set_the_relays_columns(
+    app_engine: sa.Engine, column: str, value: str
+) -> None:
+    def insert(extra: str, extra_value: str) -> sa.TextClause:
+        return sa.text(
+            "INSERT INTO outboxkit.outbox_message (event_id, idempotency_key, content_digest,"
+            f" topic, message_key, payload, shard{extra}) VALUES (gen_random_uuid(), 'p',"
+            f" decode('00', 'hex'), 't', 'k', decode('00', 'hex'), 0{extra_value})"
+        )
+
+    with app_engine.connect() as conn:  # the same row, the column left to its default: stored
+        conn.execute(insert("", ""))
+        conn.rollback()
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+            conn.execute(insert(f", {column}", f", {value}"))
 
 
 @pytest.mark.parametrize("app_engine", ["documented"], indirect=True)

@@ -1,16 +1,34 @@
-"""The GRANT script: every role's block renders, names are quoted identifiers, never text."""
+"""The GRANT script: every role's block renders, names are quoted identifiers, never text, and
+the application may insert only the columns the writer writes."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from outboxkit.db import grants
+from outboxkit.db.queries import queries
+
+# What the relay alone may set: a writer setting one could park or fake-publish a row.
+RELAY_COLUMNS = {
+    "state", "attempts", "next_attempt_at", "last_error", "parked_reason", "parked_at",
+    "published_at", "kafka_partition", "kafka_offset", "xact_id", "created_at",
+}  # fmt: skip
+
+
+def _columns(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",")]
 
 
 def test_role_names_are_quoted_identifiers() -> None:
     script = grants.render("outboxkit", {"app": 'evil"; DROP TABLE x; --'})
     assert 'TO "evil""; DROP TABLE x; --";' in script
-    assert all(line.startswith("GRANT ") for line in script.splitlines())
+    assert 'FROM "evil""; DROP TABLE x; --";' in script
+    lines = script.splitlines()
+    assert lines[0] == "BEGIN;"
+    assert lines[-1] == "COMMIT;"
+    assert all(line.startswith(("GRANT ", "REVOKE ")) for line in lines[1:-1])
 
 
 def test_each_kind_gets_its_own_block_and_nothing_else() -> None:
@@ -26,3 +44,24 @@ def test_each_kind_gets_its_own_block_and_nothing_else() -> None:
 def test_unknown_kinds_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown role kind"):
         grants.statements("outboxkit", {"admin": "x"})
+
+
+def test_the_app_inserts_only_the_columns_the_writer_writes_and_converges() -> None:
+    """The INSERT and COPY statements of outbox.sql name every column the writer writes; the
+    app role gets INSERT of exactly those, after a REVOKE of an older whole-table INSERT."""
+    written: set[str] = set()
+    for query in queries("outbox", "outboxkit").values():
+        found = re.match(r"(?:INSERT INTO|COPY) \S+ \(([^)]*)\)", query.text)
+        if found:
+            written.update(_columns(found[1]))
+    app = [str(s.as_string(None)) for s in grants.statements("outboxkit", {"app": "a"})]
+    revoke = app.index('REVOKE INSERT ON "outboxkit".outbox_message FROM "a"')
+    inserts = [(i, line) for i, line in enumerate(app) if line.startswith("GRANT INSERT")]
+    assert len(inserts) == 1
+    position, line = inserts[0]
+    assert revoke < position
+    found = re.match(r'GRANT INSERT \(([^)]*)\) ON "outboxkit".outbox_message TO "a"$', line)
+    assert found, line
+    assert set(_columns(found[1])) == written
+    assert "id" in written  # copy_rows sends the ids it took from the sequence
+    assert not written & RELAY_COLUMNS

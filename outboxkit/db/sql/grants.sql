@@ -5,8 +5,14 @@
 -- name: app
 -- The application (Outbox.add / add_many): insert rows, read back only what RETURNING and the
 -- idempotency re-read need (no payloads, no UPDATE, no DELETE), compute the shard.
+-- INSERT only of the columns the writer writes (outbox.sql: _columns and copy_rows, whose id
+-- the sequence grant serves): state, attempts, xact_id, published_at, kafka_* and the parking
+-- columns take their defaults, so no writer can store a parked row that holds back other
+-- writers' rows of its key. The REVOKE first: earlier versions granted INSERT on the whole
+-- table, and revoking it revokes the column grants too, so a re-run converges on this list.
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT INSERT ON {schema}.outbox_message TO {role};
+REVOKE INSERT ON {schema}.outbox_message FROM {role};
+GRANT INSERT (id, event_id, idempotency_key, content_digest, topic, message_key, payload, content_type, headers, event_type, schema_version, aggregate_type, aggregate_id, shard, deliver_after) ON {schema}.outbox_message TO {role};
 GRANT SELECT (id, event_id, shard, xact_id, idempotency_key, content_digest) ON {schema}.outbox_message TO {role};
 GRANT USAGE ON SEQUENCE {schema}.outbox_message_id_seq TO {role};
 GRANT EXECUTE ON FUNCTION {schema}.outbox_shard(text, uuid, integer) TO {role};

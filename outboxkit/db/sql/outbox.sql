@@ -104,8 +104,10 @@ SELECT state, count(*) FROM {schema}.outbox_message GROUP BY state;
 -- Before add_many's COPY path reads the shard count: the lock an INSERT takes by itself, so
 -- `relay shards` (SHARE) cannot change the count between that read and the COPY, and a switch
 -- in progress is waited for, its new count then read (READ COMMITTED: the next statement's
--- snapshot is taken after the wait).
-LOCK TABLE {schema}.outbox_message IN ROW EXCLUSIVE MODE;
+-- snapshot is taken after the wait). Taken by an INSERT of no row, which needs only INSERT of
+-- one written column: LOCK TABLE would need INSERT on the whole table, which the application
+-- role does not have (grants.sql).
+INSERT INTO {schema}.outbox_message (event_id) SELECT CAST(NULL AS uuid) WHERE false;
 
 -- name: copy_setting
 -- What add_many's COPY path needs to compute shards exactly as outbox_shard does: the shard

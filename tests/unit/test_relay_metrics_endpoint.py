@@ -1,0 +1,45 @@
+"""``relay run`` with a metrics address it cannot bind ends in one line naming the settings."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.cli import main
+
+pytest.importorskip("prometheus_client")
+
+SECRET = "pw-LEAK7"
+URL = f"postgresql://app:{SECRET}@127.0.0.1:1/app?connect_timeout=2"  # nothing listens on 1
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_the_setting() -> None:
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OUTBOXKIT_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner(env=env).invoke(
+            main,
+            [
+                "relay",
+                "run",
+                "--database-url",
+                URL,
+                "--kafka-bootstrap",
+                "127.0.0.1:1",
+                "--metrics-port",
+                str(port),
+            ],
+        )
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert f"'127.0.0.1' port {port}" in lines[0]
+    assert "metrics_port" in lines[0]
+    assert "OUTBOXKIT_RELAY_METRICS_PORT" in lines[0]
+    assert SECRET not in result.output
