@@ -1,16 +1,33 @@
 """Per-partition retry holds: a failed message blocks only its own partition, in order.
 
 After a failure the adapter pauses the partition and seeks back to the failed offset; the gate
-remembers when to resume. Until the failed offset comes back, later messages of that partition
-that were already fetched are dropped (the seek delivers them again), so order is kept and the
-consumer never leaves its group. Pure logic: the clock is passed in.
+remembers when to resume. Until then, messages of that partition that were already fetched are
+dropped (the seek delivers them again), so order is kept and the consumer never leaves its
+group. Once resumed (and sought back again), the first message of the partition at or after
+the failed offset ends the hold: the failed one itself, or, if it left the log meanwhile
+(retention, compaction, ``delete_records``), the first one Kafka still has. Waiting for that
+offset alone would hold the partition for good. Pure logic: the clock is passed in.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
+from collections.abc import Set
 from dataclasses import dataclass
 
+from outboxkit.kafka.api import ConsumedRecord
+
 TopicPartitionKey = tuple[str, int]
+
+logger = logging.getLogger("outboxkit.inbox.consumer")
+
+
+def without(records: deque[ConsumedRecord], gone: Set[TopicPartitionKey]) -> deque[ConsumedRecord]:
+    """The records of other partitions than ``gone`` (the same deque if none is dropped)."""
+    if any((r.topic, r.partition) in gone for r in records):
+        return deque(r for r in records if (r.topic, r.partition) not in gone)
+    return records
 
 
 @dataclass
@@ -37,12 +54,21 @@ class PartitionGate:
         return ready
 
     def accept(self, tp: TopicPartitionKey, offset: int) -> bool:
-        """Whether a fetched message may be processed now."""
+        """Whether a fetched message may be processed now. The caller drops what it fetched of
+        a partition before resuming it, so after the resume only what the seek delivers is
+        judged: a later offset there means the failed one is gone, not that it was skipped."""
         hold = self._holds.get(tp)
         if hold is None:
             return True
-        if not hold.resumed or offset != hold.offset:
+        if not hold.resumed or offset < hold.offset:
             return False
+        if offset > hold.offset:
+            logger.warning(
+                "%s/%d: held record at offset %d is gone; resuming at %d",
+                *tp,
+                hold.offset,
+                offset,
+            )
         del self._holds[tp]
         return True
 

@@ -37,7 +37,7 @@ from outboxkit.inbox.deadletter import (
 )
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
-from outboxkit.inbox.gate import PartitionGate
+from outboxkit.inbox.gate import PartitionGate, without
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
@@ -137,8 +137,7 @@ class ConsumerLoop:
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
         self.gate.forget(list(gone))
-        if any((r.topic, r.partition) in gone for r in self.buffer):
-            self.buffer = deque(r for r in self.buffer if (r.topic, r.partition) not in gone)
+        self.buffer = without(self.buffer, gone)
 
     # -- plans ------------------------------------------------------------------------------------
     def start(self) -> Plan[None]:
@@ -247,7 +246,8 @@ class ConsumerLoop:
         yield from self.start()
         now = self.clock()
         for tp, offset in self.gate.due(now):
-            if tp in self.assigned:
+            if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
+                self.buffer = without(self.buffer, {tp})
                 yield Seek(tp, offset)
                 yield Resume([tp])
         if self.pending is not None:

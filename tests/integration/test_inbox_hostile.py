@@ -15,11 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.inbox import AsyncInbox, Inbox, InboxSettings, RetryPolicy
+from outboxkit.inbox import AsyncInbox, Inbox, InboxSettings, OutcomeKind, RetryPolicy
 from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
     REGISTRY,
@@ -31,6 +33,7 @@ from tests.integration.inbox_support import (
     payload,
     produce,
     produce_batch,
+    produce_event,
 )
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
 from tests.support.topics import read_topic
@@ -352,3 +355,42 @@ def test_an_event_id_from_that_fails_on_a_record_rejects_it_and_later_records_ru
     assert "event_id_from raised KeyError: 'order_id'" in rejected[1][1]
     assert "event_id_from returned int, not str or None" in rejected[2][1]
     assert sorted(rejected) == [0, 1, 2]
+
+
+def test_a_held_record_deleted_from_the_log_does_not_stall_its_partition(
+    start: Start,  # noqa: F811
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The record held for a retry leaves the log before its retry is due (here
+    ``delete_records``; retention and compaction do the same). The seek back to it resumes at
+    the log's new start: the records there are processed, not dropped while waiting for an
+    offset that never comes back."""
+    topic = outboxkit_topic()
+    held, later = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, held, "o-held", 1)
+    behaviour = Behaviour(fail_attempts=1, fail_only=held)
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        harness = start([topic], behaviour, policy=RetryPolicy(initial_delay=5, max_delay=5))
+        wait_for(
+            lambda: any(o.kind is OutcomeKind.RETRY for o in list(harness.outcomes)),
+            timeout=60,
+            what="the first event held for a retry",
+        )
+        admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
+        for done in admin.delete_records([TopicPartition(topic, 0, 1)]).values():
+            assert done.result(timeout=30).low_watermark == 1
+        produce_event(outboxkit_kafka_bootstrap, topic, later, "o-later", 2)
+        wait_for(
+            lambda: _state(outboxkit_db_url, later) == "succeeded",
+            timeout=30,
+            what="the record after the deleted one",
+        )
+    assert [e[0] for e in effects(outboxkit_db_url)] == [later]  # the failed run rolled back
+    row = inbox_row(outboxkit_db_url, "billing", held)
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("processing", 1)
+    gone = f"{topic}/0: held record at offset 0 is gone; resuming at 1"
+    assert gone in caplog.messages

@@ -14,6 +14,8 @@ import pytest
 
 from outboxkit.db import Result
 from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
+from outboxkit.inbox import loop as loop_module
+from outboxkit.inbox.batch import BatchResult
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.lease import REFUSED, LeaseHandle, LeaseSchedule
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
@@ -312,3 +314,113 @@ def test_records_of_a_revoked_partition_are_dropped_unprocessed() -> None:
     loop.buffer.append(_record(0, 3))
     loop.subscribed = True
     assert drive_sync(loop.poll_once(), Script(lambda s: ONE)) is None
+
+
+# -- a retry hold whose failed record left the log (retention, compaction, delete_records) ------
+class Held:
+    """One consumer whose partition 0 is held for a retry of offset 5, due 10 s later; each
+    Poll answers the next list of ``polls``; ``seen`` lists what was delivered."""
+
+    def __init__(self, batch_max_records: int = 1) -> None:
+        self.now = 1000.0
+        options = LoopOptions(topics=["orders"], batch_max_records=batch_max_records)
+        self.loop = ConsumerLoop(_core(), options, clock=lambda: self.now)
+        self.loop.core.deliver = self.deliver  # type: ignore[method-assign]
+        self.polls: list[list[ConsumedRecord]] = [[_record(0, 5), _record(0, 6)]]
+        self.seen: list[tuple[int, bytes | None]] = []
+        self.script = Script(self.answer)
+
+    def answer(self, step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            step.on_assign([("orders", 0)])
+            return None
+        if isinstance(step, Poll):
+            return self.polls.pop(0) if self.polls else []
+        return ONE
+
+    def outcome(self, env: Envelope) -> Outcome:
+        self.seen.append((env.offset, env.key))
+        if len(self.seen) == 1:
+            return Outcome(OutcomeKind.RETRY, "e", retry_in=10)
+        return Outcome(OutcomeKind.SUCCEEDED, "e")
+
+    def deliver(self, env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        return self.outcome(env)
+
+    def hold(self) -> None:
+        self.loop.subscribed = False
+        drive_sync(self.loop.poll_batch(), self.script)
+        assert self.loop.gate.held == frozenset({("orders", 0)})
+        assert not self.loop.buffer
+        self.now += 10  # the retry is due
+
+    def after_resume(self) -> list[str]:
+        """The steps from the resume's seek on (the hold began with a seek to 5 too)."""
+        names = self.script.names()
+        return names[len(names) - 1 - names[::-1].index("Seek") :]
+
+
+def _stale(offset: int) -> ConsumedRecord:
+    return _record(0, offset)._replace(key=b"stale")
+
+
+def test_a_resumed_hold_goes_on_at_the_first_offset_left_when_the_failed_one_is_gone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Offsets 5 and 6 were deleted while 5 was held: the seek back to 5 resumes at 7 (the
+    client's offset reset). The partition goes on from there, with a warning, instead of
+    dropping every record for good."""
+    held = Held()
+    held.hold()
+    held.polls = [[_record(0, 7)], [_record(0, 8)]]
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        outcome = drive_sync(held.loop.poll_once(), held.script)
+    assert outcome is not None
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert held.after_resume()[:3] == ["Seek", "Resume", "Poll"]
+    assert drive_sync(held.loop.poll_once(), held.script) is not None
+    assert held.seen == [(5, b"k"), (7, b"k"), (8, b"k")]
+    commits = [s.offsets for s in held.script.steps if isinstance(s, Commit)]
+    assert commits == [{("orders", 0): 8}, {("orders", 0): 9}]
+    assert "orders/0: held record at offset 5 is gone; resuming at 7" in caplog.messages
+
+
+def test_records_buffered_before_the_resume_are_not_judged_the_failed_one_comes_first() -> None:
+    """Records of the held partition fetched before the seek that resumes it (a batch that
+    stopped at its limit leaves some behind) would end the hold in place of offset 5, which
+    would be skipped. They are dropped with the resume; the seek delivers 5, then them."""
+    held = Held()
+    held.hold()
+    held.loop.buffer.extend([_stale(6), _stale(7)])
+    held.polls = [[_record(0, 5), _record(0, 6), _record(0, 7)]]
+    outcome = drive_sync(held.loop.poll_once(), held.script)  # the first call after the due
+    assert outcome is not None
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    for _ in range(2):
+        drive_sync(held.loop.poll_once(), held.script)
+    assert held.seen == [(5, b"k"), (5, b"k"), (6, b"k"), (7, b"k")]
+
+
+def test_a_batch_after_the_resume_takes_only_what_the_seek_delivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batched path (``_take``): the failed offset 5 is gone and records fetched before
+    the seek are still buffered. The batch is what the seek delivered, each record once."""
+    held = Held(batch_max_records=50)
+    batches: list[list[tuple[int, bytes | None]]] = []
+
+    def deliver_batch(core: Any, envs: list[Envelope], *args: Any) -> Plan[BatchResult]:
+        yield from ()
+        batches.append([(e.offset, e.key) for e in envs])
+        return BatchResult([(e, held.outcome(e)) for e in envs], [])
+
+    monkeypatch.setattr(loop_module, "deliver_batch", deliver_batch)
+    held.polls = [[_record(0, 5)]]
+    held.hold()
+    held.loop.buffer.extend([_stale(6), _stale(7)])
+    held.polls = [[_record(0, 6), _record(0, 7)]]
+    outcomes = drive_sync(held.loop.poll_batch(), held.script)
+    assert [o.kind for o in outcomes] == [OutcomeKind.SUCCEEDED] * 2
+    assert batches == [[(5, b"k")], [(6, b"k"), (7, b"k")]]
+    assert held.after_resume()[:3] == ["Seek", "Resume", "Poll"]

@@ -151,12 +151,31 @@ def test_gate_holds_a_partition_until_due_and_the_failed_offset_returns() -> Non
     assert gate.next_due() == 10.0
     assert gate.due(10.0) == [(("t", 0), 5)]
     assert gate.due(11.0) == []  # resumed once
-    assert not gate.accept(("t", 0), 6)  # still waiting for the failed offset itself
+    assert not gate.accept(("t", 0), 4)  # before the failed offset: still waiting
     assert gate.accept(("t", 0), 5)
     assert gate.accept(("t", 0), 6)  # released
     gate.hold(("t", 0), 8, due=1.0)
     gate.forget([("t", 0)])
     assert gate.held == frozenset()
+
+
+def test_a_resumed_hold_ends_at_a_later_offset_when_the_failed_one_left_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Retention or ``delete_records`` removed the failed record while it was held: after the
+    seek Kafka resumes at its first offset, past the held one. Waiting for the held offset
+    would drop every record of the partition from then on."""
+    gate = PartitionGate()
+    gate.hold(("t", 0), 5, due=10.0)
+    assert not any(gate.accept(("t", 0), o) for o in (5, 7, 9))  # not resumed: all dropped
+    assert gate.due(10.0) == [(("t", 0), 5)]
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        assert gate.accept(("t", 0), 7)
+    assert gate.held == frozenset()
+    assert gate.accept(("t", 0), 8)
+    assert [r.getMessage() for r in caplog.records] == [
+        "t/0: held record at offset 5 is gone; resuming at 7"
+    ]
 
 
 def test_only_settled_outcomes_advance_the_offset() -> None:
