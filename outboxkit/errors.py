@@ -22,6 +22,24 @@ class ConfigurationError(OutboxkitError):
     """The configuration is invalid."""
 
 
+class OutOfRangeError(ConfigurationError, ValueError):
+    """A numeric argument of the Python API is not a finite number inside its range. Also a
+    ``ValueError``, which these checks raised before they joined the one root."""
+
+
+def unlistenable(host: str, port: int, exc: BaseException, section: str) -> ConfigurationError:
+    """A metrics address a process cannot bind (taken, unresolvable, privileged port): a setting
+    to fix, told in one line naming it, not a traceback. ``section`` is ``relay`` or
+    ``consumer``."""
+    problem = getattr(exc, "strerror", None) or str(exc)
+    env = f"OUTBOXKIT_{section.upper()}_METRICS"
+    return ConfigurationError(
+        f"the metrics endpoint cannot listen on {host!r} port {port}: {problem} (check"
+        f" [{section}] metrics_host and metrics_port, {env}_HOST and {env}_PORT, or"
+        " --metrics-host and --metrics-port)"
+    )
+
+
 class DevStackError(OutboxkitError):
     """The development stack (PostgreSQL or Kafka) could not be started or stopped."""
 
@@ -109,3 +127,9 @@ class BatchTransactionEndedError(OutboxkitError):
 class HandlerTransactionAbortedError(OutboxkitError):
     """A handler returned leaving its transaction aborted (it caught a database error and went
     on): nothing more can commit in that transaction, so the handler counts as failed."""
+
+
+class HandlerCancelledError(OutboxkitError):
+    """A handler raised ``asyncio.CancelledError`` of its own (a child task it awaited, or an
+    ``asyncio.run()`` inside a sync handler, was cancelled) while the consumer itself was not
+    being cancelled: a failure of that handler, retried as any other."""

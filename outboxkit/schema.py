@@ -1,4 +1,5 @@
-"""Names the whole product shares: the schema, its LISTEN/NOTIFY channel, and the row states.
+"""Names the whole product shares: the schema, its LISTEN/NOTIFY channel, the consumer name's
+limits, and the row states.
 
 Every other module (SQL loader, CLI choices, read-backs, checks) takes these from here, so a
 state or a name is spelled once. The migrations' CHECK constraints list the same values; a test
@@ -12,11 +13,15 @@ from enum import StrEnum
 from functools import cache
 from hashlib import sha256
 
-from outboxkit.errors import SchemaError
+from outboxkit.errors import ConfigurationError, SchemaError
 
 DEFAULT_SCHEMA = "outboxkit"
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_CHANNEL_LENGTH = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
+#: The longest consumer name, in UTF-8 bytes. It leads the inbox's primary key, beside an event
+#: id of up to 1024 bytes: together far inside a btree entry's limit (~2.7 KB), as a name that
+#: also labels metrics and log lines should be.
+MAX_CONSUMER_NAME_BYTES = 255
 
 
 def validate_schema_name(schema: str) -> str:
@@ -24,6 +29,47 @@ def validate_schema_name(schema: str) -> str:
     if not isinstance(schema, str) or _SCHEMA_RE.fullmatch(schema) is None:
         raise SchemaError(f"invalid schema name {schema!r}: use lower-case letters, digits, _")
     return schema
+
+
+def text_problem(value: object) -> str | None:
+    """Why PostgreSQL cannot store ``value`` in a text column (NUL, a lone surrogate), or None."""
+    if not isinstance(value, str):
+        return f"must be a str, not a {type(value).__name__}"
+    if "\x00" in value:
+        return "contains a NUL character, which PostgreSQL cannot store"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 (a lone surrogate)"
+    return None
+
+
+def consumer_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a consumer name, or None. A name PostgreSQL cannot store or index
+    fails every claim and every rejection: nothing would ever end, retried each second."""
+    problem = text_problem(name)
+    if problem is not None or not isinstance(name, str):
+        return problem
+    if not name:
+        return "is empty"
+    size = len(name.encode("utf-8"))
+    if size > MAX_CONSUMER_NAME_BYTES:
+        return f"is {size} bytes long (at most {MAX_CONSUMER_NAME_BYTES} UTF-8 bytes)"
+    return None
+
+
+def check_consumer_name(where: str, name: object) -> None:
+    """A :class:`ConfigurationError` naming ``where`` (never echoing the name) if refused."""
+    problem = consumer_name_problem(name)
+    if problem is not None:
+        raise ConfigurationError(f"{where} {problem}")
+
+
+def check_owner(where: str, owner: object) -> None:
+    """The lease owner is stored by every claim: it must be text PostgreSQL can store."""
+    problem = text_problem(owner)
+    if problem is not None:
+        raise ConfigurationError(f"{where} {problem}")
 
 
 def quoted(schema: str) -> str:

@@ -43,12 +43,12 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
 
     async def poll_once(self, wait: float | None = None) -> Outcome | None:
         """Process one record (polling if none is buffered); ``None`` if nothing was."""
-        check_poll_timeout(wait, "wait")
+        wait = check_poll_timeout(wait, "wait")
         return await drive_async(self.loop.poll_once(wait), self.executor)
 
     async def poll_batch(self, wait: float | None = None) -> list[Outcome]:
         """Process up to ``batch_max_records`` records in one transaction; their outcomes."""
-        check_poll_timeout(wait, "wait")
+        wait = check_poll_timeout(wait, "wait")
         return await drive_async(self.loop.poll_batch(wait), self.executor)
 
     async def run(self, stop: asyncio.Event | None = None, max_messages: int | None = None) -> int:

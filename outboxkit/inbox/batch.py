@@ -49,7 +49,7 @@ from outboxkit.inbox.delivery import (
     handler_context,
 )
 from outboxkit.inbox.envelope import Envelope, Identity
-from outboxkit.inbox.guard import error_text
+from outboxkit.inbox.guard import error_text, message
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.steps import (
     CloseHandler,
@@ -317,7 +317,7 @@ class _Batch:
                 item.ctx.check()
             yield run(item.handler, (item.event, item.ctx), (item.ctx,))
         except LeaseLostError as exc:
-            self.lost.append((item, str(exc)))
+            self.lost.append((item, message(exc)))
         except BatchTransactionEndedError:
             raise  # the batch's earlier writes are gone: the loop delivers it one by one
         except Exception as exc:

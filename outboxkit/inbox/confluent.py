@@ -34,12 +34,12 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
 
     def poll_once(self, timeout: float | None = None) -> Outcome | None:
         """Process one record (polling if none is buffered); ``None`` if nothing was."""
-        check_poll_timeout(timeout)
+        timeout = check_poll_timeout(timeout)
         return drive_sync(self.loop.poll_once(timeout), self.executor)
 
     def poll_batch(self, timeout: float | None = None) -> list[Outcome]:
         """Process up to ``batch_max_records`` records in one transaction; their outcomes."""
-        check_poll_timeout(timeout)
+        timeout = check_poll_timeout(timeout)
         return drive_sync(self.loop.poll_batch(timeout), self.executor)
 
     def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> int:

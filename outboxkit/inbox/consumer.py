@@ -52,29 +52,31 @@ def check_options(
     dead_letter_max_bytes: int,
     batch_max_records: int,
     batch_max_ms: float,
-) -> None:
+) -> tuple[float, float, float]:
     """Refuse what would stall or crash the loop later. A poll timeout that is negative waits
     forever in confluent-kafka (SIGTERM unheard while idle), NaN or 0 spins, and aiokafka
     raises on NaN at every poll; an infinite commit interval commits only on revoke and close;
     a NaN ``max_unexpected_errors`` never gives a poison record up, a NaN
     ``batch_max_records`` takes no record at all; a dead-letter limit above what any producer
-    accepts loses the dead-letter record instead of trimming it."""
+    accepts loses the dead-letter record instead of trimming it. Returns
+    ``offset_commit_interval``, ``poll_timeout`` and ``batch_max_ms`` to keep (a ``Decimal``
+    as a float: :func:`~outboxkit.bounds.check_range`)."""
     name = "InboxConsumer."
-    check_range(name + "offset_commit_interval", offset_commit_interval, 0, DAY)
-    check_range(name + "poll_timeout", poll_timeout, 0, DAY, above=True)
+    interval = check_range(name + "offset_commit_interval", offset_commit_interval, 0, DAY)
+    timeout = check_range(name + "poll_timeout", poll_timeout, 0, DAY, above=True)
     check_range(name + "max_records", max_records, 1, MAX_POLL_RECORDS, integer=True)
     check_range(name + "max_unexpected_errors", max_unexpected_errors, 1, integer=True)
     low, high = MESSAGE_MAX_BYTES_RANGE
     check_range(name + "dead_letter_max_bytes", dead_letter_max_bytes, low, high, integer=True)
     check_range(name + "batch_max_records", batch_max_records, 1, MAX_BATCH_RECORDS, integer=True)
-    check_range(name + "batch_max_ms", batch_max_ms, 0, MAX_BATCH_MS)
+    batch_ms = check_range(name + "batch_max_ms", batch_max_ms, 0, MAX_BATCH_MS)
+    return interval, timeout, batch_ms
 
 
-def check_poll_timeout(timeout: float | None, name: str = "timeout") -> None:
-    """A call's own timeout (seconds, at most a day): 0 polls without waiting; a negative one
-    would wait forever in confluent-kafka."""
-    if timeout is not None:
-        check_range(name, timeout, 0, DAY)
+def check_poll_timeout(timeout: float | None, name: str = "timeout") -> float | None:
+    """A call's own timeout (seconds, at most a day) to use: 0 polls without waiting; a
+    negative one would wait forever in confluent-kafka."""
+    return None if timeout is None else check_range(name, timeout, 0, DAY)
 
 
 def stopped_by(stop: Any) -> Callable[[], bool]:
@@ -102,7 +104,8 @@ class InboxConsumer(Generic[InboxT]):
     after a failure; 1: one transaction per record); ``batch_max_ms``: how long a batch waits
     to fill up after its first record.
 
-    Bounds (a ``ValueError`` names the argument): ``offset_commit_interval`` 0 to a day,
+    Bounds (an :class:`~outboxkit.errors.OutOfRangeError`, a ``ValueError`` too, names the
+    argument): ``offset_commit_interval`` 0 to a day,
     ``poll_timeout`` above 0 and at most a day (seconds), ``max_records`` 1 to 1,000,000,
     ``max_unexpected_errors`` at least 1, ``dead_letter_max_bytes`` 1000 to 1,000,000,000
     (librdkafka's range of ``message.max.bytes``), ``batch_max_records`` 1 to 64,
@@ -130,7 +133,7 @@ class InboxConsumer(Generic[InboxT]):
         batch_max_records: int = BATCH_MAX_RECORDS,
         batch_max_ms: float = BATCH_MAX_MS,
     ) -> None:
-        check_options(
+        offset_commit_interval, poll_timeout, batch_max_ms = check_options(
             offset_commit_interval=offset_commit_interval,
             poll_timeout=poll_timeout,
             max_records=max_records,

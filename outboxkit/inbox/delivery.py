@@ -28,13 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from outboxkit.bounds import check_range
+from outboxkit.bounds import check_range, keep
 from outboxkit.errors import DecodeError, LeaseLostError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
-from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed
+from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed, message
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.policy import RetryPolicy
@@ -50,7 +50,7 @@ from outboxkit.inbox.steps import (
     Step,
 )
 from outboxkit.inbox.store import Claim, InboxStatements
-from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+from outboxkit.schema import DEFAULT_SCHEMA, InboxState, check_consumer_name, check_owner
 from outboxkit.settings.models import CENTURY, DAY
 
 logger = logging.getLogger("outboxkit.inbox.middleware")
@@ -81,6 +81,9 @@ def _no_dead_letter(env: Envelope, event_id: str, error: str, attempts: int) -> 
 class InboxSettings:
     """Configuration shared by both drivers.
 
+    ``consumer``: the name leading every inbox row's key; not empty, at most 255 UTF-8 bytes
+    (``MAX_CONSUMER_NAME_BYTES``), no NUL (else a :class:`~outboxkit.errors.ConfigurationError`).
+
     ``replay_window`` (seconds): a delivery whose Kafka timestamp is older than this and whose
     dedup row no longer exists is refused (recorded in ``inbox_rejection``) instead of being
     applied again; set it to the retention window of the dedup rows.
@@ -104,10 +107,17 @@ class InboxSettings:
 
     def __post_init__(self) -> None:
         """A NaN lease renews in a busy loop and, like an infinite one, fails every claim in
-        PostgreSQL; a replay window of 0 or less refuses every delivery without a dedup row."""
-        check_range("InboxSettings.lease_seconds", self.lease_seconds, 0, DAY, above=True)
+        PostgreSQL; a replay window of 0 or less refuses every delivery without a dedup row; a
+        consumer name or owner PostgreSQL cannot store fails every claim, retried forever."""
+        check_consumer_name("InboxSettings.consumer", self.consumer)
+        check_owner("InboxSettings.owner", self.owner)
+        lease = check_range("InboxSettings.lease_seconds", self.lease_seconds, 0, DAY, above=True)
+        keep(self, lease_seconds=lease)
         if self.replay_window is not None:
-            check_range("InboxSettings.replay_window", self.replay_window, 0, CENTURY, above=True)
+            window = check_range(
+                "InboxSettings.replay_window", self.replay_window, 0, CENTURY, above=True
+            )
+            keep(self, replay_window=window)
 
     def too_old(self, env: Envelope, now: float | None = None) -> bool:
         if self.replay_window is None or env.timestamp_ms is None or env.timestamp_ms <= 0:
@@ -236,7 +246,7 @@ class InboxCore:
         if not committed:
             yield CloseHandler()
         if isinstance(failure, LeaseLostError):
-            return (yield from self.lease_lost(run, str(failure)))
+            return (yield from self.lease_lost(run, message(failure)))
         if failure is not None:
             return (yield from self.failed(run, failure))
         if not committed:

@@ -10,6 +10,7 @@ to the same id) and harmless to store and print.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
 
 from outboxkit.errors import DecodeError
@@ -94,7 +95,30 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
     SQLAlchemy's text ends with ``[parameters: ...]`` and the driver's DETAIL lines quote row
     values, so a database error is reported by the driver's class, SQLSTATE and first message
     line; a data exception (SQLSTATE class 22) also loses its quoted parts (input values).
+
+    Never raises: it settles a handler's failure, and an error here would send that record down
+    the unexpected-error path (no retry policy, no dead letter). A handler's exception whose
+    ``str()`` (or an attribute read here) raises is described by :func:`_unprintable`.
     """
+    try:
+        return _error_text(exc, detail)
+    except Exception as failure:
+        try:
+            return _unprintable(exc, failure, detail)
+        except Exception:  # not even its class's name can be read
+            return "unprintable exception"
+
+
+def message(exc: BaseException) -> str:
+    """``str(exc)``, or :func:`error_text` of an exception whose ``str()`` raises (a handler may
+    raise its own subclass of one of ours)."""
+    try:
+        return str(exc)
+    except Exception:
+        return error_text(exc)
+
+
+def _error_text(exc: BaseException, detail: bool) -> str:
     if detail:
         return bounded(f"{type(exc).__name__}: {exc}", 4000)
     orig = getattr(exc, "orig", None)
@@ -111,3 +135,23 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
         first = _QUOTED.sub('"<value hidden>"', first)
         first = first.split(": ", 1)[0] if "invalid input" in first else first
     return bounded(f"{type(exc).__name__} (SQLSTATE {sqlstate}): {first}")
+
+
+def _unprintable(exc: BaseException, failure: Exception, detail: bool) -> str:
+    """``Class: message (str() raised Error)``, quoting the first line of the message the
+    exception was built with only if that is plain text and, unless ``detail``, the exception
+    is no database error (whose message may quote row values). Calls none of its methods."""
+    message = ""
+    args = BaseException.__dict__["args"].__get__(exc)  # not an ``args`` the class redefined
+    if args and type(args[0]) is str and (detail or not _from_database(exc)):
+        lines = args[0].strip().splitlines()
+        message = f": {lines[0]}" if lines else ""
+    return bounded(f"{type(exc).__name__}{message} (str() raised {type(failure).__name__})")
+
+
+def _from_database(exc: BaseException) -> bool:
+    """Whether ``exc`` looks like a SQLAlchemy or driver error (read without its properties)."""
+    return any(
+        inspect.getattr_static(exc, name, None) is not None
+        for name in ("orig", "statement", "params", "sqlstate")
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outboxkit.bounds import check_range
+from outboxkit.bounds import check_range, keep
 from outboxkit.settings.models import DAY
 
 
@@ -24,9 +24,14 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         check_range("RetryPolicy.max_attempts", self.max_attempts, 1, integer=True)
-        check_range("RetryPolicy.initial_delay", self.initial_delay, 0, DAY, unit="seconds")
-        check_range("RetryPolicy.multiplier", self.multiplier, 1)
-        check_range("RetryPolicy.max_delay", self.max_delay, 0, DAY, unit="seconds")
+        keep(
+            self,
+            initial_delay=check_range(
+                "RetryPolicy.initial_delay", self.initial_delay, 0, DAY, unit="seconds"
+            ),
+            multiplier=check_range("RetryPolicy.multiplier", self.multiplier, 1),
+            max_delay=check_range("RetryPolicy.max_delay", self.max_delay, 0, DAY, unit="seconds"),
+        )
 
     def exhausted(self, attempts: int) -> bool:
         return attempts >= self.max_attempts

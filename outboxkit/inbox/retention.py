@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from outboxkit import db
-from outboxkit.bounds import check_range
+from outboxkit.bounds import check_range, keep
 from outboxkit.errors import RetentionWindowError
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.steps import Plan, Sql
@@ -45,22 +45,31 @@ class Retention:
     max_batches: int = 4
 
     def __post_init__(self) -> None:
-        check_purge("Retention", self.window_seconds, self.batch_size, self.max_batches)
-        check_range(
-            "Retention.every_seconds", self.every_seconds, 0, DAY, above=True, unit="seconds"
+        keep(
+            self,
+            window_seconds=check_purge(
+                "Retention", self.window_seconds, self.batch_size, self.max_batches
+            ),
+            every_seconds=check_range(
+                "Retention.every_seconds", self.every_seconds, 0, DAY, above=True, unit="seconds"
+            ),
         )
 
 
 def check_purge(
     where: str, window_seconds: float, batch_size: int, max_batches: int | None
-) -> None:
+) -> float:
     """A window of 0 or less (NaN compares false) would delete the dedup rows of events that
     finished just now, and their redelivery would be applied twice; a NaN or infinite one fails
-    in PostgreSQL at every purge. ``max_batches`` below 1 would purge nothing, silently."""
-    check_range(f"{where}.window_seconds", window_seconds, 0, CENTURY, above=True, unit="seconds")
+    in PostgreSQL at every purge. ``max_batches`` below 1 would purge nothing, silently.
+    Returns the window to keep (:func:`~outboxkit.bounds.check_range`)."""
+    window = check_range(
+        f"{where}.window_seconds", window_seconds, 0, CENTURY, above=True, unit="seconds"
+    )
     check_range(f"{where}.batch_size", batch_size, 1, MAX_RETENTION_BATCH, integer=True)
     if max_batches is not None:
         check_range(f"{where}.max_batches", max_batches, 1, integer=True)
+    return window
 
 
 class Purger:
@@ -119,8 +128,10 @@ def purge_finished(
     """Delete terminal rows finished more than ``window_seconds`` before ``now`` (default: the
     database clock), one small batch per transaction; ``pause_seconds`` (at most a day) between
     batches. Bounds as :class:`Retention`'s."""
-    check_purge("purge_finished", window_seconds, batch_size, max_batches)
-    check_range("purge_finished.pause_seconds", pause_seconds, 0, DAY, unit="seconds")
+    window_seconds = check_purge("purge_finished", window_seconds, batch_size, max_batches)
+    pause_seconds = check_range(
+        "purge_finished.pause_seconds", pause_seconds, 0, DAY, unit="seconds"
+    )
     params = {"window_seconds": window_seconds, "batch_size": batch_size, "now": now}
     queries = db.queries("inbox", schema)
     totals = dict.fromkeys(_PURGES, 0)

@@ -9,6 +9,7 @@ performs it. The sync and async paths differ only there, and in :func:`drive_syn
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import types
 from collections.abc import Awaitable, Callable, Generator, Mapping
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from outboxkit.db import Query
+from outboxkit.errors import HandlerCancelledError
+from outboxkit.inbox.guard import error_text
 from outboxkit.kafka.api import Headers, TopicPartition
 
 T = TypeVar("T")
@@ -216,14 +219,50 @@ class TableExecutor:
         return None
 
 
+def handler_cancelled(
+    step: Step, exc: asyncio.CancelledError, cancelling: int
+) -> HandlerCancelledError | None:
+    """A ``CancelledError`` out of ``step`` as its handler's failure, or ``None`` (it ends the
+    drive). ``cancelling``: the driver's own task's pending cancellations (``Task.cancelling()``;
+    0 for the sync driver, which has no task to cancel).
+
+    Only a cancellation of the consumer itself stops it. A handler's own one (a child task it
+    awaited was cancelled, or an ``asyncio.run()`` in a sync handler) would otherwise end the
+    process, and every restart would run the same event into it until its attempts ran out.
+    """
+    if cancelling or not isinstance(step, CallHandler | RunInTransaction):
+        return None
+    raised = error_text(exc).rstrip(": ")
+    failure = HandlerCancelledError(f"the handler raised {raised}; the consumer was not cancelled")
+    failure.__cause__ = exc
+    return failure
+
+
+def _no_task() -> int:
+    return 0
+
+
+def _task_cancelling() -> int:
+    """The running task's pending cancellations; with no task (not asyncio's loop) nothing
+    tells a handler's cancellation from the consumer's: counted as the consumer's, as before."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop running
+        return 1
+    return 1 if task is None else task.cancelling()
+
+
 @types.coroutine
-def _drive(plan: Plan[T], execute: Executor) -> Generator[Any, Any, T]:
+def _drive(
+    plan: Plan[T], execute: Executor, cancelling: Callable[[], int]
+) -> Generator[Any, Any, T]:
     """Feed each step's result (or exception) back into ``plan`` until it returns.
 
     A generator-based coroutine: awaitables returned by an async executor are awaited with
     ``yield from``, so the same loop serves :func:`drive_sync` (which never sees one) and
-    :func:`drive_async`. Only ``Exception`` goes back into the plan; a ``BaseException``
-    (cancellation, interrupt) ends the drive after ``release``.
+    :func:`drive_async`. Only ``Exception`` goes back into the plan, and a handler's own
+    ``CancelledError`` as a :class:`HandlerCancelledError` (:func:`handler_cancelled`); any
+    other ``BaseException`` (cancellation, interrupt) ends the drive after ``release``.
     """
     reply: Any = None
     error: Exception | None = None
@@ -246,6 +285,11 @@ def _drive(plan: Plan[T], execute: Executor) -> Generator[Any, Any, T]:
                     reply = yield from _await(reply)
             except Exception as exc:
                 reply, error = None, exc
+            except asyncio.CancelledError as exc:
+                error = handler_cancelled(step, exc, cancelling())
+                if error is None:
+                    raise
+                reply = None
     except GeneratorExit:  # closed unfinished: nothing can be awaited any more
         released = execute.release()
         if inspect.iscoroutine(released):
@@ -264,7 +308,7 @@ def _await(awaitable: Awaitable[Any]) -> Generator[Any, Any, Any]:
 
 def drive_sync(plan: Plan[T], execute: Executor) -> T:
     """Run ``plan`` with a sync executor."""
-    runner = _drive(plan, execute)
+    runner = _drive(plan, execute, _no_task)
     try:
         runner.send(None)
     except StopIteration as done:
@@ -276,4 +320,4 @@ def drive_sync(plan: Plan[T], execute: Executor) -> T:
 
 async def drive_async(plan: Plan[T], execute: Executor) -> T:
     """Run ``plan`` with an async executor (awaiting what its steps return)."""
-    return await _drive(plan, execute)
+    return await _drive(plan, execute, _task_cancelling)

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, unlistenable
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
@@ -98,7 +98,11 @@ def _metrics(consumer: ConsumerSettings) -> Any:
     from outboxkit.inbox.metrics import InboxMetrics
 
     metrics = InboxMetrics()
-    start_http_server(consumer.metrics_port, addr=consumer.metrics_host, registry=metrics.registry)
+    host, port = consumer.metrics_host, consumer.metrics_port
+    try:
+        start_http_server(port, addr=host, registry=metrics.registry)
+    except (OSError, ValueError, TypeError) as exc:  # unresolvable, taken, privileged port
+        raise unlistenable(host, port, exc, "consumer") from None
     return metrics
 
 

@@ -11,7 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, unlistenable
 
 try:
     from prometheus_client import (
@@ -146,12 +146,7 @@ class RelayMetrics:
         try:
             server = ThreadingHTTPServer((host, port), Handler)
         except (OSError, ValueError, TypeError) as exc:  # unresolvable, taken, privileged port
-            problem = getattr(exc, "strerror", None) or str(exc)
-            raise ConfigurationError(
-                f"the metrics endpoint cannot listen on {host!r} port {port}: {problem}"
-                " (check metrics_host and metrics_port, OUTBOXKIT_RELAY_METRICS_HOST and"
-                " OUTBOXKIT_RELAY_METRICS_PORT, or --metrics-host and --metrics-port)"
-            ) from None
+            raise unlistenable(host, port, exc, "relay") from None
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="outboxkit-metrics", daemon=True).start()
         return server

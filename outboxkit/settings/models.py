@@ -33,6 +33,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from outboxkit.schema import consumer_name_problem
+
 PREFIX = "OUTBOXKIT_"
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
 SECRETS_DIR_ENV = "OUTBOXKIT_SECRETS_DIR"
@@ -304,7 +306,7 @@ class ConsumerSettings(BaseSettings):
     ``dead_letter`` is a topic name or a template whose only placeholder is ``{topic}``.
     Bounds: the time spans (``retry_delay``, ``lease_seconds``, ``offset_commit_interval``,
     ``retention_interval``) at most a day, the windows (``retention_window``, ``dedup_window``)
-    at most a century, ``batch_max_ms`` at most a minute.
+    at most a century, ``batch_max_ms`` at most a minute, ``name`` at most 255 UTF-8 bytes, no NUL.
     """
 
     model_config = SettingsConfigDict(
@@ -334,6 +336,15 @@ class ConsumerSettings(BaseSettings):
     batch_max_ms: float = Field(default=5.0, ge=0, le=MAX_BATCH_MS)
     gc_tuning: bool = True  # `inbox run` only: the collector settings of gc_tuning.py
     kafka_options: Annotated[dict[str, KafkaOption], NoDecode] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _storable_name(cls, value: str | None) -> str | None:
+        """Not empty (that is a missing name), else one PostgreSQL can store and index."""
+        problem = consumer_name_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(f"the consumer name {problem}")
+        return value
 
     @field_validator("dead_letter")
     @classmethod

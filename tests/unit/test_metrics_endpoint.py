@@ -1,4 +1,4 @@
-"""``relay run`` with a metrics address it cannot bind ends in one line naming the settings."""
+"""A metrics address the process cannot bind ends in one line naming the settings."""
 
 from __future__ import annotations
 
@@ -43,3 +43,21 @@ def test_a_metrics_port_in_use_is_one_line_naming_the_setting() -> None:
     assert "metrics_port" in lines[0]
     assert "OUTBOXKIT_RELAY_METRICS_PORT" in lines[0]
     assert SECRET not in result.output
+
+
+def test_the_consumer_metrics_port_in_use_is_a_configuration_error_naming_it() -> None:
+    """`inbox run` starts its metrics endpoint the same way (before any Kafka or database)."""
+    from outboxkit.errors import ConfigurationError
+    from outboxkit.inbox import worker
+    from outboxkit.settings import ConsumerSettings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigurationError) as caught:
+            worker._metrics(ConsumerSettings(name="c", metrics_port=port))
+    text = str(caught.value)
+    assert f"'127.0.0.1' port {port}" in text
+    assert "OUTBOXKIT_CONSUMER_METRICS_PORT" in text
+    assert "\n" not in text
