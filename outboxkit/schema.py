@@ -58,18 +58,19 @@ def consumer_name_problem(name: object) -> str | None:
     return None
 
 
-def check_consumer_name(where: str, name: object) -> None:
-    """A :class:`ConfigurationError` naming ``where`` (never echoing the name) if refused."""
-    problem = consumer_name_problem(name)
+def _refuse(where: str, problem: str | None) -> None:
+    """A :class:`ConfigurationError` naming ``where`` (never echoing the value) if refused."""
     if problem is not None:
         raise ConfigurationError(f"{where} {problem}")
+
+
+def check_consumer_name(where: str, name: object) -> None:
+    _refuse(where, consumer_name_problem(name))
 
 
 def check_owner(where: str, owner: object) -> None:
     """The lease owner is stored by every claim: it must be text PostgreSQL can store."""
-    problem = text_problem(owner)
-    if problem is not None:
-        raise ConfigurationError(f"{where} {problem}")
+    _refuse(where, text_problem(owner))
 
 
 def quoted(schema: str) -> str:

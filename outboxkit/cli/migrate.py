@@ -153,6 +153,14 @@ def grants(
             raise click.UsageError("--apply needs --database-url (or $OUTBOXKIT_DATABASE_URL)")
         with db.connect(database_url) as conn:
             count = grant_sql.apply(conn, schema, roles)
+            loose = "app" in roles and grant_sql.app_may_set_state(conn, schema, roles["app"])
         click.echo(f"applied {count} grant(s) in schema {schema} to {', '.join(roles.values())}")
+        if loose:
+            click.echo(
+                f"warning: role {roles['app']} may still INSERT {schema}.outbox_message.state"
+                " (through PUBLIC, a role it belongs to, another grantor, or as the table's"
+                " owner), so it could store a parked row: revoke that at its source",
+                err=True,
+            )
     except (OutboxkitError, ValueError, psycopg.Error) as exc:
         _fail(exc)

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outboxkit.db.execute import one
 from outboxkit.db.queries import queries
 
 ROLES = ("app", "relay", "consumer")
@@ -53,3 +54,11 @@ def apply(conn: psycopg.Connection[Any], schema: str, roles: Mapping[str, str]) 
         for statement in done:
             cur.execute(statement)
     return len(done)
+
+
+def app_may_set_state(conn: psycopg.Connection[Any], schema: str, role: str) -> bool:
+    """Whether ``role`` may still INSERT the outbox's ``state`` after :func:`apply`: privileges
+    it holds through PUBLIC, another role or ownership survive the REVOKE, and with them it
+    could store a parked row."""
+    found = one(conn, queries("grants", schema)["app_may_set_state"], {"role": role})
+    return bool(found and found[0])

@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError
 from outboxkit.errors import PublishError
 from outboxkit.kafka.api import CheckpointReader
 from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.errors import not_read_to_end
 from outboxkit.settings import KafkaSettings
 
 
@@ -55,9 +56,7 @@ class AiokafkaCheckpointReader(CheckpointReader):
                             last = record.value
             return last
         except TimeoutError:
-            raise PublishError(
-                f"{where} not readable to its end in time{_stuck(position, end)}"
-            ) from None
+            raise not_read_to_end(where, position, end) from None
         except (KafkaError, OSError) as exc:
             raise PublishError(f"reading {where} failed: {type(exc).__name__}: {exc}") from exc
         finally:
@@ -68,9 +67,3 @@ class AiokafkaCheckpointReader(CheckpointReader):
 
     async def close(self) -> None:
         return None
-
-
-def _stuck(position: int, end: int | None) -> str:
-    if end is None:
-        return ""
-    return f" (at offset {position} of {end}: a transaction still open holds back the rest)"

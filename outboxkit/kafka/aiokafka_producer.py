@@ -38,17 +38,19 @@ def _refused(exc: KafkaError, what: str) -> RecordError:
     return RecordError(_name(exc), str(exc))
 
 
-def _delivery_error(exc: KafkaError) -> RecordError:
+def _delivery_error(exc: KafkaError, keyless: bool) -> RecordError:
     """A broker's refusal of a produced batch. aiokafka names the error codes it knows; a newer
-    one (INVALID_RECORD, 87: a record without a key on a compacted topic, say) arrives as a bare
-    ``UnknownError`` with no text. On a produce only a refusal of the records comes back that
-    way, so it is classed permanent (the relay isolates the row and parks it with this reason)
-    instead of being retried for ever as the shard stalls behind it."""
-    if isinstance(exc, UnknownError):
+    one arrives as a bare ``UnknownError`` with no text, and so does UNKNOWN_SERVER_ERROR, which
+    can pass. A compacted topic answers a record without a key with INVALID_RECORD (87), one of
+    those newer codes: for a batch holding such a record the refusal is classed permanent (the
+    relay then sends the rows one at a time and parks the keyless one that fails again), else it
+    stays retriable. Before, that row was retried for ever and its shard stalled behind it."""
+    if isinstance(exc, UnknownError) and keyless:
         return RecordError(
-            "UnknownError",
-            "the broker refused the record with an error code aiokafka does not name"
-            " (INVALID_RECORD is one: e.g. a record without a key on a compacted topic)",
+            "InvalidRecordError",
+            "the broker refused a batch holding a record without a key, with an error code"
+            " aiokafka does not name (INVALID_RECORD, as a compacted topic answers a record"
+            " without a key, is the likely one)",
         )
     return RecordError(_name(exc), str(exc))
 
@@ -164,7 +166,8 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                         except KafkaError as exc:
                             if classify(_name(exc)) is ErrorKind.FENCED:
                                 fenced = fenced or exc
-                            outcome = _delivery_error(exc)
+                            keyless = any(requests[i].key is None for i in batch)
+                            outcome = _delivery_error(exc, keyless)
                         else:
                             for n, index in enumerate(batch):
                                 results[index] = _new(

@@ -18,6 +18,7 @@ from outboxkit.errors import PublishError
 from outboxkit.kafka.api import CheckpointReader
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create
+from outboxkit.kafka.errors import not_read_to_end
 from outboxkit.settings import KafkaSettings
 
 
@@ -62,10 +63,7 @@ class ConfluentCheckpointReader(CheckpointReader):
             position = 0
             while position < high:
                 if time.monotonic() > deadline:
-                    raise PublishError(
-                        f"{topic} [{partition}] not readable to its end in time (at offset"
-                        f" {position} of {high}: a transaction still open holds back the rest)"
-                    )
+                    raise not_read_to_end(f"{topic} [{partition}]", position, high)
                 msg = consumer.poll(0.5)
                 if msg is None:
                     # Aborted records and transaction markers are skipped without an EOF: ask.

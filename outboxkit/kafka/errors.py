@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from outboxkit.errors import PublishError
+
 
 class ErrorKind(StrEnum):
     PERMANENT = "permanent"
@@ -38,9 +40,6 @@ _PERMANENT = frozenset(
         "InvalidTopicError",
         "InvalidRecordError",
         "CorruptRecordException",
-        # aiokafka's name for a broker error code it does not know (INVALID_RECORD among them):
-        # only a delivery's RecordError carries it (see aiokafka_producer._delivery_error).
-        "UnknownError",
     }
 )
 
@@ -92,3 +91,14 @@ def with_credentials_hint(text: str) -> str:
     if CREDENTIALS_HINT in text or not any(marker in lowered for marker in _AUTH_MARKERS):
         return text
     return f"{text} ({CREDENTIALS_HINT})"
+
+
+def not_read_to_end(where: str, position: int, end: int | None) -> PublishError:
+    """A checkpoint read that ran out of time, saying how far it got: short of the partition's
+    high watermark, a transaction still open holds back what follows it (or the broker is slow)."""
+    if end is None:
+        return PublishError(f"{where} not readable to its end in time")
+    return PublishError(
+        f"{where} not readable to its end in time (read to offset {position} of {end}: a"
+        " transaction still open on the partition, or a slow broker, holds back the rest)"
+    )

@@ -186,6 +186,7 @@ def test_migrate_grants_narrows_an_older_whole_table_insert(roles: dict[str, str
     for _ in range(2):  # idempotent
         result = CliRunner().invoke(main, [*command, "--database-url", roles["owner"]])
         assert result.exit_code == 0, result.output
+        assert "warning" not in result.output
 
     row = (
         "INSERT INTO outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
@@ -221,3 +222,23 @@ def test_migrate_grants_narrows_an_older_whole_table_insert(roles: dict[str, str
         ).fetchone()
     assert states == [("pending", 4)]
     assert table_wide == (False,)
+
+
+def test_migrate_grants_warns_when_the_app_may_still_set_state_through_another_grant(
+    roles: dict[str, str], outboxkit_db_url: str
+) -> None:
+    """The REVOKE removes only what was granted to the role itself: an INSERT it holds through a
+    role it belongs to survives, and with it the role could still store a parked row. The
+    command says so instead of reporting success alone."""
+    names = _role_names(roles)
+    migrator.upgrade(roles["owner"], "outboxkit")
+    with psycopg.connect(roles["owner"], autocommit=True) as conn:
+        conn.execute(f"GRANT INSERT ON outboxkit.outbox_message TO {names['relay']}")
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:  # membership: a superuser
+        conn.execute(f"GRANT {names['relay']} TO {names['app']}")
+    command = ["migrate", "grants", "--app", names["app"], "--apply"]
+    result = CliRunner().invoke(main, [*command, "--database-url", roles["owner"]])
+    assert result.exit_code == 0, result.output
+    assert f"warning: role {names['app']} may still INSERT outboxkit.outbox_message.state" in (
+        result.output
+    )

@@ -176,6 +176,25 @@ def test_copy_notifies_each_shard_once_on_commit(engine: sa.Engine, outboxkit_db
     assert len(shards) > 1
 
 
+def _wait_until_blocked(engine: sa.Engine, pids: list[int]) -> None:
+    end = time.monotonic() + 60
+    with engine.connect() as probe:
+        while time.monotonic() < end:
+            waiting = (
+                probe.execute(
+                    sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
+                    {"pid": pids[0]},
+                ).scalar()
+                if pids
+                else None
+            )
+            probe.rollback()
+            if waiting == "Lock":
+                return
+            time.sleep(0.02)
+    raise AssertionError("the writer never waited for a lock")
+
+
 def test_a_concurrent_holder_of_a_key_is_waited_for(engine: sa.Engine) -> None:
     """The COPY blocks on a key another transaction holds; once that one commits, the key is
     taken and the call falls back to ON CONFLICT: a duplicate, never a second row."""
@@ -194,23 +213,7 @@ def test_a_concurrent_holder_of_a_key_is_waited_for(engine: sa.Engine) -> None:
 
     thread = threading.Thread(target=second)
     thread.start()
-    end = time.monotonic() + 60
-    with engine.connect() as probe:
-        while time.monotonic() < end:
-            waiting = (
-                probe.execute(
-                    sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
-                    {"pid": pids[0] if pids else -1},
-                ).scalar()
-                if pids
-                else None
-            )
-            probe.rollback()
-            if waiting == "Lock":
-                break
-            time.sleep(0.02)
-        else:
-            raise AssertionError("the COPY never waited for the key's holder")
+    _wait_until_blocked(engine, pids)  # the COPY waits for the key's holder
     holder.commit()
     holder.close()
     thread.join(60)
@@ -219,25 +222,6 @@ def test_a_concurrent_holder_of_a_key_is_waited_for(engine: sa.Engine) -> None:
     assert [r.duplicate for r in results] == [i == 9 for i in range(15)]
     assert results[9].event_id == first.event_id
     assert len(stored(engine)) == 15
-
-
-def _wait_until_blocked(engine: sa.Engine, pids: list[int]) -> None:
-    end = time.monotonic() + 60
-    with engine.connect() as probe:
-        while time.monotonic() < end:
-            waiting = (
-                probe.execute(
-                    sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
-                    {"pid": pids[0]},
-                ).scalar()
-                if pids
-                else None
-            )
-            probe.rollback()
-            if waiting == "Lock":
-                return
-            time.sleep(0.02)
-    raise AssertionError("the writer never waited for a lock")
 
 
 def test_a_shard_switch_in_progress_is_waited_for_and_its_count_used(engine: sa.Engine) -> None:

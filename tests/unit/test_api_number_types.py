@@ -95,6 +95,7 @@ def test_purge_finished_pauses_a_decimal_while(monkeypatch: pytest.MonkeyPatch) 
     )
     assert (result.messages, result.rejections, result.batches) == (2, 0, 3)
     assert seen == [600.0] * 3
+    assert all(type(window) is float for window in seen)  # Decimal("600") == 600.0 too
 
 
 @contextlib.contextmanager
@@ -134,6 +135,7 @@ def test_decimal_consumer_options_reach_the_loop_as_floats() -> None:
         assert all(type(poll.timeout) is float for poll in polls)
         kept = consumer.loop.options
         assert (kept.offset_commit_interval, kept.poll_timeout, kept.batch_max_ms) == (1, 0.5, 5)
+        assert all(type(kept_as) is float for kept_as in (kept.poll_timeout, kept.batch_max_ms))
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,8 @@ def test_unknown_fault_point_is_refused_and_empty_means_off() -> None:
         ("MessageSizeTooLargeError", ErrorKind.PERMANENT),
         ("UnknownTopicOrPartitionError", ErrorKind.PERMANENT),
         ("INVALID_RECORD", ErrorKind.PERMANENT),
-        ("UnknownError", ErrorKind.PERMANENT),  # aiokafka's INVALID_RECORD (and newer codes)
+        ("InvalidRecordError", ErrorKind.PERMANENT),
+        ("UnknownError", ErrorKind.RETRIABLE),  # aiokafka: UNKNOWN_SERVER_ERROR, unnamed codes
         ("_FENCED", ErrorKind.FENCED),
         ("ProducerFenced", ErrorKind.FENCED),
         ("INVALID_PRODUCER_EPOCH", ErrorKind.FENCED),
@@ -73,6 +74,18 @@ def test_unknown_fault_point_is_refused_and_empty_means_off() -> None:
 def test_error_classification(name: str, kind: ErrorKind) -> None:
     assert classify(name) is kind
     assert RecordError(name, "m").kind is kind
+
+
+def test_an_unnamed_aiokafka_refusal_is_permanent_only_for_a_batch_with_a_keyless_record() -> None:
+    """aiokafka reports INVALID_RECORD (a compacted topic refusing a record without a key) and
+    UNKNOWN_SERVER_ERROR alike, as a bare UnknownError: only the first is a record to park."""
+    from aiokafka.errors import UnknownError
+
+    from outboxkit.kafka.aiokafka_producer import _delivery_error
+
+    assert _delivery_error(UnknownError(), keyless=True).kind is ErrorKind.PERMANENT
+    assert "without a key" in str(_delivery_error(UnknownError(), keyless=True))
+    assert _delivery_error(UnknownError(), keyless=False).kind is ErrorKind.RETRIABLE
 
 
 def test_backoff_is_bounded_jittered_and_grows() -> None:

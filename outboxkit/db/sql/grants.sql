@@ -38,3 +38,9 @@ GRANT SELECT, INSERT, DELETE ON {schema}.inbox_rejection TO {role};
 GRANT USAGE ON SEQUENCE {schema}.inbox_rejection_id_seq TO {role};
 GRANT USAGE ON SEQUENCE {schema}.inbox_lease_token_seq TO {role};
 GRANT SELECT ON {schema}.schema_migration TO {role};
+
+-- name: app_may_set_state
+-- After `migrate grants --apply`: can the application role still INSERT `state` (through
+-- PUBLIC, a role it belongs to, another grantor's grant, or as the table's owner)? Then it could
+-- still store a parked row; the REVOKE above removes only what was granted to it directly.
+SELECT has_column_privilege(:role, '{schema}.outbox_message', 'state', 'INSERT');
