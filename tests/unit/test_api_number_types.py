@@ -11,18 +11,17 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError, OutboxkitError, OutOfRangeError
-from outboxkit.inbox import EventRegistry, Inbox, InboxSettings, RetryPolicy
+from outboxkit.inbox import EventRegistry, InboxSettings, RetryPolicy
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.lease import LeaseSchedule
 from outboxkit.inbox.retention import Purger, Retention, purge_finished
 from outboxkit.inbox.steps import Poll, Sql, Step
-from outboxkit.settings import KafkaSettings
-from outboxkit.settings.models import DAY, KafkaClient
+from outboxkit.settings.models import DAY
+from tests.unit.test_api_bounds import _confluent_consumer
 
 pytestmark = pytest.mark.unit
 
@@ -98,28 +97,9 @@ def test_purge_finished_pauses_a_decimal_while(monkeypatch: pytest.MonkeyPatch) 
     assert all(type(window) is float for window in seen)  # Decimal("600") == 600.0 too
 
 
-@contextlib.contextmanager
-def _consumer(**options: Any) -> Iterator[Any]:
-    """A real confluent consumer whose steps a stub answers (no Kafka: nothing is polled)."""
-    pytest.importorskip("confluent_kafka")
-    from outboxkit.inbox.confluent import ConfluentInboxConsumer
-
-    engine = create_engine("postgresql+psycopg://u@127.0.0.1:1/db")
-    inbox = Inbox(engine, lambda e, c, s: None, _settings())
-    kafka = KafkaSettings(bootstrap="127.0.0.1:1", client=KafkaClient.CONFLUENT)
-    consumer = ConfluentInboxConsumer(
-        inbox, kafka, group_id="g", topics=["t"], dead_letter=None, **options
-    )
-    try:
-        yield consumer
-    finally:
-        inbox.close()
-        engine.dispose()
-
-
 def test_decimal_consumer_options_reach_the_loop_as_floats() -> None:
     options = {"offset_commit_interval": D("1"), "poll_timeout": D("0.5"), "batch_max_ms": D("5")}
-    with _consumer(**options) as consumer:
+    with _confluent_consumer(**options) as consumer:
         polls: list[Poll] = []
 
         def execute(step: Step) -> object:
@@ -128,7 +108,7 @@ def test_decimal_consumer_options_reach_the_loop_as_floats() -> None:
                 return []
             return None
 
-        consumer.executor = execute
+        consumer.executor = execute  # type: ignore[assignment]  # a stub answers the steps
         assert consumer.poll_batch() == []
         assert consumer.poll_once(D("0.25")) is None
         assert [poll.timeout for poll in polls] == [0.5, 0.25]
