@@ -18,10 +18,11 @@ from outboxkit.errors import ConfigurationError, SchemaError
 DEFAULT_SCHEMA = "outboxkit"
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_CHANNEL_LENGTH = 63  # PostgreSQL identifiers (NAMEDATALEN - 1)
-#: The longest consumer name, in UTF-8 bytes. It leads the inbox's primary key, beside an event
-#: id of up to 1024 bytes: together far inside a btree entry's limit (~2.7 KB), as a name that
-#: also labels metrics and log lines should be.
-MAX_CONSUMER_NAME_BYTES = 255
+#: The longest consumer name or relay group, in UTF-8 bytes. A consumer name leads the inbox's
+#: primary key, beside an event id of up to 1024 bytes, a relay group the relay lease's and
+#: pause's, and travels in transactional ids and checkpoint keys: together far inside a btree
+#: entry's limit (~2.7 KB), as a name that also labels metrics and log lines should be.
+MAX_NAME_BYTES = 255
 
 
 def validate_schema_name(schema: str) -> str:
@@ -44,17 +45,18 @@ def text_problem(value: object) -> str | None:
     return None
 
 
-def consumer_name_problem(name: object) -> str | None:
-    """Why ``name`` cannot be a consumer name, or None. A name PostgreSQL cannot store or index
-    fails every claim and every rejection: nothing would ever end, retried each second."""
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a consumer name or relay group, or None. A name PostgreSQL cannot
+    store or index fails every claim (of inbox rows, of relay shards): nothing would ever end,
+    retried each second."""
     problem = text_problem(name)
     if problem is not None or not isinstance(name, str):
         return problem
     if not name:
         return "is empty"
     size = len(name.encode("utf-8"))
-    if size > MAX_CONSUMER_NAME_BYTES:
-        return f"is {size} bytes long (at most {MAX_CONSUMER_NAME_BYTES} UTF-8 bytes)"
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes long (at most {MAX_NAME_BYTES} UTF-8 bytes)"
     return None
 
 
@@ -65,7 +67,7 @@ def _refuse(where: str, problem: str | None) -> None:
 
 
 def check_consumer_name(where: str, name: object) -> None:
-    _refuse(where, consumer_name_problem(name))
+    _refuse(where, name_problem(name))
 
 
 def check_owner(where: str, owner: object) -> None:

@@ -82,7 +82,8 @@ class InboxSettings:
     """Configuration shared by both drivers.
 
     ``consumer``: the name leading every inbox row's key; not empty, at most 255 UTF-8 bytes
-    (``MAX_CONSUMER_NAME_BYTES``), no NUL (else a :class:`~outboxkit.errors.ConfigurationError`).
+    (``outboxkit.schema.MAX_NAME_BYTES``), no NUL (else a
+    :class:`~outboxkit.errors.ConfigurationError`).
 
     ``replay_window`` (seconds): a delivery whose Kafka timestamp is older than this and whose
     dedup row no longer exists is refused (recorded in ``inbox_rejection``) instead of being

@@ -22,6 +22,9 @@ TopicPartitionKey = tuple[str, int]
 
 logger = logging.getLogger("outboxkit.inbox.consumer")
 
+#: How soon a resume whose seek back to the held record failed is tried again.
+SEEK_RETRY_SECONDS = 1.0
+
 
 def without(records: deque[ConsumedRecord], gone: Set[TopicPartitionKey]) -> deque[ConsumedRecord]:
     """The records of other partitions than ``gone`` (the same deque if none is dropped)."""
@@ -71,6 +74,17 @@ class PartitionGate:
             )
         del self._holds[tp]
         return True
+
+    def seek_failed(self, tp: TopicPartitionKey, now: float) -> None:
+        """The seek back to the held record failed: stay paused, try again shortly."""
+        hold = self._holds[tp]
+        logger.warning(
+            "%s/%d: could not seek back to held offset %d; trying again in %g s",
+            *tp,
+            hold.offset,
+            SEEK_RETRY_SECONDS,
+        )
+        self._holds[tp] = _Hold(hold.offset, now + SEEK_RETRY_SECONDS)
 
     def next_due(self) -> float | None:
         pending = [h.due for h in self._holds.values() if not h.resumed]

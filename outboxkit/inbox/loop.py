@@ -7,10 +7,8 @@ seconds instead (and on revoke and close): fewer round trips, and still safe, be
 redelivery of a settled event is recognised. A failed handler pauses its partition and seeks
 back (see :mod:`outboxkit.inbox.gate`): the member stays in the group.
 
-Rebalances: a revoked partition's retry hold and prefetched records are dropped (its next owner
-starts from the committed offset) and its settled offsets are committed before it goes; the
-client seam resumes every newly assigned partition, so a partition paused for a retry when it
-was revoked consumes again when it comes back.
+Rebalances: a revoked partition's hold and prefetched records are dropped and its settled offsets
+committed before it goes; the seam resumes every newly assigned partition (paused ones too).
 """
 
 from __future__ import annotations
@@ -248,8 +246,10 @@ class ConsumerLoop:
         for tp, offset in self.gate.due(now):
             if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
                 self.buffer = without(self.buffer, {tp})
-                yield Seek(tp, offset)
-                yield Resume([tp])
+                if (yield Seek(tp, offset)):
+                    yield Resume([tp])
+                else:  # resumed, it would go on past the held record, which would be skipped
+                    self.gate.seek_failed(tp, now)
         if self.pending is not None:
             yield from self._commit(self.pending.due(now))
         yield from self.purger.run_due(now)

@@ -134,7 +134,8 @@ class Subscribe(Step):
 
 @dataclass(frozen=True, slots=True)
 class Seek(Step):
-    """Fetch the partition from ``offset`` next (ignored if it is not assigned any more)."""
+    """Fetch the partition from ``offset`` next -> whether it will (``False`` if it is not
+    assigned any more, or the client refused)."""
 
     partition: TopicPartition
     offset: int

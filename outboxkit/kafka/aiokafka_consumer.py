@@ -247,10 +247,12 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
     def resume(self, partitions: list[TP]) -> None:
         self._c.resume(*self._only_assigned(partitions))
 
-    def seek(self, partition: TP, offset: int) -> None:
+    def seek(self, partition: TP, offset: int) -> bool:
         for tp in self._only_assigned([partition]):
             self._c.seek(tp, offset)
             self.handed[partition] = offset
+            return True
+        return False
 
     async def commit(self, offsets: dict[TP, int]) -> None:
         if not offsets:

@@ -224,7 +224,9 @@ class Positions(ABC):
     """What both group consumers do at once, without waiting on the broker.
 
     ``pause``, ``resume`` and ``seek`` ignore partitions not assigned (any more): their next
-    owner starts from the committed offset.
+    owner starts from the committed offset. ``seek`` says whether the partition's fetch
+    position is now ``offset``: a caller that resumes a partition held at a record must not
+    resume it from where it was fetching before (past that record).
     """
 
     @abstractmethod
@@ -237,7 +239,7 @@ class Positions(ABC):
     def resume(self, partitions: list[TopicPartition]) -> None: ...
 
     @abstractmethod
-    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+    def seek(self, partition: TopicPartition, offset: int) -> bool: ...
 
 
 class GroupConsumer(Positions):

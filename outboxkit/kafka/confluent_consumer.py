@@ -162,13 +162,15 @@ class ConfluentGroupConsumer(GroupConsumer):
         if found:
             self._consumer.resume(found)
 
-    def seek(self, partition: TP, offset: int) -> None:
+    def seek(self, partition: TP, offset: int) -> bool:
         if partition not in self.assignment():
-            return
+            return False
         try:
             self._consumer.seek(TopicPartition(*partition, offset))
         except KafkaException as exc:  # revoked meanwhile, or not fetching yet
             logger.info("seek of %s/%d to %d failed: %s", *partition, offset, exc)
+            return False
+        return True
 
     def commit(self, offsets: dict[TP, int]) -> None:
         if not offsets:

@@ -20,6 +20,7 @@ from string import Formatter
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
     Secret,
     SecretStr,
@@ -33,7 +34,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from outboxkit.schema import consumer_name_problem
+from outboxkit.schema import name_problem
 
 PREFIX = "OUTBOXKIT_"
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
@@ -121,6 +122,19 @@ def topic_template_problem(template: str) -> str | None:
     return None
 
 
+def _storable(what: str) -> AfterValidator:
+    """A name PostgreSQL can store and index (it leads a table's key); empty is left to
+    ``min_length`` or to the check for a missing name."""
+
+    def check(value: str | None) -> str | None:
+        problem = name_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(f"{what} {problem}")
+        return value
+
+    return AfterValidator(check)
+
+
 class DatabaseSettings(BaseSettings):
     """``OUTBOXKIT_DATABASE_URL``: a libpq URL; ``sslmode`` and friends pass through in it."""
 
@@ -201,7 +215,7 @@ class RelaySettings(BaseSettings):
         env_prefix="OUTBOXKIT_RELAY_", extra="forbid", allow_inf_nan=False
     )
 
-    group: str = Field("default", min_length=1)
+    group: Annotated[str, _storable("the relay group")] = Field("default", min_length=1)
     # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
     shards: Annotated[tuple[int, ...] | None, NoDecode] = None
     # Rows per claim: batch_size when the shard is drained (latency); while claims come back
@@ -313,7 +327,7 @@ class ConsumerSettings(BaseSettings):
         env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid", allow_inf_nan=False
     )
 
-    name: str | None = None
+    name: Annotated[str | None, _storable("the consumer name")] = None
     group: str | None = None
     topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
     registry: str | None = None
@@ -336,15 +350,6 @@ class ConsumerSettings(BaseSettings):
     batch_max_ms: float = Field(default=5.0, ge=0, le=MAX_BATCH_MS)
     gc_tuning: bool = True  # `inbox run` only: the collector settings of gc_tuning.py
     kafka_options: Annotated[dict[str, KafkaOption], NoDecode] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _storable_name(cls, value: str | None) -> str | None:
-        """Not empty (that is a missing name), else one PostgreSQL can store and index."""
-        problem = consumer_name_problem(value) if value else None
-        if problem is not None:
-            raise ValueError(f"the consumer name {problem}")
-        return value
 
     @field_validator("dead_letter")
     @classmethod

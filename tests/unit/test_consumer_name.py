@@ -1,6 +1,6 @@
-"""A consumer name PostgreSQL cannot store (NUL, a lone surrogate) or index (longer than a btree
-entry takes) failed every claim and every rejection, retried each second forever: no record
-ever ended. It is refused when the settings are built, naming the setting, never the name."""
+"""A consumer name or relay group PostgreSQL cannot store (NUL, a lone surrogate) or index
+(longer than a btree entry takes) failed every claim, retried each second forever: nothing ever
+ended. It is refused when the settings are built, naming the setting, never the name."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from click.testing import CliRunner
 from outboxkit.cli import main
 from outboxkit.errors import ConfigurationError
 from outboxkit.inbox import EventRegistry, InboxSettings
-from outboxkit.schema import MAX_CONSUMER_NAME_BYTES
+from outboxkit.schema import MAX_NAME_BYTES
 from outboxkit.settings import load_settings
 
 pytestmark = pytest.mark.unit
 
 REGISTRY = EventRegistry()
-LONGEST = "é" * (MAX_CONSUMER_NAME_BYTES // 2) + "x"  # 255 bytes, 128 characters
+LONGEST = "é" * (MAX_NAME_BYTES // 2) + "x"  # 255 bytes, 128 characters
 BAD = {
     "nul": ("billing\x00", "NUL character"),
     "surrogate": ("billing\ud800", "lone surrogate"),
@@ -47,7 +47,7 @@ def test_inbox_settings_refuse_an_empty_or_non_text_name_and_owner() -> None:
 
 
 def test_the_limit_counts_utf8_bytes_and_the_longest_name_passes() -> None:
-    assert len(LONGEST.encode()) == MAX_CONSUMER_NAME_BYTES
+    assert len(LONGEST.encode()) == MAX_NAME_BYTES
     assert InboxSettings(consumer=LONGEST, registry=REGISTRY).consumer == LONGEST
     assert InboxSettings(consumer="billing v2 / eu", registry=REGISTRY).consumer
     with pytest.raises(ConfigurationError, match="256 bytes long"):
@@ -84,3 +84,30 @@ def test_inbox_run_ends_in_one_line_naming_the_setting(case: str) -> None:
     assert "Traceback" not in result.output
     assert "OUTBOXKIT_CONSUMER_NAME" in result.output
     assert BAD[case][1] in result.output
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_the_relay_group_is_refused_alike(case: str) -> None:
+    """The relay group leads the relay lease's primary key: the same limits."""
+    name, problem = BAD[case]
+    if case == "surrogate":  # pydantic's own str check refuses it first
+        problem = "Input should be a valid string"
+    with pytest.raises(ConfigurationError, match=re.escape(problem)) as caught:
+        load_settings(overrides={"relay": {"group": name}})
+    assert "OUTBOXKIT_RELAY_GROUP ([relay] group): " in str(caught.value)
+    assert "billing" not in str(caught.value)
+    assert load_settings(overrides={"relay": {"group": LONGEST}}).relay.group == LONGEST
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_relay_run_ends_in_one_line_naming_the_group_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OUTBOXKIT_RELAY_GROUP", "x" * 3000)
+    result = CliRunner().invoke(main, ["relay", "run"])
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert "OUTBOXKIT_RELAY_GROUP" in result.output
+    assert "3000 bytes long" in result.output

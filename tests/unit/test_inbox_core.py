@@ -17,6 +17,7 @@ from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
 from outboxkit.inbox import loop as loop_module
 from outboxkit.inbox.batch import BatchResult
 from outboxkit.inbox.delivery import InboxCore
+from outboxkit.inbox.gate import SEEK_RETRY_SECONDS
 from outboxkit.inbox.lease import REFUSED, LeaseHandle, LeaseSchedule
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
 from outboxkit.inbox.outcome import Outcome
@@ -424,3 +425,35 @@ def test_a_batch_after_the_resume_takes_only_what_the_seek_delivered(
     assert [o.kind for o in outcomes] == [OutcomeKind.SUCCEEDED] * 2
     assert batches == [[(5, b"k")], [(6, b"k"), (7, b"k")]]
     assert held.after_resume()[:3] == ["Seek", "Resume", "Poll"]
+
+
+def test_a_resume_whose_seek_fails_stays_paused_and_tries_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client refused the seek back to held offset 5 (it still fetches from 7): resuming
+    would deliver 7 first, and the gate would take that for offset 5 gone and skip it. The
+    partition stays paused and the resume is tried again a second later."""
+    held = Held()
+    held.hold()
+    refusals = [False]
+    plain = held.answer
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Seek) and refusals:
+            return refusals.pop()
+        return plain(step)
+
+    held.script.answer = answer
+    held.polls = [[_record(0, 7)]]
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        assert drive_sync(held.loop.poll_once(timeout=0), held.script) is None
+    assert "Resume" not in held.after_resume()
+    assert held.loop.gate.held == frozenset({("orders", 0)})
+    assert held.loop.gate.next_due() == held.now + SEEK_RETRY_SECONDS
+    assert "orders/0: could not seek back to held offset 5; trying again in 1 s" in caplog.messages
+    held.now += SEEK_RETRY_SECONDS
+    held.polls = [[_record(0, 5), _record(0, 6)]]
+    outcome = drive_sync(held.loop.poll_once(), held.script)
+    assert outcome is not None
+    assert held.after_resume()[:3] == ["Seek", "Resume", "Poll"]
+    assert held.seen == [(5, b"k"), (5, b"k")]
