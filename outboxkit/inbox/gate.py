@@ -6,7 +6,8 @@ dropped (the seek delivers them again), so order is kept and the consumer never 
 group. Once resumed (and sought back again), the first message of the partition at or after
 the failed offset ends the hold: the failed one itself, or, if it left the log meanwhile
 (retention, compaction, ``delete_records``), the first one Kafka still has. Waiting for that
-offset alone would hold the partition for good. Pure logic: the clock is passed in.
+offset alone would hold the partition for good; the gone record's event ends ``dead``, with the
+reason (:func:`end_gone`). Pure logic: the clock is passed in.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from collections import deque
 from collections.abc import Set
 from dataclasses import dataclass
 
+from outboxkit.inbox.guard import error_text
+from outboxkit.inbox.steps import Plan
+from outboxkit.inbox.store import InboxStatements
 from outboxkit.kafka.api import ConsumedRecord
 
 TopicPartitionKey = tuple[str, int]
@@ -37,15 +41,28 @@ def without(records: deque[ConsumedRecord], gone: Set[TopicPartitionKey]) -> deq
 class _Hold:
     offset: int
     due: float
+    event_id: str | None
     resumed: bool = False
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A held record that left the log: its event will not be delivered again from here."""
+
+    partition: TopicPartitionKey
+    offset: int
+    event_id: str
 
 
 class PartitionGate:
     def __init__(self) -> None:
         self._holds: dict[TopicPartitionKey, _Hold] = {}
+        self._gone: list[Gone] = []
 
-    def hold(self, tp: TopicPartitionKey, offset: int, due: float) -> None:
-        self._holds[tp] = _Hold(offset, due)
+    def hold(
+        self, tp: TopicPartitionKey, offset: int, due: float, event_id: str | None = None
+    ) -> None:
+        self._holds[tp] = _Hold(offset, due, event_id)
 
     def due(self, now: float) -> list[tuple[TopicPartitionKey, int]]:
         """Partitions whose back-off has elapsed: resume them (and seek to the offset)."""
@@ -72,8 +89,15 @@ class PartitionGate:
                 hold.offset,
                 offset,
             )
+            if hold.event_id is not None:
+                self._gone.append(Gone(tp, hold.offset, hold.event_id))
         del self._holds[tp]
         return True
+
+    def take_gone(self) -> list[Gone]:
+        """The held records found gone since the last call (their rows are still processing)."""
+        gone, self._gone = self._gone, []
+        return gone
 
     def seek_failed(self, tp: TopicPartitionKey, now: float) -> None:
         """The seek back to the held record failed: stay paused, try again shortly."""
@@ -84,7 +108,7 @@ class PartitionGate:
             hold.offset,
             SEEK_RETRY_SECONDS,
         )
-        self._holds[tp] = _Hold(hold.offset, now + SEEK_RETRY_SECONDS)
+        self._holds[tp] = _Hold(hold.offset, now + SEEK_RETRY_SECONDS, hold.event_id)
 
     def next_due(self) -> float | None:
         pending = [h.due for h in self._holds.values() if not h.resumed]
@@ -98,3 +122,16 @@ class PartitionGate:
     @property
     def held(self) -> frozenset[TopicPartitionKey]:
         return frozenset(self._holds)
+
+
+def end_gone(gone: list[Gone], statements: InboxStatements) -> Plan[None]:
+    """End the rows of held records that left the log ``dead``, with the reason. Run after the
+    records behind them were processed, so a copy of the event there (which takes the row over
+    and names its own offset) runs instead. A failure is logged: the row stays processing."""
+    for g in gone:
+        try:
+            yield statements.abandon_gone(g.event_id, *g.partition, g.offset)
+        except Exception as exc:
+            logger.warning(
+                "%s/%d: ending event %s failed: %s", *g.partition, g.event_id, error_text(exc)
+            )

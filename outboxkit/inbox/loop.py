@@ -3,9 +3,8 @@
 The consumer runs ``read_committed`` with auto-commit off; an offset is committed only after the
 handler's transaction committed, or after the event was recorded as duplicate/rejected/dead/
 cancelled. With ``offset_commit_interval`` the settled offsets are committed every that many
-seconds instead (and on revoke and close): fewer round trips, and still safe, because a
-redelivery of a settled event is recognised. A failed handler pauses its partition and seeks
-back (see :mod:`outboxkit.inbox.gate`): the member stays in the group.
+seconds instead (and on revoke and close): fewer round trips, still safe (a redelivery is
+recognised). A failed handler pauses its partition and seeks back (:mod:`outboxkit.inbox.gate`).
 
 Rebalances: a revoked partition's hold and prefetched records are dropped and its settled offsets
 committed before it goes; the seam resumes every newly assigned partition (paused ones too).
@@ -35,7 +34,7 @@ from outboxkit.inbox.deadletter import (
 )
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
-from outboxkit.inbox.gate import PartitionGate, without
+from outboxkit.inbox.gate import PartitionGate, end_gone, without
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
@@ -240,8 +239,9 @@ class ConsumerLoop:
         return taken
 
     def _housekeeping(self) -> Plan[None]:
-        """Join the group; resume partitions whose retry is due; commit due offsets; purge."""
+        """Join the group; end held records gone; resume due retries; commit offsets; purge."""
         yield from self.start()
+        yield from end_gone(self.gate.take_gone(), self.core.statements)
         now = self.clock()
         for tp, offset in self.gate.due(now):
             if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
@@ -361,7 +361,7 @@ class ConsumerLoop:
         yield Seek(tp, env.offset)
         yield Pause([tp])
         self._drop([tp])
-        self.gate.hold(tp, env.offset, self.clock() + outcome.retry_in)
+        self.gate.hold(tp, env.offset, self.clock() + outcome.retry_in, outcome.event_id)
 
     def _commit(self, offsets: Mapping[TopicPartition, int]) -> Plan[None]:
         if not offsets:

@@ -170,6 +170,22 @@ class InboxStatements:
         """``dead`` whatever the token: a delivery given up after repeated unexpected errors."""
         return self._sql("abandon", event_id, error=bounded(error))
 
+    def abandon_gone(self, event_id: str, topic: str, partition: int, offset: int) -> Sql:
+        """``dead``: the record held for this event's retry left the log (only while the row
+        still names that record)."""
+        error = (
+            f"its record ({topic}/{partition} at offset {offset}) left the log (retention,"
+            " compaction or delete_records) while held for a retry"
+        )
+        return self._sql(
+            "abandon_gone",
+            event_id,
+            error=bounded(error),
+            topic=topic,
+            kafka_partition=partition,
+            kafka_offset=offset,
+        )
+
     def record_lease_lost(self, event_id: str, error: str) -> Sql:
         return self._sql("record_lease_lost", event_id, error=error)
 

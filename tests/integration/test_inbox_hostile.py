@@ -367,7 +367,7 @@ def test_a_held_record_deleted_from_the_log_does_not_stall_its_partition(
     """The record held for a retry leaves the log before its retry is due (here
     ``delete_records``; retention and compaction do the same). The seek back to it resumes at
     the log's new start: the records there are processed, not dropped while waiting for an
-    offset that never comes back."""
+    offset that never comes back, and the gone record's event ends dead, with the reason."""
     topic = outboxkit_topic()
     held, later = str(uuid.uuid4()), str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, held, "o-held", 1)
@@ -388,9 +388,18 @@ def test_a_held_record_deleted_from_the_log_does_not_stall_its_partition(
             timeout=30,
             what="the record after the deleted one",
         )
+        wait_for(
+            lambda: _state(outboxkit_db_url, held) == "dead",
+            timeout=30,
+            what="the gone record's event ended",
+        )
     assert [e[0] for e in effects(outboxkit_db_url)] == [later]  # the failed run rolled back
     row = inbox_row(outboxkit_db_url, "billing", held)
     assert row is not None
-    assert (row["state"], row["attempts"]) == ("processing", 1)
+    assert (row["state"], row["attempts"]) == ("dead", 1)
+    assert row["last_error"] == (
+        f"its record ({topic}/0 at offset 0) left the log (retention, compaction or"
+        " delete_records) while held for a retry"
+    )
     gone = f"{topic}/0: held record at offset 0 is gone; resuming at 1"
     assert gone in caplog.messages

@@ -385,6 +385,10 @@ def test_a_resumed_hold_goes_on_at_the_first_offset_left_when_the_failed_one_is_
     commits = [s.offsets for s in held.script.steps if isinstance(s, Commit)]
     assert commits == [{("orders", 0): 8}, {("orders", 0): 9}]
     assert "orders/0: held record at offset 5 is gone; resuming at 7" in caplog.messages
+    ended = [s for s in held.script.steps if isinstance(s, Sql) and s.query.name == "abandon_gone"]
+    assert [(s.params["event_id"], s.params["kafka_offset"]) for s in ended] == [("e", 5)]
+    names = held.script.names()  # after record 7 was processed, before 8 was polled
+    assert names.index("abandon_gone") < len(names) - 1 - names[::-1].index("Poll")
 
 
 def test_records_buffered_before_the_resume_are_not_judged_the_failed_one_comes_first() -> None:

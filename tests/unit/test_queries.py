@@ -109,6 +109,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "record_failure": _INBOX_KEY | {"error", "token", "now"},
         "finish": _INBOX_KEY | {"state", "error", "token"},
         "abandon": _INBOX_KEY | {"error"},
+        "abandon_gone": _INBOX_KEY | {"error", "topic", "kafka_partition", "kafka_offset"},
         "record_lease_lost": _INBOX_KEY | {"error"},
         "cancel": _INBOX_KEY | {"reason"},
         "cancel_unseen": _INBOX_KEY | {"reason"},
