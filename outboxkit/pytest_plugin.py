@@ -163,7 +163,7 @@ def outboxkit_empty_db_url(outboxkit_database_url: str) -> Iterator[str]:
 @pytest.fixture
 def outboxkit_topic(outboxkit_kafka_bootstrap: str) -> TopicFactory:
     """Factory: ``outboxkit_topic(partitions=3, config={...})`` creates a uniquely named topic."""
-    settings = KafkaSettings(bootstrap=outboxkit_kafka_bootstrap, security_protocol="PLAINTEXT")
+    settings = KafkaSettings.plaintext(outboxkit_kafka_bootstrap)
 
     def create(prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from outboxkit.cli.options import schema_option
+from outboxkit.cli.options import database_options, resolve_or_exit
 from outboxkit.db import redact, sqlalchemy_url
 from outboxkit.inbox.guard import escape
 from outboxkit.inbox.readback import (
@@ -30,23 +30,22 @@ from outboxkit.schema import InboxState
 from outboxkit.settings import KafkaClient
 from outboxkit.settings.models import CENTURY, MAX_RETENTION_BATCH
 
-_database = click.option(
-    "--database-url",
-    envvar="OUTBOXKIT_DATABASE_URL",
-    required=True,
-    help="PostgreSQL URL (default: $OUTBOXKIT_DATABASE_URL).",
-)
 _json = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 @contextmanager
-def _engine(database_url: str) -> Iterator[Engine]:
-    """A database error ends the command in one line: no traceback, no parameters, no password."""
-    engine = create_engine(sqlalchemy_url(database_url))
+def _engine(
+    config_path: str | None, database_url: str | None, schema: str | None
+) -> Iterator[tuple[Engine, str]]:
+    """The engine and schema the settings name (options win). A database error ends the command
+    in one line: no traceback, no parameters, no password."""
+    target = resolve_or_exit(config_path, database_url, schema)
+    url = target.require_url()
+    engine = create_engine(sqlalchemy_url(url))
     try:
-        yield engine
+        yield engine, target.schema
     except DBAPIError as exc:
-        text = redact(f"{type(exc.orig).__name__}: {str(exc.orig).strip()}", database_url)
+        text = redact(f"{type(exc.orig).__name__}: {str(exc.orig).strip()}", url)
         raise click.ClickException(text) from None
     finally:
         engine.dispose()
@@ -92,8 +91,7 @@ def inbox() -> None:
 
 
 @inbox.command()
-@_database
-@schema_option
+@database_options
 @_json
 @click.option("--consumer", help="Only this consumer.")
 @click.option("--event-id", help="One event (requires --consumer): full detail.")
@@ -104,8 +102,9 @@ def inbox() -> None:
 @click.option("--rejections", is_flag=True, help="Show the rejection log instead.")
 @click.option("--limit", default=50, show_default=True)
 def show(
-    database_url: str,
-    schema: str,
+    config_path: str | None,
+    database_url: str | None,
+    schema: str | None,
     as_json: bool,
     consumer: str | None,
     event_id: str | None,
@@ -114,7 +113,7 @@ def show(
     limit: int,
 ) -> None:
     """Show inbox rows (newest first), one event in detail, or the rejection log."""
-    with _engine(database_url) as engine:
+    with _engine(config_path, database_url, schema) as (engine, schema):
         if rejections:
             found = list_rejections(
                 engine, consumer=consumer, event_id=event_id, limit=limit, schema=schema
@@ -141,18 +140,18 @@ def show(
 
 
 @inbox.command(name="stats")
-@_database
-@schema_option
+@database_options
 @_json
-def stats_command(database_url: str, schema: str, as_json: bool) -> None:
+def stats_command(
+    config_path: str | None, database_url: str | None, schema: str | None, as_json: bool
+) -> None:
     """Counts per state per consumer (plus the rejection log)."""
-    with _engine(database_url) as engine:
+    with _engine(config_path, database_url, schema) as (engine, schema):
         _emit(stats(engine, schema=schema), as_json, ["consumer", "state", "events", "duplicates"])
 
 
 @inbox.command()
-@_database
-@schema_option
+@database_options
 @click.option("--consumer", required=True)
 @click.option("--event-id", required=True)
 @click.option("--reason", default="cancelled by operator", show_default=True)
@@ -160,15 +159,16 @@ def stats_command(database_url: str, schema: str, as_json: bool) -> None:
     "--before-delivery", is_flag=True, help="Also cancel an event this consumer has not seen yet."
 )
 def cancel(
-    database_url: str,
-    schema: str,
+    config_path: str | None,
+    database_url: str | None,
+    schema: str | None,
     consumer: str,
     event_id: str,
     reason: str,
     before_delivery: bool,
 ) -> None:
     """Make an event cancelled; a running handler's late success is refused and rolled back."""
-    with _engine(database_url) as engine:
+    with _engine(config_path, database_url, schema) as (engine, schema):
         result = cancel_event(
             engine,
             consumer,
@@ -188,8 +188,7 @@ def cancel(
 
 
 @inbox.command()
-@_database
-@schema_option
+@database_options
 @click.option(
     "--older-than",
     type=click.FloatRange(min=0, min_open=True, max=CENTURY),
@@ -203,9 +202,15 @@ def cancel(
     default=1000,
     show_default=True,
 )
-def purge(database_url: str, schema: str, older_than: float, batch_size: int) -> None:
+def purge(
+    config_path: str | None,
+    database_url: str | None,
+    schema: str | None,
+    older_than: float,
+    batch_size: int,
+) -> None:
     """Delete terminal rows finished before the window, in small batches."""
-    with _engine(database_url) as engine:
+    with _engine(config_path, database_url, schema) as (engine, schema):
         result = purge_finished(
             engine, window_seconds=older_than, batch_size=batch_size, schema=schema
         )
@@ -213,6 +218,28 @@ def purge(database_url: str, schema: str, older_than: float, batch_size: int) ->
         f"deleted {result.messages} inbox rows and {result.rejections} rejections"
         f" in {result.batches} batches"
     )
+
+
+_NUMBER_UNITS = ("ms", "bytes", "records")
+
+
+def _number(name: str, value: str) -> str | int:
+    """The value as the client takes it: text, except for a property counted in a unit.
+
+    confluent-kafka hands every value to librdkafka as text, which parses numbers itself; only
+    aiokafka needs an ``int``, for keyword arguments that all end in ``_ms``, ``_bytes`` or
+    ``_records``. So a property whose last word is such a unit is a whole number (for both
+    clients), and every other value stays the text given: a password of digits keeps its
+    leading zeros and its length. Neither error quotes the value."""
+    if name.replace(".", "_").rpartition("_")[2] not in _NUMBER_UNITS:
+        return value
+    digits = value.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):  # isdigit alone: '²', '٣' too
+        raise click.BadParameter(
+            f"{name!r} takes a whole number (its value is not shown)",
+            param_hint="'--kafka-option'",
+        )
+    return int(value)
 
 
 def _options(items: tuple[str, ...]) -> dict[str, str | int]:
@@ -226,7 +253,7 @@ def _options(items: tuple[str, ...]) -> dict[str, str | int]:
                 f"item {number} of {len(items)} is not key=value (its text is not shown)",
                 param_hint="'--kafka-option'",
             )
-        config[name] = int(value) if value.isdigit() else value
+        config[name] = _number(name, value)
     return config
 
 

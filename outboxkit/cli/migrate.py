@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import click
 import psycopg
 
 from outboxkit import db
-from outboxkit.cli.options import schema_option
+from outboxkit.cli.options import (
+    Database,
+    config_option,
+    database_options,
+    database_url_option,
+    resolve,
+    schema_option,
+)
 from outboxkit.db import migrator
 from outboxkit.errors import OutboxkitError
 
-_database_url = click.option(
-    "--database-url",
-    envvar="OUTBOXKIT_DATABASE_URL",
-    required=True,
-    help="libpq URL of the database (default: $OUTBOXKIT_DATABASE_URL).",
-)
 
-
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
+    """Exit 2 for every error: ``check`` exits 1 for "not current", nothing else may."""
     click.echo(f"error: {exc}", err=True)
     sys.exit(2)
+
+
+def _database(config_path: str | None, database_url: str | None, schema: str | None) -> Database:
+    """The settings' database and schema (options win), or the one-line error, exit 2."""
+    try:
+        return resolve(config_path, database_url, schema)
+    except OutboxkitError as exc:
+        _fail(exc)
 
 
 @click.group()
@@ -31,15 +41,15 @@ def migrate() -> None:
 
 
 @migrate.command()
-@_database_url
-@schema_option
-def up(database_url: str, schema: str) -> None:
+@database_options
+def up(config_path: str | None, database_url: str | None, schema: str | None) -> None:
     """Apply every pending migration (safe to run from many processes at once)."""
+    target = _database(config_path, database_url, schema)
+    schema = target.schema
     try:
-        applied = migrator.upgrade(database_url, schema)
+        applied = migrator.upgrade(target.require_url(), schema)
     except (OutboxkitError, psycopg.Error) as exc:
         _fail(exc)
-        return
     if applied:
         click.echo(f"applied {', '.join(f'{v:04d}' for v in applied)} to schema {schema}")
     else:
@@ -61,30 +71,30 @@ def _describe(current: migrator.MigrationStatus) -> list[str]:
 
 
 @migrate.command()
-@_database_url
-@schema_option
-def status(database_url: str, schema: str) -> None:
+@database_options
+def status(config_path: str | None, database_url: str | None, schema: str | None) -> None:
     """Show applied and pending migrations."""
+    target = _database(config_path, database_url, schema)
+    schema = target.schema
     try:
-        current = migrator.status(database_url, schema)
+        current = migrator.status(target.require_url(), schema)
     except (OutboxkitError, psycopg.Error) as exc:
         _fail(exc)
-        return
     click.echo(f"schema {schema}, latest known version {migrator.latest_version():04d}")
     for line in _describe(current):
         click.echo(line)
 
 
 @migrate.command()
-@_database_url
-@schema_option
-def check(database_url: str, schema: str) -> None:
-    """Exit 0 if the schema is exactly current, 1 if behind, ahead or edited."""
+@database_options
+def check(config_path: str | None, database_url: str | None, schema: str | None) -> None:
+    """Exit 0 if the schema is exactly current, 1 if behind, ahead or edited (2: an error)."""
+    target = _database(config_path, database_url, schema)
+    schema = target.schema
     try:
-        current = migrator.status(database_url, schema)
+        current = migrator.status(target.require_url(), schema)
     except (OutboxkitError, psycopg.Error) as exc:
         _fail(exc)
-        return
     if current.is_current:
         click.echo(f"schema {schema} is current (version {migrator.latest_version():04d})")
         return
@@ -94,23 +104,25 @@ def check(database_url: str, schema: str) -> None:
 
 
 @migrate.command("sql")
-@click.option(
-    "--database-url",
-    envvar="OUTBOXKIT_DATABASE_URL",
-    default=None,
-    help="Print only what this database still needs (default: everything).",
+@config_option
+@database_url_option(
+    "Print only what this database still needs (default: the settings' URL, if any; none:"
+    " everything)."
 )
 @schema_option
 @click.option("--after", type=int, default=None, help="Print migrations after this version.")
-def sql_(database_url: str | None, schema: str, after: int | None) -> None:
+def sql_(
+    config_path: str | None, database_url: str | None, schema: str | None, after: int | None
+) -> None:
     """Print the SQL `up` would run, for a DBA to apply by hand."""
+    target = _database(config_path, database_url, schema)
     try:
         if after is None:
             after = 0
-            if database_url:
-                applied = migrator.status(database_url, schema).applied
+            if target.url is not None:
+                applied = migrator.status(target.url, target.schema).applied
                 after = max(applied, default=0)
-        click.echo(migrator.render_sql(schema, after=after), nl=False)
+        click.echo(migrator.render_sql(target.schema, after=after), nl=False)
     except (OutboxkitError, psycopg.Error) as exc:
         _fail(exc)
 
@@ -120,20 +132,15 @@ def sql_(database_url: str | None, schema: str, after: int | None) -> None:
 @click.option("--relay", "relay_role", default=None, help="Role of the relay.")
 @click.option("--consumer", "consumer_role", default=None, help="Role of inbox consumers.")
 @click.option("--apply", "do_apply", is_flag=True, help="Run them (as the schema owner).")
-@click.option(
-    "--database-url",
-    envvar="OUTBOXKIT_DATABASE_URL",
-    default=None,
-    help="Needed with --apply (default: $OUTBOXKIT_DATABASE_URL).",
-)
-@schema_option
+@database_options
 def grants(
     app_role: str | None,
     relay_role: str | None,
     consumer_role: str | None,
     do_apply: bool,
+    config_path: str | None,
     database_url: str | None,
-    schema: str,
+    schema: str | None,
 ) -> None:
     """Print (or --apply) the least-privilege GRANTs for the given roles (docs/security.md)."""
     from outboxkit.db import grants as grant_sql
@@ -145,13 +152,13 @@ def grants(
     }
     if not roles:
         raise click.UsageError("name at least one of --app, --relay, --consumer")
+    target = _database(config_path, database_url, schema)
+    schema = target.schema
     try:
         if not do_apply:
             click.echo(grant_sql.render(schema, roles), nl=False)
             return
-        if not database_url:
-            raise click.UsageError("--apply needs --database-url (or $OUTBOXKIT_DATABASE_URL)")
-        with db.connect(database_url) as conn:
+        with db.connect(target.require_url()) as conn:
             count = grant_sql.apply(conn, schema, roles)
             loose = "app" in roles and grant_sql.app_may_set_state(conn, schema, roles["app"])
         click.echo(f"applied {count} grant(s) in schema {schema} to {', '.join(roles.values())}")

@@ -1,15 +1,93 @@
-"""Options several command groups share, defined once so they read the same variable."""
+"""The database and schema of ``migrate``, ``outbox`` and ``inbox show|stats|cancel|purge``.
+
+They come from :func:`outboxkit.settings.load_settings`, like every other command's: the TOML file
+(``--config`` or ``OUTBOXKIT_CONFIG``), ``OUTBOXKIT_*`` variables and the secrets directory count,
+the options given here win, and the answer is the one ``outboxkit config show`` prints. The options
+read no variable and have no default of their own: either would outrank a secret file or hide the
+settings' schema (a command that ran on the wrong schema), and ``--help`` shows no value.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
 import click
+from pydantic import SecretStr
 
-from outboxkit.schema import DEFAULT_SCHEMA
+from outboxkit.errors import OutboxkitError
+from outboxkit.schema import validate_schema_name
+from outboxkit.settings import load_settings
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+MISSING_URL = (
+    "the database URL is not set (--database-url, OUTBOXKIT_DATABASE_URL, a file"
+    " OUTBOXKIT_DATABASE_URL in $OUTBOXKIT_SECRETS_DIR, or [database] url in the TOML file)"
+)
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML settings file (default: $OUTBOXKIT_CONFIG).",
+)
 schema_option = click.option(
     "--schema",
-    envvar="OUTBOXKIT_SCHEMA",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
-    help="PostgreSQL schema holding the outboxkit tables (default: $OUTBOXKIT_SCHEMA).",
+    help="PostgreSQL schema of the outboxkit tables (default: the settings' schema:"
+    " $OUTBOXKIT_SCHEMA, 'schema' in the TOML file, else outboxkit).",
 )
+
+
+def database_url_option(
+    help_text: str = "libpq URL of the database (default: the settings' URL:"
+    " $OUTBOXKIT_DATABASE_URL, its file in $OUTBOXKIT_SECRETS_DIR, [database] url).",
+) -> Callable[[F], F]:
+    return click.option("--database-url", help=help_text)
+
+
+def database_options(command: F) -> F:
+    """``--config``, ``--database-url`` and ``--schema``, in that order."""
+    for option in reversed((config_option, database_url_option(), schema_option)):
+        command = option(command)
+    return command
+
+
+@dataclass(frozen=True)
+class Database:
+    """Where a command works: the database (``None``: set nowhere) and the schema."""
+
+    url: SecretStr | None
+    schema: str
+
+    def require_url(self) -> SecretStr:
+        """The URL; not set anywhere is a usage error (exit 2) naming every place it may be."""
+        if self.url is None:
+            raise click.UsageError(MISSING_URL)
+        return self.url
+
+
+def resolve(config_path: str | None, database_url: str | None, schema: str | None) -> Database:
+    """The settings' URL and schema, the options given overriding them. An invalid setting is
+    an :class:`OutboxkitError` naming it, never quoting a value (nor the URL's password)."""
+    if schema is not None:
+        validate_schema_name(schema)  # the option's own error: "invalid schema name ..."
+    settings = load_settings(
+        config_path, overrides={"database": {"url": database_url}, "schema_name": schema}
+    )
+    url = settings.database.url
+    if url is None or not url.get_secret_value():
+        return Database(None, settings.schema_name)
+    return Database(settings.database_url, settings.schema_name)  # an ambiguous URL: refused
+
+
+def resolve_or_exit(
+    config_path: str | None, database_url: str | None, schema: str | None
+) -> Database:
+    """:func:`resolve` with its error as click's one line (exit 1)."""
+    try:
+        return resolve(config_path, database_url, schema)
+    except OutboxkitError as exc:
+        message = str(exc).strip() or type(exc).__name__
+    raise click.ClickException(message)  # outside the except block: no traceback context

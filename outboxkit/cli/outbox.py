@@ -10,30 +10,29 @@ import click
 import psycopg
 
 from outboxkit import db
-from outboxkit.cli.options import schema_option
+from outboxkit.cli.options import database_options, resolve_or_exit
 
 
 @click.group()
-@click.option(
-    "--database-url",
-    envvar="OUTBOXKIT_DATABASE_URL",
-    show_envvar=True,
-    help="libpq URL of the database (required to run a command; not for --help).",
-)
-@schema_option
+@database_options
 @click.pass_context
-def outbox(ctx: click.Context, database_url: str | None, schema: str) -> None:
+def outbox(
+    ctx: click.Context, config_path: str | None, database_url: str | None, schema: str | None
+) -> None:
     """Operate on outbox rows (parked rows: list, retry, discard)."""
-    ctx.obj = {"url": database_url or "", "schema": schema}
+    ctx.obj = {"config_path": config_path, "url": database_url, "schema": schema}
 
 
-def _rows(obj: dict[str, str], name: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
-    """One statement on a connection of our own; a database error is one line, password-free."""
-    if not obj["url"]:
-        raise click.UsageError("Missing option '--database-url' (or $OUTBOXKIT_DATABASE_URL).")
-    query = db.query("relay", name, obj["schema"])  # a bad schema name: before connecting
+def _rows(
+    obj: dict[str, str | None], name: str, params: dict[str, Any]
+) -> Sequence[tuple[Any, ...]]:
+    """One statement on a connection of our own; a database error is one line, password-free.
+    The settings are read here, not in the group: ``outbox parked --help`` needs none."""
+    target = resolve_or_exit(obj["config_path"], obj["url"], obj["schema"])
+    url = target.require_url()
+    query = db.query("relay", name, target.schema)
     try:
-        with db.connect(obj["url"]) as conn:
+        with db.connect(url) as conn:
             return db.rows(conn, query, params)
     except psycopg.Error as exc:
         raise click.ClickException(str(exc).strip()) from None
@@ -43,7 +42,7 @@ def _rows(obj: dict[str, str], name: str, params: dict[str, Any]) -> Sequence[tu
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def parked(obj: dict[str, str], limit: int, as_json: bool) -> None:
+def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
     """List parked rows with their reason."""
     rows = _rows(obj, "parked_list", {"limit": limit})
     items = [
@@ -70,7 +69,7 @@ def parked(obj: dict[str, str], limit: int, as_json: bool) -> None:
     click.echo(f"{len(items)} parked row(s)")
 
 
-def _act(obj: dict[str, str], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
+def _act(obj: dict[str, str | None], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
     if not ids and not all_rows:
         raise click.UsageError("name row ids, or --all")
     rows = _rows(obj, name, {"ids": list(ids), "all": all_rows})
@@ -81,7 +80,7 @@ def _act(obj: dict[str, str], name: str, ids: tuple[int, ...], all_rows: bool) -
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
 @click.pass_obj
-def retry(obj: dict[str, str], ids: tuple[int, ...], all_rows: bool) -> None:
+def retry(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) -> None:
     """Give parked rows back to the relay (same-key rows behind them follow in order)."""
     done = _act(obj, "parked_retry", ids, all_rows)
     click.echo(f"{len(done)} row(s) back to pending: {done}")
@@ -91,7 +90,7 @@ def retry(obj: dict[str, str], ids: tuple[int, ...], all_rows: bool) -> None:
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
 @click.pass_obj
-def discard(obj: dict[str, str], ids: tuple[int, ...], all_rows: bool) -> None:
+def discard(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) -> None:
     """Give up on parked rows for good (same-key rows behind them flow again)."""
     done = _act(obj, "parked_discard", ids, all_rows)
     click.echo(f"{len(done)} row(s) discarded: {done}")

@@ -7,7 +7,10 @@ link to the original exception (which may hold it): not chained, not even as its
 A URL whose password holds an unencoded ``@``, ``/``, ``?`` or ``#`` is refused before it is
 used (:func:`checked_url`): libpq splits the user info at the first ``@``, urllib (our redaction) at
 the last and SQLAlchemy by its own pattern, so a piece of the password would reach an error
-message as a "host" or "port", where no redaction can recognise it.
+message as a "host" or "port", where no redaction can recognise it. So is a NUL character (libpq
+reads the URL up to it: the rest is lost, a password may become a host) and a percent-escape in
+a query parameter's name (libpq decodes it: ``pass%77ord`` is the password, which no mask of the
+written text would find).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import SecretStr
 
 from outboxkit.errors import ConfigurationError
@@ -29,6 +33,12 @@ _KEYWORD_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 INVALID_URL = "the database URL is invalid"
 _ENCODE = "percent-encode '@', ':', '/', '?' and '#' in the user name and password"
+_NUL = "a NUL character"
+_ESCAPED_KEY = "a percent-escape in a query parameter name"
+_HINTS = {_NUL: "remove it", _ESCAPED_KEY: "write parameter names as plain text"}
+_INSUFFICIENT_PRIVILEGE = "42501"
+#: The libpq parameters whose values are secrets.
+_SECRET_KEYS = ("password", "sslpassword")
 
 
 def _plain(url: Url) -> str:
@@ -47,6 +57,8 @@ def _port_problem(hosts: str) -> str | None:
 def url_problem(url: str) -> str | None:
     """Why libpq, urllib and SQLAlchemy could split ``url``'s user info, host and port
     differently, or None (a keyword/value string has none). The reason never quotes the URL."""
+    if "\x00" in url:
+        return _NUL
     scheme, sep, rest = url.partition("://")
     if not sep or not _SCHEME_RE.fullmatch(scheme):
         return None
@@ -62,6 +74,9 @@ def url_problem(url: str) -> str | None:
         return "a '?' before the '@'"
     if "@" in after:  # e.g. a '/' in the password ended the host early (%40 in a path is fine)
         return "an '@' after the first '/'"
+    query = rest.partition("?")[2]  # a '?' before the '@' was refused above
+    if any("%" in param.partition("=")[0] for param in query.split("&")):
+        return _ESCAPED_KEY
     return _port_problem(hosts)
 
 
@@ -71,7 +86,7 @@ def checked_url(url: Url) -> str:
     plain = _plain(url)
     problem = url_problem(plain)
     if problem is not None:
-        raise ConfigurationError(f"{INVALID_URL} ({problem}): {_ENCODE}")
+        raise ConfigurationError(f"{INVALID_URL} ({problem}): {_HINTS.get(problem, _ENCODE)}")
     return plain
 
 
@@ -89,14 +104,45 @@ def _password_of(url: str) -> str | None:
     return None
 
 
+def _secrets_read(url: str) -> list[str]:
+    """The values libpq reads as a password or key password, however spelled (the user info,
+    a query parameter, a keyword), also read by hand from the query of a URL libpq refuses
+    (an unknown parameter beside it, say), whose error may still quote them."""
+    query = url.partition("://")[2].partition("?")[2]
+    pairs = (param.partition("=") for param in query.split("&"))
+    found = [unquote(value) for key, _, value in pairs if unquote(key) in _SECRET_KEYS]
+    try:
+        params = conninfo_to_dict(url)
+    except (psycopg.Error, ValueError, TypeError):  # its text may quote the string: dropped
+        return found
+    return found + [str(params[key]) for key in _SECRET_KEYS if params.get(key)]
+
+
 def redact(text: str, url: Url, *passwords: str | None) -> str:
-    """``text`` without the password of ``url`` (as written or percent-decoded) nor ``passwords``;
-    ``password=...`` of a keyword/value string is masked too."""
-    written = _password_of(_plain(url))
-    found = (written, unquote(written) if written else None, *passwords)
+    """``text`` without the password of ``url`` (as written or percent-decoded), the values
+    libpq reads as ``password``/``sslpassword``, nor ``passwords``; ``password=...`` (and
+    ``sslpassword=...``) as written in a query or keyword/value string is masked too."""
+    plain = _plain(url)
+    written = _password_of(plain)
+    found = (written, unquote(written) if written else None, *_secrets_read(plain), *passwords)
     for secret in sorted({s for s in found if s}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return _KEYWORD_PASSWORD_RE.sub(r"\1***", text)
+
+
+def refused(exc: psycopg.ProgrammingError, url: Url) -> ConfigurationError:
+    """A ``ProgrammingError`` of a start-up check as one line, which waiting cannot fix. With no
+    SQLSTATE libpq refused the URL itself (a malformed string); with one, the server refused a
+    statement (a role without its grants, say), which is no fault of the URL."""
+    lines = redact(str(exc).strip(), url).splitlines()
+    problem = lines[0] if lines else type(exc).__name__
+    if exc.sqlstate is None:
+        return ConfigurationError(f"{INVALID_URL}: {problem}")
+    hint = " (outboxkit migrate grants prints the grants a role needs)"
+    return ConfigurationError(
+        f"PostgreSQL refused a start-up query: {problem} (SQLSTATE {exc.sqlstate})"
+        + (hint if exc.sqlstate == _INSUFFICIENT_PRIVILEGE else "")
+    )
 
 
 def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.Error:

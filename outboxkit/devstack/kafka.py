@@ -26,7 +26,7 @@ from outboxkit.devstack.sasl import SCRAM_SHA_512, SaslSslListener
 from outboxkit.devstack.tls import make_broker_tls
 from outboxkit.errors import DevStackError, OutboxkitError
 from outboxkit.kafka import KafkaClients, resolve_client
-from outboxkit.settings import KafkaClient, KafkaSettings, SecurityProtocol
+from outboxkit.settings import KafkaClient, KafkaSettings
 
 KAFKA_VERSION = "4.1.1"
 _LOG4J_VERSION = "2.24.3"
@@ -291,9 +291,7 @@ class KafkaServer(ManagedServer):
             raise DevStackError(f"formatting Kafka storage failed:\n{output}")
 
     def _ready(self) -> bool:
-        plain = KafkaSettings(
-            bootstrap=self.plaintext_bootstrap, security_protocol=SecurityProtocol.PLAINTEXT
-        )
+        plain = KafkaSettings.plaintext(self.plaintext_bootstrap)
         if not _metadata_ok(plain):
             return False
         if self.sasl_ssl_port is None:

@@ -19,7 +19,8 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db import migrator
-from outboxkit.errors import ConfigurationError, PublishError
+from outboxkit.db.connect import refused
+from outboxkit.errors import PublishError
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.relay.waiting import backoff_delay
 from outboxkit.settings import Settings
@@ -45,9 +46,8 @@ def wait_until_ready(
                 migrator.require_current(conn, config.schema_name)
             asyncio.run(kafka_check())
             return True
-        except psycopg.ProgrammingError as exc:  # a malformed URL: waiting cannot fix it
-            problem = db.redact(str(exc).strip(), url)
-            raise ConfigurationError(f"the database URL is invalid: {problem}") from None
+        except psycopg.ProgrammingError as exc:  # a malformed URL, missing grants
+            raise refused(exc, url) from None
         except (psycopg.OperationalError, OSError) as exc:
             what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"
             problem = db.redact(str(exc).strip(), url)

@@ -41,10 +41,15 @@ logger = logging.getLogger("outboxkit.inbox.worker")
 
 
 def load_object(spec: str) -> Any:
-    """``package.module:attribute`` to the object."""
+    """``package.module:attribute`` to the object. The module path must be absolute and made of
+    names: ``importlib`` ends a relative one (``.x``) in a ``TypeError``, not an import error."""
     module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"{spec!r} is not of the form module:attribute")
+    names = module_name.split(".")
+    if not attribute or not all(name.isidentifier() for name in names):
+        raise ConfigurationError(
+            f"{spec!r} is not of the form module:attribute (an absolute module path, such as"
+            " package.module:registry)"
+        )
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:

@@ -19,6 +19,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db import migrator
+from outboxkit.db.connect import refused
 from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka import KafkaClients
@@ -60,6 +61,10 @@ def make_producer_factory(
     return factory
 
 
+def _listed(shards: list[int]) -> str:
+    return ", ".join(map(str, shards))
+
+
 class Relay:
     """Run with ``await Relay(settings).run()``; ``stop`` (an event) ends it cleanly."""
 
@@ -95,10 +100,31 @@ class Relay:
         return int(row[0])
 
     async def _shards(self) -> list[int]:
+        """The shards to watch. Asked-for shards beyond the count are left out with a warning
+        (``relay shards N`` may have lowered it under a running deployment, whose other shards
+        still need their relay); none left is an error, not a relay that watches nothing."""
         count = await asyncio.to_thread(self._check_schema)
         if self.config.shards is None:
             return list(range(count))
-        return [s for s in self.config.shards if s < count]
+        kept = [s for s in self.config.shards if s < count]
+        dropped = sorted({s for s in self.config.shards if s >= count})
+        if not kept:
+            raise ConfigurationError(
+                f"none of the shards asked for ({_listed(dropped)}) exists: the shard count is"
+                f" {count}, so shards are 0..{count - 1} (OUTBOXKIT_RELAY_SHARDS, [relay] shards"
+                " or --shards)"
+            )
+        if dropped:
+            logger.warning(
+                "relay %s: shards %s do not exist (the shard count is %d, shards are 0..%d):"
+                " watching %s only",
+                self.holder,
+                _listed(dropped),
+                count,
+                count - 1,
+                _listed(kept),
+            )
+        return kept
 
     async def _checkpoints(self, shards: list[int]) -> CheckpointTopic | None:
         if self.config.mode is not Mode.EXACTLY_ONCE:
@@ -114,10 +140,8 @@ class Relay:
             try:
                 shards = await self._shards()
                 return shards, await self._checkpoints(shards)
-            except psycopg.ProgrammingError as exc:  # a malformed URL: waiting cannot fix it
-                url = self.database_url
-                problem = db.redact(str(exc).strip(), url)
-                raise ConfigurationError(f"the database URL is invalid: {problem}") from None
+            except psycopg.ProgrammingError as exc:  # a malformed URL, missing grants
+                raise refused(exc, self.database_url) from None
             except (psycopg.OperationalError, OSError) as exc:
                 url = self.database_url
                 what = f"PostgreSQL at {db.redact(url.get_secret_value(), url)}"

@@ -67,8 +67,20 @@ class _SecretFilesSource(EnvSettingsSource):
         found: dict[str, str | None] = {}
         for path in sorted(directory.iterdir()):
             if path.name.upper().startswith(PREFIX) and path.is_file():
-                found[path.name.lower()] = path.read_text().rstrip("\r\n")
+                found[path.name.lower()] = _secret_text(path)
         return _schema_alias(found)
+
+
+def _secret_text(path: Path) -> str:
+    """A secret file's text (UTF-8, whatever the locale), or a :class:`ConfigurationError`
+    naming the file: a decoding error would quote its bytes."""
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        problem = "it is not valid UTF-8"
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    raise ConfigurationError(f"cannot read secret file {path}: {problem}")
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -84,6 +96,10 @@ class _TomlSource(PydanticBaseSettingsSource):
         try:
             with open(path, "rb") as handle:
                 document = tomllib.load(handle)
+        except UnicodeDecodeError:  # its text quotes the bytes
+            raise ConfigurationError(
+                f"cannot read configuration file {path}: it is not valid UTF-8"
+            ) from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigurationError(f"cannot read configuration file {path}: {exc}") from None
         return _schema_alias(document)

@@ -13,14 +13,13 @@ spans of the running process at most a day (``DAY``), retention windows at most 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from string import Formatter
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     Field,
     Secret,
     SecretStr,
@@ -34,7 +33,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from outboxkit.schema import name_problem
+from outboxkit.settings.checks import (
+    non_empty_path,
+    not_empty,
+    property_values,
+    security_problem,
+    storable,
+    topic_name,
+)
+from outboxkit.settings.checks import (  # re-exported: the dead-letter template's check
+    topic_template_problem as topic_template_problem,
+)
 
 PREFIX = "OUTBOXKIT_"
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
@@ -64,6 +73,7 @@ MAX_BATCH_BYTES = 1024 * 1024 * 1024
 INT32 = (-(2**31), 2**31 - 1)
 
 KafkaOption = Secret[str | int | float | bool]
+SslPath = Annotated[Path | None, BeforeValidator(non_empty_path)]
 
 
 class SecurityProtocol(StrEnum):
@@ -99,42 +109,6 @@ class ParkedKeyPolicy(StrEnum):
     SKIP = "skip"
 
 
-def _text(value: Any) -> str:
-    """A TOML value as librdkafka wants it (``true``, not ``True``)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def topic_template_problem(template: str) -> str | None:
-    """Why ``template`` is no topic-name template (``"{topic}.dlq"``, a fixed name), or None.
-
-    Only the ``{topic}`` placeholder is filled in; anything else would fail (``KeyError``) when
-    the first record needs it. The problem does not quote the template."""
-    try:
-        fields = [
-            (name, spec, conversion)
-            for _, name, spec, conversion in Formatter().parse(template)
-            if name is not None
-        ]
-    except ValueError:
-        return "unbalanced braces (write {{ and }} for literal braces)"
-    if any(field != ("topic", "", None) for field in fields):
-        return "the only placeholder allowed is {topic} (write {{ and }} for literal braces)"
-    return None
-
-
-def _storable(what: str) -> AfterValidator:
-    """A name PostgreSQL can store and index (it leads a table's key); empty is left to
-    ``min_length`` or to the check for a missing name."""
-
-    def check(value: str | None) -> str | None:
-        problem = name_problem(value) if value else None
-        if problem is not None:
-            raise ValueError(f"{what} {problem}")
-        return value
-
-    return AfterValidator(check)
-
-
 class DatabaseSettings(BaseSettings):
     """``OUTBOXKIT_DATABASE_URL``: a libpq URL; ``sslmode`` and friends pass through in it."""
 
@@ -162,11 +136,11 @@ class KafkaSettings(BaseSettings):
     client_id: str = "outboxkit"
     security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
     sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_ca_location: Path | None = None
-    ssl_certificate_location: Path | None = None
-    ssl_key_location: Path | None = None
+    sasl_username: Annotated[str | None, AfterValidator(not_empty)] = None
+    sasl_password: Annotated[SecretStr | None, AfterValidator(not_empty)] = None
+    ssl_ca_location: SslPath = None
+    ssl_certificate_location: SslPath = None
+    ssl_key_location: SslPath = None
     ssl_key_password: SecretStr | None = None
     ssl_check_hostname: bool = True
     properties: Annotated[dict[str, SecretStr], NoDecode] = Field(default_factory=dict)
@@ -179,16 +153,40 @@ class KafkaSettings(BaseSettings):
                 value = json.loads(value)
             except ValueError:
                 raise ValueError("must be a JSON object of strings") from None
-        if isinstance(value, Mapping):
-            return {
-                str(name): item if isinstance(item, SecretStr) else _text(item)
-                for name, item in value.items()
-            }
-        return value
+        return property_values(value)
 
     @field_serializer("properties")
     def _names_only(self, value: dict[str, SecretStr]) -> dict[str, str]:
         return dict.fromkeys(value, "**********")
+
+    @model_validator(mode="after")
+    def _security_fits(self) -> KafkaSettings:
+        problem = security_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @classmethod
+    def plaintext(cls, bootstrap: str) -> KafkaSettings:
+        """A plaintext listener's settings, whatever ``OUTBOXKIT_KAFKA_*`` says (given values
+        outrank the environment): SASL or TLS settings there would be refused beside it."""
+        unset: dict[str, Any] = dict.fromkeys(
+            (
+                "sasl_mechanism",
+                "sasl_username",
+                "sasl_password",
+                "ssl_ca_location",
+                "ssl_certificate_location",
+                "ssl_key_location",
+                "ssl_key_password",
+            )
+        )
+        return cls(
+            bootstrap=bootstrap,
+            security_protocol=SecurityProtocol.PLAINTEXT,
+            properties={},
+            **unset,
+        )
 
     @property
     def uses_sasl(self) -> bool:
@@ -208,14 +206,16 @@ class RelaySettings(BaseSettings):
     Bounds: the time spans in seconds (``poll_interval``, ``lease_ttl``,
     ``housekeeping_interval``, ``backoff_*``) at most a day, the retention windows at most a
     century, ``kafka_timeout`` at most 300 s, ``transaction_max_ms`` at most a minute,
-    ``max_batch_bytes`` at most 1 GiB, ``retention_batch`` at most 100,000.
+    ``max_batch_bytes`` at most 1 GiB, ``retention_batch`` at most 100,000. Below:
+    ``kafka_timeout`` and ``lease_ttl`` at least 1 s (a timeout under 1 ms is librdkafka's
+    "no timeout"; a lease must outlive a renewal), ``poll_interval`` at least 10 ms (a busy loop).
     """
 
     model_config = SettingsConfigDict(
         env_prefix="OUTBOXKIT_RELAY_", extra="forbid", allow_inf_nan=False
     )
 
-    group: Annotated[str, _storable("the relay group")] = Field("default", min_length=1)
+    group: Annotated[str, storable("the relay group")] = Field("default", min_length=1)
     # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
     shards: Annotated[tuple[int, ...] | None, NoDecode] = None
     # Rows per claim: batch_size when the shard is drained (latency); while claims come back
@@ -238,15 +238,15 @@ class RelaySettings(BaseSettings):
     # `relay run` only (an embedded relay leaves its host's collector alone): gc_tuning.py.
     gc_tuning: bool = True
     # The longest idle wait; pause/SIGTERM obey within it.
-    poll_interval: float = Field(1.0, gt=0, le=DAY)
+    poll_interval: float = Field(1.0, ge=0.01, le=DAY)
     # At most this many shards held by one process (None: every shard it watches); the others
     # are left to other processes. Bounds the process's data connections (one per held shard).
     max_shards_per_process: int | None = Field(None, ge=1)
-    lease_ttl: float = Field(15.0, gt=0, le=DAY)
+    lease_ttl: float = Field(15.0, ge=1, le=DAY)
     mode: Mode = Mode.EXACTLY_ONCE
     on_publish: OnPublish = OnPublish.MARK
     parked_key_policy: ParkedKeyPolicy = ParkedKeyPolicy.WAIT
-    checkpoint_topic: str = Field("outboxkit.relay.checkpoint", min_length=1)
+    checkpoint_topic: Annotated[str, AfterValidator(topic_name)] = "outboxkit.relay.checkpoint"
     retention_seconds: float | None = Field(86_400.0, ge=0, le=CENTURY)  # None ("forever") keeps
     retention_batch: int = Field(1000, ge=1, le=MAX_RETENTION_BATCH)
     # Housekeeping of rows that never publish: discarded rows after a week; parked rows only
@@ -259,7 +259,7 @@ class RelaySettings(BaseSettings):
     listen: bool = True
     backoff_initial: float = Field(0.2, gt=0, le=DAY)
     backoff_max: float = Field(5.0, gt=0, le=DAY)
-    kafka_timeout: float = Field(30.0, gt=0, le=MAX_KAFKA_TIMEOUT)
+    kafka_timeout: float = Field(30.0, ge=1, le=MAX_KAFKA_TIMEOUT)
 
     @field_validator("shards", mode="before")
     @classmethod
@@ -327,7 +327,7 @@ class ConsumerSettings(BaseSettings):
         env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid", allow_inf_nan=False
     )
 
-    name: Annotated[str | None, _storable("the consumer name")] = None
+    name: Annotated[str | None, storable("the consumer name")] = None
     group: str | None = None
     topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
     registry: str | None = None

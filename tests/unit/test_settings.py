@@ -42,6 +42,7 @@ def test_sources_in_order_file_env_secret_files_overrides(
         'schema = "from_file"\n'
         '[database]\nurl = "postgresql:///file"\n'
         '[kafka]\nbootstrap = "file:9092"\nclient = "aiokafka"\nsasl_username = "file-user"\n'
+        'security_protocol = "SASL_SSL"\n'
         '[relay]\nbatch_size = 50\nmode = "at_least_once"\nlease_ttl = 9\n',
     )
     secrets = tmp_path / "secrets"
@@ -104,6 +105,7 @@ def test_off_values_and_json_properties(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_secrets_never_show_in_repr_redacted_or_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OUTBOXKIT_DATABASE_URL", SECRET_URL)
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
     monkeypatch.setenv("OUTBOXKIT_KAFKA_SASL_PASSWORD", "kafka-s3cret")
     settings = load_settings()
     shown = json.dumps(settings.redacted())
@@ -166,7 +168,11 @@ def _invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 
 
 def test_config_show_prints_effective_settings_redacted(tmp_path: Path) -> None:
-    path = _toml(tmp_path, '[kafka]\nbootstrap = "file:9092"\n[relay]\nbatch_size = 9\n')
+    path = _toml(
+        tmp_path,
+        '[kafka]\nbootstrap = "file:9092"\nsecurity_protocol = "SASL_SSL"\n'
+        "[relay]\nbatch_size = 9\n",
+    )
     env = {"OUTBOXKIT_DATABASE_URL": SECRET_URL, "OUTBOXKIT_KAFKA_SASL_PASSWORD": "kafka-s3cret"}
     code, out = _invoke("config", "show", "--config", str(path), "--json", env=env)
     assert code == 0, out

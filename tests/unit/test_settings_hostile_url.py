@@ -1,0 +1,111 @@
+"""Every spelling of a password libpq reads is masked, and a URL libpq would read otherwise than
+we do (a NUL, a percent-escaped parameter name) is refused before it is used or shown."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import SecretStr
+
+from outboxkit import db
+from outboxkit.cli import main
+from outboxkit.db.connect import refused
+from outboxkit.errors import ConfigurationError
+from outboxkit.settings import load_settings
+
+SECRET = "S3CRET-pw"
+
+# Spellings libpq reads as the password (or the TLS key's password).
+READ_AS_PASSWORD = {
+    "escaped_key": f"postgresql://u@h/db?pass%77ord={SECRET}",
+    "escaped_ssl_key": f"postgresql://u@h/db?ssl%70assword={SECRET}",
+    "all_escaped": f"postgresql://u@h/db?%70%61%73%73%77%6f%72%64={SECRET}",
+    "escaped_after_other": f"postgresql://u@h/db?sslmode=disable&pass%77ord={SECRET}",
+    "no_slash": f"postgresql://u@h?pass%77ord={SECRET}",
+}
+
+
+@pytest.mark.parametrize("url", READ_AS_PASSWORD.values(), ids=READ_AS_PASSWORD)
+def test_a_percent_escaped_parameter_name_is_refused(url: str) -> None:
+    assert SECRET in conninfo_to_dict(url).values()  # what libpq reads: a password
+    assert db.url_problem(url) == "a percent-escape in a query parameter name"
+    with pytest.raises(ConfigurationError) as raised:
+        db.checked_url(SecretStr(url))
+    assert SECRET not in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://u@h/db?sslpassword={SECRET}",
+        f"postgresql://u@h/db?password={SECRET}",
+        "postgresql://u@h/db?password=S3%43RET-pw&sslmode=disable",  # decoded by libpq
+        f"postgresql://u:{SECRET}@h/db",
+        f"host=h sslpassword={SECRET}",
+        f"host=h password = '{SECRET}'",
+        *READ_AS_PASSWORD.values(),
+    ],
+)
+def test_redaction_masks_every_spelling_libpq_reads(url: str) -> None:
+    read = conninfo_to_dict(url)
+    secret = read.get("password") or read.get("sslpassword")
+    assert secret is not None
+    assert secret not in db.redact(url, url)
+    assert secret not in db.redact(f"server said: {secret}", url)
+
+
+def test_a_nul_character_is_refused_anywhere() -> None:
+    for url in (
+        f"postgresql://u:{SECRET}\x00x@127.0.0.1:1/db",  # libpq would stop at the NUL
+        f"postgresql://localhost:{SECRET}\x00@127.0.0.1:1/db",
+        "host=h\x00 dbname=db",
+    ):
+        assert db.url_problem(url) == "a NUL character"
+        with pytest.raises(ConfigurationError) as raised:
+            db.checked_url(url)
+        assert SECRET not in str(raised.value)
+
+
+def _clean_env(**extra: str) -> dict[str, str | None]:
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OUTBOXKIT_")}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    "url", [READ_AS_PASSWORD["escaped_key"], f"postgresql://u:{SECRET}\x00@127.0.0.1:1/db"]
+)
+def test_config_show_refuses_it_in_one_line(tmp_path: Path, url: str) -> None:
+    settings = load_settings(overrides={"database": {"url": url}})
+    with pytest.raises(ConfigurationError):
+        settings.redacted()
+    config = tmp_path / "outboxkit.toml"  # a NUL can come from a file, not from a variable
+    config.write_text(f"[database]\nurl = {json.dumps(url)}\n")
+    result = CliRunner(env=_clean_env(OUTBOXKIT_CONFIG=str(config))).invoke(
+        main, ["config", "show"]
+    )
+    assert result.exit_code == 1, result.output
+    assert SECRET not in result.output
+    assert "the database URL is invalid" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_server_refusal_is_not_called_an_invalid_url() -> None:
+    url = SecretStr(f"postgresql://u:{SECRET}@h/db")
+    denied = psycopg.errors.InsufficientPrivilege(f"permission denied for schema x {SECRET}")
+    message = str(refused(denied, url))
+    assert "the database URL is invalid" not in message
+    assert message.startswith("PostgreSQL refused a start-up query: permission denied for schema")
+    assert "SQLSTATE 42501" in message
+    assert "migrate grants" in message
+    assert SECRET not in message
+    malformed = psycopg.ProgrammingError(f'invalid URI query parameter: "x"\n{SECRET}')
+    message = str(refused(malformed, url))
+    assert message == 'the database URL is invalid: invalid URI query parameter: "x"'
