@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from outboxkit.errors import OutboxkitError
 from outboxkit.schema import validate_schema_name
-from outboxkit.settings import load_settings
+from outboxkit.settings import load_database_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,7 +73,7 @@ def resolve(config_path: str | None, database_url: str | None, schema: str | Non
     an :class:`OutboxkitError` naming it, never quoting a value (nor the URL's password)."""
     if schema is not None:
         validate_schema_name(schema)  # the option's own error: "invalid schema name ..."
-    settings = load_settings(
+    settings = load_database_settings(
         config_path, overrides={"database": {"url": database_url}, "schema_name": schema}
     )
     url = settings.database.url

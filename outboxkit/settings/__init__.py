@@ -8,7 +8,13 @@ the whole :class:`Settings`. Secrets are ``SecretStr`` everywhere (the consumer'
 
 from __future__ import annotations
 
-from outboxkit.settings.loading import Settings, describe_errors, load_settings
+from outboxkit.settings.loading import (
+    DatabaseOnlySettings,
+    Settings,
+    describe_errors,
+    load_database_settings,
+    load_settings,
+)
 from outboxkit.settings.models import (
     CONFIG_ENV,
     PREFIX,
@@ -32,6 +38,7 @@ __all__ = [
     "SCHEMA_ENV",
     "SECRETS_DIR_ENV",
     "ConsumerSettings",
+    "DatabaseOnlySettings",
     "DatabaseSettings",
     "KafkaClient",
     "KafkaSettings",
@@ -43,5 +50,6 @@ __all__ = [
     "SecurityProtocol",
     "Settings",
     "describe_errors",
+    "load_database_settings",
     "load_settings",
 ]

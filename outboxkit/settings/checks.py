@@ -77,21 +77,28 @@ def security_problem(kafka: KafkaSettings) -> str | None:
     """Why the SASL and TLS settings do not fit the security protocol, or None. A setting the
     protocol does not use would be dropped without a word: a client meant to log in, or to
     check the broker's certificate, would connect without."""
-    protocol = kafka.security_protocol.value
+    # librdkafka properties may set the protocol or the certificate themselves.
+    given = kafka.properties
+    protocol = (
+        given["security.protocol"].get_secret_value().upper()
+        if "security.protocol" in given
+        else kafka.security_protocol.value
+    )
     sasl = [name for name in _SASL if getattr(kafka, name) is not None]
-    if sasl and not kafka.uses_sasl:
+    if sasl and not protocol.startswith("SASL_"):
         return (
             f"{_named(sasl)} set, but security protocol {protocol} uses no SASL (set"
             f" {_PROTOCOL} to SASL_SSL or SASL_PLAINTEXT, or leave them out)"
         )
     tls = [name for name in _SSL if getattr(kafka, name) is not None]
-    if tls and not kafka.uses_tls:
+    if tls and protocol not in ("SSL", "SASL_SSL"):
         return (
             f"{_named(tls)} set, but security protocol {protocol} uses no SSL (set"
             f" {_PROTOCOL} to SSL or SASL_SSL, or leave them out)"
         )
     key = [name for name in _SSL[2:] if getattr(kafka, name) is not None]
-    if key and kafka.ssl_certificate_location is None:
+    certificate = {"ssl.certificate.location", "ssl.certificate.pem"} & set(given)
+    if key and kafka.ssl_certificate_location is None and not certificate:
         return f"{_named(key)} set without OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION"
     return None
 

@@ -10,7 +10,7 @@ import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
@@ -35,6 +35,7 @@ from outboxkit.settings.models import (
     RelaySettings,
 )
 
+_Model = TypeVar("_Model", bound="DatabaseOnlySettings")
 _TOML_FILE: ContextVar[Path | None] = ContextVar("outboxkit_toml_file", default=None)
 _SECRETS_DIR: ContextVar[Path | None] = ContextVar("outboxkit_secrets_dir", default=None)
 
@@ -105,20 +106,20 @@ class _TomlSource(PydanticBaseSettingsSource):
         return _schema_alias(document)
 
 
-class Settings(BaseSettings):
-    """Everything outboxkit's processes read; build it with :func:`load_settings`."""
+class DatabaseOnlySettings(BaseSettings):
+    """The database and schema alone, from the same sources (:func:`load_database_settings`):
+    what the operator commands (``migrate``, ``outbox``, ``inbox show``...) read, so a relay or
+    consumer setting they never use cannot stop them. Other sections are not even looked at."""
 
     model_config = SettingsConfigDict(
         env_prefix=PREFIX,
         env_nested_delimiter="_",
         env_nested_max_split=1,  # OUTBOXKIT_KAFKA_SASL_PASSWORD -> kafka.sasl_password
-        extra="forbid",
+        extra="ignore",
+        hide_input_in_errors=True,
     )
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    relay: RelaySettings = Field(default_factory=RelaySettings)
-    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     schema_name: str = DEFAULT_SCHEMA
 
     @model_validator(mode="before")
@@ -164,6 +165,16 @@ class Settings(BaseSettings):
             )
         checked_url(self.database.url)
         return self.database.url
+
+
+class Settings(DatabaseOnlySettings):
+    """Everything outboxkit's processes read; build it with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    relay: RelaySettings = Field(default_factory=RelaySettings)
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
 
     def redacted(self) -> dict[str, Any]:
         """The effective settings as shown to people: secrets masked, the URL's password too.
@@ -225,13 +236,26 @@ def load_settings(
     ``OUTBOXKIT_CONFIG``), ``OUTBOXKIT_*`` variables, secret files in ``OUTBOXKIT_SECRETS_DIR``,
     then ``overrides`` (nested by section; ``None`` values are ignored, as for CLI options not
     given). Raises :class:`ConfigurationError` naming each invalid setting."""
+    return _load(Settings, path, overrides)
+
+
+def load_database_settings(
+    path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
+) -> DatabaseOnlySettings:
+    """:func:`load_settings` of the database and schema alone (the other sections unread)."""
+    return _load(DatabaseOnlySettings, path, overrides)
+
+
+def _load(
+    model: type[_Model], path: str | Path | None, overrides: Mapping[str, Any] | None
+) -> _Model:
     toml = path if path is not None else os.environ.get(CONFIG_ENV) or None
     tokens = (
         _TOML_FILE.set(Path(toml) if toml is not None else None),
         _SECRETS_DIR.set(_secrets_dir()),
     )
     try:
-        return Settings(**_drop_none(overrides or {}))
+        return model(**_drop_none(overrides or {}))
     except PydanticValidationError as exc:
         raise ConfigurationError(f"invalid settings: {describe_errors(exc)}") from None
     except SettingsError as exc:

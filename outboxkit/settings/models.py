@@ -109,12 +109,18 @@ class ParkedKeyPolicy(StrEnum):
     SKIP = "skip"
 
 
+def _strict(prefix: str) -> SettingsConfigDict:
+    """Every section: unknown names refused, no NaN or infinity, and no input value in an
+    error (pydantic would quote it, a password included)."""
+    return SettingsConfigDict(
+        env_prefix=prefix, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    )
+
+
 class DatabaseSettings(BaseSettings):
     """``OUTBOXKIT_DATABASE_URL``: a libpq URL; ``sslmode`` and friends pass through in it."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="OUTBOXKIT_DATABASE_", extra="forbid", allow_inf_nan=False
-    )
+    model_config = _strict("OUTBOXKIT_DATABASE_")
 
     url: SecretStr | None = None
 
@@ -127,9 +133,7 @@ class KafkaSettings(BaseSettings):
     are treated as secrets: a repr shows only their names).
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="OUTBOXKIT_KAFKA_", extra="forbid", allow_inf_nan=False
-    )
+    model_config = _strict("OUTBOXKIT_KAFKA_")
 
     bootstrap: str = ""
     client: KafkaClient | None = None
@@ -211,9 +215,7 @@ class RelaySettings(BaseSettings):
     "no timeout"; a lease must outlive a renewal), ``poll_interval`` at least 10 ms (a busy loop).
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="OUTBOXKIT_RELAY_", extra="forbid", allow_inf_nan=False
-    )
+    model_config = _strict("OUTBOXKIT_RELAY_")
 
     group: Annotated[str, storable("the relay group")] = Field("default", min_length=1)
     # None: every shard of outbox_setting.shard_count. In a variable: "0,2".
@@ -323,9 +325,7 @@ class ConsumerSettings(BaseSettings):
     at most a century, ``batch_max_ms`` at most a minute, ``name`` at most 255 UTF-8 bytes, no NUL.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="OUTBOXKIT_CONSUMER_", extra="forbid", allow_inf_nan=False
-    )
+    model_config = _strict("OUTBOXKIT_CONSUMER_")
 
     name: Annotated[str | None, storable("the consumer name")] = None
     group: str | None = None

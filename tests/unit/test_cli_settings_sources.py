@@ -281,3 +281,26 @@ def test_help_shows_no_setting_value(path: list[str], tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for value in ("file-pw", "env-pw", "from_toml", "example", str(tmp_path)):
         assert value not in result.output
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=IDS)
+def test_settings_of_other_sections_cannot_stop_them(
+    args: list[str], seen: dict[str, str], tmp_path: Path
+) -> None:
+    """A migrate job that shares its environment (or TOML file) with a relay or consumer reads
+    the database and schema alone: a relay or Kafka setting it never uses, even one refused
+    where it is used, does not stop it. A bad database setting still does."""
+    toml = _toml(tmp_path, '[relay]\nunknown = 1\n[consumer]\nbatch_max_records = "x"\n')
+    others = {
+        "OUTBOXKIT_CONFIG": toml,
+        "OUTBOXKIT_RELAY_LEASE_TTL": "0.5",
+        "OUTBOXKIT_RELAY_FOO": "1",
+        "OUTBOXKIT_KAFKA_SASL_USERNAME": "u",
+        "OUTBOXKIT_CONSUMER_TOPICS": "[bad",
+    }
+    result = _invoke(args, _clean(OUTBOXKIT_DATABASE_URL=ENV_URL, **others))
+    assert result.exit_code == 0, result.output
+    assert seen == {"url": ENV_URL, "schema": "outboxkit"}
+    bad = _invoke(args, _clean(OUTBOXKIT_DATABASE_URL=ENV_URL, OUTBOXKIT_DATABASE_FOO="1"))
+    assert bad.exit_code != 0
+    assert "OUTBOXKIT_DATABASE_FOO" in bad.output

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pydantic import ValidationError as PydanticValidationError
 
 from outboxkit.cli import main
 from outboxkit.errors import ConfigurationError
 from outboxkit.kafka.config import aiokafka_options, confluent_config
-from outboxkit.settings import KafkaSettings, SecurityProtocol, load_settings
+from outboxkit.settings import KafkaSettings, SecurityProtocol, Settings, load_settings
 
 SECRET = "hunter2-LEAK"
 
@@ -250,3 +251,40 @@ def test_plaintext_settings_ignore_security_variables_that_would_be_refused_besi
     plain = KafkaSettings.plaintext("127.0.0.1:9092")
     assert plain.security_protocol is SecurityProtocol.PLAINTEXT
     assert (plain.sasl_username, plain.sasl_password, plain.ssl_ca_location) == (None, None, None)
+
+
+@pytest.mark.parametrize("build", ["section", "whole"])
+def test_a_refused_setting_never_quotes_a_secret_even_built_directly(
+    monkeypatch: pytest.MonkeyPatch, build: str
+) -> None:
+    """``load_settings`` names settings without values; a section or the whole model built
+    directly (``InboxConsumer`` without ``kafka=`` builds ``KafkaSettings()``) used pydantic's
+    own text, which quotes every input, a password included."""
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_SASL_PASSWORD", "hunter2-secret")
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD", "key-secret")
+    with pytest.raises(PydanticValidationError, match="SASL") as caught:
+        KafkaSettings() if build == "section" else Settings()
+    assert "hunter2" not in str(caught.value)
+    assert "key-secret" not in str(caught.value)
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_librdkafka_properties_that_set_the_protocol_or_certificate_count() -> None:
+    """A certificate given as a librdkafka property (a PEM string) with the key as a setting,
+    or the protocol given as a property, is a working confluent-kafka set-up, not a refusal."""
+    pem = load_settings(
+        overrides={
+            "kafka": {
+                "security_protocol": "SSL",
+                "ssl_key_location": "/keys/client.key",
+                "properties": {"ssl.certificate.pem": "-----BEGIN CERTIFICATE-----"},
+            }
+        }
+    )
+    assert pem.kafka.ssl_key_location is not None
+    by_property = load_settings(
+        overrides={
+            "kafka": {"ssl_ca_location": "/ca.pem", "properties": {"security.protocol": "ssl"}}
+        }
+    )
+    assert by_property.kafka.ssl_ca_location is not None
