@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -13,7 +13,13 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.errors import ProducerFencedError, PublishError
-from outboxkit.kafka.api import Delivery, ProduceRequest, RecordError, TransactionalProducer
+from outboxkit.kafka.api import (
+    NOT_SENT,
+    Delivery,
+    ProduceRequest,
+    RecordError,
+    TransactionalProducer,
+)
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
@@ -145,15 +151,22 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         sent: list[tuple[asyncio.Future[Any] | RecordError, list[int]]] = []
         for (topic, partition), indexes in groups.items():
             builder, batch = producer.create_batch(), list[int]()
-            for index in indexes:
+            for position, index in enumerate(indexes):
                 request = requests[index]
-                if not _append(builder, request):  # full: send it, start the next one
-                    sent.append((await _submit(producer, builder, topic, partition), batch))
-                    builder, batch = producer.create_batch(), []
-                    if not _append(builder, request):  # an empty batch takes any record
+                if _append(builder, request):
+                    batch.append(index)
+                    continue
+                # Full: send it, start the next one. A batch refused before it was sent, or a
+                # record not even an empty batch takes, ends its partition's share of this send.
+                outcome = await _submit(producer, builder, topic, partition)
+                sent.append((outcome, batch))
+                builder, batch = producer.create_batch(), [index]
+                if isinstance(outcome, RecordError) or not _append(builder, request):
+                    if not isinstance(outcome, RecordError):
                         results[index] = Delivery(error=_NOT_SENT)
-                        continue
-                batch.append(index)
+                    _not_sent(results, indexes[position:])
+                    batch = []
+                    break
             if batch:
                 sent.append((await _submit(producer, builder, topic, partition), batch))
         fenced: BaseException | None = None
@@ -191,35 +204,38 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
     ) -> dict[tuple[str, int], list[int]]:
         """Request indexes by topic and partition, in order, partitioned as aiokafka's own
         ``send()`` does (same partitioner, same partition lists). A record that cannot go (an
-        unknown topic, larger than ``max_request_size``) gets its error in ``results``."""
+        unknown topic, larger than ``max_request_size``) gets its error in ``results``, and the
+        records after it ``NOT_SENT``: only those before it are returned."""
         groups: dict[tuple[str, int], list[int]] = {}
         topics: dict[str, tuple[list[int], list[int], dict[bytes | None, int]] | RecordError] = {}
         for index, request in enumerate(requests):
             topic, key, value, headers, partition = request
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, _list(headers))
-            if size > self._max_request_size:
-                results[index] = Delivery(
-                    error=RecordError(
-                        "MessageSizeTooLargeError",
-                        f"the record is {size} bytes, above max_request_size"
-                        f" ({self._max_request_size})",
-                    )
+            if size <= self._max_request_size:
+                known = topics.get(topic)
+                if known is None:
+                    known = topics[topic] = await _topic_partitions(producer, topic)
+                if not isinstance(known, RecordError):
+                    if partition is None:
+                        every, available, by_key = known
+                        partition = by_key.get(key) if key is not None else None
+                        if partition is None:
+                            partition = self._partitioner(key, every, available)
+                            if key is not None:
+                                by_key[key] = partition
+                    groups.setdefault((topic, partition), []).append(index)
+                    continue
+                problem = known
+            else:
+                problem = RecordError(
+                    "MessageSizeTooLargeError",
+                    f"the record is {size} bytes, above max_request_size"
+                    f" ({self._max_request_size})",
                 )
-                continue
-            known = topics.get(topic)
-            if known is None:
-                known = topics[topic] = await _topic_partitions(producer, topic)
-            if isinstance(known, RecordError):
-                results[index] = Delivery(error=known)
-                continue
-            if partition is None:
-                every, available, by_key = known
-                partition = by_key.get(key) if key is not None else None
-                if partition is None:
-                    partition = self._partitioner(key, every, available)
-                    if key is not None:
-                        by_key[key] = partition
-            groups.setdefault((topic, partition), []).append(index)
+            # Nothing is sent yet: every record after it stays back too (see ``send``).
+            results[index] = Delivery(error=problem)
+            _not_sent(results, range(index + 1, len(requests)))
+            break
         return groups
 
     async def commit(self) -> None:
@@ -261,6 +277,13 @@ async def _topic_partitions(
         return _refused(exc, "send failed")
     available = list(producer.client.cluster.available_partitions_for_topic(topic))
     return every, available, {}
+
+
+def _not_sent(results: list[Delivery | None], indexes: Iterable[int]) -> None:
+    """Records left out of a send behind one that failed before it was sent."""
+    for index in indexes:
+        if results[index] is None:
+            results[index] = NOT_SENT
 
 
 def _list(headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

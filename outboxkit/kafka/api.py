@@ -54,6 +54,15 @@ class Delivery(NamedTuple):
     error: RecordError | None = None
 
 
+# The error of a record a send did not produce because one before it failed before it was sent
+# (see TransactionalProducer.send). Retriable: it goes again, behind the record that failed.
+NOT_SENT = Delivery(
+    error=RecordError(
+        "NotSent", "not produced: a record before it in the same send failed before it was sent"
+    )
+)
+
+
 class ConsumedRecord(NamedTuple):
     """One delivered record, client-neutral.
 
@@ -112,7 +121,13 @@ class TransactionalProducer(ABC):
 
     @abstractmethod
     async def send(self, requests: Sequence[ProduceRequest]) -> list[Delivery]:
-        """Produce all, in order, and wait until each is acknowledged or failed."""
+        """Produce all, in order, and wait until each is acknowledged or failed.
+
+        A record the client refuses before sending it (larger than its size limit, say) stops
+        the send: no record after it that could share its partition is produced (each fails with
+        ``NOT_SENT``). Outside a transaction nothing sent can be undone, so a later record of its
+        key, sent and acknowledged, would overtake it for good.
+        """
 
     @abstractmethod
     async def commit(self) -> None: ...

@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.api import (
+    NOT_SENT,
     Delivery,
     ProduceRequest,
     RecordError,
@@ -169,6 +170,7 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         results: list[Delivery | None] = [None] * len(requests)
         producer = self._p
         produce = producer.produce
+        refused: Delivery | None = None
         for index, request in enumerate(requests):
             topic, key, value, given_headers, partition = request
             headers: Any = given_headers if type(given_headers) is list else list(given_headers)
@@ -189,8 +191,13 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                     error = kafka_error_in(exc)
                     if error is not None and error.fatal():
                         raise_for(exc, "produce failed")
-                    results[index] = Delivery(error=error_of(exc))
+                    refused = results[index] = Delivery(error=error_of(exc))
                     break
+            if refused is not None:
+                # Refused before it was sent: nothing after it goes (the partitioner picks
+                # partitions inside produce(), so any later record could share its partition).
+                results[index + 1 :] = [NOT_SENT] * (len(requests) - index - 1)
+                break
         deadline = time.monotonic() + self._timeout
         while None in results:
             remaining = deadline - time.monotonic()

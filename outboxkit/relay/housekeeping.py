@@ -4,7 +4,8 @@ when configured, rows parked for longer than a long window) in small fenced batc
 Published rows have their own retention (``retention_seconds``, every few poll intervals);
 these rows are rare and discarded ones have no index, so they are swept far less often
 (``housekeeping_interval``). Deleting a parked row gives up on it, like ``outbox discard``:
-same-key rows behind it then flow again.
+same-key rows behind it then flow again. Shard 0's holder also parks pending rows of no shard
+(a shard number outside the count, written by hand): no relay would ever claim them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Housekeeping:
         self._config = config
         self._schema = schema
         self._query = db.query("relay", "housekeeping_delete", schema)
+        self._park_stray = db.query("relay", "park_stray", schema)
         self._clock = clock
         self._due = clock()  # the first sweep runs at the first retention hook of a term
         self.passes = 0  # completed sweeps (tests wait on it)
@@ -58,6 +60,8 @@ class Housekeeping:
         if self._clock() < self._due:
             return 0
         self._due = self._clock() + self._config.housekeeping_interval
+        if term.shard == 0:
+            await self._park_strays(conn, term)
         total = 0
         for state, keep in self.windows():
             while not stop.is_set():
@@ -76,6 +80,20 @@ class Housekeeping:
         self.passes += 1
         self.deleted += total
         return total
+
+    async def _park_strays(self, conn: Conn, term: LeaseTerm) -> None:
+        row = await db.one_async(conn, self._park_stray, term.sql_params())
+        assert row is not None
+        if not int(row[0]):
+            await token_check_failed(conn, self._schema, term, "housekeeping")
+        term.check()
+        if int(row[1]):
+            logger.warning(
+                "shard 0: parked %d pending row(s) of no shard (shard number outside the count;"
+                " `outboxkit outbox parked` lists them, `outbox retry` gives them their key's"
+                " shard)",
+                int(row[1]),
+            )
 
     async def _delete_batch(
         self, conn: Conn, term: LeaseTerm, state: str, keep: float, now: datetime | None

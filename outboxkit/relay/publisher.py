@@ -70,6 +70,7 @@ class BatchPublisher:
             store,
             metrics,
             wait_behind_parked=config.parked_key_policy is ParkedKeyPolicy.WAIT,
+            checkpoint_topic=config.checkpoint_topic,
         )
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)

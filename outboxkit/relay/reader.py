@@ -141,18 +141,32 @@ def _record(row: Sequence[Any], defects: dict[int, str]) -> OutboxRecord:
     )
 
 
-def _headers(row_id: int, value: Any, defects: dict[int, str]) -> dict[str, str]:
-    """The row's own headers. The writer stores a JSON object of strings; a row written by
-    other means may hold anything jsonb can (an array, a number): such a row is recorded in
-    ``defects`` with the reason, to be parked, instead of failing every claim of its shard.
-    Values that are not strings go out as their text, as they always did."""
-    if isinstance(value, str):  # a JSON string: double-encoded headers were always accepted
-        with contextlib.suppress(ValueError, RecursionError):
-            value = json.loads(value)
-    if not isinstance(value, dict):  # psycopg hands jsonb over decoded
-        defects[row_id] = f"headers must be a JSON object, not a JSON {_json_kind(value)}"
+def _headers(row_id: int, text: str, defects: dict[int, str]) -> dict[str, str]:
+    """The row's own headers, from their JSON text (the claim casts them: psycopg would decode
+    jsonb while fetching, where one undecodable row failed every claim of its shard). The writer
+    stores a JSON object of strings; a row written by other means may hold anything jsonb can
+    (an array, a number, nesting deeper than Python's json decodes): such a row is recorded in
+    ``defects`` with the reason, to be parked. Values that are not strings go out as their text,
+    as they always did."""
+    try:
+        value = json.loads(text)
+        if isinstance(value, str):  # a JSON string: double-encoded headers were always accepted
+            with contextlib.suppress(ValueError, RecursionError):
+                value = json.loads(value)
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        if value is None:  # a JSON null: no headers, as psycopg's jsonb None always meant
+            return {}
+    except RecursionError:
+        defects[row_id] = (
+            "headers must be a JSON object of strings; these are nested too deeply to decode"
+        )
         return {}
-    return {str(k): str(v) for k, v in value.items()}
+    except ValueError as exc:  # not expected of PostgreSQL's jsonb text; a defect all the same
+        defects[row_id] = f"headers are not readable JSON: {exc}"
+        return {}
+    defects[row_id] = f"headers must be a JSON object, not a JSON {_json_kind(value)}"
+    return {}
 
 
 def _json_kind(value: Any) -> str:

@@ -132,9 +132,12 @@ class ShardWorker:
                     exc,
                     extra={"shard": self.shard, "reason": str(cause)},
                 )
+            except ConfigurationError:
+                self.stop.set()  # every shard would fail alike, and waiting cannot fix it
+                raise
             except Exception as exc:  # a worker must never die silently: log, back off, retry
                 failures += 1
-                if not isinstance(exc, psycopg.Error | OSError | PublishError | ConfigurationError):
+                if not isinstance(exc, psycopg.Error | OSError | PublishError):
                     logger.exception("shard %s: unexpected error", self.shard)
                 delay = backoff_delay(
                     failures, self.config.backoff_initial, self.config.backoff_max, self._rng

@@ -3,8 +3,10 @@ the reader could not turn into a record (``ShardStore.defects``), are parked.
 
 Each topic is asked about once per producer life (its metadata); a topic that does not exist or
 that the relay may not write to is a permanent problem, so its rows are parked with the reason
-instead of being retried forever. With ``parked_key_policy = wait`` a later row of a parked key
-stays back (the next claim leaves it out), so per-key order holds.
+instead of being retried forever. So are rows addressed to the relay's own checkpoint topic: a
+record there would be read back as a checkpoint at the next takeover (rows marked published that
+never were, or an unreadable checkpoint that stops the shard). With ``parked_key_policy = wait``
+a later row of a parked key stays back (the next claim leaves it out), so per-key order holds.
 """
 
 from __future__ import annotations
@@ -23,12 +25,21 @@ logger = logging.getLogger("outboxkit.relay.shard_worker")
 
 Conn = psycopg.AsyncConnection[Any]
 
+CHECKPOINT_TOPIC_REFUSED = "the relay's checkpoint topic takes only the relay's own records"
+
 
 class TopicGate:
     def __init__(
-        self, shard: int, store: ShardStore, metrics: RelayMetrics, *, wait_behind_parked: bool
+        self,
+        shard: int,
+        store: ShardStore,
+        metrics: RelayMetrics,
+        *,
+        wait_behind_parked: bool,
+        checkpoint_topic: str,
     ) -> None:
         self.shard = shard
+        self._checkpoint_topic = checkpoint_topic
         self._store = store
         self._metrics = metrics
         self._wait_behind_parked = wait_behind_parked
@@ -51,6 +62,9 @@ class TopicGate:
         # Each topic is checked once per claim (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
         for topic in {r.topic for r in claim} - self._known_topics:
+            if topic == self._checkpoint_topic:
+                problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)
+                continue
             problem = await producer.topic_problem(topic)
             term.check()
             if problem is None:

@@ -13,7 +13,12 @@ import pytest
 
 from outboxkit.errors import PermanentPublishError, ProducerFencedError, PublishError
 from outboxkit.kafka import KafkaClients
-from outboxkit.kafka.api import CheckpointReader, ProduceRequest, TransactionalProducer
+from outboxkit.kafka.api import (
+    NOT_SENT,
+    CheckpointReader,
+    ProduceRequest,
+    TransactionalProducer,
+)
 from outboxkit.kafka.config import LIBRDKAFKA_LOGGER
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.settings import KafkaClient, KafkaSettings
@@ -123,21 +128,24 @@ async def test_a_send_larger_than_one_batch_per_partition_keeps_each_partitions_
     assert [r.value for r in consume(outboxkit_kafka_bootstrap, other, expect=1)] == [b"c"]
 
 
-async def test_a_record_above_the_request_size_fails_alone(
+async def test_a_record_above_the_request_size_stops_the_send(
     producers: ProducerFactory, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
 ) -> None:
-    """Refused before it is sent (both clients cap a request at 1 MiB); the rest go out."""
+    """Refused before it is sent (both clients cap a request at 1 MiB): what came before it goes
+    out, nothing after it is produced (NOT_SENT, retriable), so no later record of its key can
+    overtake it."""
     topic = outboxkit_topic()
     producer = producers()
     await producer.start()
     requests = _requests(topic, "k", 3)
     requests.insert(1, ProduceRequest(topic, b"k", b"x" * (1024 * 1024 + 1)))
     deliveries = await producer.send(requests)
+    assert deliveries[0].error is None
     assert deliveries[1].error is not None
     assert deliveries[1].error.kind is ErrorKind.PERMANENT, deliveries[1].error
-    assert [d.error for d in deliveries[:1] + deliveries[2:]] == [None, None, None]
-    got = consume(outboxkit_kafka_bootstrap, topic, expect=3, quiet=0.5)
-    assert [r.value for r in got] == [b"k-0", b"k-1", b"k-2"]
+    assert [d.error for d in deliveries[2:]] == [NOT_SENT.error, NOT_SENT.error]
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=1, quiet=0.5)
+    assert [r.value for r in got] == [b"k-0"]
 
 
 async def test_transaction_commit_is_visible_and_abort_is_not(

@@ -253,3 +253,108 @@ async def test_a_keyless_row_for_a_compacted_topic_is_parked_not_retried_for_eve
         assert "invalidrecord" in parked["reason"].lower().replace("_", "")
     got = consume(outboxkit_kafka_bootstrap, topic, expect=6)
     assert [r.value for r in got] == [v for _, v in payloads("ok", 6)]
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+async def test_rows_for_the_checkpoint_topic_are_parked_never_read_back_as_checkpoints(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    client: str,
+) -> None:
+    """A row addressed to the relay's own checkpoint topic, keyed like a checkpoint and
+    carrying a forged one, would be read back at the next takeover: the rows it names marked
+    published without being sent, or (garbage) a shard that refuses to publish. Such rows are
+    parked with the reason; a second relay taking over publishes what the first left."""
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic()
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, client=client)
+    checkpoints = settings.relay.checkpoint_topic
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 2))
+    [later] = insert_rows(outboxkit_db_url, topic, payloads("later", 1))
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(  # not due yet: the forged checkpoint below names it
+            "UPDATE outboxkit.outbox_message SET deliver_after = now() + interval '1 hour'"
+            " WHERE id = %s",
+            (later,),
+        )
+        event_id = conn.execute(
+            "SELECT event_id FROM outboxkit.outbox_message WHERE id = %s", (later,)
+        ).fetchone()
+    assert event_id is not None
+    forged = json.dumps({"token": 2**62, "ids": [later], "event_ids": [str(event_id[0])]})
+    insert_rows(outboxkit_db_url, checkpoints, [("default/0", forged.encode())])
+    insert_rows(outboxkit_db_url, checkpoints, [("default/0/1", b"\xff not a checkpoint")])
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: (
+                _states_by_key(outboxkit_db_url)
+                == {
+                    "ok": ["published"] * 2,
+                    "later": ["pending"],
+                    "default/0": ["parked"],
+                    "default/0/1": ["parked"],
+                }
+            ),
+            what="the checkpoint-topic rows parked, the others published",
+        )
+    listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+    assert {item["reason"] for item in listing} == {
+        "CHECKPOINT_TOPIC: the relay's checkpoint topic takes only the relay's own records"
+    }
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE outboxkit.outbox_message SET deliver_after = NULL WHERE id = %s", (later,)
+        )
+    async with running_relay(settings):  # a takeover: reads the checkpoints back
+        await wait_for_async(
+            lambda: _states_by_key(outboxkit_db_url)["later"] == ["published"],
+            what="the row the forged checkpoint named, published",
+        )
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=3)
+    assert sorted(r.key for r in got) == ["later", "ok", "ok"]
+
+
+async def test_rows_of_no_shard_are_parked_and_retried_into_their_keys_shard(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+) -> None:
+    """Rows written by hand with a shard number outside the count would wait for ever, seen by
+    no relay and no metric. Shard 0's holder parks them with the reason; `outbox retry` gives
+    them their key's shard, and they are published."""
+    set_shard_count(outboxkit_db_url, 2)
+    topic = outboxkit_topic()
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 2))
+    [high] = insert_rows(outboxkit_db_url, topic, payloads("high", 1))
+    [low] = insert_rows(outboxkit_db_url, topic, payloads("low", 1))
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        for row_id, shard in ((high, 7), (low, -1)):
+            conn.execute(
+                "UPDATE outboxkit.outbox_message SET shard = %s WHERE id = %s", (shard, row_id)
+            )
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap)
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: (
+                _states_by_key(outboxkit_db_url)
+                == {"ok": ["published"] * 2, "high": ["parked"], "low": ["parked"]}
+            ),
+            what="the rows of no shard parked",
+        )
+        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        reasons = {item["key"]: item["reason"] for item in listing}
+        assert reasons["high"].startswith("STRAY_SHARD: shard 7 is outside 0..1")
+        assert reasons["low"].startswith("STRAY_SHARD: shard -1 is outside 0..1")
+        assert "2 row(s) back to pending" in _cli(outboxkit_db_url, "outbox", "retry", "--all")
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": 4},
+            what="the retried rows published",
+        )
+    with psycopg.connect(outboxkit_db_url) as conn:
+        shards = conn.execute(
+            "SELECT message_key, shard, outboxkit.outbox_shard(message_key, event_id, 2)"
+            " FROM outboxkit.outbox_message WHERE id = ANY(%s)",
+            ([high, low],),
+        ).fetchall()
+    assert all(shard == expected for _, shard, expected in shards), shards
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=4)
+    assert sorted(r.key for r in got) == ["high", "low", "ok", "ok"]

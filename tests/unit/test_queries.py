@@ -25,6 +25,7 @@ RELAY_WRITES = (
     "record_failure",
     "retention_delete",
     "housekeeping_delete",
+    "park_stray",
 )
 _FENCE = {"group", "shard", "token"}
 _INBOX_KEY = {"consumer", "event_id"}
@@ -74,6 +75,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "record_failure": _FENCE | {"ids", "error"},
         "retention_delete": _FENCE | {"keep_seconds", "limit", "now"},
         "housekeeping_delete": _FENCE | {"state", "keep_seconds", "limit", "now"},
+        "park_stray": _FENCE,
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

@@ -51,14 +51,17 @@ RETURNING token;
 -- below them comes before any newer row of its key (per-key order), so every claim starts from
 -- the lowest pending id.
 -- Empty headers come back as NULL: the relay then has no JSON to decode for the usual row.
+-- Other headers come back as JSON text, decoded row by row by the relay: psycopg would decode
+-- jsonb while fetching, and one row it cannot decode (nested deeper than Python's json goes)
+-- failed every claim of the shard; decoded by the relay, that row alone is parked.
 -- The event id comes back as text: the relay only ever sends it as text (a header, the
 -- checkpoint), and a uuid object per row cost a tenth of the relay's CPU (load, then str()).
 -- max_bytes: the claim also stops where the running sum of payload sizes passes it, so memory is
 -- bounded by bytes, not only rows; the first row always comes (a large row is never stuck).
 -- octet_length of a bytea reads the TOAST header only; the window streams in index order.
 SELECT c.id, CAST(c.event_id AS text), c.idempotency_key, c.topic, c.message_key, c.payload,
-       c.content_type, c.headers, c.event_type, c.schema_version, c.aggregate_type,
-       c.aggregate_id, c.attempts
+       c.content_type, CAST(c.headers AS text), c.event_type, c.schema_version,
+       c.aggregate_type, c.aggregate_id, c.attempts
 FROM (
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
        nullif(m.headers, '{}'::jsonb) AS headers, m.event_type, m.schema_version,
@@ -105,7 +108,8 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 
 -- name: reconcile_published
 -- Rows a committed Kafka transaction carried (from the checkpoint). Matching on (id, event_id)
--- makes a checkpoint of another database (a restored or recreated one) harmless.
+-- makes a checkpoint of another database (a restored or recreated one) harmless; on the shard,
+-- one of another shard or group (rows move between shards only when none is pending).
 WITH {_lease_held}, carried AS (
     SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:event_ids AS uuid[])) AS c(id, event_id)
 ), done AS (
@@ -113,7 +117,7 @@ WITH {_lease_held}, carried AS (
     SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL,
         next_attempt_at = NULL
     FROM carried c
-    WHERE m.id = c.id AND m.event_id = c.event_id AND m.state = 'pending'
+    WHERE m.id = c.id AND m.event_id = c.event_id AND m.shard = :shard AND m.state = 'pending'
       AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
 )
@@ -125,7 +129,7 @@ WITH {_lease_held}, carried AS (
 ), done AS (
     DELETE FROM {schema}.outbox_message m
     USING carried c
-    WHERE m.id = c.id AND m.event_id = c.event_id AND m.state = 'pending'
+    WHERE m.id = c.id AND m.event_id = c.event_id AND m.shard = :shard AND m.state = 'pending'
       AND EXISTS (SELECT 1 FROM lease)
     RETURNING 1
 )
@@ -259,16 +263,37 @@ LIMIT :limit;
 
 -- name: parked_retry
 -- Operator action: give parked rows back to the relay; same-key rows behind them follow in order.
-UPDATE {schema}.outbox_message
-SET state = 'pending', parked_reason = NULL, parked_at = NULL, next_attempt_at = NULL
-WHERE state = 'parked' AND (:all OR id = ANY(:ids))
-RETURNING id;
+-- A row of no shard (park_stray) gets its key's shard.
+UPDATE {schema}.outbox_message m
+SET state = 'pending', parked_reason = NULL, parked_at = NULL, next_attempt_at = NULL,
+    shard = CASE WHEN m.shard >= 0 AND m.shard < s.shard_count THEN m.shard
+                 ELSE {schema}.outbox_shard(m.message_key, m.event_id, s.shard_count) END
+FROM {schema}.outbox_setting s
+WHERE m.state = 'parked' AND (:all OR m.id = ANY(:ids))
+RETURNING m.id;
 
 -- name: parked_discard
 UPDATE {schema}.outbox_message
 SET state = 'discarded'
 WHERE state = 'parked' AND (:all OR id = ANY(:ids))
 RETURNING id;
+
+-- name: park_stray
+-- Housekeeping by shard 0's holder: pending rows of no shard (outside 0 .. shard_count - 1: not
+-- written by outboxkit's writer) would wait for ever, seen by no relay and no metric. They are
+-- parked with the reason; `outbox retry` gives them their key's shard. Uses the pending index.
+WITH {_lease_held}, done AS (
+    UPDATE {schema}.outbox_message m
+    SET state = 'parked', parked_at = now(), attempts = m.attempts + 1,
+        parked_reason = format('STRAY_SHARD: shard %s is outside 0..%s (the row was not written'
+                               ' by the outboxkit writer)', m.shard, s.shard_count - 1),
+        last_error = format('STRAY_SHARD: shard %s is outside 0..%s', m.shard, s.shard_count - 1)
+    FROM {schema}.outbox_setting s
+    WHERE m.state = 'pending' AND (m.shard < 0 OR m.shard >= s.shard_count)
+      AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: housekeeping_delete
 -- Housekeeping (outboxkit.relay.housekeeping): one small batch of this shard's rows in a final
