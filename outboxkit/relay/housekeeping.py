@@ -33,9 +33,15 @@ class Housekeeping:
     """One shard's sweep; :meth:`run_if_due` is called from the holder's retention hook."""
 
     def __init__(
-        self, config: RelaySettings, schema: str, *, clock: Callable[[], float] = time.monotonic
+        self,
+        config: RelaySettings,
+        schema: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_parked: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._config = config
+        self._on_parked = on_parked  # counts rows it parks (the relay's parked counter)
         self._schema = schema
         self._query = db.query("relay", "housekeeping_delete", schema)
         self._park_stray = db.query("relay", "park_stray", schema)
@@ -61,7 +67,7 @@ class Housekeeping:
             return 0
         self._due = self._clock() + self._config.housekeeping_interval
         if term.shard == 0:
-            await self._park_strays(conn, term)
+            await self._park_strays(conn, term, stop)
         total = 0
         for state, keep in self.windows():
             while not stop.is_set():
@@ -81,18 +87,26 @@ class Housekeeping:
         self.deleted += total
         return total
 
-    async def _park_strays(self, conn: Conn, term: LeaseTerm) -> None:
-        row = await db.one_async(conn, self._park_stray, term.sql_params())
-        assert row is not None
-        if not int(row[0]):
-            await token_check_failed(conn, self._schema, term, "housekeeping")
-        term.check()
-        if int(row[1]):
+    async def _park_strays(self, conn: Conn, term: LeaseTerm, stop: asyncio.Event) -> None:
+        """Small batches, like the deletes: the lease row stays shared while one runs."""
+        params = {**term.sql_params(), "limit": self._config.retention_batch}
+        parked = 0
+        while not stop.is_set():
+            row = await db.one_async(conn, self._park_stray, params)
+            assert row is not None
+            if not int(row[0]):
+                await token_check_failed(conn, self._schema, term, "housekeeping")
+            term.check()
+            parked += int(row[1])
+            if int(row[1]) < self._config.retention_batch:
+                break
+        if parked:
+            self._on_parked(parked)
             logger.warning(
                 "shard 0: parked %d pending row(s) of no shard (shard number outside the count;"
                 " `outboxkit outbox parked` lists them, `outbox retry` gives them their key's"
                 " shard)",
-                int(row[1]),
+                parked,
             )
 
     async def _delete_batch(

@@ -74,6 +74,7 @@ class ShardWorker:
         self.paused = False  # the group's pause flag as this worker last read it (tests wait)
         self.retention_passes = 0  # completed retention passes (tests wait on it)
         self._producer_factory = producer_factory
+        self._built = False  # whether this worker's producers ever started
         self._checkpoints = checkpoints
         self._metrics = metrics
         # Lease attempts, renewals and releases: on the process's shared connections.
@@ -93,9 +94,12 @@ class ShardWorker:
             faults=faults,
         )
         self._faults = faults
-        self.housekeeping = Housekeeping(self.config, settings.schema_name)
         self._rng = random.Random()
         self._label = str(shard)
+        parked = metrics.parked.labels(self._label)
+        self.housekeeping = Housekeeping(
+            self.config, settings.schema_name, on_parked=lambda count: parked.inc(count)
+        )
         for counter in (metrics.published, metrics.failed, metrics.parked):
             counter.labels(self._label)  # every series exists from the start, at 0
         for cause in LeaseLoss:
@@ -132,12 +136,15 @@ class ShardWorker:
                     exc,
                     extra={"shard": self.shard, "reason": str(cause)},
                 )
-            except ConfigurationError:
-                self.stop.set()  # every shard would fail alike, and waiting cannot fix it
-                raise
             except Exception as exc:  # a worker must never die silently: log, back off, retry
+                if isinstance(exc, ConfigurationError) and not self._built:
+                    # Settings that never built a client: every shard fails alike, waiting
+                    # cannot fix it. Later (a certificate file briefly gone while it is
+                    # rotated) it is retried like any failure.
+                    self.stop.set()
+                    raise
                 failures += 1
-                if not isinstance(exc, psycopg.Error | OSError | PublishError):
+                if not isinstance(exc, psycopg.Error | OSError | PublishError | ConfigurationError):
                     logger.exception("shard %s: unexpected error", self.shard)
                 delay = backoff_delay(
                     failures, self.config.backoff_initial, self.config.backoff_max, self._rng
@@ -305,6 +312,7 @@ class ShardWorker:
                 producers.append(self._producer_factory(self.shard, slot))
                 await producers[-1].start()
                 term.check()
+            self._built = True
             self._publisher.new_producer_life()
             if self._checkpoints is not None:
                 await self._reconcile(term, conn, self._checkpoints, slots)

@@ -77,28 +77,23 @@ def security_problem(kafka: KafkaSettings) -> str | None:
     """Why the SASL and TLS settings do not fit the security protocol, or None. A setting the
     protocol does not use would be dropped without a word: a client meant to log in, or to
     check the broker's certificate, would connect without."""
-    # librdkafka properties may set the protocol or the certificate themselves.
-    given = kafka.properties
-    protocol = (
-        given["security.protocol"].get_secret_value().upper()
-        if "security.protocol" in given
-        else kafka.security_protocol.value
-    )
+    # The protocol and the certificate count only as settings: both clients decide from them
+    # which settings to pass on, so one given as a librdkafka property would leave them out.
+    protocol = kafka.security_protocol.value
     sasl = [name for name in _SASL if getattr(kafka, name) is not None]
-    if sasl and not protocol.startswith("SASL_"):
+    if sasl and not kafka.uses_sasl:
         return (
             f"{_named(sasl)} set, but security protocol {protocol} uses no SASL (set"
             f" {_PROTOCOL} to SASL_SSL or SASL_PLAINTEXT, or leave them out)"
         )
     tls = [name for name in _SSL if getattr(kafka, name) is not None]
-    if tls and protocol not in ("SSL", "SASL_SSL"):
+    if tls and not kafka.uses_tls:
         return (
             f"{_named(tls)} set, but security protocol {protocol} uses no SSL (set"
             f" {_PROTOCOL} to SSL or SASL_SSL, or leave them out)"
         )
     key = [name for name in _SSL[2:] if getattr(kafka, name) is not None]
-    certificate = {"ssl.certificate.location", "ssl.certificate.pem"} & set(given)
-    if key and kafka.ssl_certificate_location is None and not certificate:
+    if key and kafka.ssl_certificate_location is None:
         return f"{_named(key)} set without OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION"
     return None
 

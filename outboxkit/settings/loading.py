@@ -65,9 +65,16 @@ class _SecretFilesSource(EnvSettingsSource):
         directory = _SECRETS_DIR.get()
         if directory is None:
             return {}
+        # A model that ignores other sections (DatabaseOnlySettings) does not read their files:
+        # an unreadable Kafka secret must not stop a migrate job.
+        partial = self.settings_cls.model_config.get("extra") == "ignore"
+        wanted = tuple(PREFIX + name.upper() for name in self.settings_cls.model_fields)
         found: dict[str, str | None] = {}
         for path in sorted(directory.iterdir()):
-            if path.name.upper().startswith(PREFIX) and path.is_file():
+            name = path.name.upper()
+            if partial and not (name.startswith(wanted) or name == SCHEMA_ENV):
+                continue
+            if name.startswith(PREFIX) and path.is_file():
                 found[path.name.lower()] = _secret_text(path)
         return _schema_alias(found)
 

@@ -1,7 +1,8 @@
 """A Kafka client the settings cannot build is a configuration error: waiting cannot fix it.
 In exactly-once mode the start-up's checkpoint reader met it first; in at-least-once mode the
 first producer did, inside a shard's session, which backed off and retried it for ever while
-holding the lease. Now the relay stops, in one line, in both modes."""
+holding the lease. Now the relay stops, in one line, in both modes, when no producer of the
+shard ever started (later the same error is retried: a certificate rotated in place)."""
 
 from __future__ import annotations
 
@@ -38,5 +39,5 @@ async def test_a_kafka_client_that_cannot_be_built_stops_the_relay(
         }
     )
     relay = Relay(settings)
-    with pytest.raises(ConfigurationError, match="ca"):
+    with pytest.raises(ConfigurationError, match=r"(?i)ssl|tls"):
         await asyncio.wait_for(relay.run(), timeout=60)

@@ -62,4 +62,5 @@ async def test_an_unreadable_checkpoint_holds_the_shard_and_says_why(
     [said, *_] = [r.getMessage() for r in caplog.records if "is unreadable" in r.getMessage()]
     assert "PublishError" in said, said
     assert "key 'default/0'" in said, said
-    assert not any(r.levelno >= logging.ERROR for r in caplog.records), "no unexpected error"
+    errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors

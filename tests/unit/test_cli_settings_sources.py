@@ -298,6 +298,10 @@ def test_settings_of_other_sections_cannot_stop_them(
         "OUTBOXKIT_KAFKA_SASL_USERNAME": "u",
         "OUTBOXKIT_CONSUMER_TOPICS": "[bad",
     }
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "OUTBOXKIT_KAFKA_SASL_PASSWORD").write_bytes(b"\xff\xfe not UTF-8")
+    others["OUTBOXKIT_SECRETS_DIR"] = str(secrets)
     result = _invoke(args, _clean(OUTBOXKIT_DATABASE_URL=ENV_URL, **others))
     assert result.exit_code == 0, result.output
     assert seen == {"url": ENV_URL, "schema": "outboxkit"}

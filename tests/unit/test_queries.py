@@ -75,7 +75,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "record_failure": _FENCE | {"ids", "error"},
         "retention_delete": _FENCE | {"keep_seconds", "limit", "now"},
         "housekeeping_delete": _FENCE | {"state", "keep_seconds", "limit", "now"},
-        "park_stray": _FENCE,
+        "park_stray": _FENCE | {"limit"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

@@ -269,22 +269,22 @@ def test_a_refused_setting_never_quotes_a_secret_even_built_directly(
 
 
 @pytest.mark.usefixtures("clean_env")
-def test_librdkafka_properties_that_set_the_protocol_or_certificate_count() -> None:
-    """A certificate given as a librdkafka property (a PEM string) with the key as a setting,
-    or the protocol given as a property, is a working confluent-kafka set-up, not a refusal."""
-    pem = load_settings(
-        overrides={
-            "kafka": {
-                "security_protocol": "SSL",
-                "ssl_key_location": "/keys/client.key",
-                "properties": {"ssl.certificate.pem": "-----BEGIN CERTIFICATE-----"},
+def test_a_protocol_or_certificate_given_as_a_property_does_not_excuse_the_settings() -> None:
+    """The client builders pass SASL and TLS settings on by ``security_protocol`` alone: with
+    the protocol only in ``properties`` the credentials would be dropped without a word."""
+    with pytest.raises(ConfigurationError, match="uses no SSL"):
+        load_settings(
+            overrides={
+                "kafka": {"ssl_ca_location": "/ca.pem", "properties": {"security.protocol": "ssl"}}
             }
-        }
-    )
-    assert pem.kafka.ssl_key_location is not None
-    by_property = load_settings(
-        overrides={
-            "kafka": {"ssl_ca_location": "/ca.pem", "properties": {"security.protocol": "ssl"}}
-        }
-    )
-    assert by_property.kafka.ssl_ca_location is not None
+        )
+    with pytest.raises(ConfigurationError, match="without OUTBOXKIT_KAFKA_SSL_CERTIFICATE"):
+        load_settings(
+            overrides={
+                "kafka": {
+                    "security_protocol": "SSL",
+                    "ssl_key_location": "/keys/client.key",
+                    "properties": {"ssl.certificate.pem": "-----BEGIN CERTIFICATE-----"},
+                }
+            }
+        )

@@ -73,6 +73,9 @@ FROM {schema}.outbox_message m
 -- the primary key past every already-published row (with stale statistics after a large
 -- backlog it would, and each claim would cost O(table) instead of O(batch)).
 WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
+  -- A worker of a shard the count no longer has (lowered while it ran) claims nothing: such
+  -- rows are shard 0's to park (park_stray); two holders must never send one row.
+  AND :shard < (SELECT shard_count FROM {schema}.outbox_setting)
   AND (m.deliver_after IS NULL OR m.deliver_after <= now())
   AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
   AND (:skip_parked_keys OR m.message_key IS NULL OR NOT EXISTS (
@@ -273,24 +276,34 @@ WHERE m.state = 'parked' AND (:all OR m.id = ANY(:ids))
 RETURNING m.id;
 
 -- name: parked_discard
-UPDATE {schema}.outbox_message
-SET state = 'discarded'
-WHERE state = 'parked' AND (:all OR id = ANY(:ids))
-RETURNING id;
+-- A row of no shard gets its key's shard, so that shard's housekeeping deletes it in time.
+UPDATE {schema}.outbox_message m
+SET state = 'discarded',
+    shard = CASE WHEN m.shard >= 0 AND m.shard < s.shard_count THEN m.shard
+                 ELSE {schema}.outbox_shard(m.message_key, m.event_id, s.shard_count) END
+FROM {schema}.outbox_setting s
+WHERE m.state = 'parked' AND (:all OR m.id = ANY(:ids))
+RETURNING m.id;
 
 -- name: park_stray
 -- Housekeeping by shard 0's holder: pending rows of no shard (outside 0 .. shard_count - 1: not
 -- written by outboxkit's writer) would wait for ever, seen by no relay and no metric. They are
--- parked with the reason; `outbox retry` gives them their key's shard. Uses the pending index.
-WITH {_lease_held}, done AS (
+-- parked with the reason, a small batch per statement (the lease row stays shared meanwhile);
+-- `outbox retry` gives them their key's shard. No worker claims them (claim_batch).
+WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting), victims AS (
+    SELECT m.id FROM {schema}.outbox_message m, setting s
+    WHERE m.state = 'pending' AND (m.shard < 0 OR m.shard >= s.shard_count)
+      AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY m.id
+    LIMIT :limit
+), done AS (
     UPDATE {schema}.outbox_message m
     SET state = 'parked', parked_at = now(), attempts = m.attempts + 1,
         parked_reason = format('STRAY_SHARD: shard %s is outside 0..%s (the row was not written'
                                ' by the outboxkit writer)', m.shard, s.shard_count - 1),
         last_error = format('STRAY_SHARD: shard %s is outside 0..%s', m.shard, s.shard_count - 1)
-    FROM {schema}.outbox_setting s
-    WHERE m.state = 'pending' AND (m.shard < 0 OR m.shard >= s.shard_count)
-      AND EXISTS (SELECT 1 FROM lease)
+    FROM victims v, setting s
+    WHERE m.id = v.id AND m.state = 'pending'
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
