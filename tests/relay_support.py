@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from click.testing import CliRunner
 
+from outboxkit.cli import main as cli_main
 from outboxkit.relay.runner import Relay
 from outboxkit.settings import Settings, load_settings
 from outboxkit.wire import content_digest, headers_to_dict
@@ -284,3 +286,22 @@ class RelayProcess:
         if self.log_path is not None:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()
+
+
+def states_by_key(db_url: str) -> dict[str | None, list[str]]:
+    """Each message key's row states, in id order."""
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            f"SELECT message_key, state FROM {SCHEMA}.outbox_message ORDER BY id"
+        ).fetchall()
+    out: dict[str | None, list[str]] = {}
+    for key, state in rows:
+        out.setdefault(key, []).append(state)
+    return out
+
+
+def cli_ok(db_url: str, *args: str) -> str:
+    """The output of an operator command that must succeed on ``db_url``."""
+    result = CliRunner().invoke(cli_main, list(args), env={"OUTBOXKIT_DATABASE_URL": db_url})
+    assert result.exit_code == 0, result.output
+    return result.output

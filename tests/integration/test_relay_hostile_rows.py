@@ -8,15 +8,14 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from click.testing import CliRunner
 
-from outboxkit.cli import main
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import ProduceRequest
 from outboxkit.kafka.errors import ErrorKind
 from outboxkit.settings import KafkaClient, KafkaSettings
 from tests.relay_support import (
     KAFKA_CLIENTS,
+    cli_ok,
     consume,
     insert_rows,
     payloads,
@@ -24,6 +23,7 @@ from tests.relay_support import (
     row_states,
     running_relay,
     set_shard_count,
+    states_by_key,
 )
 from tests.support.waiting import wait_for_async
 
@@ -33,23 +33,6 @@ TopicFactory = Callable[..., str]
 # Deeper than Python's json decodes (its recursion limit); PostgreSQL's jsonb takes it.
 DEEP_HEADERS = '{"a": ' + "[" * 2000 + "]" * 2000 + "}"
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-
-
-def _states_by_key(db_url: str) -> dict[str | None, list[str]]:
-    with psycopg.connect(db_url) as conn:
-        rows = conn.execute(
-            "SELECT message_key, state FROM outboxkit.outbox_message ORDER BY id"
-        ).fetchall()
-    out: dict[str | None, list[str]] = {}
-    for key, state in rows:
-        out.setdefault(key, []).append(state)
-    return out
-
-
-def _cli(db_url: str, *args: str) -> str:
-    result = CliRunner().invoke(main, list(args), env={"OUTBOXKIT_DATABASE_URL": db_url})
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
@@ -78,12 +61,12 @@ async def test_a_row_whose_headers_nest_too_deeply_is_parked_not_stalling_the_sh
     async with running_relay(settings):
         await wait_for_async(
             lambda: (
-                _states_by_key(outboxkit_db_url)
+                states_by_key(outboxkit_db_url)
                 == {"ok": ["published"] * 4, "deep": ["parked", "pending"]}
             ),
             what="the deep row parked, the other key published",
         )
-        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        listing = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
         assert [item["id"] for item in listing] == [deep_row]
         assert "nested too deeply" in listing[0]["reason"]
         with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
@@ -91,7 +74,7 @@ async def test_a_row_whose_headers_nest_too_deeply_is_parked_not_stalling_the_sh
                 "UPDATE outboxkit.outbox_message SET headers = CAST(%s AS jsonb) WHERE id = %s",
                 (json.dumps(TRACE), deep_row),
             )
-        assert "1 row(s) back to pending" in _cli(outboxkit_db_url, "outbox", "retry", "--all")
+        assert "1 row(s) back to pending" in cli_ok(outboxkit_db_url, "outbox", "retry", "--all")
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"published": 6},
             what="the fixed row and the one behind it published",
@@ -129,7 +112,7 @@ async def test_at_least_once_a_row_refused_before_sending_is_not_overtaken_by_it
     async with running_relay(settings):
         await wait_for_async(
             lambda: (
-                _states_by_key(outboxkit_db_url)
+                states_by_key(outboxkit_db_url)
                 == {"ok": ["published"] * 2, "K": ["parked", "pending"]}
             ),
             what="the large row parked, the row of its key waiting, the other key published",
@@ -137,7 +120,7 @@ async def test_at_least_once_a_row_refused_before_sending_is_not_overtaken_by_it
         early = consume(outboxkit_kafka_bootstrap, topic, expect=2)
         assert [r.value for r in early if r.key == "K"] == []  # nothing overtook the parked row
         assert {r.value for r in early} == {v for _, v in payloads("ok", 2)}
-        assert "1 row(s) discarded" in _cli(outboxkit_db_url, "outbox", "discard", str(big_row))
+        assert "1 row(s) discarded" in cli_ok(outboxkit_db_url, "outbox", "discard", str(big_row))
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"published": 3, "discarded": 1},
             what="the row behind the discarded one published",

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from click.testing import CliRunner
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -18,9 +17,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
-from outboxkit.cli import main
 from tests.relay_support import (
     assert_exactly_once_in_order,
+    cli_ok,
     consume,
     insert_rows,
     payloads,
@@ -28,29 +27,13 @@ from tests.relay_support import (
     row_states,
     running_relay,
     set_shard_count,
+    states_by_key,
 )
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
 TopicFactory = Callable[..., str]
-
-
-def _states_by_key(db_url: str) -> dict[str | None, list[str]]:
-    with psycopg.connect(db_url) as conn:
-        rows = conn.execute(
-            "SELECT message_key, state FROM outboxkit.outbox_message ORDER BY id"
-        ).fetchall()
-    out: dict[str | None, list[str]] = {}
-    for key, state in rows:
-        out.setdefault(key, []).append(state)
-    return out
-
-
-def _cli(db_url: str, *args: str) -> str:
-    result = CliRunner().invoke(main, list(args), env={"OUTBOXKIT_DATABASE_URL": db_url})
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.mark.parametrize(
@@ -82,7 +65,7 @@ async def test_oversized_and_unknown_topic_park_and_retry_in_order(
     async with running_relay(settings):
         await wait_for_async(
             lambda: (
-                _states_by_key(outboxkit_db_url)
+                states_by_key(outboxkit_db_url)
                 == {
                     "ok": ["published"] * 15,
                     "big": ["parked", "pending", "pending", "pending"],
@@ -91,7 +74,7 @@ async def test_oversized_and_unknown_topic_park_and_retry_in_order(
             ),
             what="bad rows parked, their keys waiting, other keys published",
         )
-        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        listing = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
         # Reasons carry the client's error name (librdkafka or aiokafka spelling).
         reasons = {item["key"]: item["reason"].lower().replace("_", "") for item in listing}
         assert "toolarge" in reasons["big"]
@@ -112,7 +95,7 @@ async def test_oversized_and_unknown_topic_park_and_retry_in_order(
             future.result(timeout=30)
         for future in admin.create_topics([NewTopic(missing, 1, 1)]).values():
             future.result(timeout=30)
-        assert "2 row(s) back to pending" in _cli(outboxkit_db_url, "outbox", "retry", "--all")
+        assert "2 row(s) back to pending" in cli_ok(outboxkit_db_url, "outbox", "retry", "--all")
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"published": 22},
             what="retried rows and the rows behind them published",
@@ -142,7 +125,7 @@ async def test_skip_policy_lets_same_key_rows_pass_and_discard_unblocks(
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, parked_key_policy="skip")
     async with running_relay(settings):
         await wait_for_async(
-            lambda: _states_by_key(outboxkit_db_url) == {"k": ["parked", "published", "published"]},
+            lambda: states_by_key(outboxkit_db_url) == {"k": ["parked", "published", "published"]},
             what="skip policy publishes behind the parked row",
         )
     with psycopg.connect(outboxkit_db_url) as conn:
@@ -150,7 +133,7 @@ async def test_skip_policy_lets_same_key_rows_pass_and_discard_unblocks(
             "SELECT id FROM outboxkit.outbox_message WHERE state = 'parked'"
         ).fetchone()
     assert parked_id is not None
-    assert "1 row(s) discarded" in _cli(outboxkit_db_url, "outbox", "discard", str(parked_id[0]))
+    assert "1 row(s) discarded" in cli_ok(outboxkit_db_url, "outbox", "discard", str(parked_id[0]))
     assert row_states(outboxkit_db_url) == {"discarded": 1, "published": 2}
 
 
@@ -165,10 +148,10 @@ async def test_discard_unblocks_waiting_key(
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap)
     async with running_relay(settings):
         await wait_for_async(
-            lambda: _states_by_key(outboxkit_db_url) == {"k": ["parked", "pending", "pending"]},
+            lambda: states_by_key(outboxkit_db_url) == {"k": ["parked", "pending", "pending"]},
             what="waiting behind the parked row",
         )
-        assert "1 row(s) discarded" in _cli(outboxkit_db_url, "outbox", "discard", "--all")
+        assert "1 row(s) discarded" in cli_ok(outboxkit_db_url, "outbox", "discard", "--all")
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"discarded": 1, "published": 2},
             what="the rest of the key flows after discard",
@@ -204,12 +187,12 @@ async def test_rows_whose_headers_are_not_an_object_are_parked_not_stalling_the_
     async with running_relay(settings):
         await wait_for_async(
             lambda: (
-                _states_by_key(outboxkit_db_url)
+                states_by_key(outboxkit_db_url)
                 == {"ok": ["published"] * 6, "bad": ["parked", "pending"], "odd": ["parked"]}
             ),
             what="the two rows parked, the other key published",
         )
-        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        listing = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
         reasons = {item["key"]: item["reason"] for item in listing}
         assert "headers must be a JSON object, not a JSON array" in reasons["bad"]
         assert "not a JSON string" in reasons["odd"]
@@ -217,7 +200,7 @@ async def test_rows_whose_headers_are_not_an_object_are_parked_not_stalling_the_
             conn.execute(
                 "UPDATE outboxkit.outbox_message SET headers = '{}' WHERE id = %s", (array_row,)
             )
-        assert "1 row(s) back to pending" in _cli(
+        assert "1 row(s) back to pending" in cli_ok(
             outboxkit_db_url, "outbox", "retry", str(array_row)
         )
         await wait_for_async(
@@ -246,10 +229,10 @@ async def test_a_keyless_row_for_a_compacted_topic_is_parked_not_retried_for_eve
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, client=client)
     async with running_relay(settings):
         await wait_for_async(
-            lambda: _states_by_key(outboxkit_db_url) == {"ok": ["published"] * 6, None: ["parked"]},
+            lambda: states_by_key(outboxkit_db_url) == {"ok": ["published"] * 6, None: ["parked"]},
             what="the keyless row parked, the keyed ones published",
         )
-        [parked] = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        [parked] = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
         assert "invalidrecord" in parked["reason"].lower().replace("_", "")
     got = consume(outboxkit_kafka_bootstrap, topic, expect=6)
     assert [r.value for r in got] == [v for _, v in payloads("ok", 6)]
@@ -288,7 +271,7 @@ async def test_rows_for_the_checkpoint_topic_are_parked_never_read_back_as_check
     async with running_relay(settings):
         await wait_for_async(
             lambda: (
-                _states_by_key(outboxkit_db_url)
+                states_by_key(outboxkit_db_url)
                 == {
                     "ok": ["published"] * 2,
                     "later": ["pending"],
@@ -298,7 +281,7 @@ async def test_rows_for_the_checkpoint_topic_are_parked_never_read_back_as_check
             ),
             what="the checkpoint-topic rows parked, the others published",
         )
-    listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+    listing = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
     assert {item["reason"] for item in listing} == {
         "CHECKPOINT_TOPIC: the relay's checkpoint topic takes only the relay's own records"
     }
@@ -308,7 +291,7 @@ async def test_rows_for_the_checkpoint_topic_are_parked_never_read_back_as_check
         )
     async with running_relay(settings):  # a takeover: reads the checkpoints back
         await wait_for_async(
-            lambda: _states_by_key(outboxkit_db_url)["later"] == ["published"],
+            lambda: states_by_key(outboxkit_db_url)["later"] == ["published"],
             what="the row the forged checkpoint named, published",
         )
     got = consume(outboxkit_kafka_bootstrap, topic, expect=3)
@@ -331,20 +314,21 @@ async def test_rows_of_no_shard_are_parked_and_retried_into_their_keys_shard(
             conn.execute(
                 "UPDATE outboxkit.outbox_message SET shard = %s WHERE id = %s", (shard, row_id)
             )
-    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap)
+    # One row per statement: the sweep goes on until a batch comes back short.
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, retention_batch=1)
     async with running_relay(settings):
         await wait_for_async(
             lambda: (
-                _states_by_key(outboxkit_db_url)
+                states_by_key(outboxkit_db_url)
                 == {"ok": ["published"] * 2, "high": ["parked"], "low": ["parked"]}
             ),
             what="the rows of no shard parked",
         )
-        listing = json.loads(_cli(outboxkit_db_url, "outbox", "parked", "--json"))
+        listing = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
         reasons = {item["key"]: item["reason"] for item in listing}
         assert reasons["high"].startswith("STRAY_SHARD: shard 7 is outside 0..1")
         assert reasons["low"].startswith("STRAY_SHARD: shard -1 is outside 0..1")
-        assert "2 row(s) back to pending" in _cli(outboxkit_db_url, "outbox", "retry", "--all")
+        assert "2 row(s) back to pending" in cli_ok(outboxkit_db_url, "outbox", "retry", "--all")
         await wait_for_async(
             lambda: row_states(outboxkit_db_url) == {"published": 4},
             what="the retried rows published",

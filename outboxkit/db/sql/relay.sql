@@ -290,11 +290,17 @@ RETURNING m.id;
 -- written by outboxkit's writer) would wait for ever, seen by no relay and no metric. They are
 -- parked with the reason, a small batch per statement (the lease row stays shared meanwhile);
 -- `outbox retry` gives them their key's shard. No worker claims them (claim_batch).
+-- Each bound on its own, against the partial pending index (shard, id): a join or an ORDER BY id
+-- let the planner walk the primary key through every published row instead.
 WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting), victims AS (
-    SELECT m.id FROM {schema}.outbox_message m, setting s
-    WHERE m.state = 'pending' AND (m.shard < 0 OR m.shard >= s.shard_count)
-      AND EXISTS (SELECT 1 FROM lease)
-    ORDER BY m.id
+    (SELECT m.id FROM {schema}.outbox_message m
+     WHERE m.state = 'pending' AND m.shard >= (SELECT shard_count FROM setting)
+       AND EXISTS (SELECT 1 FROM lease)
+     LIMIT :limit)
+    UNION ALL
+    (SELECT m.id FROM {schema}.outbox_message m
+     WHERE m.state = 'pending' AND m.shard < 0 AND EXISTS (SELECT 1 FROM lease)
+     LIMIT :limit)
     LIMIT :limit
 ), done AS (
     UPDATE {schema}.outbox_message m
