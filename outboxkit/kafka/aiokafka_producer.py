@@ -163,7 +163,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                 builder, batch = producer.create_batch(), [index]
                 if isinstance(outcome, RecordError) or not _append(builder, request):
                     if not isinstance(outcome, RecordError):
-                        results[index] = Delivery(error=_NOT_SENT)
+                        results[index] = Delivery(error=_UNBATCHABLE)
                     _not_sent(results, indexes[position:])
                     batch = []
                     break
@@ -194,7 +194,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             raise PublishError("delivery not acknowledged in time") from exc
         if fenced is not None:
             raise_for(fenced, "delivery failed")
-        return [d if d is not None else Delivery(error=_NOT_SENT) for d in results]
+        return [d if d is not None else Delivery(error=_UNBATCHABLE) for d in results]
 
     async def _partitioned(
         self,
@@ -264,7 +264,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
 # Delivery is a NamedTuple: tuple.__new__ skips its keyword-handling __new__ (once per record).
 _new = tuple.__new__
 _BATCH_BYTES = 256 * 1024  # a batch the producer builds itself (aiokafka's default is 16 KiB)
-_NOT_SENT = RecordError("KafkaError", "the record could not be added to a batch")
+_UNBATCHABLE = RecordError("KafkaError", "the record could not be added to a batch")
 
 
 async def _topic_partitions(
