@@ -176,6 +176,27 @@ def test_copy_notifies_each_shard_once_on_commit(engine: sa.Engine, outboxkit_db
     assert len(shards) > 1
 
 
+def _copy_in_thread(
+    engine: sa.Engine, items: list[Message]
+) -> tuple[threading.Thread, list[list[WriteResult] | BaseException], list[int]]:
+    """``add_many`` on the COPY path in a thread of its own (started): its results or its
+    error land in the outcome list, its backend's pid in the pid list once it has one."""
+    outcome: list[list[WriteResult] | BaseException] = []
+    pids: list[int] = []
+
+    def write() -> None:
+        with engine.begin() as conn:
+            pids.append(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+            try:
+                outcome.append(COPYING.add_many(conn, items))
+            except BaseException as exc:  # reported to the test thread
+                outcome.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread, outcome, pids
+
+
 def _wait_until_blocked(engine: sa.Engine, pids: list[int]) -> None:
     end = time.monotonic() + 60
     with engine.connect() as probe:
@@ -200,19 +221,7 @@ def test_a_concurrent_holder_of_a_key_is_waited_for(engine: sa.Engine) -> None:
     taken and the call falls back to ON CONFLICT: a duplicate, never a second row."""
     holder = engine.connect()
     [first] = INSERTING.add_many(holder, batch(15, "w")[9:10])
-    outcome: list[list[WriteResult] | BaseException] = []
-    pids: list[int] = []
-
-    def second() -> None:
-        with engine.begin() as conn:
-            pids.append(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            try:
-                outcome.append(COPYING.add_many(conn, batch(15, "w")))
-            except BaseException as exc:  # reported to the test thread
-                outcome.append(exc)
-
-    thread = threading.Thread(target=second)
-    thread.start()
+    thread, outcome, pids = _copy_in_thread(engine, batch(15, "w"))
     _wait_until_blocked(engine, pids)  # the COPY waits for the key's holder
     holder.commit()
     holder.close()
@@ -234,19 +243,7 @@ def test_a_shard_switch_in_progress_is_waited_for_and_its_count_used(engine: sa.
     switch = engine.connect()  # what `relay shards 3` does, held open
     switch.execute(sa.text("LOCK TABLE outboxkit.outbox_message IN SHARE MODE"))
     switch.execute(sa.text("UPDATE outboxkit.outbox_setting SET shard_count = 3"))
-    outcome: list[list[WriteResult] | BaseException] = []
-    pids: list[int] = []
-
-    def write() -> None:
-        with engine.begin() as conn:
-            pids.append(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            try:
-                outcome.append(COPYING.add_many(conn, batch(15, "s")))
-            except BaseException as exc:  # reported to the test thread
-                outcome.append(exc)
-
-    thread = threading.Thread(target=write)
-    thread.start()
+    thread, outcome, pids = _copy_in_thread(engine, batch(15, "s"))
     try:
         _wait_until_blocked(engine, pids)
     finally:
