@@ -19,9 +19,15 @@ from outboxkit.schema import name_problem
 if TYPE_CHECKING:
     from outboxkit.settings.models import KafkaSettings
 
-_SASL = ("sasl_mechanism", "sasl_username", "sasl_password")
+#: The settings each security protocol family uses (refused where it uses none).
+SASL_SETTINGS = ("sasl_mechanism", "sasl_username", "sasl_password")
 _PROTOCOL = "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL ([kafka] security_protocol)"
-_SSL = ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location", "ssl_key_password")
+SSL_SETTINGS = (
+    "ssl_ca_location",
+    "ssl_certificate_location",
+    "ssl_key_location",
+    "ssl_key_password",
+)
 
 
 def librdkafka_text(value: Any) -> str:
@@ -80,19 +86,19 @@ def security_problem(kafka: KafkaSettings) -> str | None:
     # The protocol and the certificate count only as settings: both clients decide from them
     # which settings to pass on, so one given as a librdkafka property would leave them out.
     protocol = kafka.security_protocol.value
-    sasl = [name for name in _SASL if getattr(kafka, name) is not None]
+    sasl = [name for name in SASL_SETTINGS if getattr(kafka, name) is not None]
     if sasl and not kafka.uses_sasl:
         return (
             f"{_named(sasl)} set, but security protocol {protocol} uses no SASL (set"
             f" {_PROTOCOL} to SASL_SSL or SASL_PLAINTEXT, or leave them out)"
         )
-    tls = [name for name in _SSL if getattr(kafka, name) is not None]
+    tls = [name for name in SSL_SETTINGS if getattr(kafka, name) is not None]
     if tls and not kafka.uses_tls:
         return (
             f"{_named(tls)} set, but security protocol {protocol} uses no SSL (set"
             f" {_PROTOCOL} to SSL or SASL_SSL, or leave them out)"
         )
-    key = [name for name in _SSL[2:] if getattr(kafka, name) is not None]
+    key = [name for name in SSL_SETTINGS[2:] if getattr(kafka, name) is not None]
     if key and kafka.ssl_certificate_location is None:
         return f"{_named(key)} set without OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION"
     return None

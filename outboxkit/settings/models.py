@@ -34,6 +34,8 @@ from pydantic_settings import (
 )
 
 from outboxkit.settings.checks import (
+    SASL_SETTINGS,
+    SSL_SETTINGS,
     non_empty_path,
     not_empty,
     property_values,
@@ -174,17 +176,7 @@ class KafkaSettings(BaseSettings):
     def plaintext(cls, bootstrap: str) -> KafkaSettings:
         """A plaintext listener's settings, whatever ``OUTBOXKIT_KAFKA_*`` says (given values
         outrank the environment): SASL or TLS settings there would be refused beside it."""
-        unset: dict[str, Any] = dict.fromkeys(
-            (
-                "sasl_mechanism",
-                "sasl_username",
-                "sasl_password",
-                "ssl_ca_location",
-                "ssl_certificate_location",
-                "ssl_key_location",
-                "ssl_key_password",
-            )
-        )
+        unset: dict[str, Any] = dict.fromkeys((*SASL_SETTINGS, *SSL_SETTINGS))
         return cls(
             bootstrap=bootstrap,
             security_protocol=SecurityProtocol.PLAINTEXT,
