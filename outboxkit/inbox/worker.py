@@ -111,14 +111,22 @@ def _metrics(consumer: ConsumerSettings) -> Any:
     return metrics
 
 
+def remembered_for(consumer: ConsumerSettings) -> float | None:
+    """How long this consumer remembers an event (None: for ever). Without a dedup window the
+    purge decides it: a topic that keeps messages longer could replay a forgotten event, so
+    start-up compares it too rather than let such a replay be applied again unannounced."""
+    return consumer.dedup_window or consumer.retention_window or None
+
+
 async def _check_window(kafka: KafkaSettings, consumer: ConsumerSettings) -> None:
-    if consumer.dedup_window is None:
+    window = remembered_for(consumer)
+    if window is None:
         return
     from outboxkit.inbox.retention import check_window
 
     admin = KafkaClients(kafka).admin()
     try:
-        await check_window(admin, consumer.topics, consumer.dedup_window)
+        await check_window(admin, consumer.topics, window)
     finally:
         await admin.close()
 
@@ -148,9 +156,10 @@ def run(config: Settings | None = None) -> None:
     if not _started(config):
         return
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
-        _run_sync(url, handler, settings, kafka, options)
+        _run_sync(url, handler, settings, kafka, options, config.database.connect_options())
     else:
-        asyncio.run(_run_async(url, handler, settings, kafka, options))
+        connect_args = config.database.connect_options()
+        asyncio.run(_run_async(url, handler, settings, kafka, options, connect_args))
 
 
 def _started(config: Settings) -> bool:
@@ -167,7 +176,12 @@ def _started(config: Settings) -> bool:
 
 
 def _run_sync(
-    url: str, handler: Any, settings: InboxSettings, kafka: KafkaSettings, options: Any
+    url: str,
+    handler: Any,
+    settings: InboxSettings,
+    kafka: KafkaSettings,
+    options: Any,
+    connect_args: dict[str, Any],
 ) -> None:
     from outboxkit.inbox.confluent import ConfluentInboxConsumer
     from outboxkit.inbox.middleware import Inbox
@@ -175,7 +189,7 @@ def _run_sync(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    engine = create_engine(url)
+    engine = create_engine(url, connect_args=connect_args)
     inbox = Inbox(engine, handler, settings) if handler else Inbox(engine, settings)
     try:
         with ConfluentInboxConsumer(inbox, kafka, **options) as running:
@@ -190,6 +204,7 @@ async def _run_async(
     settings: InboxSettings,
     kafka: KafkaSettings,
     options: Any,
+    connect_args: dict[str, Any],
 ) -> None:
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
     from outboxkit.inbox.middleware import AsyncInbox
@@ -198,7 +213,7 @@ async def _run_async(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    engine = create_async_engine(url)
+    engine = create_async_engine(url, connect_args=connect_args)
     inbox = AsyncInbox(engine, handler, settings) if handler else AsyncInbox(engine, settings)
     try:
         async with AiokafkaInboxConsumer(inbox, kafka, **options) as running:

@@ -27,11 +27,14 @@ from outboxkit.kafka.api import (
 )
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create
-from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.kafka.errors import ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
 
 _new = tuple.__new__
 _UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
+_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+_DEFAULT_QUEUE_KBYTES = 1_048_576  # librdkafka's default queue.buffering.max.kbytes
+_QUEUE_MARGIN_KBYTES = 2048
 
 
 def kafka_error_in(exc: BaseException) -> KafkaError | None:
@@ -59,7 +62,7 @@ def raise_for(exc: BaseException, what: str) -> None:
     error = error_of(exc)
     if error.kind is ErrorKind.FENCED:
         raise ProducerFencedError(f"{what}: {error}") from None
-    raise PublishError(f"{what}: {error}") from None
+    raise PublishError(with_acl_hint(f"{what}: {error}")) from None
 
 
 def _report(results: list[Delivery | None], index: int, err: Any, msg: Any) -> None:
@@ -71,6 +74,34 @@ def _report(results: list[Delivery | None], index: int, err: Any, msg: Any) -> N
             results[index] = Delivery(error=RecordError(err.name(), err.str()))
     except BaseException as exc:  # the fatal error confluent-kafka left pending, usually
         results[index] = Delivery(error=error_of(exc))
+
+
+def _queue_kbytes(max_queue_bytes: int, config: dict[str, Any]) -> int:
+    """``queue.buffering.max.kbytes`` for a queue of about one claim (``max_queue_bytes``).
+
+    librdkafka queues up to 1 GiB by default; this bounds it by one claim. A record that does not
+    fit into the whole queue is refused by produce() even when the queue is empty (BufferError),
+    so the queue also takes one record of the largest size the producer accepts (a claim always
+    carries its first row, however large): ``message.max.bytes`` of the final configuration
+    (the user may raise it in properties). The margin covers keys, headers and the checkpoint.
+    """
+    try:
+        largest = int(config.get("message.max.bytes", _MESSAGE_MAX_BYTES))
+    except (TypeError, ValueError):  # librdkafka refuses the value when the producer is created
+        largest = _MESSAGE_MAX_BYTES
+    return -(-max(max_queue_bytes, largest) // 1024) + _QUEUE_MARGIN_KBYTES
+
+
+def _larger_than_queue(request: ProduceRequest, config: dict[str, Any]) -> RecordError:
+    """Why a record that does not fit into the producer's empty queue is refused: it never will."""
+    key, value, headers = request.key, request.value, request.headers
+    size = len(value) + len(key or b"") + sum(len(n) + len(v or b"") for n, v in headers)
+    queue = config.get("queue.buffering.max.kbytes", _DEFAULT_QUEUE_KBYTES)
+    return RecordError(
+        "MSG_SIZE_TOO_LARGE",
+        f"the record ({size} bytes with its key and headers) is larger than the producer's whole"
+        f" queue (queue.buffering.max.kbytes = {queue}): it can never be queued",
+    )
 
 
 def _raise_if_fenced(results: Sequence[Delivery | None]) -> None:
@@ -102,13 +133,7 @@ class ConfluentTransactionalProducer(TransactionalProducer):
     ) -> None:
         self.transactional = transactional_id is not None
         self._timeout = timeout
-        defaults: dict[str, Any] = {}
-        if max_queue_bytes is not None:
-            # librdkafka queues up to 1 GiB by default: bound it by about one claim, plus room for
-            # one record larger than the cap (a claim always carries its first row). A full
-            # queue makes produce() wait for deliveries (send() serves BufferError).
-            defaults["queue.buffering.max.kbytes"] = -(-max_queue_bytes // 1024) + 2048
-        defaults |= {
+        defaults: dict[str, Any] = {
             # Each batch is flushed at once (flush ignores linger), so linger costs no latency; it
             # lets librdkafka build full requests instead of one tiny request per message.
             "linger.ms": 5,
@@ -124,6 +149,10 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             defaults["transaction.timeout.ms"] = int(max(timeout * 2, 60) * 1000)
             required["transactional.id"] = transactional_id
         self._config = confluent_config(settings, defaults, **required, **overrides)
+        if max_queue_bytes is not None:  # a queue size set in properties wins, as any default
+            self._config.setdefault(
+                "queue.buffering.max.kbytes", _queue_kbytes(max_queue_bytes, self._config)
+            )
         self._producer: Producer | None = None
 
     @property
@@ -174,6 +203,7 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         for index, request in enumerate(requests):
             topic, key, value, given_headers, partition = request
             headers: Any = given_headers if type(given_headers) is list else list(given_headers)
+            full_since: float | None = None  # when the queue was first found full for it
             while True:
                 try:
                     produce(
@@ -186,6 +216,21 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                     )
                     break
                 except BufferError:
+                    # The queue is full: deliveries of our earlier records free it. With none of
+                    # them pending (their callbacks ran, so librdkafka freed them) the record
+                    # alone is larger than the whole queue: waiting would never end.
+                    if None not in results[:index]:
+                        refused = results[index] = Delivery(
+                            error=_larger_than_queue(request, self._config)
+                        )
+                        break
+                    now = time.monotonic()
+                    if full_since is None:
+                        full_since = now
+                    elif now - full_since >= self._timeout:  # the deliveries' own bound
+                        raise PublishError(
+                            "delivery not acknowledged in time (the producer's queue stayed full)"
+                        ) from None
                     await _serve(producer.poll, 0.05, results)
                 except KafkaException as exc:
                     error = kafka_error_in(exc)

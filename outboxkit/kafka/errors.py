@@ -49,12 +49,25 @@ _FENCED = frozenset(
         "PRODUCER_FENCED",
         "INVALID_PRODUCER_EPOCH",
         "INVALID_PRODUCER_ID_MAPPING",
-        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
         "ProducerFenced",
         "InvalidProducerEpoch",
         "InvalidProducerIdMapping",
-        "TransactionalIdAuthorizationFailed",
     }
+)
+
+# Not fencing: the relay's principal may not use its transactional.id (a missing ACL). Fenced
+# means "lease lost, back to standby at once", and a shard whose every term ends that way at
+# once spun through lease attempts; it is a retriable error instead (backs off, says the ACL),
+# fixed once the ACL is granted.
+_TRANSACTIONAL_ID_DENIED = (
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+    "TransactionalIdAuthorizationFailed",
+)
+TRANSACTIONAL_ID_ACL_HINT = (
+    "the relay's Kafka principal may not use its transactional.id: grant it WRITE and DESCRIBE"
+    " on the TransactionalId resources prefixed 'outboxkit-relay.' (kafka-acls --add"
+    " --allow-principal User:<relay> --operation Write --operation Describe"
+    " --transactional-id outboxkit-relay. --resource-pattern-type prefixed)"
 )
 
 
@@ -91,6 +104,16 @@ def with_credentials_hint(text: str) -> str:
     if CREDENTIALS_HINT in text or not any(marker in lowered for marker in _AUTH_MARKERS):
         return text
     return f"{text} ({CREDENTIALS_HINT})"
+
+
+def with_acl_hint(text: str) -> str:
+    """``text``, naming the missing ACL when it reports a refused transactional.id."""
+    lowered = text.lower()
+    if TRANSACTIONAL_ID_ACL_HINT in text or not any(
+        name.lower() in lowered for name in _TRANSACTIONAL_ID_DENIED
+    ):
+        return text
+    return f"{text} ({TRANSACTIONAL_ID_ACL_HINT})"
 
 
 def not_read_to_end(where: str, position: int, end: int | None) -> PublishError:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from outboxkit.settings import RelaySettings
+
 
 class _Sized(Protocol):
     @property
@@ -28,6 +30,19 @@ class ClaimSizer:
         self._max_bytes = max_bytes
         self.size = low
         self.full = False  # the last claim came back full (rows or bytes): there is a backlog
+        self.max_rows = self.high  # rows of one transaction (of several claims)
+        self.max_ms = 0.0  # how long one transaction may take more claims; 0: one claim each
+
+    @classmethod
+    def for_relay(cls, config: RelaySettings) -> ClaimSizer:
+        """The relay's sizer. No claim asks for more rows than one transaction may carry,
+        ``batch_size`` included: a transaction of one claim would else pass
+        ``transaction_max_rows`` (500 rows with a cap of 100)."""
+        max_rows = config.transaction_max_rows
+        low, high = min(config.batch_size, max_rows), min(config.max_batch_size, max_rows)
+        sizer = cls(low, high, config.max_batch_bytes)
+        sizer.max_rows, sizer.max_ms = max_rows, config.transaction_max_ms
+        return sizer
 
     def observe(self, asked: int, claim: Sequence[_Sized], *, grow: bool = True) -> None:
         """Record one claim that asked for ``asked`` rows and returned ``claim``; with
@@ -48,6 +63,14 @@ class ClaimSizer:
         # The claim SQL stops before the row that would pass the cap, so a claim cut by it holds
         # at least half the cap unless one row is larger than the rest of it: half is the test.
         return bool(claim) and sum(len(r.payload) for r in claim) >= self._max_bytes // 2
+
+    def next_of_transaction(self, rows: int, elapsed: float) -> int:
+        """Rows of the next claim of a transaction open for ``elapsed`` seconds (``rows`` so far);
+        0: it commits. Only under backlog: a claim that came back short (fewer rows than asked
+        for, and not cut by the byte cap) means the shard is drained, so it commits at once."""
+        if self.max_ms <= 0 or not self.full or elapsed * 1000 >= self.max_ms:
+            return 0
+        return self.next_in_transaction(rows, self.max_rows)
 
     def next_in_transaction(self, rows: int, max_rows: int) -> int:
         """Rows the next claim of an open transaction (``rows`` so far) may ask for; 0: commit.

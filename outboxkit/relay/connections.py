@@ -42,7 +42,9 @@ class ProcessLeases:
         self._held: dict[int, _Held] = {}
         self._acquiring = asyncio.Lock()  # the cap check and the attempt, as one step
         self._lock = asyncio.Lock()  # the lease connection: one statement at a time
-        self._conn = LazyConnection(settings.database_url, "outboxkit-relay-leases")
+        self._conn = LazyConnection(
+            settings.database_url, "outboxkit-relay-leases", **settings.database.connect_options()
+        )
         self._renewer: asyncio.Task[None] | None = None
         self._capped = False  # the "at its maximum" line is logged once per episode
         self.renewals = 0  # renewal statements sent (tests)

@@ -56,8 +56,10 @@ class BatchPublisher:
         checkpoints: CheckpointTopic | None,
         metrics: RelayMetrics,
         faults: FaultPoints,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.config = config
+        self._stop = stop if stop is not None else asyncio.Event()  # the worker's (SIGTERM)
         self.shard = shard
         self._store = store
         self._checkpoints = checkpoints
@@ -80,9 +82,7 @@ class BatchPublisher:
         # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
         self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
         self.stats = PublishStats()
-        # A claim never asks for more rows than one transaction may carry.
-        high = min(config.max_batch_size, config.transaction_max_rows)
-        self._sizer = ClaimSizer(config.batch_size, high, config.max_batch_bytes)
+        self._sizer = ClaimSizer.for_relay(config)  # no claim passes transaction_max_rows
 
     @property
     def limit(self) -> int:
@@ -92,7 +92,7 @@ class BatchPublisher:
         if self._isolate_remaining > 0:
             return 1
         if self._one_claim_transactions > 0:
-            return self.config.batch_size
+            return self._sizer.low
         return self._sizer.size
 
     async def claim(
@@ -141,17 +141,12 @@ class BatchPublisher:
     def _next_limit(self, rows: int, started: float) -> int:
         """Rows of the open transaction's next claim (``rows`` sent so far); 0: it commits.
 
-        Only under backlog: a claim that came back short (fewer rows than asked for, and not cut
-        by the byte cap) means the shard is drained, so the transaction commits at once.
+        Only under backlog (see ``ClaimSizer.next_of_transaction``), and not once the worker
+        stops: shutdown does not wait for the transaction to fill up.
         """
-        config = self.config
-        if self._isolate_remaining > 0 or self._one_claim_transactions > 0:
+        if self._isolate_remaining > 0 or self._one_claim_transactions > 0 or self._stop.is_set():
             return 0
-        if config.transaction_max_ms <= 0 or not self._sizer.full:
-            return 0
-        if (time.monotonic() - started) * 1000 >= config.transaction_max_ms:
-            return 0
-        return self._sizer.next_in_transaction(rows, config.transaction_max_rows)
+        return self._sizer.next_of_transaction(rows, time.monotonic() - started)
 
     async def publish(
         self,
@@ -221,6 +216,9 @@ class BatchPublisher:
                         requests.extend(self._checkpoint(term, slot, carried, to_send))
                     if first:
                         self._faults.reach("before_send")
+                    # A term run out since the claim (a paused process) stops here: nothing
+                    # fences an at-least-once producer (no transactional.id) once it has them.
+                    term.check()
                     clock = time.monotonic()
                     deliveries = await producer.send(requests) if requests else []
                     stats.send += time.monotonic() - clock
@@ -364,11 +362,11 @@ class BatchPublisher:
         permanent = [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]
         if permanent:
             self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
-        if permanent and (claims > 1 or len(sent) > self.config.batch_size):
+        if permanent and (claims > 1 or len(sent) > self._sizer.low):
             # Retry the rows in transactions of one claim of batch_size each, so the bad claim
             # fails alone and only its rows (at most batch_size) are isolated one by one: the
             # claims of the failed transaction may have grown; these do not.
-            self._one_claim_transactions = -(-len(sent) // self.config.batch_size)
+            self._one_claim_transactions = -(-len(sent) // self._sizer.low)
             return Outcome.RETRY_NOW
         if permanent and len(sent) == 1:
             record, error = permanent[0]

@@ -28,6 +28,7 @@ from outboxkit.errors import (
 )
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import TransactionalProducer
+from outboxkit.kafka.errors import with_acl_hint
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.housekeeping import Housekeeping
@@ -63,6 +64,7 @@ class ShardWorker:
     ) -> None:
         self.config = settings.relay
         self._database_url = settings.database_url
+        self._connect_options = settings.database.connect_options()
         self.shard = shard
         self.holder = holder
         self.stop = stop
@@ -92,6 +94,7 @@ class ShardWorker:
             checkpoints=checkpoints,
             metrics=metrics,
             faults=faults,
+            stop=stop,
         )
         self._faults = faults
         self._rng = random.Random()
@@ -116,8 +119,10 @@ class ShardWorker:
                 await self._leases.close()
 
     async def _run(self) -> None:
-        failures = 0
+        failures = 0  # failed sessions in a row, and terms lost before they published anything
         while not self.stop.is_set():
+            published = self._publisher.stats.transactions
+            delay = 0.0
             try:
                 await self._one_session()
                 failures = 0
@@ -129,11 +134,20 @@ class ShardWorker:
                 )
                 self.lease_lost_count += 1
                 self._metrics.lease_lost.labels(self._label, cause).inc()
+                # A term that published: back to standby at once (a successor may be ready, or
+                # the lease free again). One lost before it published anything backs off like a
+                # failure: a term lost at once every time would else spin through attempts.
+                if self._publisher.stats.transactions > published:
+                    failures = 0
+                else:
+                    failures += 1
+                    delay = self._backoff(failures)
                 logger.warning(
-                    "lease lost on shard %s (%s): %s; back to standby",
+                    "lease lost on shard %s (%s): %s; back to standby%s",
                     self.shard,
                     cause,
                     exc,
+                    f" in {delay:.2f}s" if delay else "",
                     extra={"shard": self.shard, "reason": str(cause)},
                 )
             except Exception as exc:  # a worker must never die silently: log, back off, retry
@@ -146,26 +160,31 @@ class ShardWorker:
                 failures += 1
                 if not isinstance(exc, psycopg.Error | OSError | PublishError | ConfigurationError):
                     logger.exception("shard %s: unexpected error", self.shard)
-                delay = backoff_delay(
-                    failures, self.config.backoff_initial, self.config.backoff_max, self._rng
-                )
+                delay = self._backoff(failures)
                 logger.warning(
                     "shard %s: %s: %s; retrying in %.2fs",
                     self.shard,
                     type(exc).__name__,
-                    exc,
+                    with_acl_hint(str(exc)),
                     delay,
                 )
-                await wait_any([self.stop], delay)
             finally:
                 self.active.clear()
                 self._metrics.lease_active.labels(self._label).set(0)
+            if delay:
+                await wait_any([self.stop], delay)
+
+    def _backoff(self, failures: int) -> float:
+        return backoff_delay(
+            failures, self.config.backoff_initial, self.config.backoff_max, self._rng
+        )
 
     def _connect(self) -> contextlib.AbstractAsyncContextManager[Conn]:
         return db.connection_async(
             self._database_url,
             application_name=f"outboxkit-relay-{self.shard}",
             connect_timeout=10,
+            **self._connect_options,
         )
 
     async def _one_session(self) -> None:
@@ -261,10 +280,7 @@ class ShardWorker:
                 if outcome is Outcome.RETRY_LATER:
                     failures += 1
                     self._metrics.failed.labels(self._label).inc()
-                    delay = backoff_delay(
-                        failures, self.config.backoff_initial, self.config.backoff_max, self._rng
-                    )
-                    await wait_any([self.stop], delay)
+                    await wait_any([self.stop], self._backoff(failures))
             # Stopping: the rows of the last Kafka commit are marked before the lease goes.
             await publisher.settle_mark()
         finally:

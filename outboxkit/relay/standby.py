@@ -25,16 +25,17 @@ Conn = psycopg.AsyncConnection[Any]
 class LazyConnection:
     """One autocommit connection of ours, (re)opened on demand once it closed or broke."""
 
-    def __init__(self, url: db.Url, application_name: str) -> None:
+    def __init__(self, url: db.Url, application_name: str, **options: Any) -> None:
         self._url = url
         self._name = application_name
+        self._options = options
         self._conn: Conn | None = None
         self.opened = 0  # connections opened so far (observability, tests)
 
     async def get(self) -> Conn:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = await db.connect_async(
-                self._url, application_name=self._name, connect_timeout=10
+                self._url, application_name=self._name, connect_timeout=10, **self._options
             )
             self.opened += 1
         return self._conn
@@ -51,7 +52,9 @@ class StandbyConnection:
 
     def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
         self._leases = leases or LeaseStore(settings.schema_name)
-        self._conn = LazyConnection(settings.database_url, "outboxkit-relay-standby")
+        self._conn = LazyConnection(
+            settings.database_url, "outboxkit-relay-standby", **settings.database.connect_options()
+        )
         self._lock = asyncio.Lock()
 
     @property

@@ -125,6 +125,14 @@ class DatabaseSettings(BaseSettings):
     model_config = _strict("OUTBOXKIT_DATABASE_")
 
     url: SecretStr | None = None
+    # false behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode
+    # before 1.21, or with max_prepared_statements = 0): psycopg prepares a statement it has run
+    # 5 times on a connection, which such a pooler then runs on another server connection.
+    prepared_statements: bool = True
+
+    def connect_options(self) -> dict[str, Any]:
+        """psycopg's keyword arguments for the connections outboxkit's processes open."""
+        return {} if self.prepared_statements else {"prepare_threshold": None}
 
 
 class KafkaSettings(BaseSettings):
@@ -216,7 +224,7 @@ class RelaySettings(BaseSettings):
     # full it doubles per claim up to max_batch_size (throughput; <= batch_size: fixed size).
     batch_size: int = Field(500, ge=1, le=10_000)
     max_batch_size: int = Field(2000, ge=1, le=10_000)
-    # A claim also stops at this many payload bytes (always at least one row): bounds memory.
+    # A claim also stops at this many bytes of payload, key and headers (>= 1 row): memory.
     max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=MAX_BATCH_BYTES)
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
     # transaction markers while the other works; docs/tuning.md has the figures behind 2).
@@ -225,7 +233,7 @@ class RelaySettings(BaseSettings):
     # Under backlog one Kafka transaction (at-least-once: one database mark) carries several
     # claims, up to this many rows or until this many milliseconds passed since its first claim;
     # a claim that comes back short ends it at once, so an idle relay still sends each row
-    # alone. transaction_max_ms = 0 (or max_rows <= batch_size): one claim per transaction.
+    # alone. transaction_max_ms = 0: one claim per transaction; no claim passes max_rows.
     # The rows' ids travel in the checkpoint record: 10,000 keep it far below 1 MB.
     transaction_max_rows: int = Field(5000, ge=1, le=10_000)
     transaction_max_ms: float = Field(100.0, ge=0, le=MAX_BATCH_MS)  # <= the transaction timeout

@@ -61,10 +61,14 @@ def _lease_lost_by_reason(port: int) -> dict[str, float]:
 @pytest.mark.parametrize(
     ("point", "fenced_by", "reasons"),
     [
-        # Resumed with its batch not sent yet: its records are refused as fenced in the middle
-        # of the send (librdkafka: a fatal error among the delivery callbacks), unless the
-        # renewer's refused renewal saw the takeover first.
-        ("before_send", r"fenced|taken over", {"fenced", "taken_over"}),
+        # Resumed with its batch not sent yet: the term's check right before the send stops it
+        # (its trust deadline passed while it was frozen), unless the renewer's refused renewal
+        # saw the takeover first. Its records never reach the producer.
+        (
+            "before_send",
+            r"local trust deadline passed|taken over",
+            {"trust_lapsed", "taken_over"},
+        ),
         ("after_produce", r"fenced|taken over", {"fenced", "taken_over"}),
         # Resumed before its mark: either the local trust deadline stops it first, or the mark
         # is refused by the token check in SQL (tests/integration/test_relay_lease.py proves

@@ -1,5 +1,6 @@
 """The claim: stops at ``max_batch_bytes`` of payload (running sum in SQL), never below one row;
-leaves out rows in flight by id, never by an id bound (per-key order)."""
+leaves out rows in flight by id, never by an id bound (per-key order); claims nothing for a
+shard beyond the count."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ async def test_claim_stops_at_the_byte_cap_and_always_takes_the_first_row(
 ) -> None:
     set_shard_count(outboxkit_db_url, 1)
     sizes = [3000, 1000, 1000, 1000, 5000, 10]
-    ids = insert_rows(outboxkit_db_url, "t", [("k", b"x" * n) for n in sizes])
+    ids = insert_rows(outboxkit_db_url, "t", [(None, b"x" * n) for n in sizes])  # no key bytes
     async with await db.connect_async(outboxkit_db_url) as conn:
 
         async def claim(max_bytes: int, in_flight: list[int] | None = None) -> list[int]:
@@ -59,3 +60,30 @@ async def test_a_row_that_committed_late_comes_before_newer_rows_of_its_key(
         assert late < min(others) < newer
     finally:
         slow.close()
+
+
+async def test_a_shard_beyond_the_count_claims_nothing(outboxkit_db_url: str) -> None:
+    """A worker still running for a shard the count no longer has (the count was lowered while
+    it ran) must claim nothing: its rows are shard 0's to park as strays, and a row two
+    holders claim could be sent twice."""
+    set_shard_count(outboxkit_db_url, 2)
+    ids = insert_rows(outboxkit_db_url, "t", [(None, b"x") for _ in range(3)])
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute("UPDATE outboxkit.outbox_message SET shard = 1 WHERE id = ANY(%s)", (ids,))
+    store = ShardStore("outboxkit")
+    async with await db.connect_async(outboxkit_db_url) as conn:
+        assert [r.id for r in await store.claim(conn, 1, 10)] == ids  # within the count
+        set_shard_count(outboxkit_db_url, 1)
+        assert await store.claim(conn, 1, 10) == []
+
+
+async def test_headers_and_keys_count_towards_the_byte_cap(outboxkit_db_url: str) -> None:
+    """The writer lets headers grow as large as a payload: a claim of rows with large headers
+    and tiny payloads must stop at the cap too, or one claim could hold gigabytes."""
+    set_shard_count(outboxkit_db_url, 1)
+    ids = insert_rows(
+        outboxkit_db_url, "t", [("k" * 500, b"x") for _ in range(4)], headers={"h": "v" * 2000}
+    )
+    async with await db.connect_async(outboxkit_db_url) as conn:
+        rows = await ShardStore("outboxkit", max_bytes=5000).claim(conn, 0, 100)
+    assert [r.id for r in rows] == ids[:1]  # ~2,500 bytes a row: the second passes 5,000

@@ -387,7 +387,11 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     handed: dict[str, object] = {}
     monkeypatch.setattr(worker, "_started", lambda config: True)
     monkeypatch.setattr(
-        worker, "_run_sync", lambda url, handler, settings, kafka, options: handed.update(options)
+        worker,
+        "_run_sync",
+        lambda url, handler, settings, kafka, options, connect_args: handed.update(
+            options, connect_args=connect_args
+        ),
     )
     monkeypatch.setattr(worker, "resolve_client", lambda kafka: KafkaClient.CONFLUENT)
     code, out = _invoke(
@@ -398,6 +402,18 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     )
     assert code == 0, out
     assert handed["config"] == {"sasl.password": "hunter2", "fetch.min.bytes": 7}
+    assert handed["connect_args"] == {}  # psycopg's own prepared statements by default
+    code, out = _invoke(
+        "inbox",
+        *("run", "--consumer", "c", "--group", "g", "--topic", "t", "--handler", "json:dumps"),
+        env={
+            "OUTBOXKIT_DATABASE_URL": SECRET_URL,
+            "OUTBOXKIT_CONSUMER_GC_TUNING": "false",
+            "OUTBOXKIT_DATABASE_PREPARED_STATEMENTS": "false",  # behind an older PgBouncer
+        },
+    )
+    assert code == 0, out
+    assert handed["connect_args"] == {"prepare_threshold": None}
 
 
 def test_a_malformed_kafka_option_item_is_named_without_its_text() -> None:

@@ -56,18 +56,21 @@ RETURNING token;
 -- failed every claim of the shard; decoded by the relay, that row alone is parked.
 -- The event id comes back as text: the relay only ever sends it as text (a header, the
 -- checkpoint), and a uuid object per row cost a tenth of the relay's CPU (load, then str()).
--- max_bytes: the claim also stops where the running sum of payload sizes passes it, so memory is
--- bounded by bytes, not only rows; the first row always comes (a large row is never stuck).
--- octet_length of a bytea reads the TOAST header only; the window streams in index order.
+-- max_bytes: the claim also stops where the running sum of row sizes (payload, key and headers,
+-- which the writer lets grow as large as a payload) passes it, so memory is bounded by bytes, not
+-- only rows; the first row always comes (a large row is never stuck). octet_length of a bytea
+-- reads the TOAST header only; the window streams in index order.
 SELECT c.id, CAST(c.event_id AS text), c.idempotency_key, c.topic, c.message_key, c.payload,
        c.content_type, CAST(c.headers AS text), c.event_type, c.schema_version,
        c.aggregate_type, c.aggregate_id, c.attempts
 FROM (
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
        nullif(m.headers, '{}'::jsonb) AS headers, m.event_type, m.schema_version,
-       m.aggregate_type, m.aggregate_id, m.attempts, octet_length(m.payload) AS size,
-       sum(octet_length(m.payload)) OVER (ORDER BY m.shard, m.id) AS running
+       m.aggregate_type, m.aggregate_id, m.attempts, z.size,
+       sum(z.size) OVER (ORDER BY m.shard, m.id) AS running
 FROM {schema}.outbox_message m
+CROSS JOIN LATERAL (SELECT octet_length(m.payload) + coalesce(octet_length(m.message_key), 0)
+    + coalesce(octet_length(CAST(nullif(m.headers, '{}'::jsonb) AS text)), 0) AS size) z
 -- "shard BETWEEN x AND x" and "ORDER BY shard, id" (not "shard = x", "ORDER BY id") on purpose:
 -- only the partial pending index (shard, id) can deliver that order, so the planner never walks
 -- the primary key past every already-published row (with stale statistics after a large
