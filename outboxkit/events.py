@@ -96,6 +96,8 @@ class Event(BaseModel):
             not isinstance(schema_version, int) or schema_version < 1
         ):
             raise ConfigurationError(f"{cls.__name__}: schema_version must be a positive int")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ConfigurationError(f"{cls.__name__}: key must name a field, got {key!r}")
         cls.__outbox__ = EventSpec(
             topic=topic,
             event_type=event_type or cls.__name__,
@@ -104,6 +106,23 @@ class Event(BaseModel):
             aggregate_type=aggregate_type
             if aggregate_type is not None
             else (parent.aggregate_type if parent else None),
+        )
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """The key field is checked here, once pydantic knows the fields (``__init_subclass__``
+        runs before): a misspelt name fails the class definition, not every later write with
+        an AttributeError."""
+        super().__pydantic_init_subclass__(**kwargs)
+        spec = cls.__outbox__
+        name = spec.key_field if spec is not None else None
+        if name is None or name in cls.model_fields or name in cls.__private_attributes__:
+            return
+        if hasattr(cls, name):  # a property, a computed field, a class attribute
+            return
+        raise ConfigurationError(
+            f"{cls.__name__}: key={name!r} names no field of the event"
+            f" (fields: {', '.join(cls.model_fields) or 'none'})"
         )
 
     @classmethod

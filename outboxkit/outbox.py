@@ -78,6 +78,36 @@ async def _execute_async(
     return (await db.run_async(conn, db.query("outbox", name, schema), params, binary=True)).rows
 
 
+def _autocommit_refused() -> ConfigurationError:
+    return ConfigurationError(
+        "the outbox writes in the caller's transaction, but this connection is in autocommit"
+        " mode (isolation_level='AUTOCOMMIT'): the row would commit at once, apart from the"
+        " caller's own changes; write on a Session or Connection in a transaction"
+    )
+
+
+def _connection(target: SyncTarget) -> Connection:
+    """The caller's connection, refused in autocommit mode before anything is written: each
+    statement would commit on its own (one transaction or neither no longer holds) and
+    add_many's savepoint would fail. One attribute read, no round trip: the write is hot."""
+    conn = target.connection() if isinstance(target, Session) else target
+    if getattr(conn.connection.dbapi_connection, "autocommit", False):
+        raise _autocommit_refused()
+    return conn
+
+
+async def _connection_async(target: AsyncTarget) -> AsyncConnection:
+    conn = await target.connection() if isinstance(target, AsyncSession) else target
+    sync = conn.sync_connection  # None until started: the write then fails as it would have
+    if sync is None:
+        return conn
+    # An invalidated connection reconnects on first use, which is I/O: only in a greenlet.
+    raw = await conn.get_raw_connection() if sync.invalidated else sync.connection
+    if getattr(raw.dbapi_connection, "autocommit", False):
+        raise _autocommit_refused()
+    return conn
+
+
 def _notified_get(info: dict[Any, Any], schema: str) -> tuple[str | None, list[int]]:
     entry = info.get(_NOTIFY_INFO_KEY, {}).get(schema)
     if entry is None:
@@ -165,7 +195,7 @@ class Outbox:
         return self._run(target, plan)
 
     def _run(self, target: SyncTarget, plan: Plan) -> list[WriteResult]:
-        conn = target.connection() if isinstance(target, Session) else target
+        conn = _connection(target)
         if plan.needs_savepoint:
             with db.savepoint(conn):
                 results = self._write(conn, plan)
@@ -188,7 +218,7 @@ class Outbox:
     def _run_copy(self, target: SyncTarget, items: list[Writable]) -> list[WriteResult]:
         """add_many by COPY, in a savepoint; a taken key or event id (the COPY fails) or a
         database that is not UTF8 takes the INSERT path instead, in the same savepoint."""
-        conn = target.connection() if isinstance(target, Session) else target
+        conn = _connection(target)
         schema = self.config.schema
         notified = _notified_get(conn.info, schema)
         with db.savepoint(conn):
@@ -254,7 +284,7 @@ class Outbox:
         return await self._run_async(target, plan)
 
     async def _run_async(self, target: AsyncTarget, plan: Plan) -> list[WriteResult]:
-        conn = await target.connection() if isinstance(target, AsyncSession) else target
+        conn = await _connection_async(target)
         if plan.needs_savepoint:
             async with db.savepoint_async(conn):
                 results = await self._write_async(conn, plan)
@@ -278,7 +308,7 @@ class Outbox:
     async def _run_copy_async(
         self, target: AsyncTarget, items: list[Writable]
     ) -> list[WriteResult]:
-        conn = await target.connection() if isinstance(target, AsyncSession) else target
+        conn = await _connection_async(target)
         schema = self.config.schema
         notified = _notified_get(conn.info, schema)
         async with db.savepoint_async(conn):

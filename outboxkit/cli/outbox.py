@@ -11,6 +11,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.cli.options import database_options, resolve_or_exit
+from outboxkit.inbox.guard import escape
 
 
 @click.group()
@@ -62,10 +63,10 @@ def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
         click.echo(json.dumps(items))
         return
     for item in items:
-        click.echo(
-            f"{item['id']}\t{item['topic']}\tkey={item['key']}\tshard={item['shard']}\t"
-            f"{item['reason']}"
-        )
+        # Keys and reasons come from producers: a newline would fake a row, an escape sequence
+        # drive the operator's terminal. Shown escaped, as `inbox show` does.
+        topic, key, reason = (escape(str(item[c])) for c in ("topic", "key", "reason"))
+        click.echo(f"{item['id']}\t{topic}\tkey={key}\tshard={item['shard']}\t{reason}")
     click.echo(f"{len(items)} parked row(s)")
 
 

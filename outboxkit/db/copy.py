@@ -4,6 +4,10 @@ A COPY streams rows in PostgreSQL's text format, which psycopg formats in C: for
 it costs the client and the server far less than the same rows as bound arrays. It has no
 ``ON CONFLICT`` and no ``RETURNING``; callers run it in a savepoint and know what to do when
 it fails. Errors reach the caller as :func:`outboxkit.db.run` raises them.
+
+An error of the rows themselves (an item refused while the COPY streams) ends the COPY with a
+fixed message: psycopg would send the error's text, which the server logs and which may quote
+an item's values (a header, a key). The caller still gets its own exception, unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from outboxkit.db.execute import AsyncTarget, SyncTarget, _wrap
 from outboxkit.db.queries import Query
 
 Rows = Iterable[Sequence[Any]]
+
+
+class _RowRefused(Exception):
+    """Stands in for the caller's error at the end of the COPY: the server gets this text."""
+
+    def __init__(self) -> None:
+        super().__init__("outboxkit stopped the COPY: a row was refused before it was sent")
 
 
 def _check(query: Query) -> None:
@@ -43,14 +54,29 @@ async def can_copy_async(target: AsyncTarget) -> bool:
     return isinstance((await conn.get_raw_connection()).driver_connection, psycopg.AsyncConnection)
 
 
+def _copy_in(driver: psycopg.Connection[Any], query: Query, rows: Rows) -> None:
+    """The COPY; an error of ``rows`` ends it with :class:`_RowRefused`'s text, then goes on."""
+    refused: Exception | None = None
+    try:
+        with driver.cursor() as cur, cur.copy(query.text) as copy:
+            try:
+                for row in rows:
+                    copy.write_row(row)
+            except Exception as exc:
+                refused = exc
+                raise _RowRefused from None
+    except _RowRefused:
+        pass  # the COPY ended with the fixed text; the caller's error is raised below
+    if refused is not None:
+        raise refused  # outside the handler: no context added to the caller's exception
+
+
 def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     """COPY ``rows`` with ``query`` (``COPY .. FROM STDIN``); False, having sent nothing, when
     the connection's driver is not psycopg."""
     _check(query)
     if isinstance(target, psycopg.Connection):
-        with target.cursor() as cur, cur.copy(query.text) as copy:
-            for row in rows:
-                copy.write_row(row)
+        _copy_in(target, query, rows)
         return True
     conn = target.connection() if isinstance(target, Session) else target
     if not conn.in_transaction():
@@ -59,9 +85,7 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     if not isinstance(driver, psycopg.Connection):
         return False
     try:
-        with driver.cursor() as cur, cur.copy(query.text) as copy:
-            for row in rows:
-                copy.write_row(row)
+        _copy_in(driver, query, rows)
     except psycopg.Error as exc:
         if driver.broken:
             conn.invalidate(exc)
@@ -69,13 +93,27 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     return True
 
 
+async def _copy_in_async(driver: psycopg.AsyncConnection[Any], query: Query, rows: Rows) -> None:
+    refused: Exception | None = None
+    try:
+        async with driver.cursor() as cur, cur.copy(query.text) as copy:
+            try:
+                for row in rows:
+                    await copy.write_row(row)
+            except Exception as exc:
+                refused = exc
+                raise _RowRefused from None
+    except _RowRefused:
+        pass
+    if refused is not None:
+        raise refused
+
+
 async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool:
     """:func:`copy_rows` for async targets."""
     _check(query)
     if isinstance(target, psycopg.AsyncConnection):
-        async with target.cursor() as cur, cur.copy(query.text) as copy:
-            for row in rows:
-                await copy.write_row(row)
+        await _copy_in_async(target, query, rows)
         return True
     conn = await target.connection() if isinstance(target, AsyncSession) else target
     if not conn.in_transaction():
@@ -84,9 +122,7 @@ async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool
     if not isinstance(driver, psycopg.AsyncConnection):
         return False
     try:
-        async with driver.cursor() as cur, cur.copy(query.text) as copy:
-            for row in rows:
-                await copy.write_row(row)
+        await _copy_in_async(driver, query, rows)
     except psycopg.Error as exc:
         if driver.broken:
             await conn.invalidate(exc)

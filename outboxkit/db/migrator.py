@@ -23,7 +23,7 @@ from psycopg import sql
 
 from outboxkit.db.connect import Url, connect
 from outboxkit.errors import MigrationError, SchemaError
-from outboxkit.schema import DEFAULT_SCHEMA, validate_schema_name
+from outboxkit.schema import DEFAULT_SCHEMA, quoted, validate_schema_name
 
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -90,6 +90,19 @@ def _connect(target: Target) -> Iterator[psycopg.Connection[Any]]:
             yield conn
 
 
+@contextmanager
+def _transaction(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Cursor[Any]]:
+    """A transaction (a savepoint inside a caller's) and a cursor in it. A transaction of our
+    own runs at READ COMMITTED whatever the database's default: a process that waited for the
+    lock must see what the winner committed meanwhile, which a REPEATABLE READ snapshot (taken
+    by the lock statement) would not, and it would re-run every migration."""
+    ours = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with conn.transaction(), conn.cursor() as cur:
+        if ours:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        yield cur
+
+
 def _bootstrap(cur: psycopg.Cursor[Any], schema: str) -> None:
     ident = sql.Identifier(schema)
     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"outboxkit.migrate.{schema}",))
@@ -129,7 +142,7 @@ def upgrade(target: Target, schema: str = DEFAULT_SCHEMA) -> list[int]:
     savepoint of it, and the ``search_path`` the migrations need is put back afterwards.
     """
     validate_schema_name(schema)
-    with _connect(target) as conn, conn.transaction(), conn.cursor() as cur:
+    with _connect(target) as conn, _transaction(conn) as cur:
         _bootstrap(cur, schema)
         status = _status(_applied(cur, schema))
         if status.unknown or status.changed:
@@ -188,15 +201,15 @@ def require_current(target: Target, schema: str = DEFAULT_SCHEMA) -> None:
 
 def render_sql(schema: str = DEFAULT_SCHEMA, after: int = 0) -> str:
     """The SQL ``upgrade`` would run after version ``after``, for DBAs who apply it by hand."""
-    validate_schema_name(schema)
+    ident = quoted(schema)  # as upgrade's sql.Identifier: a reserved word (user) is a name too
     parts = [
-        "BEGIN;",
+        "BEGIN ISOLATION LEVEL READ COMMITTED;",  # as upgrade: see _transaction
         f"SELECT pg_advisory_xact_lock(hashtext('outboxkit.migrate.{schema}'));",
-        f"CREATE SCHEMA IF NOT EXISTS {schema};",
-        f"CREATE TABLE IF NOT EXISTS {schema}.schema_migration (version integer PRIMARY KEY,"
+        f"CREATE SCHEMA IF NOT EXISTS {ident};",
+        f"CREATE TABLE IF NOT EXISTS {ident}.schema_migration (version integer PRIMARY KEY,"
         " name text NOT NULL, checksum text NOT NULL,"
         " applied_at timestamptz NOT NULL DEFAULT now());",
-        f"SET LOCAL search_path TO {schema};",
+        f"SET LOCAL search_path TO {ident};",
     ]
     for m in load_migrations():
         if m.version > after:
