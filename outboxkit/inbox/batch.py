@@ -24,7 +24,8 @@
    commit once);
 6. then settles the failures (retry or dead, one by one) and the lost leases.
 
-Both runs belong to the same claim, so a rolled-back optimistic run is not an attempt.
+Both runs belong to the same claim, so a rolled-back optimistic run is not an attempt. A batch
+that fails as a whole gives back every claim it did not settle (:mod:`.batch_claims`).
 
 The loop commits the offsets after that. Outcomes are returned only for records no earlier
 record of the same partition holds back; the records to deliver again are handed back.
@@ -32,13 +33,13 @@ record of the same partition holds back; the records to deliver again are handed
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.errors import BatchTransactionEndedError, DecodeError, LeaseLostError
 from outboxkit.faults import fault_point
+from outboxkit.inbox.batch_claims import BatchClaims
 from outboxkit.inbox.batch_handler import bulk_call, rounds
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import (
@@ -49,7 +50,7 @@ from outboxkit.inbox.delivery import (
     handler_context,
 )
 from outboxkit.inbox.envelope import Envelope, Identity
-from outboxkit.inbox.guard import error_text, message
+from outboxkit.inbox.guard import message
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.steps import (
     CloseHandler,
@@ -62,8 +63,6 @@ from outboxkit.inbox.steps import (
     StartLeases,
 )
 from outboxkit.inbox.store import Claim
-
-logger = logging.getLogger("outboxkit.inbox.batch")
 
 TopicPartition = tuple[str, int]
 RevokedPartition = Callable[[TopicPartition], bool]
@@ -104,6 +103,10 @@ class _Batch:
     # indexes of the items whose batch handler's call failed: from now on called one by one
     singles: set[int] = field(default_factory=set)
     transactions: int = 0  # opened for the handlers: all but the last rolled back
+    claims: BatchClaims = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.claims = BatchClaims(self.core.statements)
 
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)
@@ -116,12 +119,28 @@ class _Batch:
         picked, stop = yield from self._admit(envs)
         if not picked:
             return self._result(envs, stop)
-        claims = yield from self._claim(picked)
+        claims = yield from self.claims.take([(p.ident, p.env) for p in picked])
+        try:
+            stop = yield from self._claimed(picked, claims, stop)
+        except Exception:
+            # Whatever failed (a statement, a lease, a handler ending the transaction, settling
+            # a failure): the loop delivers the records one by one, so the claims this run did
+            # not settle are given back; else each would come back as a takeover, its attempt
+            # spent by a run that may never have called its handler.
+            done = self.done
+            yield from self.claims.give_back(
+                p.ident.event_id for p in picked if p.index not in done
+            )
+            raise
+        return self._result(envs, stop)
+
+    def _claimed(self, picked: list[_Picked], claims: dict[str, Claim], stop: int) -> Plan[int]:
+        """Run and settle what was claimed -> where the batch stops (see :meth:`_result`)."""
         takeover = next((n for n, p in enumerate(picked) if _taken(claims, p.ident)), None)
         if takeover is not None:
             later = picked[takeover + 1 :] if takeover == 0 else picked[takeover:]
             gone = [p.ident.event_id for p in later if p.ident.event_id in claims]
-            yield from self._release([(event_id, claims[event_id].token) for event_id in gone])
+            yield from self.claims.release([(e, claims[e].token) for e in gone])
             stop = later[0].index if later else stop
             if takeover == 0:  # it runs alone, in a transaction of its own
                 head = picked[0]
@@ -139,23 +158,18 @@ class _Batch:
             else:
                 items.append(self._item(p, claim))
         items = yield from self._prepare(items)
-        try:
-            succeeded = yield from self._transaction(items)
-        except Exception:
-            # Roll back first: a mark that failed part-way holds row locks the give-back needs.
-            yield CloseHandler()
-            yield from self._give_back(items)
-            raise
+        succeeded = yield from self._transaction(items)
         for item in succeeded:
             self.done[item.index] = Outcome.succeeded(
                 item.run.ident.event_id, item.run.claim.attempts
             )
+        # Given back before the failures are settled (a dead letter may wait on Kafka).
+        yield from self.claims.release([item.key for item in self.unrun])
         for item, exc in self.failed:
             self.done[item.index] = yield from self.core.failed(item.run, exc)
         for item, reason in self.lost:
             self.done[item.index] = yield from self.core.lease_lost(item.run, reason)
-        yield from self._release([item.key for item in self.unrun])
-        return self._result(envs, stop)
+        return stop
 
     # -- phases -----------------------------------------------------------------------------------
     def _admit(self, envs: list[Envelope]) -> Plan[tuple[list[_Picked], int]]:
@@ -177,11 +191,6 @@ class _Batch:
             seen.add(ident.event_id)
             picked.append(_Picked(index, ident, env))
         return picked, len(envs)
-
-    def _claim(self, picked: list[_Picked]) -> Plan[dict[str, Claim]]:
-        statement = self.core.statements.claim_batch([(p.ident, p.env) for p in picked])
-        rows = (yield statement).rows
-        return {row[0]: Claim.claimed(*row[1:4]) for row in rows}
 
     def _not_claimed(self, p: _Picked) -> Plan[None]:
         claim = yield from self.core.statements.unclaimed_plan(p.ident)
@@ -331,18 +340,6 @@ class _Batch:
 
     def _bulk_of(self, item: _Item) -> Callable[..., Any] | None:
         return None if item.index in self.singles else item.bulk
-
-    def _give_back(self, items: list[_Item]) -> Plan[None]:
-        """The batch failed as a whole (the loop delivers it one by one): its claims are given
-        back, so this run does not count as an attempt of each of its records."""
-        try:
-            yield from self._release([item.key for item in items])
-        except Exception as exc:  # the first error is the one to report
-            logger.warning("claims of a failed batch not given back: %s", error_text(exc))
-
-    def _release(self, keys: list[tuple[str, int]]) -> Plan[None]:
-        if keys:
-            yield self.core.statements.release_batch(keys)
 
     def _revoked_for(self, env: Envelope) -> Callable[[], bool]:
         tp = (env.topic, env.partition)

@@ -96,10 +96,10 @@ class InboxConsumer(Generic[InboxT]):
 
     ``dead_letter``: a topic name, a template whose only placeholder is ``{topic}`` (anything
     else is a :class:`~outboxkit.errors.ConfigurationError` here), or a callable of the topic.
-    ``dead_letter_check``: at start-up, a missing dead-letter topic is an error (``"fail"``), a
-    warning (``"warn"``) or not looked for (``"off"``). ``retention`` purges finished inbox rows
-    and old rejections from this loop. ``max_unexpected_errors``: failures outside the handler
-    of one record in a row before it is given up (recorded as a rejection).
+    ``dead_letter_check``: at start-up, a missing dead-letter or acks topic is an error
+    (``"fail"``), a warning (``"warn"``) or not looked for (``"off"``). ``retention`` purges
+    finished inbox rows and old rejections from this loop. ``max_unexpected_errors``: failures
+    outside the handler of one record in a row before it is given up (recorded as a rejection).
     ``batch_max_records``: records processed in one transaction (a savepoint per handler only
     after a failure; 1: one transaction per record); ``batch_max_ms``: how long a batch waits
     to fill up after its first record.

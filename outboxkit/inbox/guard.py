@@ -13,6 +13,8 @@ import hashlib
 import inspect
 import re
 
+import psycopg
+
 from outboxkit.errors import DecodeError
 from outboxkit.wire import HEADER_EVENT_ID, HEADER_LIMITS, header_problem
 
@@ -94,7 +96,9 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
 
     SQLAlchemy's text ends with ``[parameters: ...]`` and the driver's DETAIL lines quote row
     values, so a database error is reported by the driver's class, SQLSTATE and first message
-    line; a data exception (SQLSTATE class 22) also loses its quoted parts (input values).
+    line; a data exception (SQLSTATE class 22) also loses its quoted parts (input values). A
+    statement's error without a SQLSTATE (raised binding a value, or by the driver itself) is
+    reported by its classes alone.
 
     Never raises: it settles a handler's failure, and an error here would send that record down
     the unexpected-error path (no retry policy, no dead letter). A handler's exception whose
@@ -122,8 +126,15 @@ def _error_text(exc: BaseException, detail: bool) -> str:
     if detail:
         return bounded(f"{type(exc).__name__}: {exc}", 4000)
     orig = getattr(exc, "orig", None)
-    if orig is None and hasattr(exc, "statement") and hasattr(exc, "params"):
-        return f"{type(exc).__name__}: statement failed (details hidden)"
+    if hasattr(exc, "statement") and hasattr(exc, "params"):
+        # A server's error (with a SQLSTATE) and the driver's own (a lost connection) quote
+        # no bound value in their first line; what failed while binding in Python (an Enum's
+        # LookupError, a type's TypeError) may quote one, so it is named by its type alone.
+        if not isinstance(orig, BaseException):
+            return f"{type(exc).__name__}: statement failed (details hidden)"
+        if getattr(orig, "sqlstate", None) is None and not isinstance(orig, psycopg.Error):
+            names = f"{type(exc).__name__} ({type(orig).__name__})"
+            return f"{names}: statement failed (details hidden)"
     if isinstance(orig, BaseException):
         exc = orig
     sqlstate = getattr(exc, "sqlstate", None)

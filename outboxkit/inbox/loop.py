@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from outboxkit.db.availability import database_unavailable
-from outboxkit.errors import ConfigurationError, PublishError
+from outboxkit.errors import PublishError
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
@@ -30,7 +30,6 @@ from outboxkit.inbox.deadletter import (
     DeadLetterTopic,
     dead_letter_headers,
     dead_letter_topic,
-    missing_topic,
 )
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
@@ -49,10 +48,9 @@ from outboxkit.inbox.steps import (
     Publish,
     Resume,
     Seek,
-    Sleep,
     Subscribe,
-    TopicExists,
 )
+from outboxkit.inbox.topic_check import check_topics
 from outboxkit.kafka.api import ConsumedRecord, TopicPartition
 
 if TYPE_CHECKING:
@@ -64,9 +62,6 @@ logger = logging.getLogger("outboxkit.inbox.consumer")
 # the partition is held and the delivery retried after this long, at most
 # ``max_unexpected_errors`` times in a row before it is given up (recorded, offset advanced).
 ERROR_RETRY_SECONDS = 1.0
-# Kafka not answering at start-up: ask again after this long, doubling up to the maximum.
-START_RETRY_SECONDS = 0.5
-START_RETRY_MAX_SECONDS = 5.0
 # Batched processing: at most this many records per transaction (each handler in a savepoint;
 # PostgreSQL keeps 64 subtransactions per transaction in shared memory, more slow every
 # snapshot), and at most this long spent topping a batch up after its first record.
@@ -144,32 +139,15 @@ class ConsumerLoop:
             yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
 
     def check_dead_letters(self) -> Plan[list[str]]:
-        """Missing dead-letter topics, checked before joining the group (``dead_letter_check``:
-        ``"fail"`` raises :class:`ConfigurationError` naming the first, ``"warn"`` logs them)."""
-        setting, mode = self.options.dead_letter, self.options.dead_letter_check
-        if setting is None or mode == "off":
-            return []
-        problems = []
-        for name in sorted({dead_letter_topic(setting, t) for t in self.options.topics}):
-            if not (yield from self._topic_exists(name)):
-                problems.append(missing_topic(name))
-        for problem in problems:
-            if mode == "fail":
-                raise ConfigurationError(problem)
-            logger.warning(problem)
-        return problems
-
-    def _topic_exists(self, name: str) -> Plan[bool]:
-        """Ask until Kafka answers: a consumer started while the broker is away waits (and says
-        so) instead of exiting, as the relay does; only a topic that is really missing counts."""
-        pause = START_RETRY_SECONDS
-        while True:
-            try:
-                return bool((yield TopicExists(name)))
-            except PublishError as exc:
-                logger.warning("waiting for Kafka before checking topic %s: %s", name, exc)
-            yield Sleep(pause)
-            pause = min(pause * 2, START_RETRY_MAX_SECONDS)
+        """Missing dead-letter topics and acks topic, checked before joining the group
+        (``dead_letter_check``: ``"fail"`` raises :class:`ConfigurationError` naming the first,
+        ``"warn"`` logs them)."""
+        options = self.options
+        return (
+            yield from check_topics(
+                options.topics, options.dead_letter, options.acks_topic, options.dead_letter_check
+            )
+        )
 
     def run(self, stopped: Callable[[], bool], max_messages: int | None = None) -> Plan[int]:
         """Process until ``stopped()`` (or ``max_messages`` deliveries were settled)."""
@@ -229,6 +207,8 @@ class ConsumerLoop:
                 else:
                     wait = self.options.poll_timeout if timeout is None else timeout
                 fetched = yield Poll(wait, max(self.options.max_records, limit))
+                if taken:  # a rebalance in that poll may have taken partitions of these
+                    taken = [r for r in taken if (r.topic, r.partition) in self.assigned]
                 if not fetched:
                     break
                 self.buffer.extend(fetched)
@@ -351,9 +331,11 @@ class ConsumerLoop:
         tp = (env.topic, env.partition)
         if outcome.kind.advances_offset:
             yield from self._acknowledge(env, outcome)
+            if tp not in self.assigned:
+                return  # revoked meanwhile (aiokafka may rebalance at any await): not ours
             if self.pending is None:
                 yield from self._commit({tp: env.offset + 1})
-            elif tp in self.assigned:
+            else:
                 self.pending.settle(tp, env.offset + 1)
             return
         if tp in self.revoked or tp not in self.assigned:

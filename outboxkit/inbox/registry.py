@@ -28,7 +28,7 @@ import pydantic
 from outboxkit.errors import ConfigurationError, DecodeError, UnknownEventTypeError
 from outboxkit.events import Event
 from outboxkit.inbox.batch_handler import OneAtATime
-from outboxkit.inbox.guard import excerpt
+from outboxkit.inbox.guard import error_text, excerpt
 from outboxkit.wire import JSON_CONTENT_TYPE
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
@@ -141,7 +141,8 @@ class EventRegistry:
                 raise ConfigurationError(f"the Inbox handler for {name!r} must not be async")
 
     def decode(self, event_type: str | None, content_type: str, payload: bytes | None) -> object:
-        """The typed event, or :class:`DecodeError` with a reason fit for the rejection record."""
+        """The typed event, or :class:`DecodeError` with a reason fit for the rejection record
+        (whatever the model's validation raised)."""
         if event_type is None:
             raise UnknownEventTypeError("the message has no event-type header")
         model = self._models.get(event_type)
@@ -158,3 +159,10 @@ class EventRegistry:
             where = f"{errors[0]['msg']} at {list(errors[0]['loc'])}" if errors else "invalid"
             where = excerpt(where)
             raise DecodeError(f"payload is not a valid {event_type!r}: {where}") from exc
+        except Exception as exc:
+            # pydantic wraps only ValueError and AssertionError: anything else a validator
+            # raises (a TypeError, a KeyError) for this payload is this record's fault, not the
+            # batch's, and would fail again on every delivery.
+            raise DecodeError(
+                f"payload of {event_type!r} could not be decoded: {error_text(exc)}"
+            ) from exc

@@ -1,0 +1,57 @@
+"""The claims of a batch (sans-IO): taken in one statement, given back when not run.
+
+A claim given back (``release_batch``) takes its attempt back, so a record claimed in a batch
+but not run, or run in a batch that then failed as a whole, is not counted as attempted: the
+loop delivers it again (one by one after a failed batch) as a first attempt, not as a takeover
+of an earlier run (which with ``max_attempts=1`` would end it dead without its handler having
+run). Each claim is given back at most once: a second release would take back one more attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from outboxkit.inbox.envelope import Envelope, Identity
+from outboxkit.inbox.guard import error_text
+from outboxkit.inbox.steps import CloseHandler, Plan
+from outboxkit.inbox.store import Claim, InboxStatements
+
+logger = logging.getLogger("outboxkit.inbox.batch")
+
+
+@dataclass(eq=False, slots=True)
+class BatchClaims:
+    statements: InboxStatements
+    held: dict[str, Claim] = field(default_factory=dict)  # by event id, as claimed
+    released: set[str] = field(default_factory=set)  # event ids given back already
+
+    def take(self, items: list[tuple[Identity, Envelope]]) -> Plan[dict[str, Claim]]:
+        """Claim the records in one statement -> the claims made, by event id (the others are
+        duplicates or reused ids)."""
+        rows = (yield self.statements.claim_batch(items)).rows
+        self.held = {row[0]: Claim.claimed(*row[1:4]) for row in rows}
+        return self.held
+
+    def release(self, keys: list[tuple[str, int]]) -> Plan[None]:
+        """Give claims back, ``(event_id, token)`` each."""
+        if keys:
+            yield self.statements.release_batch(keys)
+            self.released.update(event_id for event_id, _ in keys)
+
+    def give_back(self, unsettled: Iterable[str]) -> Plan[None]:
+        """The batch failed as a whole: give back the claims of ``unsettled`` (event ids with no
+        outcome recorded) not given back yet. Never raises: the batch's error is the one to
+        report, and the loop delivers the records again either way."""
+        keys = [
+            (event_id, self.held[event_id].token)
+            for event_id in unsettled
+            if event_id in self.held and event_id not in self.released
+        ]
+        try:
+            # Roll back first: a mark that failed part-way holds row locks the give-back needs.
+            yield CloseHandler()
+            yield from self.release(keys)
+        except Exception as exc:
+            logger.warning("claims of a failed batch not given back: %s", error_text(exc))
