@@ -4,6 +4,8 @@ one line naming the setting and never its value; unreadable files likewise."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,12 +63,23 @@ def test_a_secret_file_that_is_not_utf8_is_named_not_quoted(
     assert "not valid UTF-8" in message
 
 
-def test_a_secret_file_is_read_as_utf8_whatever_the_locale(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_secret_file_is_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """Read in a process whose locale encoding is ASCII (C locale, neither UTF-8 mode nor locale
+    coercion): a read in the locale's encoding would fail on the first non-ASCII byte."""
     (tmp_path / "OUTBOXKIT_RELAY_GROUP").write_bytes("grün\n".encode())
-    monkeypatch.setenv("OUTBOXKIT_SECRETS_DIR", str(tmp_path))
-    assert load_settings().relay.group == "grün"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOXKIT_", "LC_", "LANG"))}
+    env.update(
+        OUTBOXKIT_SECRETS_DIR=str(tmp_path), LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0"
+    )
+    script = (
+        "import locale; from outboxkit.settings import load_settings;"
+        " print(locale.getpreferredencoding(False), ascii(load_settings().relay.group))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ANSI_X3.4-1968", ascii("grün")]
 
 
 # --------------------------------------------------------------------------- Kafka security fit
