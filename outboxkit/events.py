@@ -118,6 +118,10 @@ class Event(BaseModel):
         name = spec.key_field if spec is not None else None
         if name is None or name in cls.model_fields or name in cls.__private_attributes__:
             return
+        # A base that leaves its fields to subclasses (each is checked), or one whose instances
+        # may carry extra fields, cannot be judged here.
+        if not cls.model_fields or cls.model_config.get("extra") == "allow":
+            return
         if hasattr(cls, name):  # a property, a computed field, a class attribute
             return
         raise ConfigurationError(

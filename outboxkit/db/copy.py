@@ -54,21 +54,44 @@ async def can_copy_async(target: AsyncTarget) -> bool:
     return isinstance((await conn.get_raw_connection()).driver_connection, psycopg.AsyncConnection)
 
 
+class _Refusals:
+    """Around a COPY: the error of a row stands in as :class:`_RowRefused` while the COPY ends
+    (psycopg sends that text to the server); :meth:`reraise` then raises the caller's own
+    error, unchanged (outside any handler: no context added). Should ending the COPY fail too
+    (a broken connection), that error leaves with the caller's as its cause."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def refuse(self, exc: Exception) -> _RowRefused:
+        self.error = exc
+        return _RowRefused()
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> _Refusals:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> bool:
+        if self.error is None or exc is None:
+            return False
+        if isinstance(exc, _RowRefused):
+            return True  # the COPY ended with the fixed text: reraise() follows
+        exc.__cause__ = self.error
+        return False
+
+
 def _copy_in(driver: psycopg.Connection[Any], query: Query, rows: Rows) -> None:
-    """The COPY; an error of ``rows`` ends it with :class:`_RowRefused`'s text, then goes on."""
-    refused: Exception | None = None
-    try:
-        with driver.cursor() as cur, cur.copy(query.text) as copy:
-            try:
-                for row in rows:
-                    copy.write_row(row)
-            except Exception as exc:
-                refused = exc
-                raise _RowRefused from None
-    except _RowRefused:
-        pass  # the COPY ended with the fixed text; the caller's error is raised below
-    if refused is not None:
-        raise refused  # outside the handler: no context added to the caller's exception
+    """The COPY; an error of ``rows`` ends it with :class:`_RowRefused`'s text (_Refusals)."""
+    with _Refusals() as refusals, driver.cursor() as cur, cur.copy(query.text) as copy:
+        try:
+            for row in rows:
+                copy.write_row(row)
+        except Exception as exc:
+            raise refusals.refuse(exc) from None
+    refusals.reraise()
 
 
 def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
@@ -94,19 +117,14 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
 
 
 async def _copy_in_async(driver: psycopg.AsyncConnection[Any], query: Query, rows: Rows) -> None:
-    refused: Exception | None = None
-    try:
+    with _Refusals() as refusals:
         async with driver.cursor() as cur, cur.copy(query.text) as copy:
             try:
                 for row in rows:
                     await copy.write_row(row)
             except Exception as exc:
-                refused = exc
-                raise _RowRefused from None
-    except _RowRefused:
-        pass
-    if refused is not None:
-        raise refused
+                raise refusals.refuse(exc) from None
+    refusals.reraise()
 
 
 async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool:

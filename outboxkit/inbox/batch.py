@@ -123,10 +123,9 @@ class _Batch:
         try:
             stop = yield from self._claimed(picked, claims, stop)
         except Exception:
-            # Whatever failed (a statement, a lease, a handler ending the transaction, settling
-            # a failure): the loop delivers the records one by one, so the claims this run did
-            # not settle are given back; else each would come back as a takeover, its attempt
-            # spent by a run that may never have called its handler.
+            # Delivered one by one next: a claim whose run does not count (no handler call, or
+            # one rolled back) is given back, or it would come back as a takeover with an
+            # attempt spent (the runs that count were kept: see BatchClaims.keep).
             done = self.done
             yield from self.claims.give_back(
                 p.ident.event_id for p in picked if p.index not in done
@@ -148,6 +147,7 @@ class _Batch:
                     head.env, head.ident, claims[head.ident.event_id], self.dead_letter
                 )
                 revoked = self._revoked_for(head.env)
+                self.claims.keep([head.ident.event_id])  # run alone: one delivery's attempt
                 self.done[head.index] = yield from self.core.run_claimed(run, revoked)
             picked = picked[:takeover]
         items = []
@@ -159,6 +159,7 @@ class _Batch:
                 items.append(self._item(p, claim))
         items = yield from self._prepare(items)
         succeeded = yield from self._transaction(items)
+        self.claims.keep([item.run.ident.event_id for item, _ in (*self.failed, *self.lost)])
         for item in succeeded:
             self.done[item.index] = Outcome.succeeded(
                 item.run.ident.event_id, item.run.claim.attempts

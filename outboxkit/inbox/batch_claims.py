@@ -26,6 +26,7 @@ class BatchClaims:
     statements: InboxStatements
     held: dict[str, Claim] = field(default_factory=dict)  # by event id, as claimed
     released: set[str] = field(default_factory=set)  # event ids given back already
+    kept: set[str] = field(default_factory=set)  # event ids whose run counts (see keep)
 
     def take(self, items: list[tuple[Identity, Envelope]]) -> Plan[dict[str, Claim]]:
         """Claim the records in one statement -> the claims made, by event id (the others are
@@ -40,14 +41,21 @@ class BatchClaims:
             yield self.statements.release_batch(keys)
             self.released.update(event_id for event_id, _ in keys)
 
+    def keep(self, event_ids: Iterable[str]) -> None:
+        """These runs count, whatever fails later: a record run alone (one delivery), and once
+        the handlers' transaction committed, a handler that failed or lost its lease. Given
+        back, it would run again for free (with ``max_attempts=1``, a second dead letter)."""
+        self.kept.update(event_ids)
+
     def give_back(self, unsettled: Iterable[str]) -> Plan[None]:
         """The batch failed as a whole: give back the claims of ``unsettled`` (event ids with no
         outcome recorded) not given back yet. Never raises: the batch's error is the one to
         report, and the loop delivers the records again either way."""
+        skip = self.released | self.kept
         keys = [
             (event_id, self.held[event_id].token)
             for event_id in unsettled
-            if event_id in self.held and event_id not in self.released
+            if event_id in self.held and event_id not in skip
         ]
         try:
             # Roll back first: a mark that failed part-way holds row locks the give-back needs.

@@ -10,15 +10,7 @@ applies to every claim whatever its row count, so memory stays bounded by the sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
-
 from outboxkit.settings import RelaySettings
-
-
-class _Sized(Protocol):
-    @property
-    def payload(self) -> bytes: ...
 
 
 class ClaimSizer:
@@ -44,10 +36,13 @@ class ClaimSizer:
         sizer.max_rows, sizer.max_ms = max_rows, config.transaction_max_ms
         return sizer
 
-    def observe(self, asked: int, claim: Sequence[_Sized], *, grow: bool = True) -> None:
-        """Record one claim that asked for ``asked`` rows and returned ``claim``; with
-        ``grow=False`` only whether it came back full (the size stays)."""
-        self.full = len(claim) >= asked or self._cut_by_bytes(claim)
+    def observe(self, asked: int, rows: int, claimed_bytes: int, *, grow: bool = True) -> None:
+        """Record one claim that asked for ``asked`` rows and returned ``rows`` of
+        ``claimed_bytes`` (as the claim counts them against the cap); with ``grow=False`` only
+        whether it came back full (the size stays)."""
+        # The claim stops before the row that would pass the byte cap, so a claim cut by it
+        # holds at least half the cap unless one row is larger than the rest of it.
+        self.full = rows >= asked or (rows > 0 and claimed_bytes >= self._max_bytes // 2)
         if not grow:
             return
         if self.full:
@@ -58,11 +53,6 @@ class ClaimSizer:
     def reset(self) -> None:
         """Back to the latency setting (after a permanent error: the retry stays small)."""
         self.size = self.low
-
-    def _cut_by_bytes(self, claim: Sequence[_Sized]) -> bool:
-        # The claim SQL stops before the row that would pass the cap, so a claim cut by it holds
-        # at least half the cap unless one row is larger than the rest of it: half is the test.
-        return bool(claim) and sum(len(r.payload) for r in claim) >= self._max_bytes // 2
 
     def next_of_transaction(self, rows: int, elapsed: float) -> int:
         """Rows of the next claim of a transaction open for ``elapsed`` seconds (``rows`` so far);

@@ -103,9 +103,8 @@ class BatchPublisher:
         found = await self._store.claim(conn, self.shard, asked, in_flight)
         # No growth while a failed transaction is retried or isolated: those claims are small
         # on purpose, and growing from them would put the bad row back into a large claim.
-        self._sizer.observe(
-            asked, found, grow=self._isolate_remaining == 0 and self._one_claim_transactions == 0
-        )
+        grow = self._isolate_remaining == 0 and self._one_claim_transactions == 0
+        self._sizer.observe(asked, len(found), self._store.claimed_bytes, grow=grow)
         if found:
             self.stats.claims += 1
             self.stats.largest_claim = max(self.stats.largest_claim, len(found))

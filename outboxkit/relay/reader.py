@@ -78,6 +78,7 @@ class OutboxRecord(NamedTuple):
 
 
 _make = OutboxRecord._make
+_FIELDS = len(OutboxRecord._fields)  # the claim's columns; one more: the running byte count
 
 
 def produce_requests(records: Sequence[OutboxRecord]) -> list[ProduceRequest]:
@@ -121,7 +122,7 @@ def _record(row: Sequence[Any], defects: dict[int, str]) -> OutboxRecord:
     # become a record as they are (one tuple copy, no field-by-field work).
     headers = row[7]
     if headers is None and type(row[5]) is bytes:
-        return _make(row)
+        return _make(row[:_FIELDS])
     headers = {} if headers is None else _headers(row[0], headers, defects)
     payload = row[5]
     return OutboxRecord(
@@ -189,6 +190,7 @@ class ShardStore:
         # Claimed rows that cannot become a Kafka record (row id -> why): the topic gate parks
         # them with the reason before anything is sent.
         self.defects: dict[int, str] = {}
+        self.claimed_bytes = 0  # of the last claim (see claim)
 
     def _query(self, name: str) -> db.Query:
         return db.query("relay", name, self._schema)
@@ -213,6 +215,8 @@ class ShardStore:
         if defects:  # a row claimed again is judged again (it may have been fixed meanwhile)
             for row in found.rows:
                 defects.pop(row[0], None)
+        # Bytes the claim counted against max_bytes (payload, key, headers): the last row's sum.
+        self.claimed_bytes = int(found.rows[-1][_FIELDS]) if found.rows else 0
         return [_record(row, defects) for row in found.rows]
 
     async def _fenced(self, conn: Conn, name: str, term: LeaseTerm, **params: Any) -> int:

@@ -213,6 +213,7 @@ class Relay:
                     self.metrics,
                     self.stop,
                     every=max(1.0, self.config.poll_interval * 2),
+                    connect_options=self.settings.database.connect_options(),
                 )
             )
         ]

@@ -72,6 +72,7 @@ async def sample_forever(
     stop: asyncio.Event,
     *,
     every: float,
+    connect_options: dict[str, Any] | None = None,
 ) -> None:
     """Holders and parked rows every ``every`` seconds, the backlogs ``holder`` counts (see the
     module) as :func:`backlog_delay` allows, until ``stop``.
@@ -89,7 +90,9 @@ async def sample_forever(
     while not stop.is_set():
         full_since = None  # while a full count runs: when it began
         try:
-            async with db.connection_async(url, application_name="outboxkit-relay-sample") as conn:
+            async with db.connection_async(
+                url, application_name="outboxkit-relay-sample", **(connect_options or {})
+            ) as conn:
                 urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():
                     now = time.monotonic()

@@ -84,6 +84,9 @@ async def test_headers_and_keys_count_towards_the_byte_cap(outboxkit_db_url: str
     ids = insert_rows(
         outboxkit_db_url, "t", [("k" * 500, b"x") for _ in range(4)], headers={"h": "v" * 2000}
     )
+    store = ShardStore("outboxkit", max_bytes=5000)
     async with await db.connect_async(outboxkit_db_url) as conn:
-        rows = await ShardStore("outboxkit", max_bytes=5000).claim(conn, 0, 100)
+        rows = await store.claim(conn, 0, 100)
     assert [r.id for r in rows] == ids[:1]  # ~2,500 bytes a row: the second passes 5,000
+    # What the claim size adapts to (a claim cut by bytes means a backlog): the same count.
+    assert store.claimed_bytes == 1 + 500 + len('{"h": "' + "v" * 2000 + '"}')

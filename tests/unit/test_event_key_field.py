@@ -73,3 +73,17 @@ def test_fields_inherited_fields_properties_and_computed_fields_are_keys() -> No
     assert Forward(ref=Later("x")).outbox_key() == "x"
     row = prepare(Message.from_event(OrderPlaced(order_id="o-9")), OutboxConfig())
     assert row.message_key == "o-9"
+
+
+def test_a_base_without_fields_leaves_the_key_to_its_subclasses() -> None:
+    class Base(Event, topic="orders", key="order_id"):
+        pass
+
+    class Placed(Base):
+        order_id: str
+
+    assert Placed.outbox_spec().key_field == "order_id"
+    with pytest.raises(ConfigurationError, match="order_id"):
+
+        class Misnamed(Base):
+            orderid: str

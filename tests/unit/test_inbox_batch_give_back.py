@@ -140,25 +140,25 @@ def test_a_batch_failing_before_its_transaction_gives_every_unsettled_claim_back
     assert script.names()[-3:] == ["CloseHandler", "release_batch", "EndDelivery"]
 
 
-def test_settling_after_the_commit_gives_unrun_claims_back_first_and_the_unsettled_on_error() -> (
-    None
-):
+def test_settling_after_the_commit_gives_unrun_claims_back_first_and_keeps_a_failed_run() -> None:
     """bad fails and b waits behind it; recording bad's failure fails: b was given back before
-    that (settling may wait on Kafka), bad after it; a, committed, is left alone."""
+    that (settling may wait on Kafka); a, committed, is left alone, and so is bad: its handler
+    ran and failed, an attempt that counts (given back, it would run again for free, e.g. a
+    second dead letter with max_attempts=1)."""
     envs = [_env("a", 0, partition=1), _env("bad", 0), _env("b", 1)]
     script = Script(_failing(_db({"a": 1, "bad": 1, "b": 1}, fails={"bad"}), "record_failure"))
     with pytest.raises(RuntimeError, match="record_failure failed"):
         drive_sync(deliver_batch(_core(), envs, lambda tp: False, lambda *a: None), script)
     assert "CommitHandler" in script.names()
-    assert _released(script) == [["b"], ["bad"]]
+    assert _released(script) == [["b"]]
     names = script.names()
     assert names.index("release_batch") < names.index("record_failure")
 
 
-def test_a_takeover_that_fails_is_given_back_and_the_rest_only_once() -> None:
+def test_a_takeover_that_fails_keeps_its_claim_and_the_rest_are_given_back_once() -> None:
     """The takeover runs alone; the claims behind it are given back at once. Its run then fails
-    outside its handler: its own claim is given back too, theirs not a second time (each
-    release takes an attempt back)."""
+    outside its handler: it is one delivery, whose attempt counts (its claim is not given
+    back), and theirs are not given back a second time (each release takes an attempt back)."""
     base = _db({"again": 2, "x": 1, "y": 1})
 
     def answer(step: Step) -> Any:
@@ -170,7 +170,7 @@ def test_a_takeover_that_fails_is_given_back_and_the_rest_only_once() -> None:
     script = Script(_failing(answer, "record_failure"))
     with pytest.raises(RuntimeError, match="record_failure failed"):
         drive_sync(deliver_batch(_core(), envs, lambda tp: False, lambda *a: None), script)
-    assert _released(script) == [["x", "y"], ["again"]]
+    assert _released(script) == [["x", "y"]]
 
 
 def test_a_give_back_that_fails_is_logged_and_the_batch_error_raised(

@@ -38,8 +38,7 @@ def _row(headers: str | None, row_id: int = 7) -> tuple[Any, ...]:
 def test_the_claim_returns_headers_as_text_for_the_reader_to_decode() -> None:
     """psycopg decoded jsonb while fetching, where an undecodable row failed the whole claim."""
     text = " ".join(db.query("relay", "claim_batch", "outboxkit").text.split())
-    assert "CAST(c.headers AS text)" in text
-    assert "nullif(m.headers, '{}'::jsonb) AS headers" in text
+    assert "CAST(nullif(m.headers, '{}'::jsonb) AS text) AS headers" in text
 
 
 def test_headers_nested_too_deeply_are_the_rows_defect_not_a_failed_claim() -> None:

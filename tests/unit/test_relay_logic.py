@@ -344,7 +344,7 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
 ) -> None:
     config = RelaySettings(batch_size=10, max_batch_size=10, **settings)  # type: ignore[arg-type]
     publisher = _publisher(config)
-    publisher._sizer.observe(10, claim)
+    publisher._sizer.observe(10, len(claim), sum(len(r.payload) for r in claim))
     now = time.monotonic()
     assert (publisher._next_limit(rows, now) > 0) is continues
     # However full the claim, a transaction open longer than transaction_max_ms commits.
@@ -353,6 +353,8 @@ def test_transaction_boundaries_follow_backlog_rows_and_time(
 
 class _FullClaims:
     """A store whose every claim comes back full (a backlog)."""
+
+    claimed_bytes = 0  # full by rows, not by bytes
 
     async def claim(self, conn: object, shard: int, limit: int, in_flight: object) -> list[object]:
         return list(_rows(limit))
@@ -439,6 +441,7 @@ class _Timeline:
     def __init__(self, transactional: bool, claimed: int, fails: str | None = None) -> None:
         self.transactional, self.claimed, self.fails = transactional, claimed, fails
         self.events: list[str] = []
+        self.claimed_bytes = 0  # full by rows, not by bytes
 
     async def claim(self, conn: object, shard: int, limit: int, in_flight: object) -> list[object]:
         self.events.append("claim")
@@ -502,7 +505,7 @@ def test_the_next_claim_overlaps_the_send_under_backlog_and_the_commit_when_idle
     publisher._store = timeline  # type: ignore[assignment]
     publisher._gate = timeline  # type: ignore[assignment]
     first = _rows(claimed)
-    publisher._sizer.observe(10, first)
+    publisher._sizer.observe(10, len(first), sum(len(r.payload) for r in first))
 
     async def one_transaction() -> list[object]:
         _, following = await publisher.publish(_Term(), None, timeline, first)  # type: ignore[arg-type]
@@ -532,7 +535,7 @@ def test_a_failure_around_a_deferred_claim_surfaces_and_leaves_no_task_behind(fa
     publisher._store = timeline  # type: ignore[assignment]
     publisher._gate = timeline  # type: ignore[assignment]
     first = _rows(3)
-    publisher._sizer.observe(10, first)
+    publisher._sizer.observe(10, len(first), sum(len(r.payload) for r in first))
     unretrieved: list[object] = []
 
     async def one_transaction() -> None:

@@ -35,6 +35,7 @@ class _Backlog:
 
     def __init__(self, transactional: bool = False) -> None:
         self.transactional = transactional
+        self.claimed_bytes = 0  # full by rows, not by bytes
         self.asked: list[int] = []  # the limit of every claim
         self.sent: list[int] = []  # the records of every send
         self.marked: list[int] = []

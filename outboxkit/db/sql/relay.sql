@@ -59,18 +59,21 @@ RETURNING token;
 -- max_bytes: the claim also stops where the running sum of row sizes (payload, key and headers,
 -- which the writer lets grow as large as a payload) passes it, so memory is bounded by bytes, not
 -- only rows; the first row always comes (a large row is never stuck). octet_length of a bytea
--- reads the TOAST header only; the window streams in index order.
+-- reads the TOAST header only (headers are read to be sent anyway); the window streams in index
+-- order. The last column, the running sum, tells the relay how full the claim came back.
 SELECT c.id, CAST(c.event_id AS text), c.idempotency_key, c.topic, c.message_key, c.payload,
-       c.content_type, CAST(c.headers AS text), c.event_type, c.schema_version,
-       c.aggregate_type, c.aggregate_id, c.attempts
+       c.content_type, c.headers, c.event_type, c.schema_version,
+       c.aggregate_type, c.aggregate_id, c.attempts, c.running
 FROM (
 SELECT m.id, m.event_id, m.idempotency_key, m.topic, m.message_key, m.payload, m.content_type,
-       nullif(m.headers, '{}'::jsonb) AS headers, m.event_type, m.schema_version,
-       m.aggregate_type, m.aggregate_id, m.attempts, z.size,
-       sum(z.size) OVER (ORDER BY m.shard, m.id) AS running
+       h.headers, m.event_type, m.schema_version, m.aggregate_type, m.aggregate_id, m.attempts,
+       z.size, sum(z.size) OVER (ORDER BY m.shard, m.id) AS running
 FROM {schema}.outbox_message m
+-- The headers' text once per row (OFFSET 0 keeps the planner from copying the expression into
+-- both of its uses); the size counts it.
+CROSS JOIN LATERAL (SELECT CAST(nullif(m.headers, '{}'::jsonb) AS text) AS headers OFFSET 0) h
 CROSS JOIN LATERAL (SELECT octet_length(m.payload) + coalesce(octet_length(m.message_key), 0)
-    + coalesce(octet_length(CAST(nullif(m.headers, '{}'::jsonb) AS text)), 0) AS size) z
+    + coalesce(octet_length(h.headers), 0) AS size) z
 -- "shard BETWEEN x AND x" and "ORDER BY shard, id" (not "shard = x", "ORDER BY id") on purpose:
 -- only the partial pending index (shard, id) can deliver that order, so the planner never walks
 -- the primary key past every already-published row (with stale statistics after a large
