@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outboxkit.db import sqlalchemy_url
 from tests.relay_support import RelayProcess
@@ -16,6 +18,22 @@ pytest_plugins = ["outboxkit.pytest_plugin"]
 def sa_url(outboxkit_db_url: str) -> str:
     """The fresh test database as a SQLAlchemy URL (psycopg 3 driver)."""
     return sqlalchemy_url(outboxkit_db_url)
+
+
+@pytest.fixture
+def engine(sa_url: str) -> Iterator[sa.Engine]:
+    """An engine on the fresh test database (a test module may define its own)."""
+    eng = sa.create_engine(sa_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+async def aengine(sa_url: str) -> AsyncIterator[AsyncEngine]:
+    """:func:`engine` for asyncio."""
+    eng = create_async_engine(sa_url)
+    yield eng
+    await eng.dispose()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

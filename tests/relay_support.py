@@ -24,7 +24,11 @@ import psycopg
 from click.testing import CliRunner
 
 from outboxkit.cli import main as cli_main
+from outboxkit.faults import FaultPoints
+from outboxkit.relay.connections import ProcessLeases
+from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.runner import Relay
+from outboxkit.relay.shard_worker import ShardWorker
 from outboxkit.settings import Settings, load_settings
 from outboxkit.wire import content_digest, headers_to_dict
 from tests.support.topics import read_topic
@@ -305,3 +309,22 @@ def cli_ok(db_url: str, *args: str) -> str:
     result = CliRunner().invoke(cli_main, list(args), env={"OUTBOXKIT_DATABASE_URL": db_url})
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def shard_worker(settings: Settings, *, leases: ProcessLeases | None = None) -> ShardWorker:
+    """Shard 0's worker, on its own: no producer may be built (a test that gets that far fails)."""
+
+    def no_producer(shard: int, slot: int) -> Any:
+        raise AssertionError("this test builds no producer")
+
+    return ShardWorker(
+        settings,
+        0,
+        holder="me",
+        stop=asyncio.Event(),
+        producer_factory=no_producer,
+        checkpoints=None,
+        metrics=RelayMetrics(),
+        faults=FaultPoints(""),
+        leases=leases,
+    )

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,10 +19,9 @@ from outboxkit import alembic_ops
 from outboxkit.cli import main
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.schema import InboxState, OutboxState
+from tests.support.migrate_cli import CLI, migrate_up_processes
 
 pytestmark = pytest.mark.integration
-
-CLI = str(Path(sys.executable).parent / "outboxkit")
 
 
 def cli(*args: str, url: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -46,17 +43,7 @@ def in_process(*args: str, url: str | None = None) -> Result:
 
 
 def test_four_concurrent_migrate_up_on_an_empty_database(outboxkit_empty_db_url: str) -> None:
-    environ = {**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_empty_db_url}
-    procs = [
-        subprocess.Popen(
-            [CLI, "migrate", "up"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environ,
-        )
-        for _ in range(4)
-    ]
+    procs = migrate_up_processes(outboxkit_empty_db_url, 4)
     outputs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
     applied_lines = [out for out, _ in outputs if out.startswith("applied")]

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from outboxkit.db import migrator
+from tests.support.migrate_cli import migrate_up_processes
 
 pytestmark = pytest.mark.integration
 
-CLI = str(Path(sys.executable).parent / "outboxkit")
 WAITERS = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
     " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -35,20 +31,10 @@ def test_two_concurrent_migrate_up_under_a_repeatable_read_default(
                 "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'"
             ).format(sql.Identifier(str(conn.info.dbname)))
         )
-    environ = {**os.environ, "OUTBOXKIT_DATABASE_URL": url}
     with psycopg.connect(url, autocommit=True) as watcher, psycopg.connect(url) as holder:
         assert holder.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
         holder.execute("SELECT pg_advisory_xact_lock(hashtext('outboxkit.migrate.outboxkit'))")
-        procs = [
-            subprocess.Popen(
-                [CLI, "migrate", "up"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=environ,
-            )
-            for _ in range(2)
-        ]
+        procs = migrate_up_processes(url, 2)
         deadline = time.monotonic() + 60
         while watcher.execute(WAITERS).fetchone() != (2,):
             assert time.monotonic() < deadline, "the two processes never waited for the lock"

@@ -4,18 +4,15 @@ often they run it. psycopg prepares one it has run 5 times on a connection by de
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
-from outboxkit.faults import FaultPoints
 from outboxkit.relay.connections import ProcessLeases
-from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.reader import ShardStore
 from outboxkit.relay.shard_worker import ShardWorker
 from outboxkit.settings import Settings, load_settings
-from tests.relay_support import set_shard_count
+from tests.relay_support import set_shard_count, shard_worker
 
 pytestmark = pytest.mark.integration
 
@@ -27,21 +24,7 @@ def _settings(db_url: str, prepared: bool) -> Settings:
 
 
 def _worker(db_url: str, prepared: bool) -> ShardWorker:
-    settings = _settings(db_url, prepared)
-
-    def no_producer(shard: int, slot: int) -> Any:
-        raise AssertionError("not started")
-
-    return ShardWorker(
-        settings,
-        0,
-        holder="me",
-        stop=asyncio.Event(),
-        producer_factory=no_producer,
-        checkpoints=None,
-        metrics=RelayMetrics(),
-        faults=FaultPoints(""),
-    )
+    return shard_worker(_settings(db_url, prepared))
 
 
 async def _prepared(conn: Any) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError
@@ -36,20 +36,6 @@ ASYNC_WRITES: dict[str, Callable[[Any], Any]] = {
     "add_many": lambda conn: INSERTING.add_many_async(conn, messages(2)),
     "add_many_copy": lambda conn: COPYING.add_many_async(conn, messages(20)),
 }
-
-
-@pytest.fixture
-def engine(sa_url: str) -> Iterator[sa.Engine]:
-    eng = sa.create_engine(sa_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-async def aengine(sa_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_async_engine(sa_url)
-    yield eng
-    await eng.dispose()
 
 
 def count(engine: sa.Engine) -> int:

@@ -6,13 +6,13 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.errors import (
     IdempotencyKeyConflictError,
@@ -35,13 +35,6 @@ def engine(sa_url: str) -> Iterator[sa.Engine]:
     eng = sa.create_engine(sa_url, pool_size=5)
     yield eng
     eng.dispose()
-
-
-@pytest.fixture
-async def aengine(sa_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_async_engine(sa_url)
-    yield eng
-    await eng.dispose()
 
 
 def batch(n: int, prefix: str, **options: Any) -> list[Message]:

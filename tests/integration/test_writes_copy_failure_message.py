@@ -3,7 +3,7 @@ it), never the refusal's, which may quote the item's values; the caller gets its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import Generator
 from typing import Any, cast
 
 import psycopg
@@ -11,7 +11,7 @@ import psycopg._copy
 import psycopg._copy_async
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.errors import IdempotencyKeyConflictError, InvalidTopicError, SerializationError
 from outboxkit.events import Event, Message
@@ -74,20 +74,6 @@ def copy_ends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bytes | None, str |
     monkeypatch.setattr(psycopg._copy, "copy_end", spy)
     monkeypatch.setattr(psycopg._copy_async, "copy_end", spy)
     return seen
-
-
-@pytest.fixture
-def engine(sa_url: str) -> Iterator[sa.Engine]:
-    eng = sa.create_engine(sa_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-async def aengine(sa_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_async_engine(sa_url)
-    yield eng
-    await eng.dispose()
 
 
 def assert_told_nothing_of_the_item(seen: list[tuple[bytes | None, str | None]]) -> None:

@@ -4,12 +4,11 @@ real PostgreSQL: keys too long for the parked rows' index, headers named like th
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.errors import SerializationError, ValidationError
 from outboxkit.events import Message
@@ -28,20 +27,6 @@ def incompressible(size: int) -> str:
     rng = random.Random(size)
     text = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(size // 3))
     return text + "k" * (size % 3)
-
-
-@pytest.fixture
-def engine(sa_url: str) -> Iterator[sa.Engine]:
-    eng = sa.create_engine(sa_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-async def aengine(sa_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_async_engine(sa_url)
-    yield eng
-    await eng.dispose()
 
 
 def stored_keys(engine: sa.Engine) -> list[str | None]:

@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from outboxkit.errors import ProducerFencedError, PublishError
-from outboxkit.faults import FaultPoints
 from outboxkit.kafka.errors import TRANSACTIONAL_ID_ACL_HINT, ErrorKind, classify, with_acl_hint
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.lease_loss import LeaseLoss
-from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.shard_worker import ShardWorker
 from outboxkit.settings import load_settings
+from tests.relay_support import shard_worker
 
 pytestmark = pytest.mark.unit
 
@@ -62,21 +61,7 @@ def _worker(leases: _LostAtOnce, **relay: Any) -> ShardWorker:
     settings = load_settings(
         overrides={"database": {"url": "postgresql://relay@127.0.0.1:1/outbox"}, "relay": relay}
     )
-
-    def no_producer(shard: int, slot: int) -> Any:
-        raise AssertionError("no term lives long enough to build a producer")
-
-    worker = ShardWorker(
-        settings,
-        0,
-        holder="me",
-        stop=asyncio.Event(),
-        producer_factory=no_producer,
-        checkpoints=None,
-        metrics=RelayMetrics(),
-        faults=FaultPoints(""),
-        leases=leases,  # type: ignore[arg-type]
-    )
+    worker = shard_worker(settings, leases=leases)  # type: ignore[arg-type]
     worker._connect = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     return worker
 
