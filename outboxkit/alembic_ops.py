@@ -62,12 +62,15 @@ def upgrade(op: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
             "outboxkit migrations cannot run in Alembic's offline (--sql) mode;"
             " use `outboxkit migrate sql` for the SQL"
         )
-    dbapi = op.get_bind().connection.dbapi_connection
+    bind = op.get_bind()
+    dbapi = bind.connection.dbapi_connection
     if not isinstance(dbapi, psycopg.Connection):
         raise ConfigurationError(
             "outboxkit's Alembic helper needs the psycopg (3) driver: postgresql+psycopg://"
         )
-    return migrator.upgrade(dbapi, schema)
+    # The revision's transaction (per migration, or for the whole run) may not have sent its
+    # first statement yet: the migrations join it rather than commit on their own.
+    return migrator.upgrade(dbapi, schema, joined=bind.in_transaction())
 
 
 def _schema_of(obj: Any, type_: str) -> str | None:

@@ -91,12 +91,19 @@ def _connect(target: Target) -> Iterator[psycopg.Connection[Any]]:
 
 
 @contextmanager
-def _transaction(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Cursor[Any]]:
+def _transaction(conn: psycopg.Connection[Any], joined: bool) -> Iterator[psycopg.Cursor[Any]]:
     """A transaction (a savepoint inside a caller's) and a cursor in it. A transaction of our
     own runs at READ COMMITTED whatever the database's default: a process that waited for the
     lock must see what the winner committed meanwhile, which a REPEATABLE READ snapshot (taken
-    by the lock statement) would not, and it would re-run every migration."""
+    by the lock statement) would not, and it would re-run every migration.
+
+    ``joined``: the caller has begun a transaction its driver has not opened yet (SQLAlchemy
+    sends BEGIN with the first statement): it is opened here, so that ours nests in it instead
+    of committing on its own before the caller's."""
     ours = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if ours and joined and not conn.autocommit:
+        conn.execute("SELECT 1")  # the driver's BEGIN goes with it
+        ours = False
     with conn.transaction(), conn.cursor() as cur:
         if ours:
             cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -135,14 +142,15 @@ def _status(applied: dict[int, str]) -> MigrationStatus:
     )
 
 
-def upgrade(target: Target, schema: str = DEFAULT_SCHEMA) -> list[int]:
+def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = False) -> list[int]:
     """Apply every pending migration in one transaction; returns the versions applied.
 
-    On a caller's connection that is inside a transaction (an Alembic revision) this runs in a
-    savepoint of it, and the ``search_path`` the migrations need is put back afterwards.
+    On a caller's connection that is inside a transaction (an Alembic revision; ``joined``: one
+    begun but not yet opened by the driver) this runs in a savepoint of it, and the
+    ``search_path`` the migrations need is put back afterwards.
     """
     validate_schema_name(schema)
-    with _connect(target) as conn, _transaction(conn) as cur:
+    with _connect(target) as conn, _transaction(conn, joined) as cur:
         _bootstrap(cur, schema)
         status = _status(_applied(cur, schema))
         if status.unknown or status.changed:

@@ -265,6 +265,24 @@ def test_alembic_helper_runs_migrations_and_keeps_search_path(outboxkit_empty_db
         engine.dispose()
 
 
+def test_alembic_helper_first_in_a_revision_rolls_back_with_it(outboxkit_empty_db_url: str) -> None:
+    """A revision whose first statement is the helper (Alembic's transaction_per_migration:
+    SQLAlchemy has begun, the driver has sent nothing yet) must not commit outboxkit's part on
+    its own: a revision that fails afterwards takes it back with everything else."""
+    engine = sa.create_engine(sqlalchemy_url(outboxkit_empty_db_url))
+    try:
+        with pytest.raises(RuntimeError, match="the revision failed"), engine.begin() as conn:
+            alembic_ops.upgrade(Operations(MigrationContext.configure(conn)))
+            raise RuntimeError("the revision failed")
+        assert migrator.status(outboxkit_empty_db_url).applied == ()
+        with engine.begin() as conn:  # and the helper's transaction is the revision's
+            alembic_ops.upgrade(Operations(MigrationContext.configure(conn)))
+            assert conn.execute(sa.text("SELECT count(*) FROM outboxkit.outbox_setting")).scalar()
+        assert migrator.status(outboxkit_empty_db_url).is_current
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("schema", ["outboxkit", "tenant_42"])
 def test_alembic_autogenerate_filter(outboxkit_empty_db_url: str, schema: str) -> None:
     migrator.upgrade(outboxkit_empty_db_url, schema)
