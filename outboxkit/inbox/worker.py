@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError, PublishError, unlistenable
+from outboxkit.errors import ConfigurationError, unlistenable
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
@@ -85,7 +85,17 @@ def retention(consumer: ConsumerSettings) -> Retention | None:
     window = consumer.retention_window
     if not window:
         return None
-    if consumer.dedup_window is not None and window < consumer.dedup_window:
+    if consumer.dedup_window is None:
+        # Purged rows are forgotten: said at start-up, without asking Kafka (reading a topic's
+        # retention needs DescribeConfigs and, with Kafka away, would hold up the start).
+        logger.warning(
+            "inbox rows are purged %.0f s after they finish and no dedup window is set: a replay"
+            " of an older event (an offset reset, a topic kept longer) would be applied again;"
+            " set OUTBOXKIT_CONSUMER_DEDUP_WINDOW (checked against the topics' retention.ms at"
+            " start-up) to refuse such replays",
+            window,
+        )
+    elif window < consumer.dedup_window:
         logger.warning(
             "OUTBOXKIT_CONSUMER_RETENTION_WINDOW (%.0f s) is shorter than the dedup window"
             " (%.0f s): replays in between would be applied again",
@@ -111,28 +121,14 @@ def _metrics(consumer: ConsumerSettings) -> Any:
     return metrics
 
 
-def remembered_for(consumer: ConsumerSettings) -> float | None:
-    """How long this consumer remembers an event (None: for ever). Without a dedup window the
-    purge decides it: a topic that keeps messages longer could replay a forgotten event, so
-    start-up compares it too rather than let such a replay be applied again unannounced."""
-    return consumer.dedup_window or consumer.retention_window or None
-
-
 async def _check_window(kafka: KafkaSettings, consumer: ConsumerSettings) -> None:
-    window = remembered_for(consumer)
-    if window is None:
+    if consumer.dedup_window is None:
         return
     from outboxkit.inbox.retention import check_window
 
     admin = KafkaClients(kafka).admin()
     try:
-        await check_window(admin, consumer.topics, window)
-    except PublishError as exc:
-        if consumer.dedup_window is not None:
-            raise  # asked for: Kafka must answer (start-up waits for it)
-        # Checked only because the purge is on: a role without DescribeConfigs, or a topic not
-        # created yet, must not keep the consumer from starting.
-        logger.warning("topic retention not checked against the purge window: %s", exc)
+        await check_window(admin, consumer.topics, consumer.dedup_window)
     finally:
         await admin.close()
 
@@ -175,7 +171,8 @@ def _started(config: Settings) -> bool:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return wait_until_ready(config, lambda: _check_window(config.kafka, config.consumer), stop)
+        ready = wait_until_ready(config, lambda: _check_window(config.kafka, config.consumer), stop)
+        return ready and not stop.is_set()  # a SIGTERM during a check that then passed ends it
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
