@@ -270,10 +270,15 @@ def test_alembic_helper_first_in_a_revision_rolls_back_with_it(outboxkit_empty_d
     SQLAlchemy has begun, the driver has sent nothing yet) must not commit outboxkit's part on
     its own: a revision that fails afterwards takes it back with everything else."""
     engine = sa.create_engine(sqlalchemy_url(outboxkit_empty_db_url))
-    try:
-        with pytest.raises(RuntimeError, match="the revision failed"), engine.begin() as conn:
+
+    def failing_revision() -> None:
+        with engine.begin() as conn:
             alembic_ops.upgrade(Operations(MigrationContext.configure(conn)))
             raise RuntimeError("the revision failed")
+
+    try:
+        with pytest.raises(RuntimeError, match="the revision failed"):
+            failing_revision()
         assert migrator.status(outboxkit_empty_db_url).applied == ()
         with engine.begin() as conn:  # and the helper's transaction is the revision's
             alembic_ops.upgrade(Operations(MigrationContext.configure(conn)))
