@@ -99,10 +99,12 @@ def _transaction(conn: psycopg.Connection[Any], joined: bool) -> Iterator[psycop
 
     ``joined``: the caller has begun a transaction its driver has not opened yet (SQLAlchemy
     sends BEGIN with the first statement): it is opened here, so that ours nests in it instead
-    of committing on its own before the caller's."""
+    of committing on its own before the caller's; at READ COMMITTED too, for the same reason,
+    unless the caller chose a level."""
     ours = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if ours and joined and not conn.autocommit:
-        conn.execute("SELECT 1")  # the driver's BEGIN goes with it
+        chosen = conn.isolation_level is not None
+        conn.execute("SELECT 1" if chosen else "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         ours = False
     with conn.transaction(), conn.cursor() as cur:
         if ours:

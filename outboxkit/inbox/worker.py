@@ -165,7 +165,8 @@ def run(config: Settings | None = None) -> None:
 
 
 def _started(config: Settings) -> bool:
-    """Wait for the database and Kafka (SIGTERM/SIGINT end the wait and the process)."""
+    """Wait for the database, and for Kafka when a dedup window is checked against the topics
+    (SIGTERM/SIGINT end the wait and the process)."""
     from outboxkit.inbox.startup import wait_until_ready
 
     stop = threading.Event()

@@ -288,6 +288,25 @@ def test_alembic_helper_first_in_a_revision_rolls_back_with_it(outboxkit_empty_d
         engine.dispose()
 
 
+def test_alembic_helper_opens_a_revision_at_read_committed(outboxkit_empty_db_url: str) -> None:
+    """Under a REPEATABLE READ default a second concurrent run would take its snapshot before
+    the migration lock and re-run every migration (as `migrate up` did): the helper opens the
+    revision's transaction at READ COMMITTED, as `migrate up` opens its own."""
+    with psycopg.connect(outboxkit_empty_db_url, autocommit=True) as conn:
+        name = conn.info.dbname
+        conn.execute(
+            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+        )
+    engine = sa.create_engine(sqlalchemy_url(outboxkit_empty_db_url))
+    try:
+        with engine.begin() as conn:
+            alembic_ops.upgrade(Operations(MigrationContext.configure(conn)))
+            level = conn.execute(sa.text("SHOW transaction_isolation")).scalar()
+        assert level == "read committed"
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("schema", ["outboxkit", "tenant_42"])
 def test_alembic_autogenerate_filter(outboxkit_empty_db_url: str, schema: str) -> None:
     migrator.upgrade(outboxkit_empty_db_url, schema)
