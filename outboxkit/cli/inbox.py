@@ -202,17 +202,30 @@ def cancel(
     default=1000,
     show_default=True,
 )
+@click.option("--consumer", help="Only this consumer's rows (its window: --older-than).")
+@click.option("--all-consumers", is_flag=True, help="Every consumer's rows, with this one window.")
 def purge(
     config_path: str | None,
     database_url: str | None,
     schema: str | None,
     older_than: float,
     batch_size: int,
+    consumer: str | None,
+    all_consumers: bool,
 ) -> None:
-    """Delete terminal rows finished before the window, in small batches."""
+    """Delete terminal rows finished before the window, in small batches.
+
+    Each consumer keeps its rows for its own window: name it (--consumer), or say that the
+    window is every consumer's (--all-consumers)."""
+    if (consumer is not None) == all_consumers:
+        raise click.UsageError("give either --consumer NAME or --all-consumers")
     with _engine(config_path, database_url, schema) as (engine, schema):
         result = purge_finished(
-            engine, window_seconds=older_than, batch_size=batch_size, schema=schema
+            engine,
+            consumer=consumer,
+            window_seconds=older_than,
+            batch_size=batch_size,
+            schema=schema,
         )
     click.echo(
         f"deleted {result.messages} inbox rows and {result.rejections} rejections"

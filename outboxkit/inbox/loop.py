@@ -105,7 +105,13 @@ class ConsumerLoop:
         self.single = 0  # records to process one by one (after a batch failed unexpectedly)
         self.subscribed = False
         self.failures: dict[tuple[str, int, int], int] = {}
-        self.purger = Purger(core.statements.schema, options.retention, clock())
+        self.purger = Purger(
+            core.statements.schema,
+            options.retention,
+            clock(),
+            consumer=core.settings.consumer,
+            replay_window=core.settings.replay_window,
+        )
 
     # -- rebalance callbacks (the client seam runs them inside its poll) ------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> None:

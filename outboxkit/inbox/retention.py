@@ -9,9 +9,10 @@ message still readable on the topic (``retention.ms``), and older replays are re
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.engine import Engine
 
@@ -73,10 +74,35 @@ def check_purge(
 
 
 class Purger:
-    """The consumer loop's retention timer (sans-IO: yields the DELETE statements)."""
+    """The consumer loop's retention timer (sans-IO: yields the DELETE statements).
 
-    def __init__(self, schema: str, retention: Retention | None, now: float) -> None:
+    ``consumer``: whose rows it purges, the loop's own. Each consumer keeps its rows for its own
+    window, so one consumer's purge must never delete another's. ``replay_window``: the
+    consumer's dedup window; a replay inside it is accepted and only its row tells it from a
+    new event, so a shorter retention window is raised to it (and said).
+    """
+
+    def __init__(
+        self,
+        schema: str,
+        retention: Retention | None,
+        now: float,
+        *,
+        consumer: str,
+        replay_window: float | None = None,
+    ) -> None:
+        if retention and replay_window and retention.window_seconds < replay_window:
+            logger.warning(
+                "the retention window (%.0f s) is shorter than the replay window (%.0f s):"
+                " inbox rows are purged %.0f s after they finish instead, so that the replays"
+                " the window accepts are still recognised",
+                retention.window_seconds,
+                replay_window,
+                replay_window,
+            )
+            retention = replace(retention, window_seconds=replay_window)
         self.retention = retention
+        self.consumer = consumer
         self.queries = db.queries("inbox", schema)
         self.next_at = now  # the first purge runs at start-up
         self.deleted = 0
@@ -88,6 +114,7 @@ class Purger:
             return 0
         self.next_at = now + retention.every_seconds
         params = {
+            "consumer": self.consumer,
             "window_seconds": retention.window_seconds,
             "batch_size": retention.batch_size,
             "now": None,
@@ -118,6 +145,7 @@ class PurgeResult:
 def purge_finished(
     engine: Engine,
     *,
+    consumer: str | None,
     window_seconds: float,
     batch_size: int = 1000,
     max_batches: int | None = None,
@@ -125,19 +153,30 @@ def purge_finished(
     schema: str = DEFAULT_SCHEMA,
     now: dt.datetime | None = None,
 ) -> PurgeResult:
-    """Delete terminal rows finished more than ``window_seconds`` before ``now`` (default: the
-    database clock), one small batch per transaction; ``pause_seconds`` (at most a day) between
-    batches. Bounds as :class:`Retention`'s."""
+    """Delete terminal rows (and rejections) of ``consumer`` finished more than
+    ``window_seconds`` before ``now`` (default: the database clock), one small batch per
+    transaction, at most ``max_batches`` per table; ``pause_seconds`` (at most a day) between
+    batches. Bounds as :class:`Retention`'s.
+
+    ``consumer`` has no default: each consumer keeps its rows for its own window, so the caller
+    names the one whose window this is, or passes ``None`` to purge every consumer's rows.
+    """
     window_seconds = check_purge("purge_finished", window_seconds, batch_size, max_batches)
     pause_seconds = check_range(
         "purge_finished.pause_seconds", pause_seconds, 0, DAY, unit="seconds"
     )
-    params = {"window_seconds": window_seconds, "batch_size": batch_size, "now": now}
+    params = {
+        "consumer": consumer,
+        "window_seconds": window_seconds,
+        "batch_size": batch_size,
+        "now": now,
+    }
     queries = db.queries("inbox", schema)
     totals = dict.fromkeys(_PURGES, 0)
     batches = 0
     for name in _PURGES:
-        while max_batches is None or batches < max_batches:
+        # counted per table: a full message backlog must not starve the rejection log
+        for _ in itertools.count() if max_batches is None else range(max_batches):
             with engine.begin() as conn:
                 deleted = db.execute(conn, queries[name], params)
             batches += 1

@@ -28,7 +28,7 @@ CASES = [
     ["inbox", "purge", "--older-than", "60", "--batch-size", HUGE],
     ["inbox", "purge", "--older-than", "-1"],
     ["inbox", "purge", "--older-than", "nan"],
-    ["inbox", "purge", "--older-than", "60", "--schema", "Bad"],
+    ["inbox", "purge", "--older-than", "60", "--all-consumers", "--schema", "Bad"],
     ["inbox", "cancel", "--consumer", "c", "--event-id", "e", "--schema", "Bad"],
     ["inbox", "cancel", "--consumer", "c", "--event-id", "a\x00b"],
     ["inbox", "cancel", "--consumer", "c", "--event-id", "a\x00b", "--before-delivery"],

@@ -41,7 +41,7 @@ def test_the_commands_follow_the_secrets_directory_and_the_toml_file(
         ["migrate", "check"],
         ["outbox", "parked", "--json"],
         ["inbox", "stats", "--json"],
-        ["inbox", "purge", "--older-than", "60"],
+        ["inbox", "purge", "--older-than", "60", "--all-consumers"],
         ["relay", "status", "--json"],  # it always read the settings: they agree now
     ):
         result = _invoke(args, env)

@@ -110,16 +110,18 @@ def test_cancel_makes_a_processing_event_cancelled_once(seeded: dict[str, str]) 
 
 
 def test_purge_keeps_recent_rows(seeded: dict[str, str]) -> None:
-    code, out = _run(["purge", "--older-than", "3600"], seeded["url"])
+    code, out = _run(["purge", "--older-than", "3600", "--all-consumers"], seeded["url"])
     assert code == 0, out
     assert "deleted 0 inbox rows and 0 rejections" in out
-    code, out = _run(["purge", "--older-than", "0"], seeded["url"])
+    code, out = _run(["purge", "--older-than", "0", "--all-consumers"], seeded["url"])
     assert code == 2  # a zero window would forget events finished just now
     assert "0<x<=" in out
     with psycopg.connect(seeded["url"]) as conn:
         conn.execute("UPDATE outboxkit.inbox_message SET finished_at = finished_at - interval '2h'")
         conn.execute("UPDATE outboxkit.inbox_rejection SET created_at = created_at - interval '2h'")
-    code, out = _run(["purge", "--older-than", "3600", "--batch-size", "1"], seeded["url"])
+    code, out = _run(
+        ["purge", "--older-than", "3600", "--batch-size", "1", "--all-consumers"], seeded["url"]
+    )
     assert code == 0, out
     assert "deleted 1 inbox rows and 1 rejections" in out
     with psycopg.connect(seeded["url"]) as conn:

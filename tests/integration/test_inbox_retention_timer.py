@@ -41,7 +41,9 @@ def test_the_purge_timer_deletes_only_old_finished_rows(outboxkit_db_url: str, s
     engine = create_engine(sa_url)
     inbox = Inbox(engine, lambda e, c, s: None, InboxSettings(consumer=consumer, registry=REGISTRY))
     try:
-        purger = Purger("outboxkit", Retention(7 * 86400, batch_size=2, max_batches=10), 0.0)
+        purger = Purger(
+            "outboxkit", Retention(7 * 86400, batch_size=2, max_batches=10), 0.0, consumer=consumer
+        )
         drive_sync(purger.run_due(0.0), inbox.executor())
     finally:
         inbox.close()

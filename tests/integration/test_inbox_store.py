@@ -273,7 +273,7 @@ def test_purge_removes_old_terminal_rows_in_small_batches(engine: Engine) -> Non
                 " ('c', 'y', 't', 0, 2, now())"
             )
         )
-    result = purge_finished(engine, window_seconds=86400, batch_size=2)
+    result = purge_finished(engine, consumer="c", window_seconds=86400, batch_size=2)
     assert (result.messages, result.rejections) == (5, 1)
     assert result.batches == 3 + 1
     with engine.begin() as conn:
@@ -290,9 +290,9 @@ def test_purge_judges_the_window_against_an_injected_now(engine: Engine) -> None
                 " VALUES ('c', 'today', 'succeeded', now())"
             )
         )
-    assert purge_finished(engine, window_seconds=86400).messages == 0
+    assert purge_finished(engine, consumer="c", window_seconds=86400).messages == 0
     later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
-    assert purge_finished(engine, window_seconds=86400, now=later).messages == 1
+    assert purge_finished(engine, consumer="c", window_seconds=86400, now=later).messages == 1
 
 
 def test_window_is_checked_against_topic_retention(

@@ -22,6 +22,7 @@ from outboxkit.db import migrator
 from outboxkit.events import Message
 from outboxkit.inbox import Inbox, InboxSettings, OutcomeKind
 from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.retention import purge_finished
 from outboxkit.outbox import Outbox
 from tests.integration.inbox_support import REGISTRY, headers_for, payload
 from tests.relay_support import (
@@ -171,6 +172,36 @@ async def test_each_part_works_under_its_role(
         assert inbox.process(env).kind is OutcomeKind.DUPLICATE
     finally:
         consumer_engine.dispose()
+
+
+def test_the_consumer_role_purges_its_finished_rows_and_rejections(roles: dict[str, str]) -> None:
+    """The purge locks its batch (FOR UPDATE SKIP LOCKED), which needs UPDATE on a column of
+    each table: without it every purge round failed on the rejection log, which then grew
+    without bound (the consumer loop only logs a failed round)."""
+    names = _role_names(roles)
+    migrator.upgrade(roles["owner"], "outboxkit")
+    command = ["migrate", "grants", "--consumer", names["consumer"], "--apply"]
+    result = CliRunner().invoke(main, [*command, "--database-url", roles["owner"]])
+    assert result.exit_code == 0, result.output
+    with psycopg.connect(roles["owner"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_message (consumer, event_id, state, finished_at)"
+            " VALUES ('billing', 'old', 'succeeded', now() - interval '2 days')"
+        )
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_rejection"
+            " (consumer, reason, topic, kafka_partition, kafka_offset, created_at)"
+            " VALUES ('billing', 'old', 't', 0, 0, now() - interval '2 days')"
+        )
+    engine = sa.create_engine(db.sqlalchemy_url(roles["consumer"]))
+    try:
+        purged = purge_finished(engine, consumer="billing", window_seconds=86400)
+    finally:
+        engine.dispose()
+    assert (purged.messages, purged.rejections) == (1, 1)
+    # UPDATE (id) can only renumber a rejection (an identity column), not change what it says.
+    _refused(roles["consumer"], "UPDATE outboxkit.inbox_rejection SET reason = 'x'")
+    _refused(roles["consumer"], "UPDATE outboxkit.inbox_rejection SET created_at = now()")
 
 
 def test_migrate_grants_narrows_an_older_whole_table_insert(roles: dict[str, str]) -> None:

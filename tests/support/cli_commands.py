@@ -11,7 +11,7 @@ SHORT_COMMANDS = [
     ["outbox", "discard", "--all"],
     ["inbox", "show"],
     ["inbox", "stats"],
-    ["inbox", "purge", "--older-than", "60"],
+    ["inbox", "purge", "--older-than", "60", "--all-consumers"],
     ["inbox", "cancel", "--consumer", "c", "--event-id", "e"],
     ["migrate", "up"],
     ["migrate", "status"],

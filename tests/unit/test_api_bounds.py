@@ -125,7 +125,7 @@ def test_purge_finished_refuses_bad_numbers_before_any_sql(
     kwargs: dict[str, float], field: str
 ) -> None:
     with pytest.raises(ValueError, match=rf"purge_finished\.{field} must be"):
-        purge_finished(_NoDatabase(), **kwargs)  # type: ignore[arg-type]
+        purge_finished(_NoDatabase(), consumer="c", **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

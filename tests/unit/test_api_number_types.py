@@ -64,7 +64,7 @@ def test_a_decimal_retry_policy_backs_off() -> None:
 
 
 def test_a_decimal_retention_interval_sets_the_next_purge() -> None:
-    purger = Purger("outboxkit", Retention(D("600"), every_seconds=D("60")), 0.0)
+    purger = Purger("outboxkit", Retention(D("600"), every_seconds=D("60")), 0.0, consumer="c")
     plan = purger.run_due(0.0)
     assert isinstance(next(plan), Sql)  # the first purge runs at start-up
     assert purger.next_at == 60.0
@@ -88,6 +88,7 @@ def test_purge_finished_pauses_a_decimal_while(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(db, "execute", execute)
     result = purge_finished(
         _Engine(),  # type: ignore[arg-type]
+        consumer="c",
         window_seconds=D("600"),
         batch_size=2,
         pause_seconds=D("0.001"),
@@ -127,7 +128,7 @@ def test_decimal_consumer_options_reach_the_loop_as_floats() -> None:
         lambda: _settings(replay_window=D("-1")),
         lambda: Retention(0),
         lambda: Retention(600, every_seconds=DAY * 2),
-        lambda: purge_finished(_Engine(), window_seconds=float("nan")),  # type: ignore[arg-type]
+        lambda: purge_finished(_Engine(), consumer="c", window_seconds=float("nan")),  # type: ignore[arg-type]
     ],
 )
 def test_an_out_of_range_argument_is_an_outboxkit_error(build: Any) -> None:

@@ -174,7 +174,7 @@ def test_a_url_sqlalchemy_cannot_parse_is_one_line_for_inbox_commands(url: str) 
         ["inbox", "purge", "--older-than", "-1"],
         ["inbox", "purge", "--older-than", "nan"],
         ["inbox", "purge", "--older-than", "inf"],
-        ["inbox", "purge", "--older-than", "60", "--schema", "Bad"],
+        ["inbox", "purge", "--older-than", "60", "--all-consumers", "--schema", "Bad"],
         ["inbox", "cancel", "--consumer", "c", "--event-id", "e", "--schema", "Bad"],
         ["inbox", "show", "--schema", "Bad"],
         ["inbox", "stats", "--schema", "Bad"],

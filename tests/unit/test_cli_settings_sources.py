@@ -41,7 +41,7 @@ COMMANDS = [
     ["outbox", "discard", "--all"],
     ["inbox", "show"],
     ["inbox", "stats"],
-    ["inbox", "purge", "--older-than", "60"],
+    ["inbox", "purge", "--older-than", "60", "--all-consumers"],
     ["inbox", "cancel", "--consumer", "c", "--event-id", "e"],
 ]
 IDS = [" ".join(c[:2]) for c in COMMANDS]

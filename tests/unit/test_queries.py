@@ -119,8 +119,8 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "list_messages": {"consumer", "state", "limit"},
         "list_rejections": {"consumer", "event_id", "limit"},
         "stats": set(),
-        "delete_finished_batch": {"window_seconds", "batch_size", "now"},
-        "delete_rejections_batch": {"window_seconds", "batch_size", "now"},
+        "delete_finished_batch": {"consumer", "window_seconds", "batch_size", "now"},
+        "delete_rejections_batch": {"consumer", "window_seconds", "batch_size", "now"},
     },
     "demo": {"progress": {"topic", "consumer", "group"}},
 }  # fmt: skip

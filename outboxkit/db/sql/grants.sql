@@ -31,10 +31,13 @@ GRANT SELECT ON {schema}.schema_migration TO {role};
 
 -- name: consumer
 -- Inbox consumers: their dedup rows, rejections and lease tokens (their own effect tables are
--- the application's business).
+-- the application's business). UPDATE (id) on the rejection log only so that the purge can lock
+-- its batch (FOR UPDATE ... SKIP LOCKED needs UPDATE on one column): the identity column can
+-- only be renumbered (GENERATED ALWAYS), and what a rejection says cannot be changed.
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.inbox_message TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.inbox_rejection TO {role};
+GRANT UPDATE (id) ON {schema}.inbox_rejection TO {role};
 GRANT USAGE ON SEQUENCE {schema}.inbox_rejection_id_seq TO {role};
 GRANT USAGE ON SEQUENCE {schema}.inbox_lease_token_seq TO {role};
 GRANT SELECT ON {schema}.schema_migration TO {role};

@@ -212,10 +212,14 @@ GROUP BY consumer
 ORDER BY 1, 2;
 
 -- name: delete_finished_batch
+-- One consumer's rows (:consumer NULL: every consumer's, an operator's explicit choice): each
+-- consumer keeps its dedup rows for its own window, so one consumer's purge must never forget
+-- the events another one still has to recognise.
 DELETE FROM {schema}.inbox_message AS m
 USING (
     SELECT consumer, event_id FROM {schema}.inbox_message
     WHERE state <> 'processing'
+      AND (CAST(:consumer AS text) IS NULL OR consumer = :consumer)
       AND finished_at < coalesce(CAST(:now AS timestamptz), now())
           - make_interval(secs => :window_seconds)
     ORDER BY finished_at
@@ -225,10 +229,14 @@ USING (
 WHERE m.consumer = old.consumer AND m.event_id = old.event_id;
 
 -- name: delete_rejections_batch
+-- One consumer's rejections (:consumer NULL: every consumer's), as delete_finished_batch.
+-- FOR UPDATE needs the UPDATE privilege on one column: grants.sql gives the consumer role
+-- UPDATE (id), which can only renumber a row (GENERATED ALWAYS), never change what it says.
 DELETE FROM {schema}.inbox_rejection
 WHERE id IN (
     SELECT id FROM {schema}.inbox_rejection
-    WHERE created_at < coalesce(CAST(:now AS timestamptz), now())
+    WHERE (CAST(:consumer AS text) IS NULL OR consumer = :consumer)
+      AND created_at < coalesce(CAST(:now AS timestamptz), now())
         - make_interval(secs => :window_seconds)
     ORDER BY id
     LIMIT :batch_size
