@@ -10,7 +10,11 @@ the last and SQLAlchemy by its own pattern, so a piece of the password would rea
 message as a "host" or "port", where no redaction can recognise it. So is a NUL character (libpq
 reads the URL up to it: the rest is lost, a password may become a host) and a percent-escape in
 a query parameter's name (libpq decodes it: ``pass%77ord`` is the password, which no mask of the
-written text would find).
+written text would find), and a ``%`` escape libpq or psycopg refuses (not two hex digits, ``%00``,
+bytes that are not UTF-8): their errors quote the value as written, or a byte of it.
+
+Masking a password that also matches other text gives it away (``inbo***_rejection``, ``user
+"***"``): :func:`redact` then hides the whole message instead.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -35,7 +39,27 @@ INVALID_URL = "the database URL is invalid"
 _ENCODE = "percent-encode '@', ':', '/', '?' and '#' in the user name and password"
 _NUL = "a NUL character"
 _ESCAPED_KEY = "a percent-escape in a query parameter name"
-_HINTS = {_NUL: "remove it", _ESCAPED_KEY: "write parameter names as plain text"}
+_NOT_UTF8 = "a character that is not UTF-8"
+_BAD_ESCAPE = "a '%' not followed by two hex digits"
+_NUL_ESCAPE = "a '%00' escape (a NUL character)"
+_NOT_UTF8_ESCAPE = "percent-escapes that do not decode as UTF-8"
+_HINTS = {
+    _NUL: "remove it",
+    _ESCAPED_KEY: "write parameter names as plain text",
+    _NOT_UTF8: "remove it",
+    _BAD_ESCAPE: "write a '%' as %25",
+    _NUL_ESCAPE: "remove it",
+    _NOT_UTF8_ESCAPE: "percent-encode the UTF-8 bytes of each character",
+}
+_BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+#: A secret shorter than this (the least NIST SP 800-63B allows for a password) is likely to match
+#: ordinary text of a message (a word, a table or user name): a message holding it is hidden.
+SHORT_SECRET = 8
+HIDDEN = (
+    "message hidden: masking the password in it could give part of the password away (a"
+    f" password of {SHORT_SECRET} or more characters, found nowhere else in the URL, avoids this)"
+)
+_LEAD_RE = re.compile(r"[A-Za-z_][\w.]*: ")  # a "Class: " the caller put first
 _INSUFFICIENT_PRIVILEGE = "42501"
 #: The libpq parameters whose values are secrets.
 _SECRET_KEYS = ("password", "sslpassword")
@@ -59,6 +83,8 @@ def url_problem(url: str) -> str | None:
     differently, or None (a keyword/value string has none). The reason never quotes the URL."""
     if "\x00" in url:
         return _NUL
+    if not _encodable(url):  # e.g. a variable's byte that is not UTF-8: psycopg quotes its place
+        return _NOT_UTF8
     scheme, sep, rest = url.partition("://")
     if not sep or not _SCHEME_RE.fullmatch(scheme):
         return None
@@ -77,7 +103,29 @@ def url_problem(url: str) -> str | None:
     query = rest.partition("?")[2]  # a '?' before the '@' was refused above
     if any("%" in param.partition("=")[0] for param in query.split("&")):
         return _ESCAPED_KEY
-    return _port_problem(hosts)
+    return _port_problem(hosts) or _escape_problem(rest)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escape_problem(rest: str) -> str | None:
+    """Why libpq (or psycopg, decoding what libpq decoded) would refuse a ``%`` escape of a URL,
+    quoting the value as written (or naming a byte of it), or None."""
+    if _BAD_ESCAPE_RE.search(rest):
+        return _BAD_ESCAPE
+    if "%00" in rest:
+        return _NUL_ESCAPE
+    try:
+        unquote_to_bytes(rest).decode("utf-8")
+    except UnicodeDecodeError:
+        return _NOT_UTF8_ESCAPE
+    return None
 
 
 def checked_url(url: Url) -> str:
@@ -110,7 +158,8 @@ def _secrets_read(url: str) -> list[str]:
     (an unknown parameter beside it, say), whose error may still quote them."""
     query = url.partition("://")[2].partition("?")[2]
     pairs = (param.partition("=") for param in query.split("&"))
-    found = [unquote(value) for key, _, value in pairs if unquote(key) in _SECRET_KEYS]
+    # As written too: libpq's parse error quotes a value with a bad escape as written.
+    found = [x for k, _, v in pairs if unquote(k) in _SECRET_KEYS for x in (v, unquote(v))]
     try:
         params = conninfo_to_dict(url)
     except (psycopg.Error, ValueError, TypeError):  # its text may quote the string: dropped
@@ -121,13 +170,68 @@ def _secrets_read(url: str) -> list[str]:
 def redact(text: str, url: Url, *passwords: str | None) -> str:
     """``text`` without the password of ``url`` (as written or percent-decoded), the values
     libpq reads as ``password``/``sslpassword``, nor ``passwords``; ``password=...`` (and
-    ``sslpassword=...``) as written in a query or keyword/value string is masked too."""
+    ``sslpassword=...``) as written in a query or keyword/value string is masked too.
+
+    The URL itself, where ``text`` quotes it, keeps all but its password values. Elsewhere a
+    secret is masked only where it can be nothing else: a whole word, at least
+    :data:`SHORT_SECRET` long, found nowhere else in the URL (the user name, say). Otherwise
+    the mask would tell what the password matches, so the message is :data:`HIDDEN` (a leading
+    ``Class: `` is kept)."""
     plain = _plain(url)
     written = _password_of(plain)
     found = (written, unquote(written) if written else None, *_secrets_read(plain), *passwords)
-    for secret in sorted({s for s in found if s}, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return _KEYWORD_PASSWORD_RE.sub(r"\1***", text)
+    secrets = sorted({s for s in found if s}, key=len, reverse=True)
+    shown = _shown_url(plain)
+    pieces = text.split(plain) if shown is not None and plain else [text]
+    others = shown if shown is not None else _without(plain, secrets)
+    masked = [_masked(piece, secrets, others) for piece in pieces]
+    if any(piece is None for piece in masked):
+        lead = _LEAD_RE.match(text)
+        kept = lead.group(0) if lead else ""
+        return (kept if _masked(kept, secrets, "") == kept else "") + HIDDEN
+    return (shown or "").join(piece or "" for piece in masked)
+
+
+def _without(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "\x00")
+    return text
+
+
+def _masked(text: str, secrets: list[str], others: str) -> str | None:
+    """``text`` with ``password=...`` and each secret masked, or None where a mask could point
+    at what a secret is (see :func:`redact`)."""
+    text = _KEYWORD_PASSWORD_RE.sub(r"\1***", text)
+    for secret in secrets:
+        hits = len(re.findall(re.escape(secret), text, re.IGNORECASE))
+        if not hits:
+            continue
+        word = re.compile(rf"(?<!\w){re.escape(secret)}(?!\w)", re.IGNORECASE)
+        if len(secret) < SHORT_SECRET or secret.casefold() in others.casefold():
+            return None
+        text, words = word.subn("***", text)
+        if words != hits:  # part of a longer word: ``inbo***_rejection``
+            return None
+    return text
+
+
+def _shown_url(plain: str) -> str | None:
+    """``plain`` with only its password values masked (user info, query, keywords), or None
+    when its parts could be read differently (:func:`url_problem`: it is never shown then)."""
+    if url_problem(plain) not in (None, _BAD_ESCAPE, _NUL_ESCAPE, _NOT_UTF8_ESCAPE):
+        return None
+    scheme, sep, rest = plain.partition("://")
+    if not sep or not _SCHEME_RE.fullmatch(scheme):
+        return _KEYWORD_PASSWORD_RE.sub(r"\1***", plain)
+    userinfo, at, hosts = rest.partition("@")  # the one '@', before any '/' or '?'
+    if at and ":" in userinfo:
+        rest = f"{userinfo.partition(':')[0]}:***@{hosts}"
+    base, mark, query = rest.partition("?")
+    params = (param.partition("=") for param in query.split("&"))
+    query = "&".join(
+        k + eq + ("***" if eq and unquote(k) in _SECRET_KEYS else v) for k, eq, v in params
+    )
+    return f"{scheme}://{base}{mark}{query}"
 
 
 def refused(exc: psycopg.ProgrammingError, url: Url) -> ConfigurationError:
@@ -147,16 +251,30 @@ def refused(exc: psycopg.ProgrammingError, url: Url) -> ConfigurationError:
 
 def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.Error:
     password = options.get("password")
-    return type(exc)(redact(str(exc), url, password if isinstance(password, str) else None))
+    text = redact(str(exc), url, password if isinstance(password, str) else None)
+    if text.endswith(HIDDEN) and exc.sqlstate:
+        text += f" (SQLSTATE {exc.sqlstate})"
+    return type(exc)(text)
+
+
+def _unreadable(exc: ValueError) -> ConfigurationError:
+    """psycopg's error decoding the string (a byte that is not UTF-8) quotes a byte of it and
+    its place: only the class is told."""
+    return ConfigurationError(
+        f"{INVALID_URL}: psycopg cannot read it ({type(exc).__name__}; its text is not shown)"
+    )
 
 
 def connect(url: Url, *, autocommit: bool = True, **options: Any) -> psycopg.Connection[Any]:
     """A psycopg connection of our own (autocommit by default: every statement its own tx)."""
     plain = checked_url(url)
+    error: Exception
     try:
         return psycopg.connect(plain, autocommit=autocommit, **options)
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
+    except ValueError as exc:
+        error = _unreadable(exc)
     raise error  # outside the except block: no __context__ holding the original
 
 
@@ -165,10 +283,13 @@ async def connect_async(
 ) -> psycopg.AsyncConnection[Any]:
     """:func:`connect` for asyncio."""
     plain = checked_url(url)
+    error: Exception
     try:
         return await psycopg.AsyncConnection.connect(plain, autocommit=autocommit, **options)
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
+    except ValueError as exc:
+        error = _unreadable(exc)
     raise error
 
 

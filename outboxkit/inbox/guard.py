@@ -21,7 +21,9 @@ from outboxkit.wire import HEADER_EVENT_ID, HEADER_LIMITS, header_problem
 EXCERPT_CHARS = 200  # how much attacker-controlled text a stored reason may quote
 REASON_CHARS = 1000  # the cap of a stored reason / error text
 
-_QUOTED = re.compile(r'"[^"]*"')
+# Where a data exception's message starts quoting a value: a quote, ``: ``, a byte dump.
+_VALUE_START = re.compile(r'"|: |\b0x[0-9a-fA-F]')
+_QUOTE = re.compile('"')
 
 
 class InvalidHeaderError(DecodeError):
@@ -96,9 +98,11 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
 
     SQLAlchemy's text ends with ``[parameters: ...]`` and the driver's DETAIL lines quote row
     values, so a database error is reported by the driver's class, SQLSTATE and first message
-    line; a data exception (SQLSTATE class 22) also loses its quoted parts (input values). A
-    statement's error without a SQLSTATE (raised binding a value, or by the driver itself) is
-    reported by its classes alone.
+    line; a data exception (SQLSTATE class 22) is cut where it starts quoting (a ``"``, ``: ``
+    or ``0x``): its values may hold a ``"`` or a newline, be lower-cased or dumped as bytes, so
+    no quote pair can be trusted to enclose them. Any other message whose quotes do not pair up
+    is cut at its first ``"``. A statement's error without a SQLSTATE (raised binding a value,
+    or by the driver itself) is reported by its classes alone.
 
     Never raises: it settles a handler's failure, and an error here would send that record down
     the unexpected-error path (no retry policy, no dead letter). A handler's exception whose
@@ -142,9 +146,11 @@ def _error_text(exc: BaseException, detail: bool) -> str:
     first = lines[0] if lines else ""
     if sqlstate is None:
         return bounded(f"{type(exc).__name__}: {first}")
-    if str(sqlstate).startswith("22"):
-        first = _QUOTED.sub('"<value hidden>"', first)
-        first = first.split(": ", 1)[0] if "invalid input" in first else first
+    data_exception = str(sqlstate).startswith("22")
+    if data_exception or first.count('"') % 2:
+        cut = (_VALUE_START if data_exception else _QUOTE).search(first)
+        if cut is not None:
+            first = f"{first[: cut.start()].rstrip()} (value hidden)".lstrip()
     return bounded(f"{type(exc).__name__} (SQLSTATE {sqlstate}): {first}")
 
 

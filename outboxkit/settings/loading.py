@@ -70,13 +70,33 @@ class _SecretFilesSource(EnvSettingsSource):
         partial = self.settings_cls.model_config.get("extra") == "ignore"
         wanted = tuple(PREFIX + name.upper() for name in self.settings_cls.model_fields)
         found: dict[str, str | None] = {}
-        for path in sorted(directory.iterdir()):
+        for path in _listing(directory):
             name = path.name.upper()
             if partial and not (name.startswith(wanted) or name == SCHEMA_ENV):
                 continue
-            if name.startswith(PREFIX) and path.is_file():
+            if name.startswith(PREFIX) and _is_file(path):
                 found[path.name.lower()] = _secret_text(path)
         return _schema_alias(found)
+
+
+def _listing(directory: Path) -> list[Path]:
+    """The secrets directory's entries, or a :class:`ConfigurationError` naming it (not a
+    traceback: one owned by another user cannot be listed)."""
+    try:
+        return sorted(directory.iterdir())
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    raise ConfigurationError(f"cannot read {SECRETS_DIR_ENV} {directory}: {problem}")
+
+
+def _is_file(path: Path) -> bool:
+    """Whether an entry is a file, or a :class:`ConfigurationError` naming it when that cannot
+    be told (a directory that can be listed but not searched)."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    raise ConfigurationError(f"cannot read secret file {path}: {problem}")
 
 
 def _secret_text(path: Path) -> str:
