@@ -3,12 +3,14 @@
 * an order service writes ``OrderPlaced`` events to the outbox in its own transactions;
 * the relay publishes them (at-least-once here, so a duplicate may reach the consumer);
 * the consumer takes up to ``batch_max_records`` records at a time: one claim statement, one
-  transaction, each handler in a savepoint of its own. One order's handler fails (a bad
-  SKU): only its savepoint rolls back, the rest of the batch commits, and it goes dead alone
-  after its attempts.
+  transaction in which the handlers run one after the other without savepoints. One order's
+  handler fails (a bad SKU): that transaction rolls back and the batch runs again with a
+  savepoint per handler, the failed order left out, so the rest of the batch commits (their
+  writes once) and the bad order goes dead alone after its attempts.
 
 Run it against running services::
 
+    . .venv/bin/activate
     eval $(outboxkit dev env)          # after `outboxkit dev up` in another shell
     python examples/06_batched_consumer/main.py
 
@@ -35,6 +37,7 @@ from outboxkit.settings import KafkaSettings, Mode, load_settings
 
 TOPIC = f"example.orders.{uuid.uuid4().hex[:6]}"
 BAD_SKU = "sku-broken"
+CONSUMER = "batched-shipping"  # its own dedup rows, apart from example 04's "shipping"
 
 
 class OrderPlaced(Event, topic=TOPIC, key="order_id"):
@@ -43,12 +46,16 @@ class OrderPlaced(Event, topic=TOPIC, key="order_id"):
     quantity: int
 
 
+# Its own table (example 04 has an example_shipment of other columns); the topic tells this
+# run's rows from those of earlier runs on the same database.
 SHIPMENTS = sa.text(
-    "CREATE TABLE IF NOT EXISTS example_shipment ("
-    " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text NOT NULL,"
-    " sku text NOT NULL, quantity integer NOT NULL)"
+    "CREATE TABLE IF NOT EXISTS example_batched_shipment ("
+    " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text NOT NULL,"
+    " order_id text NOT NULL, sku text NOT NULL, quantity integer NOT NULL)"
 )
-SHIP = sa.text("INSERT INTO example_shipment (order_id, sku, quantity) VALUES (:o, :s, :q)")
+SHIP = sa.text(
+    "INSERT INTO example_batched_shipment (topic, order_id, sku, quantity) VALUES (:t, :o, :s, :q)"
+)
 
 
 def create_topic(bootstrap: str) -> None:
@@ -76,7 +83,10 @@ def relay_until_drained(url: str, bootstrap: str, engine: sa.Engine) -> None:
             "relay": {"mode": Mode.AT_LEAST_ONCE, "poll_interval": 0.5},
         }
     )
-    pending = sa.text("SELECT count(*) FROM outboxkit.outbox_message WHERE state = 'pending'")
+    # This run's rows only: rows of other topics pending on the same database are no concern.
+    pending = sa.text(
+        "SELECT count(*) FROM outboxkit.outbox_message WHERE state = 'pending' AND topic = :t"
+    ).bindparams(t=TOPIC)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -102,14 +112,16 @@ def consume(engine: sa.Engine, bootstrap: str, expected: int) -> dict[str, int]:
 
     @registry.handler(OrderPlaced)
     def ship(event: OrderPlaced, ctx: HandlerContext, session: Session) -> None:
-        # Runs in a savepoint of the batch's transaction: an exception rolls back this
-        # handler's writes only. Never commit the session: the middleware commits the batch.
-        session.execute(SHIP, {"o": event.order_id, "s": event.sku, "q": event.quantity})
+        # Runs in the batch's transaction, first without a savepoint; after a failure the batch
+        # runs again with a savepoint per handler, so an exception costs this event only.
+        # Never commit the session: the middleware commits the batch.
+        params = {"t": ctx.topic, "o": event.order_id, "s": event.sku, "q": event.quantity}
+        session.execute(SHIP, params)
         if event.sku == BAD_SKU:
             raise ValueError(f"unknown SKU {event.sku!r}")
 
     settings = InboxSettings(
-        consumer="shipping",
+        consumer=CONSUMER,
         registry=registry,
         policy=RetryPolicy(max_attempts=2, initial_delay=0.1),
     )
@@ -132,16 +144,23 @@ def consume(engine: sa.Engine, bootstrap: str, expected: int) -> dict[str, int]:
         states = conn.execute(
             sa.text(
                 "SELECT state, count(*) FROM outboxkit.inbox_message"
-                " WHERE consumer = 'shipping' GROUP BY state"
-            )
+                " WHERE consumer = :c AND topic = :t GROUP BY state"
+            ),
+            {"c": CONSUMER, "t": TOPIC},
         )
         return {state: int(n) for state, n in states}
 
 
 def shipments(engine: sa.Engine) -> dict[str, int]:
-    """Shipment rows per order: one each, except none for the order that went dead."""
+    """This run's shipment rows per order: one each, except none for the order that went dead."""
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT order_id, count(*) FROM example_shipment GROUP BY 1"))
+        rows = conn.execute(
+            sa.text(
+                "SELECT order_id, count(*) FROM example_batched_shipment WHERE topic = :t"
+                " GROUP BY 1"
+            ),
+            {"t": TOPIC},
+        )
         return {order_id: int(n) for order_id, n in rows}
 
 

@@ -69,7 +69,8 @@ async def book_revenue(
     events: Sequence[OrderPlaced], ctx: BatchContext, session: AsyncSession
 ) -> None:
     """All events of a batch at once (in fetch order; ``ctx[i]`` is event i's id, offset,
-    attempt...). Runs in a savepoint of the batch's transaction; never commit the session."""
+    attempt...). Runs in the batch's transaction, without a savepoint at first (in one of its
+    own if the batch runs again after a failure); never commit the session."""
     calls.append(len(events))
     await session.execute(
         BOOK_LINES,
