@@ -32,6 +32,7 @@ from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import AsyncGroupConsumer, AsyncRecordSender, GroupConsumer, RecordSender
 from outboxkit.limits import MESSAGE_MAX_BYTES_RANGE
 from outboxkit.settings import KafkaSettings
+from outboxkit.settings.kafka_only import load_kafka_settings
 from outboxkit.settings.models import DAY, MAX_BATCH_MS, MAX_BATCH_RECORDS
 
 if TYPE_CHECKING:
@@ -90,7 +91,9 @@ def stopped_by(stop: Any) -> Callable[[], bool]:
 class InboxConsumer(Generic[InboxT]):
     """Consume ``topics`` as group ``group_id`` and run each record through ``inbox``.
 
-    ``kafka`` defaults to ``KafkaSettings()`` (the ``OUTBOXKIT_KAFKA_*`` variables); ``config``
+    ``kafka`` defaults to the ``[kafka]`` settings from every source (the TOML file named by
+    ``OUTBOXKIT_CONFIG``, ``OUTBOXKIT_KAFKA_*`` variables, files in ``OUTBOXKIT_SECRETS_DIR``:
+    :func:`~outboxkit.settings.kafka_only.load_kafka_settings`); ``config``
     holds extra consumer properties in the client's own spelling (e.g. ``session.timeout.ms``
     for confluent-kafka, ``session_timeout_ms`` for aiokafka).
 
@@ -163,7 +166,7 @@ class InboxConsumer(Generic[InboxT]):
                 batch_max_ms=batch_max_ms,
             ),
         )
-        clients = KafkaClients(kafka if kafka is not None else KafkaSettings())
+        clients = KafkaClients(kafka if kafka is not None else load_kafka_settings())
         consumer, sender = self._clients(clients, group_id, dict(config or {}))
         self.executor: Executor = inbox.executor(kafka_steps(consumer, sender))
 

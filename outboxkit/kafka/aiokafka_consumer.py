@@ -99,8 +99,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         _check_options(config or {})
         self._options = aiokafka_options(
             settings,
+            {"auto_offset_reset": "earliest"},
+            options=config,
             group_id=group_id,
-            **{"auto_offset_reset": "earliest", **(config or {})},
             enable_auto_commit=False,
             isolation_level="read_committed",
         )

@@ -16,6 +16,7 @@ from typing import Any
 from outboxkit.errors import ConfigurationError
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
+from outboxkit.settings.kafka_names import OWNED_OPTIONS, OWNED_PROPERTIES, owned_problem
 
 LIBRDKAFKA_LOGGER = logging.getLogger("outboxkit.kafka.librdkafka")
 logger = logging.getLogger("outboxkit.kafka")
@@ -58,13 +59,33 @@ def _check_sasl(settings: KafkaSettings) -> None:
         )
 
 
+_PROPERTIES = "OUTBOXKIT_KAFKA_PROPERTIES ([kafka] properties)"
+_OPTIONS = "the Kafka consumer's options (config=, OUTBOXKIT_CONSUMER_KAFKA_OPTIONS)"
+
+
+def _refuse_owned(given: Mapping[str, Any], owned: dict[str, str], where: str) -> None:
+    """A property the typed settings decide would win for this client alone (a downgrade to
+    plaintext, say): refused, naming it, however the settings were built."""
+    problem = owned_problem(given, owned)
+    if problem is not None:
+        raise ConfigurationError(f"{where}: {problem}")
+
+
 def confluent_config(
-    settings: KafkaSettings, defaults: Mapping[str, Any] | None = None, **overrides: Any
+    settings: KafkaSettings,
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """librdkafka properties, later wins: ``defaults`` (a client's tuning), connection +
-    security + our logger, the user's ``properties``, then ``overrides`` (what the client needs
-    to keep its contract, e.g. ``enable.idempotence``)."""
+    security + our logger, the user's ``properties``, the caller's ``options`` (a consumer's
+    own), then ``overrides`` (what the client needs to keep its contract, e.g.
+    ``enable.idempotence``). Neither ``properties`` nor ``options`` may set what the typed
+    settings decide (:data:`~outboxkit.settings.kafka_names.OWNED_PROPERTIES`)."""
     _check_sasl(settings)
+    _refuse_owned(settings.properties, OWNED_PROPERTIES, _PROPERTIES)
+    _refuse_owned(options or {}, OWNED_PROPERTIES, _OPTIONS)
     conf: dict[str, Any] = dict(defaults or {})
     conf |= {
         "bootstrap.servers": _require_bootstrap(settings),
@@ -92,6 +113,7 @@ def confluent_config(
             "https" if settings.ssl_check_hostname else "none"
         )
     conf.update({name: value.get_secret_value() for name, value in settings.properties.items()})
+    conf.update(options or {})
     conf.update(overrides)
     return conf
 
@@ -147,13 +169,19 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
 
 
 def aiokafka_options(
-    settings: KafkaSettings, defaults: Mapping[str, Any] | None = None, **overrides: Any
+    settings: KafkaSettings,
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
-    """aiokafka keyword arguments, later wins: ``defaults``, connection + security, then
+    """aiokafka keyword arguments, later wins: ``defaults``, connection + security, the
+    caller's ``options`` (which may not set what the typed settings decide), then
     ``overrides``. ``properties`` are librdkafka names, which aiokafka does not read: said in a
     warning (names only, once per process and set of names), as a silently ignored setting
     would be a trap."""
     _check_sasl(settings)
+    _refuse_owned(options or {}, OWNED_OPTIONS, _OPTIONS)
     names = frozenset(settings.properties)
     if names and names not in _unread_warned:
         _unread_warned.add(names)
@@ -163,8 +191,8 @@ def aiokafka_options(
             " them (remove them if no client here is confluent-kafka's)",
             ", ".join(sorted(names)),
         )
-    options: dict[str, Any] = dict(defaults or {})
-    options |= {
+    kwargs: dict[str, Any] = dict(defaults or {})
+    kwargs |= {
         "bootstrap_servers": _require_bootstrap(settings),
         "client_id": settings.client_id,
         "security_protocol": settings.security_protocol.value,
@@ -172,10 +200,11 @@ def aiokafka_options(
     if settings.uses_sasl:
         assert settings.sasl_mechanism is not None
         assert settings.sasl_password is not None
-        options["sasl_mechanism"] = settings.sasl_mechanism.value
-        options["sasl_plain_username"] = settings.sasl_username
-        options["sasl_plain_password"] = settings.sasl_password.get_secret_value()
+        kwargs["sasl_mechanism"] = settings.sasl_mechanism.value
+        kwargs["sasl_plain_username"] = settings.sasl_username
+        kwargs["sasl_plain_password"] = settings.sasl_password.get_secret_value()
     if settings.uses_tls:
-        options["ssl_context"] = ssl_context(settings)
-    options.update(overrides)
-    return options
+        kwargs["ssl_context"] = ssl_context(settings)
+    kwargs.update(options or {})
+    kwargs.update(overrides)
+    return kwargs

@@ -36,3 +36,7 @@ def create(
         if isinstance(error, KafkaError):
             code, text = error.name(), error.str()
         raise refused_configuration(what, code, text, conf, hint) from None
+    except (TypeError, ValueError) as exc:
+        # confluent-kafka's own check of a value it reads itself (a callback that is not
+        # callable, a flag that is not a bool): as permanent as librdkafka's refusal.
+        raise refused_configuration(what, type(exc).__name__, str(exc), conf, hint) from None

@@ -86,10 +86,10 @@ class ConfluentGroupConsumer(GroupConsumer):
     ) -> None:
         defaults: dict[str, Any] = {"auto.offset.reset": "earliest"}
         # The consumer's own options win over the shared properties; _FORCED over both.
-        forced: dict[str, Any] = {**(config or {}), "group.id": group_id, **_FORCED}
+        forced: dict[str, Any] = {"group.id": group_id, **_FORCED}
         self._consumer = create(
             Consumer,
-            confluent_config(settings, defaults, **forced),
+            confluent_config(settings, defaults, options=config, **forced),
             "the Kafka consumer (confluent-kafka) cannot be created",
             CONSUMER_OPTIONS_HINT,
         )

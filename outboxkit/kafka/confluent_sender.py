@@ -29,17 +29,14 @@ class ConfluentRecordSender(RecordSender):
 
     def _get(self) -> Producer:
         if self._producer is None:
+            required: dict[str, Any] = {
+                "enable.idempotence": True,
+                "acks": "all",
+                "message.timeout.ms": int(self._timeout * 1000),
+            }
             self._producer = create(
                 Producer,
-                confluent_config(
-                    self._settings,
-                    None,
-                    **{
-                        "enable.idempotence": True,
-                        "acks": "all",
-                        "message.timeout.ms": int(self._timeout * 1000),
-                    },
-                ),
+                confluent_config(self._settings, None, **required),
                 "the Kafka producer for dead letters and acks (confluent-kafka) cannot be created",
             )
         return self._producer

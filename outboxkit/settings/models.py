@@ -46,6 +46,7 @@ from outboxkit.settings.checks import (
 from outboxkit.settings.checks import (  # re-exported: the dead-letter template's check
     topic_template_problem as topic_template_problem,
 )
+from outboxkit.settings.kafka_names import dead_letter_template, text_problem, topic_list
 
 PREFIX = "OUTBOXKIT_"
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
@@ -140,7 +141,8 @@ class KafkaSettings(BaseSettings):
 
     ``client`` picks the implementation (default: confluent-kafka when installed, else aiokafka).
     ``properties`` are extra librdkafka properties for the confluent-kafka client (their values
-    are treated as secrets: a repr shows only their names).
+    are treated as secrets: a repr shows only their names); those the typed settings decide
+    are refused (:mod:`outboxkit.settings.kafka_names`).
     """
 
     model_config = _strict("OUTBOXKIT_KAFKA_")
@@ -175,7 +177,7 @@ class KafkaSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _security_fits(self) -> KafkaSettings:
-        problem = security_problem(self)
+        problem = security_problem(self) or text_problem(self.properties, options=False)
         if problem is not None:
             raise ValueError(problem)
         return self
@@ -329,14 +331,14 @@ class ConsumerSettings(BaseSettings):
 
     name: Annotated[str | None, storable("the consumer name")] = None
     group: str | None = None
-    topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    topics: Annotated[list[str], NoDecode, AfterValidator(topic_list)] = Field(default_factory=list)
     registry: str | None = None
     handler: str | None = None
     max_attempts: int = Field(default=5, ge=1)
     retry_delay: float = Field(default=0.5, ge=0, le=DAY)
     lease_seconds: float = Field(default=30.0, gt=0, le=DAY)
-    dead_letter: str | None = "{topic}.dlq"
-    acks_topic: str | None = None
+    dead_letter: Annotated[str | None, AfterValidator(dead_letter_template)] = "{topic}.dlq"
+    acks_topic: Annotated[str, AfterValidator(topic_name)] | None = None
     offset_commit_interval: float = Field(default=0.0, ge=0, le=DAY)
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
     metrics_host: str = "127.0.0.1"
@@ -351,14 +353,6 @@ class ConsumerSettings(BaseSettings):
     gc_tuning: bool = True  # `inbox run` only: the collector settings of gc_tuning.py
     kafka_options: Annotated[dict[str, KafkaOption], NoDecode] = Field(default_factory=dict)
 
-    @field_validator("dead_letter")
-    @classmethod
-    def _topic_template(cls, value: str | None) -> str | None:
-        problem = topic_template_problem(value) if value else None
-        if problem is not None:
-            raise ValueError(problem)
-        return value
-
     @field_validator("kafka_options", mode="before")
     @classmethod
     def _options_json(cls, value: Any) -> Any:
@@ -372,6 +366,9 @@ class ConsumerSettings(BaseSettings):
     @field_validator("kafka_options")
     @classmethod
     def _int32_options(cls, value: dict[str, KafkaOption]) -> dict[str, KafkaOption]:
+        problem = text_problem(value, options=True)
+        if problem is not None:
+            raise ValueError(problem)
         low, high = INT32
         for name, option in value.items():
             number = option.get_secret_value()

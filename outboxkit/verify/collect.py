@@ -4,17 +4,12 @@ holds. Everything the checker judges is read here, after every process of the ru
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-import psycopg
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-from outboxkit.errors import OutboxkitError
-from outboxkit.kafka.config import confluent_config
-from outboxkit.kafka.confluent_consumer import message_headers
+from outboxkit import db
+from outboxkit.errors import OutboxkitError, PublishError
+from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.settings import KafkaSettings
 from outboxkit.verify.history import (
     ConsumerEffect,
@@ -52,55 +47,31 @@ def read_writes(paths: Iterable[Path]) -> list[WriteOp]:
 def read_topics(
     kafka: KafkaSettings, topics: Iterable[TopicSpec], timeout: float = 120.0
 ) -> list[KafkaRecord]:
-    """Every record of the topics as a ``read_committed`` consumer sees them, to the end."""
-    reader: dict[str, Any] = {
-        "group.id": "outboxkit-verify-reader",
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-    }
-    consumer = Consumer(confluent_config(kafka, None, **reader))
-    parts = [TopicPartition(t.name, p, 0) for t in topics for p in range(t.partitions)]
-    records: list[KafkaRecord] = []
+    """Every record of the topics as a ``read_committed`` consumer sees them, to the end
+    (through the Kafka seam: a refused configuration is a ``ConfigurationError``)."""
+    from outboxkit.kafka.confluent_readback import read_to_end  # confluent-kafka: imported late
+
+    parts = [(t.name, p) for t in topics for p in range(t.partitions)]
     try:
-        consumer.assign(parts)
-        pending = {(tp.topic, tp.partition) for tp in parts}
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise CollectError(f"reading the topics back timed out; not at the end: {pending}")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard((msg.topic(), msg.partition()))
-                    continue
-                if error.retriable():
-                    continue
-                raise CollectError(f"reading the topics back failed: {error}")
-            records.append(_record(msg))
-    finally:
-        consumer.close()
-    return records
+        return [_record(record) for record in read_to_end(kafka, parts, timeout)]
+    except PublishError as exc:
+        raise CollectError(str(exc)) from exc
 
 
-def _record(msg: Any) -> KafkaRecord:
-    raw, _unreadable = message_headers(msg)  # a name that is not UTF-8: read as no headers
-    headers = {name: value for name, value in raw if value is not None}
+def _record(record: ConsumedRecord) -> KafkaRecord:
+    # a header name that is not UTF-8: read as no headers
+    headers = {name: value for name, value in record.headers if value is not None}
     raw_id = headers.get(HEADER_EVENT_ID)
-    key = msg.key()
+    key = record.key
     seq: int | None = None
     try:
-        seq = int(json.loads(msg.value())["seq"])
+        seq = int(json.loads(record.value or b"")["seq"])
     except (ValueError, TypeError, KeyError):
         seq = None
     return KafkaRecord(
-        topic=msg.topic(),
-        partition=msg.partition(),
-        offset=msg.offset(),
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
         key=key.decode(errors="replace") if key is not None else None,
         event_id=raw_id.decode(errors="replace") if raw_id is not None else None,
         seq=seq,
@@ -111,7 +82,7 @@ def read_database(
     database_url: str, schema: str, consumers: list[str]
 ) -> tuple[list[ConsumerEffect], list[InboxState]]:
     """Effect counts and inbox states of the run's consumers."""
-    with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
+    with db.connect(database_url, connect_timeout=10) as conn:
         effects = [
             ConsumerEffect(consumer=str(c), event_id=str(e), count=int(n))
             for c, e, n in conn.execute(
@@ -133,7 +104,7 @@ def read_database(
 
 def progress(database_url: str, schema: str, topics: list[str], consumers: list[str]) -> Progress:
     """Rows still pending, rows published, and events each consumer settled (for draining)."""
-    with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
+    with db.connect(database_url, connect_timeout=5) as conn:
         states: dict[str, int] = dict(
             conn.execute(
                 f"SELECT state, count(*) FROM {schema}.outbox_message WHERE topic = ANY(%s)"

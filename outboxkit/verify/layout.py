@@ -11,8 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
-
+from outboxkit import db
 from outboxkit.db import migrator
 from outboxkit.devstack import DevStack
 from outboxkit.kafka import KafkaClients
@@ -82,7 +81,7 @@ def with_app_name(url: str, name: str) -> str:
 
 def setup(config: RunConfig, target: Target, names: Names) -> None:
     migrator.upgrade(target.database_url, target.schema)
-    with psycopg.connect(target.database_url, autocommit=True) as conn:
+    with db.connect(target.database_url) as conn:
         for statement in DDL:
             conn.execute(statement)
         # The run's own schema: several shards, so relays share the work and take over.

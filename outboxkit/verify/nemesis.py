@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from outboxkit import db
 from outboxkit.devstack import DevStack
 from outboxkit.devstack.process import ManagedServer
 from outboxkit.errors import OutboxkitError
@@ -193,7 +194,7 @@ class Nemesis:
         everyone = self.stack is not None and self.stack.postgres is not None
         condition = "" if everyone else " AND application_name LIKE %(prefix)s"
         try:
-            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=5) as conn:
+            with db.connect(self.database_url, connect_timeout=5) as conn:
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"

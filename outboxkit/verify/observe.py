@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from outboxkit import db
 from outboxkit.verify.history import InboxTokenObservation, RelayTokenObservation
 
 OBSERVER = "sampler"
@@ -50,7 +51,7 @@ class TokenSampler:
 
     def sample_once(self) -> None:
         try:
-            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=3) as conn:
+            with db.connect(self.database_url, connect_timeout=3) as conn:
                 self._sample(conn)
         except (psycopg.Error, OSError):
             self.failures += 1

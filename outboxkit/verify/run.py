@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 
+from outboxkit import db
 from outboxkit.errors import OutboxkitError
 from outboxkit.verify import collect
 from outboxkit.verify.checker import Report, check
@@ -181,7 +182,7 @@ class Run:
         )
 
     def _leases(self) -> int:
-        with psycopg.connect(self.target.database_url, autocommit=True) as conn:
+        with db.connect(self.target.database_url) as conn:
             row = conn.execute(
                 f"SELECT count(*) FROM {self.target.schema}.relay_lease"
                 " WHERE relay_group = %s AND holder IS NOT NULL",
@@ -292,7 +293,7 @@ class Run:
         return history, report
 
     def _shards(self) -> int:
-        with psycopg.connect(self.target.database_url, autocommit=True) as conn:
+        with db.connect(self.target.database_url) as conn:
             row = conn.execute(
                 f"SELECT shard_count FROM {self.target.schema}.outbox_setting"
             ).fetchone()

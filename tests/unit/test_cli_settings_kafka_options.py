@@ -70,15 +70,15 @@ def test_a_password_of_digits_reaches_the_client_as_given(
 ) -> None:
     result, handed = _run(
         monkeypatch,
-        "sasl.password=000123",
-        f"ssl.key.password={LONG_DIGITS}",
+        "sasl.oauthbearer.client.secret=000123",
+        f"ssl.keystore.password={LONG_DIGITS}",
         "heartbeat_interval_ms=1000",
     )
     assert result.exit_code == 0, result.output
     (settings,) = handed
     assert settings.consumer.client_options() == {
-        "sasl.password": "000123",
-        "ssl.key.password": LONG_DIGITS,
+        "sasl.oauthbearer.client.secret": "000123",
+        "ssl.keystore.password": LONG_DIGITS,
         "heartbeat_interval_ms": 1000,
     }
 

@@ -49,8 +49,8 @@ def _checkpoint_reader(settings: KafkaSettings) -> None:
     ("properties", "named", "problem"),
     [
         (
-            {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": SECRET},
-            "sasl.mechanisms",
+            {"sasl.oauthbearer.method": SECRET},
+            "sasl.oauthbearer.method",
             "not accepted",
         ),
         ({"no.such.property": SECRET}, "no.such.property", "unknown property"),

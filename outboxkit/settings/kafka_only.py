@@ -1,0 +1,29 @@
+"""The Kafka settings alone, from every source the processes read (:func:`load_kafka_settings`).
+
+What a consumer built in code reads when it is given no settings: ``KafkaSettings()`` reads the
+``OUTBOXKIT_KAFKA_*`` variables only, so TLS or SASL kept in the secrets directory or the TOML
+file would be dropped without a word, and the client would connect in plaintext. The relay's
+and the consumer's own sections are not read: a setting the caller does not use cannot stop it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from outboxkit.settings.loading import DatabaseOnlySettings, _load
+from outboxkit.settings.models import KafkaSettings
+
+
+class KafkaOnlySettings(DatabaseOnlySettings):
+    """The database, the schema and ``[kafka]``; other sections are not looked at."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+
+
+def load_kafka_settings(path: str | Path | None = None) -> KafkaSettings:
+    """The ``[kafka]`` section as :func:`~outboxkit.settings.load_settings` builds it: the TOML
+    file (``path`` or ``OUTBOXKIT_CONFIG``), ``OUTBOXKIT_KAFKA_*`` variables, then secret files
+    in ``OUTBOXKIT_SECRETS_DIR``. Raises :class:`~outboxkit.errors.ConfigurationError`."""
+    return _load(KafkaOnlySettings, path, None).kafka
