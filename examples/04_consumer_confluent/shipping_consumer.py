@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit.inbox import EventRegistry, HandlerContext, Inbox, InboxSettings
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
-from outboxkit.settings import KafkaSettings
+from outboxkit.settings import KafkaSettings, load_kafka_settings
 
 TOPIC = os.environ.get("EXAMPLE_TOPIC", "example.orders")
 
@@ -105,8 +105,8 @@ def main(
 
 
 if __name__ == "__main__":
-    # KafkaSettings() reads OUTBOXKIT_KAFKA_* (bootstrap, security: see example 08).
-    passes, per_order = main(os.environ["OUTBOXKIT_DATABASE_URL"], KafkaSettings())
+    # [kafka] from OUTBOXKIT_CONFIG, OUTBOXKIT_KAFKA_*, the secrets dir (security: example 08).
+    passes, per_order = main(os.environ["OUTBOXKIT_DATABASE_URL"], load_kafka_settings())
     for number, outcomes in enumerate(passes, 1):
         print(f"pass {number}: {dict(outcomes)}")
     print(f"shipments per order: {per_order}")

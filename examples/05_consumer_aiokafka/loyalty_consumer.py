@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
-from outboxkit.settings import KafkaSettings
+from outboxkit.settings import KafkaSettings, load_kafka_settings
 
 TOPIC = os.environ.get("EXAMPLE_TOPIC", "example.orders")
 
@@ -107,8 +107,10 @@ async def main(
 
 
 if __name__ == "__main__":
-    # KafkaSettings() reads OUTBOXKIT_KAFKA_* (bootstrap, security: see example 08).
-    passes, per_order = asyncio.run(main(os.environ["OUTBOXKIT_DATABASE_URL"], KafkaSettings()))
+    # [kafka] from OUTBOXKIT_CONFIG, OUTBOXKIT_KAFKA_*, the secrets dir (security: example 08).
+    passes, per_order = asyncio.run(
+        main(os.environ["OUTBOXKIT_DATABASE_URL"], load_kafka_settings())
+    )
     for number, outcomes in enumerate(passes, 1):
         print(f"pass {number}: {dict(outcomes)}")
     print(f"point awards per order: {per_order}")

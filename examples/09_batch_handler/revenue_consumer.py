@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 
 from outboxkit.inbox import AsyncInbox, BatchContext, EventRegistry, InboxSettings, RetryPolicy
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
-from outboxkit.settings import KafkaSettings
+from outboxkit.settings import KafkaSettings, load_kafka_settings
 
 TOPIC = os.environ.get("EXAMPLE_TOPIC", "example.orders")
 
@@ -150,8 +150,8 @@ async def main(database_url: str, kafka: KafkaSettings, expected: int | None = N
 
 
 if __name__ == "__main__":
-    # KafkaSettings() reads OUTBOXKIT_KAFKA_* (bootstrap, security: see example 08).
-    report = asyncio.run(main(os.environ["OUTBOXKIT_DATABASE_URL"], KafkaSettings()))
+    # [kafka] from OUTBOXKIT_CONFIG, OUTBOXKIT_KAFKA_*, the secrets dir (security: example 08).
+    report = asyncio.run(main(os.environ["OUTBOXKIT_DATABASE_URL"], load_kafka_settings()))
     print(f"outcomes: {dict(report.outcomes)}")
     print(f"events per handler call: {report.call_sizes}")
     print(f"revenue per customer (orders, cents): {report.revenue}")

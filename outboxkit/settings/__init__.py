@@ -8,6 +8,7 @@ the whole :class:`Settings`. Secrets are ``SecretStr`` everywhere (the consumer'
 
 from __future__ import annotations
 
+from outboxkit.settings.kafka_only import load_kafka_settings
 from outboxkit.settings.loading import (
     DatabaseOnlySettings,
     Settings,
@@ -51,5 +52,6 @@ __all__ = [
     "Settings",
     "describe_errors",
     "load_database_settings",
+    "load_kafka_settings",
     "load_settings",
 ]
