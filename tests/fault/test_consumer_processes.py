@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from tests.integration.inbox_support import (
     produce_event,
 )
 from tests.support.blocking import env_without
+from tests.support.env import service_env
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -100,18 +100,16 @@ def spawner(
         without: str | None = None,
     ) -> Worker:
         """``driver`` picks the handlers (sync or async); ``client`` the --adapter, if any."""
-        env = {
-            **os.environ,
-            "OUTBOXKIT_DATABASE_URL": outboxkit_db_url,
-            "OUTBOXKIT_KAFKA_BOOTSTRAP": outboxkit_kafka_bootstrap,
-            "OUTBOXKIT_CONSUMER_NAME": "billing",
-            "OUTBOXKIT_CONSUMER_GROUP": group,
-            "OUTBOXKIT_CONSUMER_TOPICS": topic,
-            "OUTBOXKIT_CONSUMER_DEAD_LETTER_CHECK": "warn",
-            "PYTHONPATH": str(ROOT),
+        env = service_env(
+            outboxkit_db_url,
+            outboxkit_kafka_bootstrap,
+            OUTBOXKIT_CONSUMER_NAME="billing",
+            OUTBOXKIT_CONSUMER_GROUP=group,
+            OUTBOXKIT_CONSUMER_TOPICS=topic,
+            OUTBOXKIT_CONSUMER_DEAD_LETTER_CHECK="warn",
+            PYTHONPATH=str(ROOT),
             **(extra_env or {}),
-        }
-        env.pop("OUTBOXKIT_FAULT", None)
+        )
         if fault:
             env["OUTBOXKIT_FAULT"] = fault
         if without is not None:
@@ -282,7 +280,9 @@ def test_rebalance_mid_handler_one_effect(
     """A batch o-1, slow-2, o-3 (one partition): slow-2 outlives max.poll.interval, so the
     partition goes to a second member, which claims all three with newer tokens and applies
     them. The first member's batch is fenced: slow-2's lease is lost, o-1's succeeded mark is
-    refused by token (its transaction rolls back), o-3 never runs there. Each effect once."""
+    refused by token (its transaction rolls back), o-3 never runs there. Each effect once.
+    The checks that the three were one batch (one claim statement: one created_at; o-1 and o-3
+    outcomes) fail when records are processed one at a time."""
     topic = outboxkit_topic()
     group = f"g-{uuid.uuid4().hex[:8]}"
     first_id, event_id, last_id = (str(uuid.uuid4()) for _ in range(3))
@@ -301,6 +301,10 @@ def test_rebalance_mid_handler_one_effect(
     produce_event(outboxkit_kafka_bootstrap, topic, last_id, "o-3", 3)
     first = spawn(topic, group=group, extra_env=env, args=tuple(args))
     wait_for(lambda: _row(outboxkit_db_url, event_id).get("attempts") == 1, what="first claim")
+    # One claim statement for the three (a batch), not three: one transaction, one created_at.
+    claimed = {_row(outboxkit_db_url, e).get("created_at") for e in (first_id, event_id, last_id)}
+    assert len(claimed) == 1, claimed
+    assert None not in claimed, "o-3 was not claimed with the others"
     second = spawn(topic, group=group, extra_env=env, args=tuple(args))
     for done in (first_id, event_id, last_id):
         wait_for(
@@ -329,6 +333,17 @@ def test_rebalance_mid_handler_one_effect(
     )
     o1 = _row(outboxkit_db_url, first_id)
     assert (o1["lease_lost_count"] >= 1) != (o1["duplicate_count"] >= 1 or o1["attempts"] == 1)
+    if adapter == "confluent":  # the poll loop is blocked by the handler: no early revoke
+        assert (o1["lease_lost_count"], o1["attempts"]) == (1, 2), o1
+    # o-3 was claimed in the fenced batch but never run there: no lost lease, and its one effect
+    # is from its last claim. The fenced batch gave its claim back (attempts 1) or the second
+    # member took it over first (attempts 2); with confluent always the latter.
+    o3 = _row(outboxkit_db_url, last_id)
+    assert (o3["lease_lost_count"], o3["duplicate_count"]) == (0, 0), o3
+    assert o3["attempts"] in ((2,) if adapter == "confluent" else (1, 2)), o3
+    assert fetch(
+        outboxkit_db_url, "SELECT attempt FROM public.effect WHERE event_id = %s", (last_id,)
+    ) == [(o3["attempts"],)]
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([first_id, event_id, last_id])
     assert fetch(
         outboxkit_db_url, "SELECT attempt FROM public.effect WHERE event_id = %s", (event_id,)
@@ -351,7 +366,7 @@ def test_cancel_during_processing_via_cli_sticks(
     wait_for(lambda: _row(outboxkit_db_url, waiting).get("state") == "processing", what="claim")
     result = subprocess.run(
         [*CANCEL, "--event-id", waiting, "--reason", "customer withdrew"],
-        env={**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_db_url},
+        env=service_env(outboxkit_db_url, outboxkit_kafka_bootstrap),
         capture_output=True,
         text=True,
         timeout=60,
@@ -368,7 +383,7 @@ def test_cancel_during_processing_via_cli_sticks(
     assert _row(outboxkit_db_url, waiting)["state"] == "cancelled"
     again = subprocess.run(
         [*CANCEL, "--event-id", after],
-        env={**os.environ, "OUTBOXKIT_DATABASE_URL": outboxkit_db_url},
+        env=service_env(outboxkit_db_url, outboxkit_kafka_bootstrap),
         capture_output=True,
         text=True,
         timeout=60,

@@ -4,7 +4,6 @@ over at once (by the release, not by waiting for the lease to expire)."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
@@ -23,7 +22,7 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
-LEASE_TTL = 10.0  # long, so a takeover by expiry could not pass for a takeover by release
+LEASE_TTL = 300.0  # far beyond the wait below: a takeover by expiry cannot pass for a release
 
 
 def test_sigterm_hands_over_to_standby_within_a_poll_interval(
@@ -52,13 +51,8 @@ def test_sigterm_hands_over_to_standby_within_a_poll_interval(
 
     first.signal(signal.SIGTERM)
     assert first.wait_exit(60) == 0, first.log()
-    exited = time.monotonic()
-    wait_for(standby.holds, timeout=LEASE_TTL, what="standby takes over")
-    took = time.monotonic() - exited
+    wait_for(standby.holds, timeout=60, what="standby takes over")
     assert "released lease of shard 0" in first.log()
-    # Poll interval 0.5 s; the bound leaves slack for a loaded machine but stays far below the
-    # lease TTL, which is what a takeover without the release would need.
-    assert took < LEASE_TTL / 2, took
     insert_rows(outboxkit_db_url, topic, expected[25:])
     wait_for(lambda: row_states(outboxkit_db_url) == {"published": 50}, timeout=60)
     assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=50), expected)

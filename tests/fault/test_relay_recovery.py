@@ -13,6 +13,7 @@ import pytest
 from outboxkit.devstack import DevStack
 from tests.relay_support import (
     KAFKA_CLIENTS,
+    ONE_CLAIM,
     RelayProcess,
     assert_exactly_once_in_order,
     consume,
@@ -27,6 +28,28 @@ pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
 ENV = {"OUTBOXKIT_RELAY_KAFKA_TIMEOUT": "10", "OUTBOXKIT_RELAY_BACKOFF_MAX": "2"}
+
+
+# A backlog drained in transactions of 10 rows: the fault lands while the relay is busy.
+BACKLOG = 3000
+DRAINING = {**ENV, "OUTBOXKIT_RELAY_BATCH_SIZE": "10", **ONE_CLAIM}
+
+
+def _backlog(db_url: str, topic: str, key: str) -> list[tuple[str, bytes]]:
+    rows = payloads(key, BACKLOG)
+    with psycopg.connect(db_url) as conn:  # one transaction: the relay sees it all at once
+        insert_rows(conn, topic, rows)
+    return rows
+
+
+def _mid_drain(db_url: str) -> dict[str, int]:
+    """The row states once the relay has published some of the backlog, and not all of it."""
+    states: dict[str, int] = wait_for(
+        lambda: (s := row_states(db_url)).get("published", 0) > 0 and s.get("pending", 0) > 0 and s,
+        timeout=60,
+        what="the relay in the middle of the backlog",
+    )
+    return states
 
 
 def _insert_retrying(db_url: str, topic: str, rows: list[tuple[str, bytes]]) -> None:
@@ -100,25 +123,26 @@ def test_postgres_restart(
         pytest.skip("external PostgreSQL: cannot restart it")
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
+    expected = _backlog(outboxkit_db_url, topic, "a")
     relay = RelayProcess(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV, client=client
+        outboxkit_db_url, outboxkit_kafka_bootstrap, env=DRAINING, client=client
     ).start()
     processes.append(relay)
-    expected = payloads("a", 30)
-    insert_rows(outboxkit_db_url, topic, expected)
-    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 30}, timeout=60)
+    _mid_drain(outboxkit_db_url)
     outboxkit_stack.postgres.restart()
-    more = payloads("a", 30, start=30)
+    more = payloads("a", 30, start=BACKLOG)
     _insert_retrying(outboxkit_db_url, topic, more)
     expected += more
     wait_for(
-        lambda: row_states(outboxkit_db_url) == {"published": 60},
-        timeout=120,
+        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
+        timeout=180,
         what="relay recovers after the PostgreSQL restart",
     )
     assert relay.proc is not None
     assert relay.proc.poll() is None
-    assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=60), expected)
+    assert_exactly_once_in_order(
+        consume(outboxkit_kafka_bootstrap, topic, expect=len(expected), timeout=120), expected
+    )
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
@@ -131,32 +155,35 @@ def test_relay_backends_terminated(
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
+    expected = _backlog(outboxkit_db_url, topic, "k")
     relay = RelayProcess(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, env=ENV, client=client
+        outboxkit_db_url, outboxkit_kafka_bootstrap, env=DRAINING, client=client
     ).start()
     processes.append(relay)
-    expected = payloads("k", 20)
-    insert_rows(outboxkit_db_url, topic, expected)
-    wait_for(lambda: row_states(outboxkit_db_url) == {"published": 20}, timeout=60)
+    _mid_drain(outboxkit_db_url)
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
-        killed = conn.execute(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay%'"
-        ).fetchone()
-    assert killed is not None
-    assert killed[0] >= 2  # the data, standby, listen and sampling sessions (and the lease one)
-    more = payloads("k", 20, start=20)
+        sessions = conn.execute(
+            "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay%%'"
+        ).fetchall()
+    # The data session of the active term was among them (the standby, listen and sampling
+    # sessions, and the lease one, too), and the backlog was not yet drained.
+    assert ("outboxkit-relay-0", True) in sessions, sessions
+    assert row_states(outboxkit_db_url).get("pending", 0) > 0
+    more = payloads("k", 20, start=BACKLOG)
     insert_rows(outboxkit_db_url, topic, more)
     expected += more
     wait_for(
-        lambda: row_states(outboxkit_db_url) == {"published": 40},
-        timeout=120,
+        lambda: row_states(outboxkit_db_url) == {"published": len(expected)},
+        timeout=180,
         what="relay recovers from terminated sessions",
     )
     assert relay.proc is not None
     assert relay.proc.poll() is None
     assert "AdminShutdown" in relay.log() or "terminat" in relay.log()
-    assert_exactly_once_in_order(consume(outboxkit_kafka_bootstrap, topic, expect=40), expected)
+    assert_exactly_once_in_order(
+        consume(outboxkit_kafka_bootstrap, topic, expect=len(expected), timeout=120), expected
+    )
 
 
 def test_relay_started_while_postgres_is_down_waits_and_then_publishes(

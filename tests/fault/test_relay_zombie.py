@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 import signal
 import socket
-import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -55,6 +55,26 @@ def _lease_lost_by_reason(port: int) -> dict[str, float]:
         if found and float(found[2]):
             counts[found[1]] = float(found[2])
     return counts
+
+
+Lease = tuple[str | None, int, datetime]  # holder, token, renewed_at
+LEASE_TTL = timedelta(seconds=3)  # RelayProcess's
+
+
+def _leases(db_url: str) -> tuple[datetime, dict[int, Lease]]:
+    """The database clock, and the leases of shards 0-3 of the default group."""
+    with psycopg.connect(db_url) as conn:
+        now = conn.execute("SELECT now()").fetchone()
+        rows = conn.execute(
+            "SELECT shard, holder, token, renewed_at FROM outboxkit.relay_lease"
+            " WHERE relay_group = 'default' AND shard < 4"
+        ).fetchall()
+    assert now is not None
+    return now[0], {shard: (holder, token, renewed) for shard, holder, token, renewed in rows}
+
+
+def _holders(leases: dict[int, Lease]) -> dict[int, tuple[str | None, int]]:
+    return {shard: (holder, token) for shard, (holder, token, _) in leases.items()}
 
 
 @pytest.mark.parametrize("client", KAFKA_CLIENTS)
@@ -133,7 +153,13 @@ def test_zombie_gets_nothing_through(
         ).fetchall()
 
     zombie.signal(signal.SIGCONT)
-    wait_for(lambda: "lease lost" in zombie.log(), timeout=60, what="zombie reports lease lost")
+    # Logged once the term has ended (its marks abandoned, producers closed, lease released):
+    # the zombie is back on standby, where it writes no outbox row.
+    wait_for(
+        lambda: re.search(r"lease lost on shard 0 .*; back to standby", zombie.log()),
+        timeout=60,
+        what="zombie reports lease lost, back on standby",
+    )
     log = zombie.log()
     assert re.search(fenced_by, log), log
     # Lease lost is its own outcome: counted, and never an (unexpected) error that is retried.
@@ -143,7 +169,6 @@ def test_zombie_gets_nothing_through(
     assert "unexpected error" not in log, log
     assert not re.search(r"shard 0: .*retrying in", log), log
     assert "SystemError" not in log, log
-    time.sleep(1.0)  # give a zombie that wrongly went on the chance to write
     with psycopg.connect(outboxkit_db_url) as conn:
         after = conn.execute(
             "SELECT id, published_at FROM outboxkit.outbox_message ORDER BY id"
@@ -177,7 +202,19 @@ def test_two_relays_started_at_once_share_shards_with_one_active_each(
         timeout=120,
         what="everything published",
     )
-    time.sleep(2 * 3.0)  # two lease TTLs of steady state: no flapping, no second holder
+    # Two lease TTLs of steady state by the database clock: every shard's lease renewed that
+    # long after, by the same holder with the same token (no flapping, no second holder).
+    start, held = _leases(outboxkit_db_url)
+    assert sorted(held) == [0, 1, 2, 3], held
+    wait_for(
+        lambda: all(
+            renewed >= start + 2 * LEASE_TTL
+            for _, _, renewed in _leases(outboxkit_db_url)[1].values()
+        ),
+        timeout=60,
+        what="two lease TTLs of renewals on every shard",
+    )
+    assert _holders(_leases(outboxkit_db_url)[1]) == _holders(held)
     activations: dict[int, list[int]] = {}
     for proc in (first, second):
         for shard in re.findall(r"shard (\d+) active with token", proc.log()):

@@ -186,11 +186,9 @@ def _first_errors(config: dict[str, Any], timeout: float = 20.0) -> list[KafkaEr
 def test_confluent_wrong_password_is_an_authentication_failure(
     listener: SaslSslListener,
 ) -> None:
-    started = time.monotonic()
     errors = _first_errors({**_conf(listener), "sasl.password": WRONG_PASSWORD})
-    assert errors, "no error reported within 20 s"
+    assert errors, "no error reported within 20 s"  # the bound is _first_errors' own wait
     assert errors[0].code() == KafkaError._AUTHENTICATION, errors[0]
-    assert time.monotonic() - started < 20
     assert all(WRONG_PASSWORD not in err.str() for err in errors)
     assert all(listener.password not in err.str() for err in errors)
 

@@ -584,6 +584,16 @@ def test_cancel_of_one_event_of_a_batch(
     behaviour = Behaviour(wait_until_lost=True, wait_only=slow)
     harness = start([topic], behaviour, lease_seconds=0.6, consumer_options={"batch_max_ms": 300.0})
     wait_for(lambda: _state(outboxkit_db_url, slow) == "processing", what="slow claimed")
+    # One batch: the three were claimed by one statement, and a's success waits for the batch's
+    # commit (one event at a time, a would have succeeded before slow was claimed).
+    claimed = fetch(
+        outboxkit_db_url,
+        "SELECT DISTINCT created_at FROM outboxkit.inbox_message"
+        " WHERE consumer = 'billing' AND event_id IN (%s, %s, %s)",
+        (a, slow, b),
+    )
+    assert len(claimed) == 1, claimed
+    assert _state(outboxkit_db_url, a) == "processing"
     engine = create_engine(sa_url)
     try:
         assert cancel_event(engine, "billing", slow, reason="stop it").cancelled

@@ -155,9 +155,8 @@ def test_cancel_does_not_wait_for_a_running_handler(engine: Engine, outboxkit_db
             _ctx(event_id, token),
             handler_tx,
         )
-        started = time.monotonic()
+        # Had it waited for the handler's row lock, the engine's lock_timeout (5 s) would raise.
         result = cancel_event(engine, "billing", event_id, reason="stop")
-        assert time.monotonic() - started < 5  # lock_timeout would have raised anyway
         assert (result.cancelled, result.state) == (True, "cancelled")
         step = store.succeeded(event_id, token)
         assert db.execute(handler_tx, step.query, step.params) == 0
@@ -300,9 +299,6 @@ def test_window_is_checked_against_topic_retention(
     outboxkit_topic: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pytest.importorskip(
-        "outboxkit.kafka.confluent_admin", reason="the Admin seam lands with the relay"
-    )
     topic = outboxkit_topic(config={"retention.ms": str(3_600_000)})
 
     async def check(window: float, *, strict: bool = False) -> list[str]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 
 import psycopg
@@ -41,7 +39,6 @@ async def test_long_open_transaction_is_published_after_it_commits(
         slow_ids = insert_rows(slow, topic, slow_rows)
         async with running_relay(settings):
             fast_rows = []
-            opened = time.monotonic()
             for n in range(10):  # T2..T11 commit while T1 stays open
                 rows = payloads(f"fast{n}", 2)
                 insert_rows(outboxkit_db_url, topic, rows)
@@ -50,8 +47,6 @@ async def test_long_open_transaction_is_published_after_it_commits(
                 lambda: row_states(outboxkit_db_url) == {"published": 20},
                 what="later transactions published while T1 is open",
             )
-            await asyncio.sleep(max(0.0, 10.0 - (time.monotonic() - opened)))
-            assert row_states(outboxkit_db_url) == {"published": 20}
             if outcome == "commit":
                 slow.commit()
                 expected_total = 23

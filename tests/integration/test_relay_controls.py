@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from outboxkit.cli import main
+from outboxkit.relay.reader import ShardStore
 from tests.relay_support import (
     insert_rows,
     payloads,
@@ -33,11 +34,23 @@ def _cli(db_url: str, *args: str) -> str:
 
 
 async def test_pause_flag_is_obeyed_and_resume_continues(
-    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 2)
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=0.5)
+    reads: list[tuple[ShardStore, bool]] = []  # every read of the pause flag, by whose store
+    read_flag = ShardStore.paused
+
+    async def counted(store: ShardStore, conn: Any, group: str) -> bool:
+        paused = await read_flag(store, conn, group)
+        reads.append((store, paused))
+        return paused
+
+    monkeypatch.setattr(ShardStore, "paused", counted)
     async with running_relay(settings) as relay:
         insert_rows(outboxkit_db_url, topic, payloads("a", 5))
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 5})
@@ -45,7 +58,16 @@ async def test_pause_flag_is_obeyed_and_resume_continues(
         assert "paused" in _cli(outboxkit_db_url, "relay", "pause", "--reason", "incident 42")
         await wait_for_async(lambda: all(w.paused for w in relay.workers.values()))
         insert_rows(outboxkit_db_url, topic, payloads("b", 5))
-        await asyncio.sleep(settings.relay.poll_interval * 4)
+        # A paused worker claims nothing between two reads of the flag: two reads by every
+        # worker since the insert are a whole loop in which the new rows were left alone.
+        since = len(reads)
+        await wait_for_async(
+            lambda: all(
+                sum(1 for store, paused in reads[since:] if store is w._store and paused) >= 2
+                for w in relay.workers.values()
+            ),
+            what="every worker read the pause flag twice since the insert",
+        )
         assert row_states(outboxkit_db_url) == {"published": 5, "pending": 5}
         status = json.loads(_cli(outboxkit_db_url, "relay", "status", "--json"))
         assert status["paused"] is True

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psycopg
 import pytest
 
+from outboxkit.relay import shard_worker
 from outboxkit.relay.notify import listen_forever
+from outboxkit.relay.waiting import wait_any
 from outboxkit.schema import notify_channel
 from tests.relay_support import (
     insert_rows,
@@ -47,17 +49,53 @@ def _listening(db_url: str) -> bool:
     return row is not None and row[0] > 0
 
 
+class _LongIdleWaits:
+    """Stands in for the shard workers' ``wait_any``: once ``wakes`` is filled, an idle wait
+    (one a hint can end) lasts ``seconds``, as after a long idle spell (the real one starts at
+    50 ms and doubles up to the poll interval), so only a wake-up ends it within a test."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.wakes: set[asyncio.Event] = set()
+        self.pending: set[asyncio.Event] = set()  # wakes whose worker is in a long idle wait
+        self.woken: list[asyncio.Event] = []  # long idle waits that a wake-up ended
+
+    async def __call__(self, events: Sequence[asyncio.Event], seconds: float) -> None:
+        wake = next((event for event in events if event in self.wakes), None)
+        if wake is None:
+            await wait_any(events, seconds)
+            return
+        self.pending.add(wake)
+        try:
+            await wait_any(events, self.seconds)
+        finally:
+            self.pending.discard(wake)
+        if wake.is_set():
+            self.woken.append(wake)
+
+
 async def test_notify_wakes_the_shard_worker(
-    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Both workers sit in idle waits of the whole poll interval (600 s) when the row and its
+    hint commit: the row is published long before, and only its shard's wait was cut short."""
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 2)
-    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=60.0)
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, poll_interval=600.0)
+    idle = _LongIdleWaits(settings.relay.poll_interval)
+    monkeypatch.setattr(shard_worker, "wait_any", idle)
     async with running_relay(settings) as relay:
         await wait_for_async(lambda: all(w.active.is_set() for w in relay.workers.values()))
         await wait_for_async(lambda: _listening(outboxkit_db_url))  # a NOTIFY before is lost
+        idle.wakes = {w.wake for w in relay.workers.values()}
+        await wait_for_async(lambda: idle.pending == idle.wakes, what="long idle waits")
+        woken_before = len(idle.woken)  # the listener's start-up hint may have woken both
         shard = _insert_and_notify(outboxkit_db_url, topic, "k")
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 1})
+        assert idle.woken[woken_before:] == [relay.workers[shard].wake]
         assert relay.workers[shard].notifications >= 1
         assert relay.workers[1 - shard].notifications == 0
 

@@ -12,7 +12,9 @@ CLI = str(Path(sys.executable).parent / "outboxkit")
 
 def migrate_up_processes(url: str, count: int) -> list[subprocess.Popen[str]]:
     """``count`` processes started at once against ``url``; the caller waits for them."""
-    environ = {**os.environ, "OUTBOXKIT_DATABASE_URL": url}
+    # Only the URL: a stray OUTBOXKIT_* in the shell (a schema, say) would change what runs.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+    environ["OUTBOXKIT_DATABASE_URL"] = url
     return [
         subprocess.Popen(
             [CLI, "migrate", "up"],

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.errors import TRANSACTIONAL_ID_ACL_HINT, ErrorKind, classify, with_acl_hint
+from outboxkit.relay import shard_worker as shard_worker_module
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.shard_worker import ShardWorker
@@ -66,30 +68,49 @@ def _worker(leases: _LostAtOnce, **relay: Any) -> ShardWorker:
     return worker
 
 
-async def _run_until_reached(worker: ShardWorker, leases: _LostAtOnce) -> float:
-    """Seconds until the ``enough``-th lease attempt; the worker is stopped after it."""
-    started = time.monotonic()
+class _Waits:
+    """Stands in for the worker's ``wait_any``: records each wait's length, returns at once."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    async def __call__(self, events: Sequence[asyncio.Event], seconds: float) -> None:
+        self.seconds.append(seconds)
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> _Waits:
+    recorded = _Waits()
+    monkeypatch.setattr(shard_worker_module, "wait_any", recorded)
+    return recorded
+
+
+async def _run_until_reached(worker: ShardWorker, leases: _LostAtOnce) -> None:
+    """Run the worker until the ``enough``-th lease attempt, then stop it."""
     task = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(leases.reached.wait(), GUARD)
-        return time.monotonic() - started
     finally:
         worker.stop.set()
         await asyncio.wait_for(task, GUARD)
 
 
-async def test_terms_lost_at_once_back_off_like_failures() -> None:
+async def test_terms_lost_at_once_back_off_like_failures(waits: _Waits) -> None:
     leases = _LostAtOnce(enough=5)
     worker = _worker(leases, backoff_initial=0.05, backoff_max=1.0)
-    elapsed = await _run_until_reached(worker, leases)
-    # Four waits before the fifth attempt, each at least half its base (0.05, 0.1, 0.2, 0.4).
-    assert elapsed >= 0.025 + 0.05 + 0.1 + 0.2
-    assert leases.attempts <= 6  # a handful, not thousands
+    await _run_until_reached(worker, leases)
+    # A back-off before every next attempt, growing like after failures: each wait in
+    # [base/2, base] for the bases 0.05, 0.1, 0.2, 0.4, ...
+    assert len(waits.seconds) >= leases.attempts - 1 >= 4
+    for n, seconds in enumerate(waits.seconds[:4]):
+        base = 0.05 * 2**n
+        assert base / 2 <= seconds <= base, waits.seconds
     assert worker.lease_lost_count == leases.attempts
 
 
-async def test_a_term_that_published_goes_back_to_standby_at_once() -> None:
-    """With a back-off of seconds, twenty productive terms in a row still take no time."""
+async def test_a_term_that_published_goes_back_to_standby_at_once(waits: _Waits) -> None:
+    """Twenty productive terms in a row: not one back-off wait between them."""
     leases = _LostAtOnce(enough=20)
     worker = _worker(leases, backoff_initial=5.0, backoff_max=5.0)
 
@@ -98,8 +119,8 @@ async def test_a_term_that_published_goes_back_to_standby_at_once() -> None:
         term.check()  # then the loss is seen
 
     worker._active_term = publishes_then_loses  # type: ignore[method-assign]
-    elapsed = await _run_until_reached(worker, leases)
-    assert elapsed < 2.5  # a single back-off would be at least 2.5 s
+    await _run_until_reached(worker, leases)
+    assert waits.seconds == []
     assert worker.lease_lost_count >= 20
 
 
