@@ -198,11 +198,11 @@ def _database_errors() -> Iterator[None]:
 
 
 def _control(settings: Settings, paused: bool, reason: str | None) -> None:
-    group = settings.relay.group
+    group, schema = settings.relay.group, settings.schema_name
     with _database_errors(), _connect(settings) as conn:
         db.execute(
             conn,
-            db.query("relay", "control_set", settings.schema_name),
+            db.query("relay", "control_set", schema),
             {
                 "group": group,
                 "paused": paused,
@@ -210,7 +210,28 @@ def _control(settings: Settings, paused: bool, reason: str | None) -> None:
                 "changed_by": f"{getpass.getuser()}@{socket.gethostname()}",
             },
         )
+        ran = not paused or _group_ran(conn, group, schema)
     click.echo(f"relay group {group!r} {'paused' if paused else 'resumed'}")
+    if not ran:
+        click.echo(
+            f"warning: no relay of group {group!r} has ever held a shard in schema {schema}:"
+            " is the group name right (--group, OUTBOXKIT_RELAY_GROUP, [relay] group)? The pause"
+            " is recorded and stops relays of that group when they start.",
+            err=True,
+        )
+
+
+def _group_ran(conn: psycopg.Connection[Any], group: str, schema: str) -> bool:
+    """Whether a relay of ``group`` ever held a shard here (a lease token on some shard; no
+    backlog is walked: an empty "only"). A pause of a name no relay uses is likely a typo. An
+    operator role that cannot read the leases gets no warning: the pause is done either way."""
+    try:
+        shards = db.rows(
+            conn, db.query("relay", "status", schema), {"group": group, "holder": None, "only": []}
+        )
+    except psycopg.Error:
+        return True
+    return any(row[2] is not None for row in shards)
 
 
 @relay.command()

@@ -204,9 +204,25 @@ def require_current(target: Target, schema: str = DEFAULT_SCHEMA) -> None:
         raise SchemaError(
             f"schema {schema!r} is not at migration {latest_version()}: pending"
             f" {list(current.pending)}, unknown {list(current.unknown)}, changed"
-            f" {list(current.changed)}; run `outboxkit migrate up`",
+            f" {list(current.changed)}; {_remedy(current)}",
             status=current,
         )
+
+
+def _remedy(current: MigrationStatus) -> str:
+    """What to do: `migrate up` applies pending migrations only; it refuses a schema with
+    unknown or edited ones, so naming it for those would send the user to a second error."""
+    if not (current.unknown or current.changed):
+        return "run `outboxkit migrate up`"
+    fixes = []
+    if current.unknown:
+        fixes.append("the schema is ahead of this outboxkit: run the newer outboxkit release")
+    if current.changed:
+        fixes.append(
+            "applied migrations differ from this outboxkit's files: run the outboxkit release"
+            " that applied them, or restore its migration files"
+        )
+    return "; ".join(fixes) + " (`outboxkit migrate up` refuses such a schema)"
 
 
 def render_sql(schema: str = DEFAULT_SCHEMA, after: int = 0) -> str:

@@ -5,7 +5,9 @@ Published rows have their own retention (``retention_seconds``, every few poll i
 these rows are rare and discarded ones have no index, so they are swept far less often
 (``housekeeping_interval``). Deleting a parked row gives up on it, like ``outbox discard``:
 same-key rows behind it then flow again. Shard 0's holder also parks pending rows of no shard
-(a shard number outside the count, written by hand): no relay would ever claim them.
+(a shard number outside the count, written by hand): no relay would ever claim them; and its
+sweeps (like its retention of published rows) take the rows of no shard too, such as those a
+lowered shard count left behind, which no holder would otherwise delete.
 """
 
 from __future__ import annotations
@@ -70,16 +72,18 @@ class Housekeeping:
             await self._park_strays(conn, term, stop)
         total = 0
         for state, keep in self.windows():
+            removed = 0  # of this state: the log line names it
             while not stop.is_set():
                 deleted = await self._delete_batch(conn, term, state, keep, now)
-                total += deleted
+                removed += deleted
                 if deleted < self._config.retention_batch:
                     break
-            if total:
+            total += removed
+            if removed:
                 logger.info(
                     "shard %s: housekeeping removed %d %s row(s) older than %ss",
                     term.shard,
-                    total,
+                    removed,
                     state,
                     keep,
                 )

@@ -1,13 +1,17 @@
 """Prometheus metrics of one relay process, and the HTTP endpoint with ``/healthz``.
 
 ``/healthz`` answers 503 when a shard this process watches has backlog but no active holder
-anywhere in the group (as last sampled from the database), 200 otherwise.
+anywhere in the group (as last sampled from the database), or when that sample is stale: the
+process has not read the group's status for longer than its grace (it cannot reach PostgreSQL,
+so its gauges, whatever they say, are old). 200 otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -45,7 +49,12 @@ METRICS_EXTRA_MISSING = (
 
 
 class RelayMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.published = Counter(
@@ -93,7 +102,7 @@ class RelayMetrics:
         )
         self.lease_token = Gauge(
             "outboxkit_relay_lease_token",
-            "Token of this process's current term.",
+            "Token of this process's current term (0 once a term ended).",
             ["shard"],
             registry=r,
         )
@@ -103,17 +112,60 @@ class RelayMetrics:
             ["shard"],
             registry=r,
         )
+        self.paused = Gauge(
+            "outboxkit_relay_paused",
+            "1 while the relay group is paused (outboxkit relay pause), sampled.",
+            registry=r,
+        )
+        self.status_sampled = Gauge(
+            "outboxkit_relay_status_sample_timestamp_seconds",
+            "Unix time of this process's last successful read of the group's status (the"
+            " sampled gauges) from PostgreSQL; 0 before the first.",
+            registry=r,
+        )
         self._lock = threading.Lock()
+        self._clock = clock
+        self._stale_after: float | None = None  # set by the sampler: no sampler, no judgement
+        self._fresh_at = 0.0  # clock() of the last successful sample (or of the sampler's start)
+        self._paused = False
+
+    def expect_samples(self, stale_after: float) -> None:
+        """The sampler starts: from now on its gauges count as stale (and /healthz fails) once
+        no sample succeeded for ``stale_after`` seconds, counted from now at first."""
+        self._fresh_at = self._clock()
+        self._stale_after = stale_after
+
+    def sampled(self, paused: bool) -> None:
+        """A sample succeeded (``paused``: the group's pause flag it read)."""
+        self._fresh_at = self._clock()
+        self._paused = paused
+        self.paused.set(1 if paused else 0)
+        self.status_sampled.set(time.time())
+
+    def _stale_for(self) -> float | None:
+        """Seconds since the last successful sample, when past the grace; else None."""
+        if self._stale_after is None:
+            return None
+        age = self._clock() - self._fresh_at
+        return age if age > self._stale_after else None
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
-        """Unhealthy when a shard has backlog but no active holder in the group."""
+        """Unhealthy when a shard has backlog but no active holder in the group, or when the
+        sampled gauges this decides on are stale (the group could be down, not known)."""
         problems = []
         for metric in self.backlog.collect():
             for sample in metric.samples:
                 shard = sample.labels["shard"]
                 if sample.value > 0 and self.group_active.labels(shard)._value.get() < 1:
                     problems.append(shard)
-        return (not problems, {"shards_with_backlog_and_no_holder": problems})
+        detail: dict[str, Any] = {"shards_with_backlog_and_no_holder": problems}
+        stale_for = self._stale_for()
+        if stale_for is not None:
+            detail["status_stale"] = True
+            detail["status_age_seconds"] = round(stale_for, 1)
+        if self._paused:
+            detail["paused"] = True
+        return (not problems and stale_for is None, detail)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
         """Starts the endpoint. An address it cannot bind is a setting to fix, so it ends the

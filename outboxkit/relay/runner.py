@@ -203,6 +203,7 @@ class Relay:
             self.settings.redacted(),
         )
         tasks = [asyncio.create_task(w.run(), name=f"shard-{s}") for s, w in self.workers.items()]
+        every = max(1.0, self.config.poll_interval * 2)
         helpers = [
             asyncio.create_task(
                 sample_forever(
@@ -212,8 +213,10 @@ class Relay:
                     self.holder,
                     self.metrics,
                     self.stop,
-                    every=max(1.0, self.config.poll_interval * 2),
+                    every=every,
                     connect_options=self.settings.database.connect_options(),
+                    # A lease outlives a missed sample or two; past this, holders may be gone.
+                    stale_after=max(self.config.lease_ttl, 3 * every),
                 )
             )
         ]

@@ -171,6 +171,7 @@ class ShardWorker:
             finally:
                 self.active.clear()
                 self._metrics.lease_active.labels(self._label).set(0)
+                self._metrics.lease_token.labels(self._label).set(0)  # no term, no token
             if delay:
                 await wait_any([self.stop], delay)
 

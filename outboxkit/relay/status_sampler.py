@@ -10,6 +10,10 @@ two processes walk a held shard's backlog, and none exports the backlog of a sha
 A shard that just became one to count (its holder is gone, which /healthz looks for; or this
 process took it) is walked at the next interval, whatever the pause: alone, or in the full
 count when that is due by then.
+
+Every successful interval is recorded (``RelayMetrics.sampled``, with the group's pause flag):
+while the database cannot be read the gauges keep their last values, and only that record tells
+that they are old (/healthz then fails, an alert reads the timestamp).
 """
 
 from __future__ import annotations
@@ -73,9 +77,11 @@ async def sample_forever(
     *,
     every: float,
     connect_options: dict[str, Any] | None = None,
+    stale_after: float | None = None,
 ) -> None:
-    """Holders and parked rows every ``every`` seconds, the backlogs ``holder`` counts (see the
-    module) as :func:`backlog_delay` allows, until ``stop``.
+    """Holders, parked rows and the pause flag every ``every`` seconds, the backlogs ``holder``
+    counts (see the module) as :func:`backlog_delay` allows, until ``stop``. ``stale_after``:
+    seconds without a successful sample after which /healthz fails (None: never).
 
     The first full count comes one interval after the start: a process that takes its shards
     within that interval counts those (and any nobody holds yet), not every shard of the
@@ -83,6 +89,9 @@ async def sample_forever(
     holders = db.query("relay", "holders", schema)
     status = db.query("relay", "status", schema)
     walk_only = db.query("relay", "pending_walk_only", schema)
+    paused = db.query("relay", "control_paused", schema)
+    if stale_after is not None:
+        metrics.expect_samples(stale_after)
     # Both outlive a reconnect: the series this process set must still be dropped, and a full
     # count that keeps failing (a statement timeout, say) must still wait its pause.
     counted = CountedShards()
@@ -114,6 +123,8 @@ async def sample_forever(
                         params = {"group": group, "holder": holder}
                         found = await db.rows_async(conn, holders, params)
                         urgent |= _held(metrics, counted, found)
+                    flag = await db.one_async(conn, paused, {"group": group})
+                    metrics.sampled(bool(flag and flag[0]))
                     await wait_any([stop], every)
         except (psycopg.Error, OSError) as exc:
             if full_since is not None:

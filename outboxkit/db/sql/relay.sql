@@ -173,9 +173,15 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 
 -- name: retention_delete
 -- One small batch of published rows older than the window; the holder of the shard repeats it.
+-- Shard 0's holder also takes rows of no shard (outside 0 .. shard_count - 1: left behind when
+-- `relay shards` lowered the count): no other holder would, and shard 0's walk of the
+-- published index would pass over them for ever. One walk either way (the index is on
+-- published_at alone).
 WITH {_lease_held}, victims AS (
     SELECT id FROM {schema}.outbox_message
-    WHERE state = 'published' AND shard = :shard
+    WHERE state = 'published'
+      AND (shard = :shard OR (:shard = 0 AND (shard < 0
+           OR shard >= (SELECT shard_count FROM {schema}.outbox_setting))))
       AND published_at
           < coalesce(CAST(:now AS timestamptz), now()) - :keep_seconds * interval '1 second'
       AND EXISTS (SELECT 1 FROM lease)
@@ -203,6 +209,8 @@ SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.ch
 -- name: _shard_holders
 -- A fragment (WITH <fragment>, ...): every shard of the group, its lease (if any) and parked
 -- rows. Cheap whatever the backlog: parked rows are few and have their own partial index.
+-- Parked rows of no shard (park_stray) count under shard 0, whose holder parked them and
+-- sweeps them: else no gauge, status line or alert would show them.
 -- counts: whether the relay process :holder reports this shard's backlog: a shard it holds, or
 -- one nobody holds (every process then reports it, so /healthz anywhere sees it). A NULL
 -- :holder (the status command) counts every shard. So a held shard's backlog is walked by its
@@ -211,7 +219,11 @@ leases AS (
     SELECT s.shard, l.holder, l.token, l.expires_at,
            (l.holder IS NOT NULL AND l.expires_at > now()) AS active,
            (SELECT count(*) FROM {schema}.outbox_message m
-            WHERE m.shard = s.shard AND m.state = 'parked') AS parked
+            WHERE m.shard = s.shard AND m.state = 'parked')
+           + (SELECT count(*) FROM {schema}.outbox_message m
+              WHERE s.shard = 0 AND m.state = 'parked'
+                AND (m.shard < 0 OR m.shard >= (SELECT shard_count FROM {schema}.outbox_setting))
+             ) AS parked
     FROM generate_series(0, (SELECT shard_count FROM {schema}.outbox_setting) - 1) AS s(shard)
     LEFT JOIN {schema}.relay_lease l ON l.relay_group = :group AND l.shard = s.shard
 ),
@@ -295,7 +307,9 @@ RETURNING m.id;
 -- Housekeeping by shard 0's holder: pending rows of no shard (outside 0 .. shard_count - 1: not
 -- written by outboxkit's writer) would wait for ever, seen by no relay and no metric. They are
 -- parked with the reason, a small batch per statement (the lease row stays shared meanwhile);
--- `outbox retry` gives them their key's shard. No worker claims them (claim_batch).
+-- `outbox retry` gives them their key's shard. No worker claims them (claim_batch). They keep
+-- their shard number (the reason names it; rows of their key's shard do not wait behind them)
+-- and count under shard 0 (_shard_holders, housekeeping_delete).
 -- Each bound on its own, against the partial pending index (shard, id): a join or an ORDER BY id
 -- let the planner walk the primary key through every published row instead.
 WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting), victims AS (
@@ -325,9 +339,13 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- state other than published ('discarded', or 'parked' when parked retention is on), parked
 -- longer ago than the window. Token-conditional like every relay write. Parked rows use the
 -- partial parked index (shard, message_key); discarded rows have none, hence the long interval.
+-- Shard 0's holder also takes rows of no shard (parked strays; rows of shards a lowered count
+-- left behind), which no other holder would.
 WITH {_lease_held}, victims AS (
     SELECT id FROM {schema}.outbox_message
-    WHERE shard = :shard AND state = :state
+    WHERE state = :state
+      AND (shard = :shard OR (:shard = 0 AND (shard < 0
+           OR shard >= (SELECT shard_count FROM {schema}.outbox_setting))))
       AND coalesce(parked_at, created_at)
           < coalesce(CAST(:now AS timestamptz), now()) - :keep_seconds * interval '1 second'
       AND EXISTS (SELECT 1 FROM lease)
