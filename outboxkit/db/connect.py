@@ -60,6 +60,21 @@ HIDDEN = (
     f" password of {SHORT_SECRET} or more characters, found nowhere else in the URL, avoids this)"
 )
 _LEAD_RE = re.compile(r"[A-Za-z_][\w.]*: ")  # a "Class: " the caller put first
+#: Fixed phrases of libpq's and the server's errors, kept when a message is hidden (unless a
+#: secret is in one): an operator still tells a refused login from an unreachable server.
+KNOWN_FAILURES = (
+    "password authentication failed",
+    "no password supplied",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "does not exist",
+    "too many connections",
+    "connection refused",
+    "could not translate host name",
+    "timeout expired",
+    "server closed the connection unexpectedly",
+    "SSL",
+)
 _INSUFFICIENT_PRIVILEGE = "42501"
 #: The libpq parameters whose values are secrets.
 _SECRET_KEYS = ("password", "sslpassword")
@@ -176,7 +191,7 @@ def redact(text: str, url: Url, *passwords: str | None) -> str:
     secret is masked only where it can be nothing else: a whole word, at least
     :data:`SHORT_SECRET` long, found nowhere else in the URL (the user name, say). Otherwise
     the mask would tell what the password matches, so the message is :data:`HIDDEN` (a leading
-    ``Class: `` is kept)."""
+    ``Class: `` and the :data:`KNOWN_FAILURES` it names are kept)."""
     plain = _plain(url)
     written = _password_of(plain)
     found = (written, unquote(written) if written else None, *_secrets_read(plain), *passwords)
@@ -188,8 +203,20 @@ def redact(text: str, url: Url, *passwords: str | None) -> str:
     if any(piece is None for piece in masked):
         lead = _LEAD_RE.match(text)
         kept = lead.group(0) if lead else ""
-        return (kept if _masked(kept, secrets, "") == kept else "") + HIDDEN
+        return (kept if _masked(kept, secrets, "") == kept else "") + HIDDEN + _said(text, secrets)
     return (shown or "").join(piece or "" for piece in masked)
+
+
+def _said(text: str, secrets: list[str]) -> str:
+    """``; it says: <phrases>`` for the :data:`KNOWN_FAILURES` in ``text`` that hold no secret."""
+    folded = text.casefold()
+    said = [
+        phrase
+        for phrase in KNOWN_FAILURES
+        if phrase.casefold() in folded
+        and not any(s.casefold() in phrase.casefold() for s in secrets)
+    ]
+    return f"; it says: {', '.join(said)}" if said else ""
 
 
 def _without(text: str, secrets: list[str]) -> str:
@@ -252,7 +279,7 @@ def refused(exc: psycopg.ProgrammingError, url: Url) -> ConfigurationError:
 def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.Error:
     password = options.get("password")
     text = redact(str(exc), url, password if isinstance(password, str) else None)
-    if text.endswith(HIDDEN) and exc.sqlstate:
+    if HIDDEN in text and exc.sqlstate:
         text += f" (SQLSTATE {exc.sqlstate})"
     return type(exc)(text)
 

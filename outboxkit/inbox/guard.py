@@ -24,6 +24,11 @@ REASON_CHARS = 1000  # the cap of a stored reason / error text
 # Where a data exception's message starts quoting a value: a quote, ``: ``, a byte dump.
 _VALUE_START = re.compile(r'"|: |\b0x[0-9a-fA-F]')
 _QUOTE = re.compile('"')
+# SQLSTATE classes whose first line quotes only what the schema or the server names (a
+# constraint, a relation, a column): connection, integrity, transaction state, rollback,
+# resources, object state, operator intervention, system errors. Any other class may quote a
+# statement's value (``CAST(:v AS regclass)``: relation "<v>"; ``current_setting(:v)``).
+_NAMES_ONLY = ("08", "23", "25", "40", "53", "55", "57", "58")
 
 
 class InvalidHeaderError(DecodeError):
@@ -100,8 +105,9 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
     values, so a database error is reported by the driver's class, SQLSTATE and first message
     line; a data exception (SQLSTATE class 22) is cut where it starts quoting (a ``"``, ``: ``
     or ``0x``): its values may hold a ``"`` or a newline, be lower-cased or dumped as bytes, so
-    no quote pair can be trusted to enclose them. Any other message whose quotes do not pair up
-    is cut at its first ``"``. A statement's error without a SQLSTATE (raised binding a value,
+    no quote pair can be trusted to enclose them. Other classes are cut at their first ``"``,
+    except those whose quotes name schema objects (a unique violation keeps its constraint's
+    name) when the quotes pair up. A statement's error without a SQLSTATE (raised binding a value,
     or by the driver itself) is reported by its classes alone.
 
     Never raises: it settles a handler's failure, and an error here would send that record down
@@ -147,7 +153,7 @@ def _error_text(exc: BaseException, detail: bool) -> str:
     if sqlstate is None:
         return bounded(f"{type(exc).__name__}: {first}")
     data_exception = str(sqlstate).startswith("22")
-    if data_exception or first.count('"') % 2:
+    if not str(sqlstate).startswith(_NAMES_ONLY) or first.count('"') % 2:
         cut = (_VALUE_START if data_exception else _QUOTE).search(first)
         if cut is not None:
             first = f"{first[: cut.start()].rstrip()} (value hidden)".lstrip()

@@ -81,10 +81,9 @@ def inbox_settings(consumer: ConsumerSettings, schema: str = DEFAULT_SCHEMA) -> 
 
 
 def retention(consumer: ConsumerSettings) -> Retention | None:
-    """The purge timer of ``outboxkit inbox run`` (``retention_window`` 0 turns it off).
-
-    Rows are kept at least the dedup window: a replay inside it is accepted, and only its row
-    tells it from a new event, so a shorter retention window is raised to it (and said)."""
+    """The purge timer of ``outboxkit inbox run`` (``retention_window`` 0 turns it off). A
+    window shorter than the dedup window is raised to it by the loop's purger, which sees it as
+    ``InboxSettings.replay_window`` (:func:`inbox_settings`)."""
     window = consumer.retention_window
     if not window:
         return None
@@ -98,16 +97,6 @@ def retention(consumer: ConsumerSettings) -> Retention | None:
             " start-up) to refuse such replays",
             window,
         )
-    elif window < consumer.dedup_window:
-        logger.warning(
-            "OUTBOXKIT_CONSUMER_RETENTION_WINDOW (%.0f s) is shorter than the dedup window"
-            " (%.0f s): inbox rows are purged %.0f s after they finish instead, so that the"
-            " replays the dedup window accepts are still recognised",
-            window,
-            consumer.dedup_window,
-            consumer.dedup_window,
-        )
-        window = consumer.dedup_window
     return Retention(window, every_seconds=consumer.retention_interval)
 
 

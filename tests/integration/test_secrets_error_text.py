@@ -32,6 +32,8 @@ CASES = {
     ),
     "untranslatable": ("SELECT convert_to(:v, 'LATIN1')", "S\u20acCR3T", "22P05"),
     "unbalanced_outside_class_22": ("SELECT current_setting(:v)", f"{SECRET}\nx", "42704"),
+    "balanced_outside_class_22": ("SELECT current_setting(:v)", f'a"{SECRET}"b', "42704"),
+    "relation_from_a_value": ("SELECT CAST(:v AS regclass)", SECRET, "42P01"),
 }
 # How each value could show: as given, lower-cased, or as the bytes PostgreSQL dumps.
 LEAKS = (SECRET.lower(), "0x53 0x33", "0xe2 0x82 0xac")
@@ -61,20 +63,34 @@ def test_a_data_exception_keeps_its_reason(engine: sa.Engine) -> None:
     assert error_text(raised.value) == "DivisionByZero (SQLSTATE 22012): division by zero"
 
 
+def test_an_integrity_error_keeps_the_constraint_name(engine: sa.Engine) -> None:
+    """Names the schema wrote stay (the row's values are in DETAIL, which is never kept)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TEMP TABLE guard_t (k text CONSTRAINT guard_k PRIMARY KEY)"))
+        conn.execute(sa.text("INSERT INTO guard_t VALUES (:v)"), {"v": SECRET})
+        with pytest.raises(sa.exc.IntegrityError) as raised:
+            conn.execute(sa.text("INSERT INTO guard_t VALUES (:v)"), {"v": SECRET})
+    assert error_text(raised.value) == (
+        'UniqueViolation (SQLSTATE 23505): duplicate key value violates unique constraint "guard_k"'
+    )
+
+
 def _with_password(url: str, password: str) -> str:
     parts = urlsplit(url)
     netloc = f"{parts.username}:{password}@{parts.hostname}:{parts.port}"
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-@pytest.mark.parametrize("password", ["x", "same-as-user"])
+@pytest.mark.parametrize("password", ["a-letter-of-the-user", "same-as-user"])
 async def test_a_wrong_password_that_matches_other_text_hides_the_message(
     outboxkit_db_url: str, password: str
 ) -> None:
-    """PostgreSQL names the user ("outboxkit"): masking ``x`` in it, or a password equal to it,
-    would give the password away."""
+    """PostgreSQL names the user: masking one of its letters, or a password equal to it, would
+    give the password away. The fixed phrase still tells what failed."""
     user = urlsplit(outboxkit_db_url).username or ""
-    wrong = user if password == "same-as-user" else password
+    phrase = "password authentication failed"
+    letters = [c for c in user if c not in phrase] or list(user[:1])
+    wrong = user if password == "same-as-user" else letters[0]
     url = _with_password(outboxkit_db_url, wrong)
     with pytest.raises(psycopg.OperationalError) as sync_error:
         db.connect(url, connect_timeout=10)
@@ -83,6 +99,8 @@ async def test_a_wrong_password_that_matches_other_text_hides_the_message(
     for error in (sync_error.value, async_error.value):
         message = str(error)
         assert message.startswith(HIDDEN), message
+        if wrong not in phrase:  # a secret inside the phrase would keep it unsaid
+            assert message.endswith(f"; it says: {phrase}"), message
         assert "***" not in message
         assert user not in message
         assert error.__context__ is None

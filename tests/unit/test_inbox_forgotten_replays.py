@@ -36,9 +36,6 @@ def test_nothing_said_with_a_dedup_window_or_without_a_purge(
 ) -> None:
     assert SAID not in _said(ConsumerSettings(dedup_window=60), caplog)
     assert _said(ConsumerSettings(retention_window=0), caplog) == ""
-    assert "shorter than the dedup window" in _said(
-        ConsumerSettings(dedup_window=7200, retention_window=3600), caplog
-    )
 
 
 def test_a_sigterm_during_a_start_up_check_that_then_passes_ends_the_start(

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from outboxkit.cli import main
 from outboxkit.inbox.retention import Purger, Retention
-from outboxkit.inbox.worker import retention
+from outboxkit.inbox.worker import inbox_settings, retention
 from outboxkit.settings import ConsumerSettings
 
 pytestmark = pytest.mark.unit
@@ -21,11 +21,23 @@ def test_a_retention_window_shorter_than_the_dedup_window_is_raised_to_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A replay inside the dedup window is accepted and only its row tells it from a new event:
-    purging the row sooner would let the replay be applied again."""
-    with caplog.at_level(logging.WARNING, logger="outboxkit.inbox.worker"):
-        purge = retention(ConsumerSettings(dedup_window=7200, retention_window=3600))
-    assert purge is not None
-    assert purge.window_seconds == 7200
+    purging the row sooner would let the replay be applied again. ``inbox run`` builds the
+    loop's purger from these two (the dedup window is the inbox's replay window)."""
+    consumer = ConsumerSettings(
+        name="c",
+        group="g",
+        topics=["t"],
+        handler="builtins:print",
+        dedup_window=7200,
+        retention_window=3600,
+    )
+    settings = inbox_settings(consumer)
+    with caplog.at_level(logging.WARNING, logger="outboxkit.inbox.retention"):
+        purger = Purger(
+            "s", retention(consumer), 0.0, consumer="c", replay_window=settings.replay_window
+        )
+    assert purger.retention is not None
+    assert purger.retention.window_seconds == 7200
     assert "purged 7200 s after they finish instead" in caplog.text
 
 

@@ -157,7 +157,8 @@ SHORT = "postgresql://outboxkit:x@127.0.0.1:1/postgres"
 def test_a_short_password_inside_a_word_hides_the_message() -> None:
     text = "InsufficientPrivilege: permission denied for table inbox_rejection"
     shown = db.redact(text, SHORT)
-    assert shown == f"InsufficientPrivilege: {HIDDEN}"  # the class still says what failed
+    # the class and the fixed phrase still say what failed
+    assert shown == f"InsufficientPrivilege: {HIDDEN}; it says: permission denied"
     assert "***" not in shown
     assert "inbo" not in shown
 
@@ -166,22 +167,30 @@ def test_a_short_password_hides_even_a_whole_word() -> None:
     for url in (SHORT, "postgresql://u@h/d?password=xyz", "host=h user=u password=pg"):
         secret = str(conninfo_to_dict(url)["password"])
         shown = db.redact(f'role "{secret}" does not exist', url)
-        assert shown == HIDDEN
+        # the phrase is said unless the secret is in it ("x" is in "exist")
+        said = "" if secret in "does not exist" else "; it says: does not exist"
+        assert shown == HIDDEN + said
         assert secret not in shown
 
 
 def test_a_password_equal_to_another_part_of_the_url_hides_the_message() -> None:
     url = "postgresql://outboxkit:outboxkit@127.0.0.1:1/postgres"
     shown = db.redact('password authentication failed for user "outboxkit"', url)
-    assert shown == HIDDEN
+    assert shown == f"{HIDDEN}; it says: password authentication failed"
     url = "postgresql://app:reporting-db@127.0.0.1:1/reporting-db"
-    assert db.redact('database "reporting-db" does not exist', url) == HIDDEN
+    shown = db.redact('database "reporting-db" does not exist', url)
+    assert shown == f"{HIDDEN}; it says: does not exist"
+
+
+def test_a_phrase_that_holds_the_password_is_not_said() -> None:
+    url = "postgresql://app:refused@127.0.0.1:1/d"
+    assert db.redact("connection refused (refused)", url) == HIDDEN
 
 
 def test_a_long_password_inside_a_longer_word_hides_the_message() -> None:
     url = "postgresql://app:rejection@127.0.0.1:1/d"
     shown = db.redact("permission denied for table inbox_rejection", url)
-    assert shown == HIDDEN
+    assert shown == f"{HIDDEN}; it says: permission denied"
     assert "inbox_" not in shown
 
 
@@ -210,7 +219,8 @@ def test_the_url_shown_keeps_every_part_but_the_password() -> None:
 def test_a_start_up_refusal_hidden_still_gives_its_sqlstate() -> None:
     denied = psycopg.errors.InsufficientPrivilege("permission denied for table inbox_rejection")
     message = str(refused(denied, SecretStr(SHORT)))
-    assert message.startswith(f"PostgreSQL refused a start-up query: {HIDDEN} (SQLSTATE 42501)")
+    assert message.startswith(f"PostgreSQL refused a start-up query: {HIDDEN}")
+    assert f"{HIDDEN}; it says: permission denied (SQLSTATE 42501)" in message
     assert "***" not in message
     assert "inbo" not in message
 
