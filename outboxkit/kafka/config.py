@@ -16,7 +16,15 @@ from typing import Any
 from outboxkit.errors import ConfigurationError
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
-from outboxkit.settings.kafka_names import OWNED_OPTIONS, OWNED_PROPERTIES, owned_problem
+from outboxkit.settings.kafka_names import (
+    OWNED_OPTIONS,
+    OWNED_PROPERTIES,
+    PROPERTY_MECHANISMS,
+    is_mechanism_property,
+    owned_problem,
+    properties_problem,
+    property_mechanism,
+)
 
 LIBRDKAFKA_LOGGER = logging.getLogger("outboxkit.kafka.librdkafka")
 logger = logging.getLogger("outboxkit.kafka")
@@ -47,20 +55,32 @@ def _require_bootstrap(settings: KafkaSettings) -> str:
 
 
 def _check_sasl(settings: KafkaSettings) -> None:
+    """The typed SASL settings are complete, or the properties name a mechanism they do not
+    cover (:func:`~outboxkit.settings.kafka_names.properties_problem` checks it fits)."""
     if settings.uses_sasl and (
         settings.sasl_mechanism is None
         or settings.sasl_username is None
         or settings.sasl_password is None
     ):
+        if property_mechanism(settings.properties) is not None:
+            return
         raise ConfigurationError(
             f"security protocol {settings.security_protocol.value} needs"
             " OUTBOXKIT_KAFKA_SASL_MECHANISM, OUTBOXKIT_KAFKA_SASL_USERNAME and"
-            " OUTBOXKIT_KAFKA_SASL_PASSWORD"
+            " OUTBOXKIT_KAFKA_SASL_PASSWORD (or, for the confluent-kafka clients only,"
+            " sasl.mechanism OAUTHBEARER or GSSAPI in OUTBOXKIT_KAFKA_PROPERTIES)"
         )
 
 
 _PROPERTIES = "OUTBOXKIT_KAFKA_PROPERTIES ([kafka] properties)"
 _OPTIONS = "the Kafka consumer's options (config=, OUTBOXKIT_CONSUMER_KAFKA_OPTIONS)"
+
+
+def _refuse_properties(settings: KafkaSettings) -> None:
+    """What :class:`KafkaSettings` checks when it loads, again: a model can be changed after."""
+    problem = properties_problem(settings)
+    if problem is not None:
+        raise ConfigurationError(problem)
 
 
 def _refuse_owned(given: Mapping[str, Any], owned: dict[str, str], where: str) -> None:
@@ -83,9 +103,10 @@ def confluent_config(
     own), then ``overrides`` (what the client needs to keep its contract, e.g.
     ``enable.idempotence``). Neither ``properties`` nor ``options`` may set what the typed
     settings decide (:data:`~outboxkit.settings.kafka_names.OWNED_PROPERTIES`)."""
+    _refuse_properties(settings)
     _check_sasl(settings)
-    _refuse_owned(settings.properties, OWNED_PROPERTIES, _PROPERTIES)
     _refuse_owned(options or {}, OWNED_PROPERTIES, _OPTIONS)
+    mechanism = property_mechanism(settings.properties)  # None: the typed settings' SASL
     conf: dict[str, Any] = dict(defaults or {})
     conf |= {
         "bootstrap.servers": _require_bootstrap(settings),
@@ -93,7 +114,7 @@ def confluent_config(
         "security.protocol": settings.security_protocol.value.lower(),
         "logger": LIBRDKAFKA_LOGGER,
     }
-    if settings.uses_sasl:
+    if settings.uses_sasl and mechanism is None:
         assert settings.sasl_mechanism is not None
         assert settings.sasl_password is not None
         conf["sasl.mechanism"] = settings.sasl_mechanism.value
@@ -112,7 +133,11 @@ def confluent_config(
         conf["ssl.endpoint.identification.algorithm"] = (
             "https" if settings.ssl_check_hostname else "none"
         )
-    conf.update({name: value.get_secret_value() for name, value in settings.properties.items()})
+    for name, value in settings.properties.items():
+        if mechanism is None or not is_mechanism_property(name):
+            conf[name] = value.get_secret_value()
+    if mechanism is not None:  # in librdkafka's spelling, whatever case it was given in
+        conf["sasl.mechanism"] = mechanism
     conf.update(options or {})
     conf.update(overrides)
     return conf
@@ -136,7 +161,13 @@ def refused_configuration(
     named = named or sorted(name for name in names if name in text)
     if not named and "Unsupported SASL mechanism" in text:  # it quotes the value only
         named = sorted(name for name in names if name.startswith("sasl.mechanism"))
-    if text.startswith("No such configuration property") and named:
+    mechanism = conf.get("sasl.mechanism")
+    if "No provider for SASL mechanism" in text and mechanism in PROPERTY_MECHANISMS:
+        problem = (
+            f"this librdkafka build has no SASL mechanism {mechanism} (GSSAPI needs librdkafka"
+            " built with libsasl2: the confluent-kafka wheels from PyPI lack it)"
+        )
+    elif text.startswith("No such configuration property") and named:
         problem = f"unknown property {', '.join(map(repr, named))}"
     elif named:
         problem = f"the value of {', '.join(map(repr, named))} is not accepted"
@@ -179,9 +210,16 @@ def aiokafka_options(
     caller's ``options`` (which may not set what the typed settings decide), then
     ``overrides``. ``properties`` are librdkafka names, which aiokafka does not read: said in a
     warning (names only, once per process and set of names), as a silently ignored setting
-    would be a trap."""
-    _check_sasl(settings)
+    would be a trap; a SASL mechanism named there is refused (it would be a wrong login)."""
     _refuse_owned(options or {}, OWNED_OPTIONS, _OPTIONS)
+    mechanism = property_mechanism(settings.properties)
+    if mechanism is not None:
+        raise ConfigurationError(
+            f"{_PROPERTIES} choose SASL mechanism {mechanism}, which only the confluent-kafka"
+            " clients read: an aiokafka client would log in with another (set"
+            " OUTBOXKIT_KAFKA_CLIENT to confluent; AiokafkaInboxConsumer is aiokafka's only)"
+        )
+    _check_sasl(settings)
     names = frozenset(settings.properties)
     if names and names not in _unread_warned:
         _unread_warned.add(names)

@@ -65,7 +65,8 @@ def message_headers(msg: Message) -> tuple[tuple[tuple[str, bytes | None], ...],
     return tuple(headers), None
 
 
-def _record(msg: Message) -> ConsumedRecord:
+def consumed_record(msg: Message) -> ConsumedRecord:
+    """A fetched message as the client-neutral record (every confluent reader builds it here)."""
     ts_type, ts = msg.timestamp()
     headers, header_error = message_headers(msg)
     return ConsumedRecord(
@@ -132,7 +133,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         for msg in messages:
             error = msg.error()
             if error is None:
-                records.append(_record(msg))
+                records.append(consumed_record(msg))
             elif error.fatal():
                 raise OutboxkitError(f"Kafka consumer failed: {error}")
             else:

@@ -18,7 +18,7 @@ from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create
-from outboxkit.kafka.confluent_consumer import message_headers
+from outboxkit.kafka.confluent_consumer import consumed_record
 from outboxkit.settings import KafkaSettings
 
 _READER: dict[str, Any] = {
@@ -59,19 +59,7 @@ def read_to_end(
                 elif not error.retriable():
                     raise PublishError(f"reading the topics back failed: {error}")
                 continue
-            headers, header_error = message_headers(msg)
-            records.append(
-                ConsumedRecord(
-                    msg.topic() or "",
-                    msg.partition() or 0,
-                    msg.offset() or 0,
-                    msg.key(),
-                    msg.value(),
-                    headers,
-                    None,
-                    header_error,
-                )
-            )
+            records.append(consumed_record(msg))
     finally:
         consumer.close()
     return records

@@ -90,7 +90,8 @@ _AUTH_MARKERS = (
 )
 CREDENTIALS_HINT = (
     "Kafka refused the credentials: check OUTBOXKIT_KAFKA_SASL_USERNAME,"
-    " OUTBOXKIT_KAFKA_SASL_PASSWORD and OUTBOXKIT_KAFKA_SASL_MECHANISM"
+    " OUTBOXKIT_KAFKA_SASL_PASSWORD and OUTBOXKIT_KAFKA_SASL_MECHANISM (or the"
+    " sasl.oauthbearer.* / sasl.kerberos.* properties)"
 )
 
 

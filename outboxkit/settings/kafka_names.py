@@ -12,14 +12,28 @@ say otherwise. Properties about SASL or TLS that no typed setting covers (``sasl
 ``sasl.kerberos.*``, ``ssl.ca.pem``, ``ssl.crl.location``, ``ssl.cipher.suites``...) stay
 allowed: they add to what the typed settings chose and cannot switch it off.
 
-Every problem names the property, never its value. Names compare case-insensitively.
+One exception: the SASL mechanisms the typed settings have no credentials for (OAUTHBEARER,
+GSSAPI) are named in ``sasl.mechanism``, beside their own ``sasl.oauthbearer.*`` /
+``sasl.kerberos.*`` properties. That is allowed only where it cannot downgrade anything: the
+typed protocol is SASL_SSL or SASL_PLAINTEXT and no typed SASL setting is given. Only the
+confluent-kafka clients read it; aiokafka's are refused such settings (they would log in with
+another mechanism).
+
+Every problem names the property, never its value (the fixed mechanism names excepted).
+Names compare case-insensitively, and so do those mechanism names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from outboxkit.settings.checks import topic_name, topic_template_problem
+from pydantic import SecretStr
+
+from outboxkit.settings.checks import SASL_SETTINGS, topic_name, topic_template_problem
+
+if TYPE_CHECKING:
+    from outboxkit.settings.models import KafkaSettings
 
 #: What a dead-letter template is filled with to check it: the shortest topic name.
 SAMPLE_TOPIC = "t"
@@ -30,6 +44,7 @@ def _setting(name: str) -> str:
 
 
 _TLS = "the OUTBOXKIT_KAFKA_SSL_* settings (under SSL both clients always verify the broker)"
+_PROPERTIES = "OUTBOXKIT_KAFKA_PROPERTIES ([kafka] properties)"
 
 #: librdkafka property -> the typed setting that decides it (aliases included).
 OWNED_PROPERTIES = {
@@ -99,7 +114,67 @@ def text_problem(names: Iterable[str], *, options: bool) -> str | None:
         problem = f"{objects[0]!r} takes a Python object (a callable, a dict), not text"
     if problem is None or options:
         return problem
-    return f"OUTBOXKIT_KAFKA_PROPERTIES ([kafka] properties): {problem}"
+    return f"{_PROPERTIES}: {problem}"
+
+
+#: SASL mechanisms ``[kafka] properties`` may name (their credentials are properties too).
+PROPERTY_MECHANISMS = ("OAUTHBEARER", "GSSAPI")
+#: The librdkafka properties that name the SASL mechanism.
+MECHANISM_PROPERTIES = ("sasl.mechanism", "sasl.mechanisms")
+_PROTOCOL = "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL ([kafka] security_protocol)"
+
+
+def is_mechanism_property(name: str) -> bool:
+    return name.strip().lower() in MECHANISM_PROPERTIES
+
+
+def property_mechanism(properties: Mapping[str, object]) -> str | None:
+    """The SASL mechanism of :data:`PROPERTY_MECHANISMS` that ``properties`` name (upper-case,
+    as librdkafka wants it), or None: none named, another, or more than one."""
+    named = {
+        (value.get_secret_value() if isinstance(value, SecretStr) else str(value)).strip().upper()
+        for name, value in properties.items()
+        if is_mechanism_property(str(name))
+    }
+    mechanism = named.pop() if len(named) == 1 else None
+    return mechanism if mechanism in PROPERTY_MECHANISMS else None
+
+
+def _mechanism_problem(kafka: KafkaSettings, mechanism: str) -> str | None:
+    """Why the mechanism named in the properties does not fit the typed settings, or None."""
+    given = f"the SASL mechanism they name, {mechanism},"
+    if not kafka.uses_sasl:
+        return (
+            f"{given} needs a SASL protocol: set {_PROTOCOL} to SASL_SSL or SASL_PLAINTEXT"
+            f" (it is {kafka.security_protocol.value})"
+        )
+    typed = [_setting(name) for name in SASL_SETTINGS if getattr(kafka, name) is not None]
+    if typed:
+        return (
+            f"{given} cannot be combined with the SASL settings for PLAIN and SCRAM"
+            f" ({', '.join(typed)}): leave out the one or the other"
+        )
+    return None
+
+
+def properties_problem(kafka: KafkaSettings) -> str | None:
+    """Why ``kafka.properties`` may not be given with these typed settings, or None: a property
+    a typed setting owns, one taking a Python object, or a mechanism of
+    :data:`PROPERTY_MECHANISMS` where it does not fit (:func:`property_mechanism`)."""
+    names = [str(name) for name in kafka.properties]
+    mechanism = property_mechanism(kafka.properties)
+    if mechanism is not None:
+        problem = _mechanism_problem(kafka, mechanism)
+        if problem is not None:
+            return f"{_PROPERTIES}: {problem}"
+        names = [name for name in names if not is_mechanism_property(name)]
+    elif any(map(is_mechanism_property, names)):  # PLAIN, SCRAM, a typo or two mechanisms
+        name = min(filter(is_mechanism_property, names))
+        return (
+            f"{_PROPERTIES}: {name!r} is decided by {_setting('sasl_mechanism')}, not by a"
+            " Kafka property (one property may name OAUTHBEARER or GSSAPI, under a SASL protocol)"
+        )
+    return text_problem(names, options=False)
 
 
 def topic_list(value: list[str]) -> list[str]:

@@ -3,7 +3,8 @@
 What a consumer built in code reads when it is given no settings: ``KafkaSettings()`` reads the
 ``OUTBOXKIT_KAFKA_*`` variables only, so TLS or SASL kept in the secrets directory or the TOML
 file would be dropped without a word, and the client would connect in plaintext. The relay's
-and the consumer's own sections are not read: a setting the caller does not use cannot stop it.
+and the consumer's own sections, the database's and the schema are not read: a setting the
+caller does not use (an embedded consumer gets its engine from the application) cannot stop it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from pathlib import Path
 
 from pydantic import Field
 
-from outboxkit.settings.loading import DatabaseOnlySettings, _load
+from outboxkit.settings.loading import SourcedSettings, _load
 from outboxkit.settings.models import KafkaSettings
 
 
-class KafkaOnlySettings(DatabaseOnlySettings):
-    """The database, the schema and ``[kafka]``; other sections are not looked at."""
+class KafkaOnlySettings(SourcedSettings):
+    """``[kafka]`` alone; other sections and the schema are not looked at."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 

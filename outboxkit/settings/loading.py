@@ -35,7 +35,7 @@ from outboxkit.settings.models import (
     RelaySettings,
 )
 
-_Model = TypeVar("_Model", bound="DatabaseOnlySettings")
+_Model = TypeVar("_Model", bound="SourcedSettings")
 _TOML_FILE: ContextVar[Path | None] = ContextVar("outboxkit_toml_file", default=None)
 _SECRETS_DIR: ContextVar[Path | None] = ContextVar("outboxkit_secrets_dir", default=None)
 
@@ -65,14 +65,15 @@ class _SecretFilesSource(EnvSettingsSource):
         directory = _SECRETS_DIR.get()
         if directory is None:
             return {}
-        # A model that ignores other sections (DatabaseOnlySettings) does not read their files:
-        # an unreadable Kafka secret must not stop a migrate job.
+        # A model that ignores other sections (DatabaseOnlySettings, KafkaOnlySettings) does not
+        # read their files: an unreadable Kafka secret must not stop a migrate job.
         partial = self.settings_cls.model_config.get("extra") == "ignore"
         wanted = tuple(PREFIX + name.upper() for name in self.settings_cls.model_fields)
+        schema = "schema_name" in self.settings_cls.model_fields
         found: dict[str, str | None] = {}
         for path in _listing(directory):
             name = path.name.upper()
-            if partial and not (name.startswith(wanted) or name == SCHEMA_ENV):
+            if partial and not (name.startswith(wanted) or (schema and name == SCHEMA_ENV)):
                 continue
             if name.startswith(PREFIX) and _is_file(path):
                 found[path.name.lower()] = _secret_text(path)
@@ -133,10 +134,9 @@ class _TomlSource(PydanticBaseSettingsSource):
         return _schema_alias(document)
 
 
-class DatabaseOnlySettings(BaseSettings):
-    """The database and schema alone, from the same sources (:func:`load_database_settings`):
-    what the operator commands (``migrate``, ``outbox``, ``inbox show``...) read, so a relay or
-    consumer setting they never use cannot stop them. Other sections are not even looked at."""
+class SourcedSettings(BaseSettings):
+    """The sections a subclass declares, from the TOML file, ``OUTBOXKIT_*`` variables and
+    secret files; the others are not looked at (``extra="ignore"``, :class:`_SecretFilesSource`)."""
 
     model_config = SettingsConfigDict(
         env_prefix=PREFIX,
@@ -145,22 +145,6 @@ class DatabaseOnlySettings(BaseSettings):
         extra="ignore",
         hide_input_in_errors=True,
     )
-
-    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
-    schema_name: str = DEFAULT_SCHEMA
-
-    @model_validator(mode="before")
-    @classmethod
-    def _aliases(cls, values: Any) -> Any:
-        return _schema_alias(values) if isinstance(values, Mapping) else values
-
-    @field_validator("schema_name")
-    @classmethod
-    def _valid_schema(cls, value: str) -> str:
-        try:
-            return validate_schema_name(value)
-        except Exception:
-            raise ValueError("use lower-case letters, digits and _ (at most 63)") from None
 
     @classmethod
     def settings_customise_sources(
@@ -178,6 +162,28 @@ class DatabaseOnlySettings(BaseSettings):
             _EnvSource(settings_cls),
             _TomlSource(settings_cls),
         )
+
+
+class DatabaseOnlySettings(SourcedSettings):
+    """The database and schema alone, from the same sources (:func:`load_database_settings`):
+    what the operator commands (``migrate``, ``outbox``, ``inbox show``...) read, so a relay or
+    consumer setting they never use cannot stop them. Other sections are not even looked at."""
+
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    schema_name: str = DEFAULT_SCHEMA
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, values: Any) -> Any:
+        return _schema_alias(values) if isinstance(values, Mapping) else values
+
+    @field_validator("schema_name")
+    @classmethod
+    def _valid_schema(cls, value: str) -> str:
+        try:
+            return validate_schema_name(value)
+        except Exception:
+            raise ValueError("use lower-case letters, digits and _ (at most 63)") from None
 
     @property
     def database_url(self) -> SecretStr:

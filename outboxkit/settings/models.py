@@ -33,6 +33,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from outboxkit.settings import kafka_names
 from outboxkit.settings.checks import (
     SASL_SETTINGS,
     SSL_SETTINGS,
@@ -177,7 +178,7 @@ class KafkaSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _security_fits(self) -> KafkaSettings:
-        problem = security_problem(self) or text_problem(self.properties, options=False)
+        problem = security_problem(self) or kafka_names.properties_problem(self)
         if problem is not None:
             raise ValueError(problem)
         return self

@@ -12,7 +12,7 @@ from aiokafka.codec import gzip_decode
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.kafka.api import ConsumedRecord
-from outboxkit.kafka.confluent_consumer import _record
+from outboxkit.kafka.confluent_consumer import consumed_record
 from outboxkit.kafka.record_batch import (
     Batch,
     CorruptBatchError,
@@ -29,7 +29,7 @@ BAD = "a header name is not valid UTF-8: b'\\xff\\xfe'"
 
 
 class _Message:
-    """What ``_record`` reads of a confluent-kafka message whose headers() fails as the real
+    """What ``consumed_record`` reads of a confluent-kafka message whose headers() fails as the real
     one does (a SystemError wrapping the UnicodeDecodeError)."""
 
     def __init__(self, error: BaseException | None) -> None:
@@ -71,12 +71,12 @@ def _system_error() -> SystemError:
 
 
 def test_confluent_record_with_an_undecodable_header_name_carries_the_reason() -> None:
-    record = _record(_Message(_system_error()))  # type: ignore[arg-type]
+    record = consumed_record(_Message(_system_error()))  # type: ignore[arg-type]
     assert record == ConsumedRecord("orders", 2, 7, b"k", b"{}", (), 1700, BAD)
-    fine = _record(_Message(None))  # type: ignore[arg-type]
+    fine = consumed_record(_Message(None))  # type: ignore[arg-type]
     assert (fine.headers, fine.header_error) == ((("event-id", b"e1"),), None)
     with pytest.raises(SystemError):  # any other SystemError is not ours to hide
-        _record(_Message(SystemError("something else")))  # type: ignore[arg-type]
+        consumed_record(_Message(SystemError("something else")))  # type: ignore[arg-type]
 
 
 def _batch(

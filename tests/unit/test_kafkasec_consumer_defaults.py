@@ -97,3 +97,28 @@ def test_only_the_kafka_section_is_read_and_its_errors_are_typed(
     monkeypatch.setenv("OUTBOXKIT_SECRETS_DIR", str(tmp_path))
     with pytest.raises(ConfigurationError, match="OUTBOXKIT_KAFKA_SECURITY_PROTOCOL"):
         _client_config(inbox, monkeypatch)
+
+
+@pytest.mark.parametrize("source", ["variables", "secret files", "config file"])
+def test_the_database_and_schema_settings_are_not_read(
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedded consumer gets its engine from the application, never from ``[database]`` or
+    ``OUTBOXKIT_SCHEMA``: a bad value there stopped it all the same."""
+    from outboxkit.settings import load_kafka_settings
+
+    if source == "variables":
+        monkeypatch.setenv("OUTBOXKIT_SCHEMA", "Bad-Schema")
+        monkeypatch.setenv("OUTBOXKIT_DATABASE_PREPARED_STATEMENTS", "maybe")
+    elif source == "secret files":
+        (tmp_path / "OUTBOXKIT_SCHEMA").write_bytes(b"\xff not UTF-8")
+        (tmp_path / "OUTBOXKIT_DATABASE_PREPARED_STATEMENTS").write_text("maybe\n")
+        monkeypatch.setenv("OUTBOXKIT_SECRETS_DIR", str(tmp_path))
+    else:
+        path = tmp_path / "outboxkit.toml"
+        path.write_text('schema = "Bad-Schema"\n[database]\nprepared_statements = "maybe"\n')
+        monkeypatch.setenv("OUTBOXKIT_CONFIG", str(path))
+    assert load_kafka_settings().bootstrap == "127.0.0.1:1"
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_SSL_CHECK_HOSTNAME", "maybe")
+    with pytest.raises(ConfigurationError, match="OUTBOXKIT_KAFKA_SSL_CHECK_HOSTNAME"):
+        load_kafka_settings()
