@@ -159,7 +159,9 @@ def purge_finished(
     batches. Bounds as :class:`Retention`'s.
 
     ``consumer`` has no default: each consumer keeps its rows for its own window, so the caller
-    names the one whose window this is, or passes ``None`` to purge every consumer's rows.
+    names the one whose window this is, or passes ``None`` to purge every consumer's rows: then
+    each consumer with old rows is purged in turn, by the same index range scans (no index
+    orders every consumer's rows by age, and every row past the window goes either way).
     """
     window_seconds = check_purge("purge_finished", window_seconds, batch_size, max_batches)
     pause_seconds = check_range(
@@ -172,19 +174,26 @@ def purge_finished(
         "now": now,
     }
     queries = db.queries("inbox", schema)
+    consumers: list[str | None] = [consumer]
+    if consumer is None:
+        with engine.begin() as conn:
+            consumers = [found for (found,) in db.rows(conn, queries["purge_consumers"], params)]
     totals = dict.fromkeys(_PURGES, 0)
     batches = 0
     for name in _PURGES:
         # counted per table: a full message backlog must not starve the rejection log
-        for _ in itertools.count() if max_batches is None else range(max_batches):
-            with engine.begin() as conn:
-                deleted = db.execute(conn, queries[name], params)
-            batches += 1
-            totals[name] += deleted
-            if deleted < batch_size:
-                break
-            if pause_seconds:
-                time.sleep(pause_seconds)
+        budget = itertools.count() if max_batches is None else iter(range(max_batches))
+        for each in consumers:
+            params["consumer"] = each
+            for _ in budget:  # shared by the consumers: max_batches per table
+                with engine.begin() as conn:
+                    deleted = db.execute(conn, queries[name], params)
+                batches += 1
+                totals[name] += deleted
+                if deleted < batch_size:
+                    break
+                if pause_seconds:
+                    time.sleep(pause_seconds)
     messages, rejections = (totals[name] for name in _PURGES)
     return PurgeResult(messages, rejections, batches)
 

@@ -102,7 +102,25 @@ def _live_schema(url: str, schema: str) -> dict[str, Any]:
         "tables": tables,
         "pkeys": pkeys,
         "sequences": [s for s in sequences if s not in identity_sequences],
+        "indexes": _indexes(url, schema),
     }
+
+
+def _indexes(url: str, schema: str) -> dict[str, tuple[str, str, bool]]:
+    """Index -> (its table, its definition without the schema, valid) of the schema's indexes."""
+    with psycopg.connect(url) as conn:
+        return {
+            name: (table, definition, valid)
+            for name, table, definition, valid in conn.execute(
+                "SELECT c.relname, t.relname,"
+                " replace(pg_get_indexdef(c.oid), ' ON ' || quote_ident(n.nspname) || '.', ' ON '),"
+                " i.indisvalid"
+                " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " JOIN pg_class t ON t.oid = i.indrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+                (schema,),
+            )
+        }
 
 
 _TABLE_RE = re.compile(r"^CREATE TABLE (\w+) \((.*?)^\);", re.MULTILINE | re.DOTALL)
@@ -177,6 +195,110 @@ def test_schema_comparison_catches_drift(outboxkit_empty_db_url: str) -> None:
         conn.execute("ALTER TABLE outboxkit.outbox_message DROP COLUMN kafka_offset")
     with pytest.raises(AssertionError, match="columns of outbox_message differ"):
         assert_schema_matches_migrations(outboxkit_empty_db_url, "outboxkit")
+
+
+_PURGE_INDEXES = {
+    "inbox_message_consumer_finished_idx": (
+        "inbox_message",
+        "CREATE INDEX inbox_message_consumer_finished_idx ON inbox_message USING btree"
+        " (consumer, finished_at) WHERE (state <> 'processing'::text)",
+        True,
+    ),
+    "inbox_rejection_consumer_created_idx": (
+        "inbox_rejection",
+        "CREATE INDEX inbox_rejection_consumer_created_idx ON inbox_rejection USING btree"
+        " (consumer, created_at)",
+        True,
+    ),
+}
+_OLD_PURGE_INDEXES = {"inbox_message_finished_idx", "inbox_rejection_created_idx"}
+
+
+def _at_0003(url: str) -> None:
+    """The schema as 0003 left it: the rendered migrations up to 0004, applied as psql would."""
+    head, found, _ = migrator.render_sql("outboxkit").partition("\n-- 0004_")
+    assert found
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute((head + "\nCOMMIT;\n").encode())
+    assert migrator.status(url).pending[0] == 4
+    assert set(_indexes(url, "outboxkit")) >= _OLD_PURGE_INDEXES
+
+
+def _oids(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT relname, oid FROM pg_class WHERE relname = ANY (%s)", (list(_PURGE_INDEXES),)
+        )
+        return dict(found.fetchall())
+
+
+def test_0004_replaces_the_inbox_purge_indexes(outboxkit_empty_db_url: str) -> None:
+    """Led by the consumer, and the old ones gone: both would cost every finished row one more
+    index entry."""
+    _at_0003(outboxkit_empty_db_url)
+    assert 4 in migrator.upgrade(outboxkit_empty_db_url)
+    indexes = _indexes(outboxkit_empty_db_url, "outboxkit")
+    assert {name: indexes.get(name) for name in _PURGE_INDEXES} == _PURGE_INDEXES
+    assert not _OLD_PURGE_INDEXES & set(indexes)
+    inbox = {name for name, (table, _, _) in indexes.items() if table.startswith("inbox_")}
+    assert inbox == {
+        "inbox_message_pkey", "inbox_message_consumer_finished_idx", "inbox_rejection_pkey",
+        "inbox_rejection_consumer_topic_kafka_partition_kafka_offset_key",
+        "inbox_rejection_event_idx", "inbox_rejection_consumer_created_idx",
+    }  # fmt: skip
+
+
+def test_0004_keeps_indexes_an_operator_built_concurrently(outboxkit_empty_db_url: str) -> None:
+    url = outboxkit_empty_db_url
+    _at_0003(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE INDEX CONCURRENTLY inbox_message_consumer_finished_idx"
+            " ON outboxkit.inbox_message (consumer, finished_at) WHERE state <> 'processing'"
+        )
+        conn.execute(
+            "CREATE INDEX CONCURRENTLY inbox_rejection_consumer_created_idx"
+            " ON outboxkit.inbox_rejection (consumer, created_at)"
+        )
+    built = _oids(url)
+    assert 4 in migrator.upgrade(url)
+    assert _oids(url) == built  # not built again
+    indexes = _indexes(url, "outboxkit")
+    assert {name: indexes.get(name) for name in _PURGE_INDEXES} == _PURGE_INDEXES
+    assert not _OLD_PURGE_INDEXES & set(indexes)
+
+
+def test_0004_rebuilds_a_failed_or_different_index_of_the_same_name(
+    outboxkit_empty_db_url: str,
+) -> None:
+    """A concurrent build that failed leaves an invalid index under the name; one defined
+    otherwise would serve no purge. IF NOT EXISTS alone would keep either."""
+    url = outboxkit_empty_db_url
+    _at_0003(url)
+    with psycopg.connect(url) as writer, psycopg.connect(url, autocommit=True) as conn:
+        # A build waits for the table's open writes; one cut short by lock_timeout (as by a
+        # cancel) leaves its index behind, invalid, under the name.
+        writer.execute(
+            "INSERT INTO outboxkit.inbox_rejection"
+            " (consumer, reason, topic, kafka_partition, kafka_offset) VALUES ('c', 'r', 't', 0, 1)"
+        )
+        conn.execute("SET lock_timeout = '100ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            conn.execute(
+                "CREATE INDEX CONCURRENTLY inbox_rejection_consumer_created_idx"
+                " ON outboxkit.inbox_rejection (consumer, created_at)"
+            )
+        writer.rollback()
+        conn.execute(
+            "CREATE INDEX CONCURRENTLY inbox_message_consumer_finished_idx"
+            " ON outboxkit.inbox_message (finished_at)"
+        )
+    indexes = _indexes(url, "outboxkit")
+    invalid = (*_PURGE_INDEXES["inbox_rejection_consumer_created_idx"][:2], False)
+    assert indexes["inbox_rejection_consumer_created_idx"] == invalid
+    assert 4 in migrator.upgrade(url)
+    indexes = _indexes(url, "outboxkit")
+    assert {name: indexes.get(name) for name in _PURGE_INDEXES} == _PURGE_INDEXES
 
 
 def _check_values(url: str, table: str) -> set[str]:

@@ -121,6 +121,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "stats": set(),
         "delete_finished_batch": {"consumer", "window_seconds", "batch_size", "now"},
         "delete_rejections_batch": {"consumer", "window_seconds", "batch_size", "now"},
+        "purge_consumers": {"window_seconds", "now"},
     },
     "demo": {"progress": {"topic", "consumer", "group"}},
 }  # fmt: skip

@@ -211,34 +211,73 @@ FROM {schema}.inbox_rejection
 GROUP BY consumer
 ORDER BY 1, 2;
 
+-- name: _purge_cutoff
+coalesce(CAST(:now AS timestamptz), now()) - make_interval(secs => :window_seconds)
+
 -- name: delete_finished_batch
--- One consumer's rows (:consumer NULL: every consumer's, an operator's explicit choice): each
--- consumer keeps its dedup rows for its own window, so one consumer's purge must never forget
--- the events another one still has to recognise.
-DELETE FROM {schema}.inbox_message AS m
-USING (
-    SELECT consumer, event_id FROM {schema}.inbox_message
-    WHERE state <> 'processing'
-      AND (CAST(:consumer AS text) IS NULL OR consumer = :consumer)
-      AND finished_at < coalesce(CAST(:now AS timestamptz), now())
-          - make_interval(secs => :window_seconds)
+-- One consumer's rows: each consumer keeps its dedup rows for its own window, so one consumer's
+-- purge must never forget the events another one still has to recognise. Every step seeks, in a
+-- generic plan too: consumer = :consumer (an "or every consumer" test cannot seek), a range of
+-- inbox_message_consumer_finished_idx (no row of another consumer is read), then the batch's
+-- keys as one array (a join with the batch was hashed against the whole table: a generic plan
+-- cannot tell how few rows the LIMIT keeps).
+DELETE FROM {schema}.inbox_message
+WHERE consumer = :consumer
+  AND event_id = ANY (ARRAY(
+    SELECT event_id FROM {schema}.inbox_message
+    WHERE consumer = :consumer AND state <> 'processing' AND finished_at < {_purge_cutoff}
     ORDER BY finished_at
     LIMIT :batch_size
     FOR UPDATE SKIP LOCKED
-) AS old
-WHERE m.consumer = old.consumer AND m.event_id = old.event_id;
+  ));
 
 -- name: delete_rejections_batch
--- One consumer's rejections (:consumer NULL: every consumer's), as delete_finished_batch.
+-- One consumer's rejections, as delete_finished_batch (inbox_rejection_consumer_created_idx).
 -- FOR UPDATE needs the UPDATE privilege on one column: grants.sql gives the consumer role
 -- UPDATE (id), which can only renumber a row (GENERATED ALWAYS), never change what it says.
 DELETE FROM {schema}.inbox_rejection
-WHERE id IN (
+WHERE id = ANY (ARRAY(
     SELECT id FROM {schema}.inbox_rejection
-    WHERE (CAST(:consumer AS text) IS NULL OR consumer = :consumer)
-      AND created_at < coalesce(CAST(:now AS timestamptz), now())
-        - make_interval(secs => :window_seconds)
-    ORDER BY id
+    WHERE consumer = :consumer AND created_at < {_purge_cutoff}
+    ORDER BY created_at
     LIMIT :batch_size
     FOR UPDATE SKIP LOCKED
-);
+));
+
+-- name: purge_consumers
+-- The consumers with rows (or rejections) past the window, for a purge of every consumer's
+-- (`inbox purge --all-consumers`), which then runs the one-consumer purges for each: no index
+-- orders the whole table by finish time, and every row past the window goes either way. Each
+-- table's consumers are found by a skip scan of an index that leads with them (one seek per
+-- consumer, not a read of every row), and one is kept if its oldest row (one more seek) is past
+-- the window.
+WITH RECURSIVE messages AS (
+    (SELECT consumer FROM {schema}.inbox_message ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (
+        SELECT n.consumer FROM {schema}.inbox_message AS n
+        WHERE n.consumer > c.consumer ORDER BY n.consumer LIMIT 1
+    )
+    FROM messages AS c
+    WHERE c.consumer IS NOT NULL
+), rejections AS (
+    (SELECT consumer FROM {schema}.inbox_rejection ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (
+        SELECT n.consumer FROM {schema}.inbox_rejection AS n
+        WHERE n.consumer > c.consumer ORDER BY n.consumer LIMIT 1
+    )
+    FROM rejections AS c
+    WHERE c.consumer IS NOT NULL
+)
+SELECT c.consumer FROM messages AS c
+WHERE (
+    SELECT min(m.finished_at) FROM {schema}.inbox_message AS m
+    WHERE m.consumer = c.consumer AND m.state <> 'processing'
+) < {_purge_cutoff}
+UNION
+SELECT c.consumer FROM rejections AS c
+WHERE (
+    SELECT min(r.created_at) FROM {schema}.inbox_rejection AS r WHERE r.consumer = c.consumer
+) < {_purge_cutoff}
+ORDER BY 1;
