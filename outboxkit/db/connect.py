@@ -208,13 +208,19 @@ def redact(text: str, url: Url, *passwords: str | None) -> str:
 
 
 def _said(text: str, secrets: list[str]) -> str:
-    """``; it says: <phrases>`` for the :data:`KNOWN_FAILURES` in ``text`` that hold no secret."""
+    """``; it says: <phrases>`` for the :data:`KNOWN_FAILURES` in ``text`` outside the secrets
+    (a phrase found only inside the password would tell part of it) that share no text with
+    one."""
+    for secret in secrets:
+        text = re.sub(re.escape(secret), "\x00", text, flags=re.IGNORECASE)
     folded = text.casefold()
     said = [
         phrase
         for phrase in KNOWN_FAILURES
         if phrase.casefold() in folded
-        and not any(s.casefold() in phrase.casefold() for s in secrets)
+        and not any(
+            s.casefold() in phrase.casefold() or phrase.casefold() in s.casefold() for s in secrets
+        )
     ]
     return f"; it says: {', '.join(said)}" if said else ""
 

@@ -48,6 +48,10 @@ METRICS_EXTRA_MISSING = (
 )
 
 
+#: How long a running full backlog count keeps the status from counting as stale.
+COUNT_GRACE = 600.0
+
+
 class RelayMetrics:
     def __init__(
         self,
@@ -127,6 +131,7 @@ class RelayMetrics:
         self._clock = clock
         self._stale_after: float | None = None  # set by the sampler: no sampler, no judgement
         self._fresh_at = 0.0  # clock() of the last successful sample (or of the sampler's start)
+        self._count_since: float | None = None  # clock() when a running full count began
         self._paused = False
 
     def expect_samples(self, stale_after: float) -> None:
@@ -142,12 +147,20 @@ class RelayMetrics:
         self.paused.set(1 if paused else 0)
         self.status_sampled.set(time.time())
 
+    def counting(self, running: bool) -> None:
+        """A full backlog count starts or ends. Under a large backlog one takes long (about 0.3
+        s per 200,000 pending rows): while it runs on a live connection, it is not staleness,
+        up to :data:`COUNT_GRACE` (a count that hangs longer is)."""
+        self._count_since = self._clock() if running else None
+
     def _stale_for(self) -> float | None:
         """Seconds since the last successful sample, when past the grace; else None."""
         if self._stale_after is None:
             return None
-        age = self._clock() - self._fresh_at
-        return age if age > self._stale_after else None
+        now = self._clock()
+        age = now - self._fresh_at
+        counting = self._count_since is not None and now - self._count_since < COUNT_GRACE
+        return age if age > self._stale_after and not counting else None
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
         """Unhealthy when a shard has backlog but no active holder in the group, or when the

@@ -111,9 +111,13 @@ async def sample_forever(
                         full_since = now if full else None
                         only = None if full else sorted(urgent)
                         params = {"group": group, "holder": holder, "only": only}
-                        async with conn.transaction():
-                            await db.execute_async(conn, walk_only)
-                            rows = await db.rows_async(conn, status, params)
+                        metrics.counting(full)
+                        try:
+                            async with conn.transaction():
+                                await db.execute_async(conn, walk_only)
+                                rows = await db.rows_async(conn, status, params)
+                        finally:
+                            metrics.counting(False)
                         if full:
                             count_due = _next_count(every, now)
                             full_since = None

@@ -15,7 +15,7 @@ import pytest
 
 from outboxkit import db
 from outboxkit.relay import status_sampler
-from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.metrics import COUNT_GRACE, RelayMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -55,6 +55,27 @@ def test_health_fails_once_no_sample_succeeded_within_the_grace() -> None:
     }
     metrics.sampled(False)
     assert metrics.healthy()[0]
+
+
+def test_a_long_full_count_in_progress_is_not_staleness_up_to_its_own_grace() -> None:
+    """Under a huge backlog one full count can outlast the grace: the relay is healthy meanwhile
+    (readiness must not fail during a drain), but a count that hangs is not."""
+    clock = _Clock()
+    metrics = RelayMetrics(clock=clock)
+    metrics.expect_samples(15.0)
+    metrics.sampled(False)
+    metrics.counting(True)
+    clock.now += 60
+    assert metrics.healthy()[0]
+    clock.now += COUNT_GRACE
+    assert not metrics.healthy()[0]
+    metrics.counting(False)
+    metrics.sampled(False)
+    assert metrics.healthy()[0]
+    metrics.counting(True)
+    metrics.counting(False)  # a count that ended (failed) leaves the age as it was
+    clock.now += 16
+    assert not metrics.healthy()[0]
 
 
 def test_the_grace_counts_from_the_samplers_start_before_any_success() -> None:

@@ -187,6 +187,11 @@ def test_a_phrase_that_holds_the_password_is_not_said() -> None:
     assert db.redact("connection refused (refused)", url) == HIDDEN
 
 
+def test_a_phrase_found_only_inside_the_password_is_not_said() -> None:
+    url = "postgresql://app:xsslq@db.example/app"
+    assert db.redact('FATAL:  invalid value "xsslq" for parameter', url) == f"FATAL: {HIDDEN}"
+
+
 def test_a_long_password_inside_a_longer_word_hides_the_message() -> None:
     url = "postgresql://app:rejection@127.0.0.1:1/d"
     shown = db.redact("permission denied for table inbox_rejection", url)
