@@ -186,12 +186,14 @@ def test_relay_backends_terminated(
     )
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_relay_started_while_postgres_is_down_waits_and_then_publishes(
     outboxkit_stack: DevStack,
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
+    client: str,
 ) -> None:
     """A standby that comes up before its database: it waits with back-off, says for what
     (never the password), and starts publishing once PostgreSQL is back; no traceback."""
@@ -209,6 +211,7 @@ def test_relay_started_while_postgres_is_down_waits_and_then_publishes(
             outboxkit_db_url,
             outboxkit_kafka_bootstrap,
             env={"OUTBOXKIT_RELAY_BACKOFF_MAX": "1"},
+            client=client,
         ).start()
         processes.append(relay)
         wait_for(

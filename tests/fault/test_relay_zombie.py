@@ -179,22 +179,27 @@ def test_zombie_gets_nothing_through(
     assert_exactly_once_in_order(received, expected)  # not one Kafka write from the zombie
 
 
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
 def test_two_relays_started_at_once_share_shards_with_one_active_each(
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     processes: list[RelayProcess],
+    client: str,
 ) -> None:
     topic = outboxkit_topic(partitions=2)
     set_shard_count(outboxkit_db_url, 4)
     expected = [item for key in "abcdefgh" for item in payloads(key, 15)]
     insert_rows(outboxkit_db_url, topic, expected)
-    first = RelayProcess(outboxkit_db_url, outboxkit_kafka_bootstrap, ["--batch-size", "5"])
+    first = RelayProcess(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, ["--batch-size", "5"], client=client
+    )
     second = RelayProcess(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
         ["--batch-size", "5"],
         checkpoint_topic=first.checkpoint_topic,
+        client=client,
     )
     processes.extend([first.start(), second.start()])
     wait_for(
