@@ -2,7 +2,7 @@
 
 from outboxkit.devstack.kafka import KAFKA_VERSION, KafkaServer, kafka_libs
 from outboxkit.devstack.postgres import PostgresServer
-from outboxkit.devstack.sasl import SaslSslListener
+from outboxkit.devstack.sasl import OAuthBearerListener, SaslSslListener
 from outboxkit.devstack.stack import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, DevStack
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "KAFKA_VERSION",
     "DevStack",
     "KafkaServer",
+    "OAuthBearerListener",
     "PostgresServer",
     "SaslSslListener",
     "kafka_libs",

@@ -2,7 +2,8 @@
 
 The jars are fetched once with ``mvn`` into the cache directory and reused afterwards. The broker
 is configured so idempotent producers and transactions work on one node, and auto topic creation
-is off, as in production. Optionally clients must come in over SASL_SSL with SCRAM credentials.
+is off, as in production. Optionally clients must come in over SASL_SSL with SCRAM credentials
+(and, if asked for too, OAUTHBEARER with Kafka's unsecured JWTs).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from pydantic import SecretStr
 from outboxkit.devstack.aio import run_coroutine
 from outboxkit.devstack.files import cache_dir, make_owned_dir, write_private
 from outboxkit.devstack.process import ManagedServer, ServiceProcess, free_port
-from outboxkit.devstack.sasl import SCRAM_SHA_512, SaslSslListener
+from outboxkit.devstack.sasl import (
+    OAUTHBEARER,
+    SCRAM_SHA_512,
+    OAuthBearerListener,
+    SaslSslListener,
+)
 from outboxkit.devstack.tls import make_broker_tls
 from outboxkit.errors import DevStackError, OutboxkitError
 from outboxkit.kafka import KafkaClients, resolve_client
@@ -51,6 +57,13 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 Security = Literal["plaintext", "sasl_ssl"]
 _SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+# The broker logs in too, for every mechanism a listener enables: Kafka's built-in unsecured
+# token needs a subject. Clients' tokens are checked by Kafka's default OAUTHBEARER validator,
+# the unsecured one (no signature; only the expiry and the claims' form).
+_OAUTH_LOGIN_MODULE = (
+    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required"
+    ' unsecuredLoginStringClaim_sub="outboxkit-broker";'
+)
 
 _LOG4J2 = """rootLogger.level = WARN
 rootLogger.appenderRef.out.ref = OUT
@@ -141,6 +154,10 @@ class KafkaServer(ManagedServer):
     The broker keeps a PLAINTEXT listener on loopback for its own (inter-broker) traffic; it is
     :attr:`plaintext_bootstrap`, unauthenticated, meant for test set-up only. No authorizer is
     configured: an authenticated client may do anything.
+
+    ``oauthbearer=True`` (with ``sasl_ssl`` only) makes the same listener accept OAUTHBEARER too,
+    with unsigned JWTs (see :attr:`oauthbearer`): any client can then name any principal, so it
+    is for tests of that mechanism only, never the default.
     """
 
     log_name = "kafka.log"
@@ -152,9 +169,13 @@ class KafkaServer(ManagedServer):
         *,
         version: str = KAFKA_VERSION,
         security: Security = "plaintext",
+        oauthbearer: bool = False,
     ) -> None:
         if security not in ("plaintext", "sasl_ssl"):
             raise ValueError(f"security must be 'plaintext' or 'sasl_ssl', not {security!r}")
+        if oauthbearer and security != "sasl_ssl":
+            raise ValueError("oauthbearer=True needs security='sasl_ssl'")
+        self.oauthbearer_enabled = oauthbearer
         self._dir_token: str | None = None
         if base_dir is None:
             base_dir, self._dir_token = make_owned_dir("outboxkit-kafka-")
@@ -191,6 +212,17 @@ class KafkaServer(ManagedServer):
             username=self.sasl_username,
             password=self._sasl_password,
             ca_location=str(self.base_dir / "tls" / "ca.pem"),
+        )
+
+    @property
+    def oauthbearer(self) -> OAuthBearerListener:
+        """The SASL_SSL listener reached with OAUTHBEARER (needs ``oauthbearer=True``)."""
+        if not self.oauthbearer_enabled:
+            raise DevStackError("this Kafka was started without oauthbearer=True")
+        return OAuthBearerListener(
+            bootstrap=self.bootstrap,
+            principal=self.sasl_username,
+            ca_location=self.sasl_ssl.ca_location,
         )
 
     def _write_config(self) -> Path:
@@ -231,14 +263,19 @@ class KafkaServer(ManagedServer):
         tls = make_broker_tls(self.base_dir / "tls", self._store_password, java=_java())
         sasl = f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
         prefix = "listener.name.sasl_ssl."
+        mechanisms, oauth = SCRAM_SHA_512, {}
+        if self.oauthbearer_enabled:
+            mechanisms += f",{OAUTHBEARER}"
+            oauth = {f"{prefix}oauthbearer.sasl.jaas.config": _OAUTH_LOGIN_MODULE}
         return {
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl},"
             f"CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,"
             "CONTROLLER:PLAINTEXT",
-            "sasl.enabled.mechanisms": SCRAM_SHA_512,
+            "sasl.enabled.mechanisms": mechanisms,
             f"{prefix}scram-sha-512.sasl.jaas.config": _SCRAM_LOGIN_MODULE,
+            **oauth,
             f"{prefix}ssl.client.auth": "none",
             f"{prefix}ssl.keystore.type": "PKCS12",
             f"{prefix}ssl.keystore.location": str(tls.keystore),

@@ -6,6 +6,7 @@ a relay or consumer process through its environment alone, exactly as an operato
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +22,11 @@ SASL_MECHANISM_ENV = "OUTBOXKIT_KAFKA_SASL_MECHANISM"
 SASL_USERNAME_ENV = "OUTBOXKIT_KAFKA_SASL_USERNAME"
 SASL_PASSWORD_ENV = "OUTBOXKIT_KAFKA_SASL_PASSWORD"
 SSL_CA_LOCATION_ENV = "OUTBOXKIT_KAFKA_SSL_CA_LOCATION"
+PROPERTIES_ENV = "OUTBOXKIT_KAFKA_PROPERTIES"
 
 SASL_SSL = "SASL_SSL"
 SCRAM_SHA_512 = "SCRAM-SHA-512"
+OAUTHBEARER = "OAUTHBEARER"
 
 
 @dataclass(frozen=True)
@@ -95,3 +98,54 @@ class SaslSslListener:
             mechanism=environ.get(SASL_MECHANISM_ENV) or SCRAM_SHA_512,
             protocol=SASL_SSL,
         )
+
+
+@dataclass(frozen=True)
+class OAuthBearerListener:
+    """The same SASL_SSL listener reached with OAUTHBEARER and an unsecured JWT (``alg: none``,
+    no signature: whoever connects names the principal). It has no typed settings, so the
+    mechanism and librdkafka's token options are ``[kafka] properties``, as an operator gives
+    them; only the confluent-kafka clients read those."""
+
+    bootstrap: str
+    principal: str
+    ca_location: str
+    protocol: str = SASL_SSL
+
+    def properties(self) -> dict[str, str]:
+        """The librdkafka properties that log in with librdkafka's own unsecured token."""
+        return {
+            "sasl.mechanism": OAUTHBEARER,
+            "enable.sasl.oauthbearer.unsecure.jwt": "true",
+            "sasl.oauthbearer.config": f"principal={self.principal}",
+        }
+
+    def env(self) -> dict[str, str]:
+        """The ``OUTBOXKIT_KAFKA_*`` variables that select this listener (no SASL setting)."""
+        return {
+            BOOTSTRAP_ENV: self.bootstrap,
+            SECURITY_PROTOCOL_ENV: self.protocol,
+            SSL_CA_LOCATION_ENV: self.ca_location,
+            PROPERTIES_ENV: json.dumps(self.properties()),
+        }
+
+    def kafka_settings(self) -> KafkaSettings:
+        """The same, as outboxkit's Kafka settings (every field given: nothing from the env)."""
+        return KafkaSettings(
+            bootstrap=self.bootstrap,
+            security_protocol=SecurityProtocol(self.protocol),
+            sasl_mechanism=None,
+            sasl_username=None,
+            sasl_password=None,
+            ssl_ca_location=Path(self.ca_location),
+            properties={name: SecretStr(value) for name, value in self.properties().items()},
+        )
+
+    def librdkafka_config(self) -> dict[str, str]:
+        """The same, as librdkafka (confluent-kafka) properties."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.protocol,
+            "ssl.ca.location": self.ca_location,
+            **self.properties(),
+        }

@@ -23,7 +23,7 @@ from aiokafka.helpers import create_ssl_context
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from outboxkit.devstack import KafkaServer, SaslSslListener
+from outboxkit.devstack import KafkaServer, OAuthBearerListener, SaslSslListener
 from outboxkit.devstack.state import live_states
 
 pytestmark = pytest.mark.integration
@@ -353,3 +353,14 @@ def test_restart_keeps_certificates_and_credentials(
     producer.produce(topic, value=b"after-restart")
     assert producer.flush(30) == 0
     assert _consume_values(_conf(listener), topic, b"after-restart")
+
+
+def test_oauthbearer_is_refused_unless_asked_for(listener: SaslSslListener) -> None:
+    """Unsigned OAUTHBEARER tokens let anyone in as anyone: the default secured broker (and so
+    `dev up --kafka-security sasl_ssl`) offers SCRAM only; ``oauthbearer=True`` adds it."""
+    unsigned = OAuthBearerListener(
+        bootstrap=listener.bootstrap, principal="anyone", ca_location=listener.ca_location
+    )
+    errors = _first_errors(unsigned.librdkafka_config())
+    assert errors, "no error reported within 20 s"
+    assert errors[0].code() == KafkaError._AUTHENTICATION, errors[0]
