@@ -7,7 +7,8 @@ group. Once resumed (and sought back again), the first message of the partition 
 the failed offset ends the hold: the failed one itself, or, if it left the log meanwhile
 (retention, compaction, ``delete_records``), the first one Kafka still has. Waiting for that
 offset alone would hold the partition for good; the gone record's event ends ``dead``, with the
-reason (:func:`end_gone`). Pure logic: the clock is passed in.
+reason (:func:`end_gone`). A client that keeps refusing the seek back is replaced
+(:meth:`PartitionGate.seek_failed`). Pure logic: the clock is passed in.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ logger = logging.getLogger("outboxkit.inbox.consumer")
 
 #: How soon a resume whose seek back to the held record failed is tried again.
 SEEK_RETRY_SECONDS = 1.0
+#: Failed seeks back to one held record in a row after which the consumer rejoins its group.
+SEEK_ATTEMPTS = 5
 
 
 def without(records: deque[ConsumedRecord], gone: Set[TopicPartitionKey]) -> deque[ConsumedRecord]:
@@ -43,6 +46,7 @@ class _Hold:
     due: float
     event_id: str | None
     resumed: bool = False
+    refused: int = 0  # failed seeks back to ``offset`` in a row
 
 
 @dataclass(frozen=True)
@@ -99,16 +103,31 @@ class PartitionGate:
         gone, self._gone = self._gone, []
         return gone
 
-    def seek_failed(self, tp: TopicPartitionKey, now: float) -> None:
-        """The seek back to the held record failed: stay paused, try again shortly."""
+    def seek_failed(self, tp: TopicPartitionKey, now: float) -> bool:
+        """The seek back to the held record failed: stay paused, try again shortly. After
+        :data:`SEEK_ATTEMPTS` failures in a row, ``True``: retrying may never end (the client
+        can be stuck), so the caller replaces the client, whose new member starts from the
+        committed offset, at or before the held record (nothing behind it was committed)."""
         hold = self._holds[tp]
+        refused = hold.refused + 1
+        retry = now + SEEK_RETRY_SECONDS  # still paused, whatever the caller does
+        self._holds[tp] = _Hold(hold.offset, retry, hold.event_id, refused=refused)
+        if refused < SEEK_ATTEMPTS:
+            logger.warning(
+                "%s/%d: could not seek back to held offset %d; trying again in %g s",
+                *tp,
+                hold.offset,
+                SEEK_RETRY_SECONDS,
+            )
+            return False
         logger.warning(
-            "%s/%d: could not seek back to held offset %d; trying again in %g s",
+            "%s/%d: could not seek back to held offset %d %d times; rejoining the group"
+            " with a new client, which delivers it again from the committed offset",
             *tp,
             hold.offset,
-            SEEK_RETRY_SECONDS,
+            refused,
         )
-        self._holds[tp] = _Hold(hold.offset, now + SEEK_RETRY_SECONDS, hold.event_id)
+        return True
 
     def next_due(self) -> float | None:
         pending = [h.due for h in self._holds.values() if not h.resumed]

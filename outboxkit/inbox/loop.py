@@ -225,17 +225,20 @@ class ConsumerLoop:
         return taken
 
     def _housekeeping(self) -> Plan[None]:
-        """Join the group; end held records gone; resume due retries; commit offsets; purge."""
+        """Join the group; end held records gone; resume due retries (rejoin if a client keeps
+        refusing the seek back); commit offsets; purge."""
         yield from self.start()
         yield from end_gone(self.gate.take_gone(), self.core.statements)
-        now = self.clock()
+        now, rejoin = self.clock(), False
         for tp, offset in self.gate.due(now):
             if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
                 self.buffer = without(self.buffer, {tp})
                 if (yield Seek(tp, offset)):
                     yield Resume([tp])
                 else:  # resumed, it would go on past the held record, which would be skipped
-                    self.gate.seek_failed(tp, now)
+                    rejoin = self.gate.seek_failed(tp, now) or rejoin
+        if rejoin:
+            yield from self._rejoin()
         if self.pending is not None:
             yield from self._commit(self.pending.due(now))
         yield from self.purger.run_due(now)
@@ -315,6 +318,15 @@ class ConsumerLoop:
                 failed = error_text(again, detail=detail)
                 logger.error("giving %s/%d/%d up failed too: %s", *where, failed)
         return Outcome(OutcomeKind.RETRY, None, retry_in=ERROR_RETRY_SECONDS)
+
+    def _rejoin(self) -> Plan[None]:
+        """Leave the group and join again with a new client (``close`` then ``subscribe``):
+        it starts each partition at its committed offset, never past a held record."""
+        yield from self._commit(self.on_revoke(list(self.assigned)))
+        self.subscribed = False  # a Subscribe that fails is tried again by the next start()
+        yield CloseConsumer()
+        yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
+        self.subscribed = True
 
     def _revoked(self) -> bool:
         return bool(self.revoked)

@@ -117,6 +117,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         return self._consumer
 
     async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
+        """Join the group with a new client (after :meth:`close` too: a new member)."""
+        self.handed.clear()
         try:
             consumer = self._consumer = AIOKafkaConsumer(**self._options)
         except (TypeError, ValueError) as exc:  # its message may quote a value

@@ -3,6 +3,7 @@
 librdkafka keeps an application-paused partition paused through an eager revoke and
 re-assign; a partition paused for a retry whose hold was dropped at revocation would then
 never move again. So every partition assigned is resumed right after the assignment.
+A ``subscribe`` after ``close`` joins again with a new client.
 """
 
 from __future__ import annotations
@@ -88,17 +89,26 @@ class ConfluentGroupConsumer(GroupConsumer):
         defaults: dict[str, Any] = {"auto.offset.reset": "earliest"}
         # The consumer's own options win over the shared properties; _FORCED over both.
         forced: dict[str, Any] = {"group.id": group_id, **_FORCED}
-        self._consumer = create(
-            Consumer,
-            confluent_config(settings, defaults, options=config, **forced),
-            "the Kafka consumer (confluent-kafka) cannot be created",
-            CONSUMER_OPTIONS_HINT,
-        )
+        self._config = confluent_config(settings, defaults, options=config, **forced)
+        self._consumer = self._create()
+        self._closed = False
         self._assigned_now: list[TopicPartition] = []
         self._on_assign: Rebalance = lambda tps: None
         self._on_revoke: Revoke = lambda tps: {}
 
+    def _create(self) -> Consumer:
+        return create(
+            Consumer,
+            dict(self._config),
+            "the Kafka consumer (confluent-kafka) cannot be created",
+            CONSUMER_OPTIONS_HINT,
+        )
+
     def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
+        """Join the group; after :meth:`close`, with a new client (the inbox replaces one that
+        keeps refusing a seek: nothing of the old one's state is carried over)."""
+        if self._closed:
+            self._consumer, self._closed, self._assigned_now = self._create(), False, []
         self._on_assign, self._on_revoke = on_assign, on_revoke
         self._consumer.subscribe(
             topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
@@ -186,6 +196,7 @@ class ConfluentGroupConsumer(GroupConsumer):
             raise PublishError(f"offset commit failed: {failed[0].error}")
 
     def close(self) -> None:
+        self._closed = True
         try:
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:

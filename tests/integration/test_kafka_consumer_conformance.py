@@ -81,6 +81,27 @@ def test_records_arrive_whole_and_a_committed_offset_is_where_the_group_resumes(
     assert _offsets(poll_members([second], lambda got: got))[0] == (0, 2)
 
 
+def test_a_member_closed_then_subscribed_again_rejoins_from_the_committed_offset(
+    member: Callable[[str], GroupMember],
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """The inbox replaces a client that keeps refusing a seek back to a held record by closing
+    the member and subscribing it again: a new client, starting from the committed offset."""
+    topic = outboxkit_topic()
+    produce(outboxkit_kafka_bootstrap, topic, _messages(3))
+    one = member(f"g-{uuid.uuid4().hex[:8]}")
+    one.subscribe([topic])
+    poll_members([one], lambda got: len(got) >= 3)
+    one.call("commit", {(topic, 0): 1})
+    one.call("close")
+    one.subscribe([topic])
+    again = poll_members([one], lambda got: len(got) >= 2)
+    assert _offsets(again) == [(0, 1), (0, 2)]
+    assert one.call("assignment") == {(topic, 0)}
+    assert one.assigned[-1] == [(topic, 0)]
+
+
 def test_pause_seek_resume_and_partitions_not_assigned_are_ignored(
     member: Callable[[str], GroupMember],
     outboxkit_kafka_bootstrap: str,

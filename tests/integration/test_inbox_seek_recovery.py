@@ -1,0 +1,141 @@
+"""A client that never accepts the seek back to a held record, on the real stack, both drivers.
+
+The seam's ``seek`` of the consumer is wrapped to say it did not take effect, every time (the
+fault). Retrying it kept the partition paused for ever; after the bound the consumer rejoins its
+group with a new client, which starts from the committed offset: the held record runs again, once,
+and the records behind it follow, each effect once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outboxkit.inbox import InboxSettings, OutcomeKind, RetryPolicy
+from outboxkit.inbox import gate as gate_module
+from outboxkit.inbox.gate import SEEK_RETRY_SECONDS
+from outboxkit.kafka import KafkaClients
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    REGISTRY,
+    Behaviour,
+    Harness,
+    effects,
+    fetch,
+    inbox_row,
+    produce_event,
+)
+from tests.integration.test_inbox_conformance import adapter  # noqa: F401
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+BOUND = 60.0  # seconds within which the held record and those behind it must have run
+
+
+class RefusedSeeks(Harness):
+    """A :class:`Harness` whose consumer's seam refuses every seek (and counts them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused: list[tuple[tuple[str, int], int]] = []
+
+    def _quicker(self, cls: Any) -> Any:
+        refused = self.refused
+
+        def seek(partition: tuple[str, int], offset: int) -> bool:
+            refused.append((partition, offset))
+            return False
+
+        class Refusing(super()._quicker(cls)):  # type: ignore[misc]
+            def _clients(self, clients: KafkaClients, group_id: str, config: Any) -> Any:
+                consumer, sender = super()._clients(clients, group_id, config)
+                consumer.seek = seek  # the same seam object serves the new client too
+                return consumer, sender
+
+        return Refusing
+
+
+@pytest.fixture
+def refusing(
+    adapter: str,  # noqa: F811
+    outboxkit_db_url: str,
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[[str, Behaviour], RefusedSeeks]]:
+    monkeypatch.setattr(gate_module, "SEEK_RETRY_SECONDS", SEEK_RETRY_SECONDS / 5)
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    running: list[RefusedSeeks] = []
+
+    def start(topic: str, behaviour: Behaviour) -> RefusedSeeks:
+        settings = InboxSettings(
+            consumer="billing", registry=REGISTRY, policy=RetryPolicy(initial_delay=0.1)
+        )
+        harness = RefusedSeeks(
+            adapter,
+            sa_url=sa_url,
+            bootstrap=outboxkit_kafka_bootstrap,
+            topics=[topic],
+            settings=settings,
+            behaviour=behaviour,
+        )
+        running.append(harness)
+        harness.start()
+        return harness
+
+    yield start
+    for harness in running:
+        harness.stop()
+
+
+def _state(db_url: str, event_id: str) -> str | None:
+    row = inbox_row(db_url, "billing", event_id)
+    return None if row is None else str(row["state"])
+
+
+def test_a_held_record_whose_seek_back_is_always_refused_runs_again_on_a_new_client(
+    refusing: Callable[[str, Behaviour], RefusedSeeks],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = outboxkit_topic()
+    before, held, *behind = (str(uuid.uuid4()) for _ in range(4))
+    ids = [before, held, *behind]
+    for n, event_id in enumerate(ids):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o{n}", n)
+    caplog.set_level("WARNING", logger="outboxkit.inbox.consumer")
+    harness = refusing(topic, Behaviour(fail_attempts=1, fail_only=held))
+    for event_id in ids:  # the old consumer kept the partition paused: this timed out
+        wait_for(
+            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            timeout=BOUND,
+            what=f"{event_id} succeeded",
+        )
+    harness.wait_outcomes(*ids)
+    assert len(harness.refused) > gate_module.SEEK_ATTEMPTS  # more than the bound: all refused
+    assert {where for where, _ in harness.refused} == {(topic, 0)}
+    assert {offset for _, offset in harness.refused} == {1}  # only ever back to the held one
+    row = inbox_row(outboxkit_db_url, "billing", held)
+    assert row is not None
+    assert row["attempts"] == 2  # the failed run, then the new client's
+    assert [e[0] for e in effects(outboxkit_db_url)] == ids  # each effect once, in order
+    kinds = {e: [o.kind for o in harness.outcomes if o.event_id == e] for e in ids}
+    assert kinds[held] == [OutcomeKind.RETRY, OutcomeKind.SUCCEEDED]
+    assert all(kinds[e] == [OutcomeKind.SUCCEEDED] for e in (before, *behind))
+    assert any(
+        f"{topic}/0: could not seek back to held offset 1" in m and "rejoining the group" in m
+        for m in caplog.messages
+    )
+    stuck = fetch(
+        outboxkit_db_url, "SELECT event_id FROM outboxkit.inbox_message WHERE state <> 'succeeded'"
+    )
+    assert stuck == []

@@ -1,0 +1,159 @@
+"""A held partition whose client keeps refusing the seek back to the held record.
+
+Retrying the seek for ever would keep the partition paused for good. After
+:data:`~outboxkit.inbox.gate.SEEK_ATTEMPTS` refusals in a row the consumer rejoins its group with
+a new client, which starts every partition at its committed offset: never past the held record,
+since offsets are committed only for settled records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from outboxkit.errors import PublishError
+from outboxkit.inbox import Envelope, OutcomeKind
+from outboxkit.inbox.gate import SEEK_ATTEMPTS, SEEK_RETRY_SECONDS, PartitionGate
+from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.steps import (
+    CloseConsumer,
+    Commit,
+    Plan,
+    Poll,
+    Resume,
+    Seek,
+    Step,
+    Subscribe,
+    drive_sync,
+)
+from outboxkit.kafka.api import ConsumedRecord
+from tests.unit.test_inbox_core import ONE, Script, _core, _record
+
+pytestmark = pytest.mark.unit
+
+HELD = ("orders", 0)
+OTHER = ("orders", 1)
+
+
+def test_the_gate_asks_for_a_new_client_once_the_seek_failed_too_often(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = PartitionGate()
+    gate.hold(HELD, 5, due=10.0, event_id="e")
+    now = 10.0
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        for _ in range(SEEK_ATTEMPTS - 1):
+            assert gate.due(now) == [(HELD, 5)]
+            assert gate.seek_failed(HELD, now) is False  # try again shortly, still paused
+            assert gate.next_due() == now + SEEK_RETRY_SECONDS
+            now += SEEK_RETRY_SECONDS
+        assert gate.due(now) == [(HELD, 5)]
+        assert gate.seek_failed(HELD, now) is True
+    assert caplog.messages[-1] == (
+        f"orders/0: could not seek back to held offset 5 {SEEK_ATTEMPTS} times; rejoining the"
+        " group with a new client, which delivers it again from the committed offset"
+    )
+    assert not gate.accept(HELD, 7)  # never moved past the held record meanwhile
+    assert gate.held == frozenset({HELD})  # the rejoin's revocation forgets it
+    gate.hold(HELD, 5, due=now, event_id="e")  # a new hold counts its refusals afresh
+    assert gate.due(now) == [(HELD, 5)]
+    assert gate.seek_failed(HELD, now) is False
+
+
+class Refusing:
+    """A consumer of partitions 0 and 1 (offsets committed every minute) whose client refuses
+    every seek; record 0/5 fails once (retry in 10 s), everything else succeeds."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        options = LoopOptions(topics=["orders"], offset_commit_interval=60.0)
+        self.loop = ConsumerLoop(_core(), options, clock=lambda: self.now)
+        self.loop.core.deliver = self.deliver  # type: ignore[method-assign]
+        self.polls: list[list[ConsumedRecord]] = [[_record(0, 5), _record(1, 3), _record(0, 6)]]
+        self.seen: list[tuple[int, int]] = []
+        self.subscribe_fails = 0
+        self.script = Script(self.answer)
+
+    def answer(self, step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            if self.subscribe_fails:
+                self.subscribe_fails -= 1
+                raise PublishError("Kafka consumer could not start: no broker")
+            step.on_assign([HELD, OTHER])
+            return None
+        if isinstance(step, Poll):
+            return self.polls.pop(0) if self.polls else []
+        if isinstance(step, Seek):
+            return False
+        return ONE
+
+    def deliver(self, env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        self.seen.append((env.partition, env.offset))
+        if self.seen.count((0, 5)) == 1 and (env.partition, env.offset) == (0, 5):
+            return Outcome(OutcomeKind.RETRY, "e", retry_in=10)
+        return Outcome(OutcomeKind.SUCCEEDED, "e")
+
+    def poll(self) -> None:
+        drive_sync(self.loop.poll_once(timeout=0), self.script)
+
+    def hold(self) -> None:
+        """0/5 fails and is held, 1/3 succeeds (settled, not committed yet)."""
+        for _ in range(3):
+            self.poll()
+        assert self.seen == [(0, 5), (1, 3)]  # 0/6 was dropped with the hold
+        assert self.loop.gate.held == frozenset({HELD})
+
+    def refuse_until_rejoined(self) -> int:
+        """Poll at every due resume until the client was replaced; the failed seeks."""
+        for attempt in range(1, SEEK_ATTEMPTS + 1):
+            due = self.loop.gate.next_due()
+            assert due is not None, f"the hold ended after {attempt - 1} failed seeks"
+            self.now = due
+            self.poll()
+            if "CloseConsumer" in self.script.names():
+                return attempt
+        raise AssertionError(f"still held after {SEEK_ATTEMPTS} failed seeks")
+
+
+def test_a_client_refusing_every_seek_is_replaced_and_the_held_record_comes_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refusing = Refusing()
+    refusing.hold()
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        assert refusing.refuse_until_rejoined() == SEEK_ATTEMPTS
+    steps = refusing.script.steps
+    resumes = [s for s in steps if isinstance(s, Resume)]
+    assert resumes == []  # a resume without the seek would go on past the held record
+    seeks = [s for s in steps if isinstance(s, Seek)]
+    assert seeks == [Seek(HELD, 5)] * (1 + SEEK_ATTEMPTS)  # the hold's own, then the resumes'
+    # The settled offset of partition 1 is committed before the client goes; then a new one.
+    close = [type(s) for s in steps].index(CloseConsumer)
+    assert [type(s) for s in steps[close - 1 : close + 2]] == [Commit, CloseConsumer, Subscribe]
+    commit = steps[close - 1]
+    assert isinstance(commit, Commit)
+    assert commit.offsets == {OTHER: 4}
+    assert refusing.loop.gate.held == frozenset()
+    assert refusing.loop.assigned == {HELD, OTHER}
+    assert any("rejoining the group with a new client" in m for m in caplog.messages)
+    # The new member starts partition 0 at its committed offset, the held record.
+    refusing.polls = [[_record(0, 5), _record(0, 6)]]
+    refusing.poll()
+    refusing.poll()
+    assert refusing.seen == [(0, 5), (1, 3), (0, 5), (0, 6)]
+
+
+def test_a_new_client_that_cannot_join_yet_is_joined_by_the_next_poll() -> None:
+    refusing = Refusing()
+    refusing.hold()
+    refusing.subscribe_fails = 1
+    with pytest.raises(PublishError, match="could not start"):
+        refusing.refuse_until_rejoined()
+    assert refusing.loop.assigned == set()
+    refusing.polls = [[_record(0, 5)]]
+    refusing.poll()  # joins (after the start-up checks), then takes the held record
+    assert refusing.seen[-1] == (0, 5)
+    assert refusing.loop.assigned == {HELD, OTHER}
