@@ -13,12 +13,16 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.errors import ProducerFencedError, PublishError
+from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.api import (
     NOT_SENT,
+    Admin,
     Delivery,
     ProduceRequest,
     RecordError,
+    TopicLimits,
     TransactionalProducer,
+    read_topic_limits,
 )
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
@@ -101,6 +105,13 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         )
         self._producer: AIOKafkaProducer | None = None
         self._max_request_size: int = self._options.get("max_request_size", 1048576)
+        # A batch of several records stops at max_batch_size; one record alone may reach
+        # max_request_size (see send).
+        self.largest_batch = max(
+            self._options.get("max_batch_size", _BATCH_BYTES), self._max_request_size
+        )
+        self._settings = settings
+        self._admin: Admin | None = None  # for topic_limits, made on first use
         self._partitioner: Any = self._options.get("partitioner") or DefaultPartitioner()
 
     @property
@@ -131,6 +142,11 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         if topic not in metadata.topics():
             return RecordError("UnknownTopicOrPartitionError", f"topic {topic!r} does not exist")
         return None
+
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        if self._admin is None:
+            self._admin = AiokafkaAdmin(self._settings, timeout=min(self._timeout, 10))
+        return await read_topic_limits(self._admin, topic)
 
     async def begin(self) -> None:
         try:
@@ -255,6 +271,10 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             raise _unusable(exc, "abort_transaction") from exc
 
     async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(KafkaError, TimeoutError, OSError):
+                await admin.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(KafkaError, TimeoutError, OSError):

@@ -88,6 +88,33 @@ def undecodable_name(raw: bytes | bytearray) -> str:
 
 
 @dataclass(frozen=True)
+class TopicLimits:
+    """What a topic's configuration makes the broker refuse (``describe configs``): a record
+    batch above ``max_message_bytes`` (measured as sent, after compression), and with a
+    ``cleanup_policy`` that compacts, a record without a key."""
+
+    max_message_bytes: int | None
+    cleanup_policy: str | None
+
+    @property
+    def compacted(self) -> bool:
+        policy = self.cleanup_policy or ""
+        return "compact" in (part.strip() for part in policy.strip("[]").split(","))
+
+
+async def read_topic_limits(admin: Admin, topic: str) -> TopicLimits:
+    """A topic's :class:`TopicLimits`; ``PublishError`` when its configuration cannot be read
+    (no DescribeConfigs permission, the broker unavailable)."""
+    size = await admin.topic_config(topic, "max.message.bytes")
+    policy = await admin.topic_config(topic, "cleanup.policy")
+    try:
+        limit = int(size) if size is not None else None
+    except ValueError:
+        limit = None
+    return TopicLimits(limit, policy)
+
+
+@dataclass(frozen=True)
 class TopicInfo:
     name: str
     partitions: int
@@ -108,6 +135,10 @@ class TransactionalProducer(ABC):
     """
 
     transactional: bool
+    # The largest record batch this producer builds for one partition (its batch size, or one
+    # record at its own size limit): a topic whose max.message.bytes is at least that never
+    # refuses a batch of it for its size.
+    largest_batch: int
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -115,6 +146,11 @@ class TransactionalProducer(ABC):
     @abstractmethod
     async def topic_problem(self, topic: str) -> RecordError | None:
         """A permanent reason the topic cannot take records (missing, not authorised), or None."""
+
+    @abstractmethod
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        """What the topic's configuration refuses (an admin request, asked once per topic and
+        producer life); ``PublishError`` when it cannot be read (no DescribeConfigs ACL)."""
 
     @abstractmethod
     async def begin(self) -> None: ...

@@ -20,12 +20,16 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.api import (
     NOT_SENT,
+    Admin,
     Delivery,
     ProduceRequest,
     RecordError,
+    TopicLimits,
     TransactionalProducer,
+    read_topic_limits,
 )
 from outboxkit.kafka.config import confluent_config
+from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
@@ -33,6 +37,7 @@ from outboxkit.settings import KafkaSettings
 _new = tuple.__new__
 _UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+_BATCH_SIZE = 1_000_000  # librdkafka's default batch.size
 _DEFAULT_QUEUE_KBYTES = 1_048_576  # librdkafka's default queue.buffering.max.kbytes
 _QUEUE_MARGIN_KBYTES = 2048
 
@@ -85,11 +90,15 @@ def _queue_kbytes(max_queue_bytes: int, config: dict[str, Any]) -> int:
     carries its first row, however large): ``message.max.bytes`` of the final configuration
     (the user may raise it in properties). The margin covers keys, headers and the checkpoint.
     """
-    try:
-        largest = int(config.get("message.max.bytes", _MESSAGE_MAX_BYTES))
-    except (TypeError, ValueError):  # librdkafka refuses the value when the producer is created
-        largest = _MESSAGE_MAX_BYTES
+    largest = _bytes_setting(config, "message.max.bytes", _MESSAGE_MAX_BYTES)
     return -(-max(max_queue_bytes, largest) // 1024) + _QUEUE_MARGIN_KBYTES
+
+
+def _bytes_setting(config: dict[str, Any], name: str, default: int) -> int:
+    try:
+        return int(config.get(name, default))
+    except (TypeError, ValueError):  # librdkafka refuses the value when the producer is created
+        return default
 
 
 def _larger_than_queue(request: ProduceRequest, config: dict[str, Any]) -> RecordError:
@@ -153,6 +162,14 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             self._config.setdefault(
                 "queue.buffering.max.kbytes", _queue_kbytes(max_queue_bytes, self._config)
             )
+        # batch.size bounds a batch of several records; one record alone may reach
+        # message.max.bytes (librdkafka counts its framing in both).
+        self.largest_batch = max(
+            _bytes_setting(self._config, "batch.size", _BATCH_SIZE),
+            _bytes_setting(self._config, "message.max.bytes", _MESSAGE_MAX_BYTES),
+        )
+        self._settings = settings
+        self._admin: Admin | None = None  # for topic_limits, made on first use
         self._producer: Producer | None = None
 
     @property
@@ -188,6 +205,11 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                 return RecordError(error.name(), f"topic {topic!r}: {error.str()}")
             raise PublishError(f"metadata for topic {topic!r}: {error}")
         return None
+
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        if self._admin is None:
+            self._admin = ConfluentAdmin(self._settings, timeout=min(self._timeout, 10))
+        return await read_topic_limits(self._admin, topic)
 
     async def begin(self) -> None:
         try:
@@ -265,6 +287,9 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             raise_for(exc, "abort_transaction failed")
 
     async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             # Never reused: pending messages of an abandoned life are purged, not sent later.

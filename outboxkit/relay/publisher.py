@@ -74,6 +74,7 @@ class BatchPublisher:
             wait_behind_parked=config.parked_key_policy is ParkedKeyPolicy.WAIT,
             checkpoint_topic=config.checkpoint_topic,
         )
+        self._limits = self._gate.limits  # a tight topic's records may go in several sends
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
         # After a permanent error in a transaction of several claims: that many transactions
@@ -219,7 +220,7 @@ class BatchPublisher:
                     # fences an at-least-once producer (no transactional.id) once it has them.
                     term.check()
                     clock = time.monotonic()
-                    deliveries = await producer.send(requests) if requests else []
+                    deliveries = await self._limits.send(producer, requests, term.check)
                     stats.send += time.monotonic() - clock
                 finally:
                     if first and previous_mark is not None:
@@ -358,19 +359,21 @@ class BatchPublisher:
         if producer.transactional:
             with contextlib.suppress(PublishError):
                 await producer.abort()
-        permanent = [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]
-        if permanent:
+        if permanent := [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]:
             self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
+        if permanent and (len(sent) == 1 or self._limits.alone is not None):
+            record, error = failed[0]  # refused alone (or in a send of its own): the bad one
+            if acked := sent[: sent.index(record.id)]:  # at least once: acknowledged before it,
+                await self._mark(term, conn, acked)  # kept (its key now waits: it is parked)
+                self._metrics.published.labels(self._label).inc(len(acked))
+            await self._gate.park(term, conn, record, str(error))
+            self._isolate_remaining = max(0, self._isolate_remaining - 1)
+            return Outcome.RETRY_NOW
         if permanent and (claims > 1 or len(sent) > self._sizer.low):
             # Retry the rows in transactions of one claim of batch_size each, so the bad claim
             # fails alone and only its rows (at most batch_size) are isolated one by one: the
             # claims of the failed transaction may have grown; these do not.
             self._one_claim_transactions = -(-len(sent) // self._sizer.low)
-            return Outcome.RETRY_NOW
-        if permanent and len(sent) == 1:
-            record, error = permanent[0]
-            await self._gate.park(term, conn, record, str(error))
-            self._isolate_remaining = max(0, self._isolate_remaining - 1)
             return Outcome.RETRY_NOW
         if permanent:
             # A broker may reject a whole request for one bad record: find it one row at a time.

@@ -7,6 +7,8 @@ instead of being retried forever. So are rows addressed to the relay's own check
 record there would be read back as a checkpoint at the next takeover (rows marked published that
 never were, or an unreadable checkpoint that stops the shard). With ``parked_key_policy = wait``
 a later row of a parked key stays back (the next claim leaves it out), so per-key order holds.
+A topic's configuration is read at the same time (``broker_limits``): a row without a key for a
+compacted topic is parked here too, before anything is sent.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import psycopg
 
 from outboxkit.kafka.api import RecordError, TransactionalProducer
+from outboxkit.relay.broker_limits import BrokerLimits
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.reader import OutboxRecord, ShardStore
@@ -39,6 +42,7 @@ class TopicGate:
         checkpoint_topic: str,
     ) -> None:
         self.shard = shard
+        self.limits = BrokerLimits(shard)  # the topics' configurations, read with their metadata
         self._checkpoint_topic = checkpoint_topic
         self._store = store
         self._metrics = metrics
@@ -49,6 +53,7 @@ class TopicGate:
     def forget(self) -> None:
         """Topic knowledge belongs to one producer life (its metadata)."""
         self._known_topics.clear()
+        self.limits.forget()
 
     async def sendable(
         self,
@@ -58,10 +63,12 @@ class TopicGate:
         claim: list[OutboxRecord],
     ) -> list[OutboxRecord]:
         """The claim without rows that cannot become records (those are parked): rows of
-        topics that cannot take records, and rows the reader found defective."""
+        topics that cannot take records, rows the reader found defective, and rows without a
+        key for a compacted topic."""
         # Each topic is checked once per claim (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
-        for topic in {r.topic for r in claim} - self._known_topics:
+        topics = {r.topic for r in claim}
+        for topic in topics - self._known_topics:
             if topic == self._checkpoint_topic:
                 problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)
                 continue
@@ -69,11 +76,18 @@ class TopicGate:
             term.check()
             if problem is None:
                 self._known_topics.add(topic)
+                await self.limits.learn(producer, topic)
+                term.check()
             else:
                 problems[topic] = problem
         defects = self._store.defects
-        if problems or (defects and any(r.id in defects for r in claim)):
-            return await self._park_unsendable(term, conn, claim, problems)
+        keyless = self.limits.keyless_refused(topics)
+        if (
+            problems
+            or (defects and any(r.id in defects for r in claim))
+            or (keyless and any(r.key is None and r.topic in keyless for r in claim))
+        ):
+            return await self._park_unsendable(term, conn, claim, problems, keyless)
         return claim
 
     async def park(self, term: LeaseTerm, conn: Conn, record: OutboxRecord, why: str) -> None:
@@ -89,9 +103,10 @@ class TopicGate:
         conn: Conn,
         batch: list[OutboxRecord],
         problems: dict[str, RecordError],
+        keyless: dict[str, RecordError],
     ) -> list[OutboxRecord]:
-        """Park the defective rows and those whose topic cannot take records; the rest of the
-        batch, in order."""
+        """Park the defective rows, those whose topic cannot take records and those without a
+        key for a compacted topic (``keyless``); the rest of the batch, in order."""
         parked_keys: set[str] = set()
         to_send: list[OutboxRecord] = []
         defects = self._store.defects
@@ -99,6 +114,8 @@ class TopicGate:
             if self._wait_behind_parked and record.key is not None and record.key in parked_keys:
                 continue  # waits behind its parked predecessor; the next claim excludes it
             problem = defects.get(record.id) or problems.get(record.topic)
+            if problem is None and record.key is None:
+                problem = keyless.get(record.topic)
             if problem is not None:
                 await self.park(term, conn, record, str(problem))
                 defects.pop(record.id, None)

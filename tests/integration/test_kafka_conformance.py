@@ -17,6 +17,7 @@ from outboxkit.kafka.api import (
     NOT_SENT,
     CheckpointReader,
     ProduceRequest,
+    TopicLimits,
     TransactionalProducer,
 )
 from outboxkit.kafka.config import LIBRDKAFKA_LOGGER
@@ -221,6 +222,27 @@ async def test_unknown_topic_is_a_permanent_problem(
     problem = await producer.topic_problem(f"missing-{uuid.uuid4().hex}")
     assert problem is not None
     assert problem.kind is ErrorKind.PERMANENT
+
+
+async def test_topic_limits_say_what_the_topics_configuration_refuses(
+    producers: ProducerFactory, outboxkit_topic: TopicFactory
+) -> None:
+    """The relay reads them once per topic and producer life, before sending (broker_limits);
+    the producer's own largest batch says which topics' limits are below it."""
+    tight = outboxkit_topic(config={"max.message.bytes": "200000"})
+    compacted = outboxkit_topic(config={"cleanup.policy": "compact"})
+    producer = producers()
+    await producer.start()
+    assert producer.largest_batch >= 1_000_000  # each client's default limits
+    limits = await producer.topic_limits(tight)
+    assert limits == TopicLimits(200_000, "delete")
+    assert not limits.compacted
+    limits = await producer.topic_limits(compacted)
+    assert limits.compacted
+    assert limits.max_message_bytes is not None
+    assert limits.max_message_bytes >= producer.largest_batch  # the broker's default: not tight
+    with pytest.raises(PublishError):
+        await producer.topic_limits(f"missing-{uuid.uuid4().hex}")
 
 
 @pytest.mark.parametrize("transactional", [False, True])
