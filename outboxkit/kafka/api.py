@@ -298,7 +298,9 @@ class GroupConsumer(Positions):
 
     ``on_assign``/``on_revoke`` run inside ``poll`` (the client's rebalance callbacks; a lost
     assignment is a revocation whose offsets are not committed). After an assignment every
-    assigned partition is consuming (not paused), whatever the client kept.
+    assigned partition is consuming (not paused), whatever the client kept. ``close`` then
+    ``subscribe`` joins the group again with a new client, which starts every assigned partition
+    from its committed offset (the inbox replaces a client that keeps refusing a seek this way).
     """
 
     @abstractmethod
