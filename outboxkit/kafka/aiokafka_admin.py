@@ -8,6 +8,7 @@ must be created compacted, by :meth:`create_topic`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -23,6 +24,7 @@ from outboxkit.settings import KafkaSettings
 
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
 _TOPIC_ALREADY_EXISTS = 36
+_UNAUTHORISED = {29: "TOPIC_AUTHORIZATION_FAILED", 31: "CLUSTER_AUTHORIZATION_FAILED"}
 
 
 def _entries(resource: dict[str, Any]) -> dict[str, str | None]:
@@ -58,7 +60,9 @@ class AiokafkaAdmin(Admin):
         try:
             return await asyncio.wait_for(awaitable, self._timeout)
         except (KafkaError, TimeoutError, OSError) as exc:
-            raise PublishError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            code = getattr(exc, "errno", 0) if isinstance(exc, KafkaError) else 0
+            name = _UNAUTHORISED.get(code)
+            raise PublishError(f"{what}: {type(exc).__name__}: {exc}", error=name) from exc
 
     async def describe_topic(self, topic: str) -> TopicInfo | None:
         _, client = await self._ready()
@@ -106,18 +110,23 @@ class AiokafkaAdmin(Admin):
                     f"cannot create topic {topic!r}: error {code} {result.get('error_message')}"
                 )
 
-    async def topic_config(self, topic: str, name: str) -> str | None:
+    async def topic_configs(self, topic: str, names: Sequence[str]) -> dict[str, str | None]:
         admin, _ = await self._ready()
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {name: None})
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, dict.fromkeys(names))
         (response,) = await self._call(
             f"configuration of topic {topic!r}", admin.describe_configs([resource])
         )
         (found,) = response.to_object()["resources"]
-        if found["error_code"] == _UNKNOWN_TOPIC:
+        code = found["error_code"]
+        if code == _UNKNOWN_TOPIC:
             raise PermanentPublishError(f"topic {topic!r} does not exist")
-        if found["error_code"]:
-            raise PublishError(f"configuration of topic {topic!r}: error {found['error_code']}")
-        return _entries(found).get(name)
+        if code:
+            name = _UNAUTHORISED.get(code)
+            raise PublishError(
+                f"configuration of topic {topic!r}: error {code} {name or ''}".rstrip(), error=name
+            )
+        entries = _entries(found)
+        return {name: entries.get(name) for name in names}
 
     async def close(self) -> None:
         clients, self._clients = self._clients, None

@@ -16,7 +16,6 @@ from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.api import (
     NOT_SENT,
-    Admin,
     Delivery,
     ProduceRequest,
     RecordError,
@@ -107,11 +106,9 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         self._max_request_size: int = self._options.get("max_request_size", 1048576)
         # A batch of several records stops at max_batch_size; one record alone may reach
         # max_request_size (see send).
-        self.largest_batch = max(
-            self._options.get("max_batch_size", _BATCH_BYTES), self._max_request_size
-        )
+        self.largest_batch = self._options.get("max_batch_size", _BATCH_BYTES)
+        self.largest_record = self._max_request_size
         self._settings = settings
-        self._admin: Admin | None = None  # for topic_limits, made on first use
         self._partitioner: Any = self._options.get("partitioner") or DefaultPartitioner()
 
     @property
@@ -144,9 +141,13 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         return None
 
     async def topic_limits(self, topic: str) -> TopicLimits:
-        if self._admin is None:
-            self._admin = AiokafkaAdmin(self._settings, timeout=min(self._timeout, 10))
-        return await read_topic_limits(self._admin, topic)
+        # An admin for this one request: asked once per topic, it holds no connection after.
+        admin = AiokafkaAdmin(self._settings, timeout=min(self._timeout, 10))
+        try:
+            return await read_topic_limits(admin, topic)
+        finally:
+            with contextlib.suppress(Exception):  # its failure to close changes no outcome
+                await admin.close()
 
     async def begin(self) -> None:
         try:
@@ -271,10 +272,6 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             raise _unusable(exc, "abort_transaction") from exc
 
     async def close(self) -> None:
-        admin, self._admin = self._admin, None
-        if admin is not None:
-            with contextlib.suppress(KafkaError, TimeoutError, OSError):
-                await admin.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(KafkaError, TimeoutError, OSError):

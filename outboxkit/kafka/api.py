@@ -102,16 +102,23 @@ class TopicLimits:
         return "compact" in (part.strip() for part in policy.strip("[]").split(","))
 
 
+LIMIT_NAMES = ("max.message.bytes", "cleanup.policy")
+
+# The names an admin gives (``PublishError.context["error"]``) to a configuration it may not
+# read: a missing ACL, which stays until someone grants it.
+UNAUTHORISED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"})
+
+
 async def read_topic_limits(admin: Admin, topic: str) -> TopicLimits:
-    """A topic's :class:`TopicLimits`; ``PublishError`` when its configuration cannot be read
-    (no DescribeConfigs permission, the broker unavailable)."""
-    size = await admin.topic_config(topic, "max.message.bytes")
-    policy = await admin.topic_config(topic, "cleanup.policy")
+    """A topic's :class:`TopicLimits` (one request); ``PublishError`` when its configuration
+    cannot be read (no DescribeConfigs permission: see ``UNAUTHORISED``; a timeout)."""
+    found = await admin.topic_configs(topic, LIMIT_NAMES)
+    size = found.get("max.message.bytes")
     try:
         limit = int(size) if size is not None else None
     except ValueError:
         limit = None
-    return TopicLimits(limit, policy)
+    return TopicLimits(limit, found.get("cleanup.policy"))
 
 
 @dataclass(frozen=True)
@@ -135,10 +142,12 @@ class TransactionalProducer(ABC):
     """
 
     transactional: bool
-    # The largest record batch this producer builds for one partition (its batch size, or one
-    # record at its own size limit): a topic whose max.message.bytes is at least that never
-    # refuses a batch of it for its size.
+    # The largest batch of several records this producer builds for one partition (its batch
+    # size), and the largest record it sends (alone, in a batch of its own): a topic whose
+    # max.message.bytes is at least the one never refuses a batch of several records for its
+    # size, at least the other never a record.
     largest_batch: int
+    largest_record: int
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -149,8 +158,8 @@ class TransactionalProducer(ABC):
 
     @abstractmethod
     async def topic_limits(self, topic: str) -> TopicLimits:
-        """What the topic's configuration refuses (an admin request, asked once per topic and
-        producer life); ``PublishError`` when it cannot be read (no DescribeConfigs ACL)."""
+        """What the topic's configuration refuses (one admin request, on an admin client made
+        for it); ``PublishError`` when it cannot be read (see ``read_topic_limits``)."""
 
     @abstractmethod
     async def begin(self) -> None: ...
@@ -210,11 +219,17 @@ class Admin(ABC):
         replication_factor: int | None,
     ) -> None: ...
 
-    @abstractmethod
     async def topic_config(self, topic: str, name: str) -> str | None:
         """The effective value of one topic setting (e.g. ``retention.ms``: the topic's own or
         the broker default), or None if the broker has none; ``PermanentPublishError`` if the
         topic does not exist."""
+        return (await self.topic_configs(topic, (name,)))[name]
+
+    @abstractmethod
+    async def topic_configs(self, topic: str, names: Sequence[str]) -> dict[str, str | None]:
+        """The effective values of several topic settings, in one request (each name a key,
+        None where the broker has no value); as ``topic_config``. A configuration that may not
+        be read raises ``PublishError`` with ``context["error"]`` in ``UNAUTHORISED``."""
 
     @abstractmethod
     async def close(self) -> None: ...

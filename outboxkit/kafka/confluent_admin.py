@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -48,7 +49,11 @@ class ConfluentAdmin(Admin):
         try:
             return await asyncio.to_thread(call, *args, **kwargs)
         except KafkaException as exc:
-            raise PublishError(f"{what}: {_error(exc) or exc}") from None
+            error = _error(exc)
+            name = error.name() if error is not None else None
+            raise PublishError(f"{what}: {error or exc}", error=name) from None
+        except TimeoutError:  # a future's result() waited in vain (concurrent.futures' is this)
+            raise PublishError(f"{what}: no answer within {self._timeout}s") from None
         finally:
             self._c.poll(0)  # serves librdkafka's log lines (and nothing else, for an admin)
 
@@ -91,7 +96,7 @@ class ConfluentAdmin(Admin):
 
         await self._call(f"cannot create topic {topic!r}", create)
 
-    async def topic_config(self, topic: str, name: str) -> str | None:
+    async def topic_configs(self, topic: str, names: Sequence[str]) -> dict[str, str | None]:
         resource = ConfigResource(ResourceType.TOPIC, topic)
 
         def describe() -> Any:
@@ -107,8 +112,11 @@ class ConfluentAdmin(Admin):
         entries = await self._call(f"configuration of topic {topic!r}", describe)
         if entries is None:
             raise PermanentPublishError(f"topic {topic!r} does not exist")
-        entry = entries.get(name)
-        return None if entry is None or entry.value is None else str(entry.value)
+        values: dict[str, str | None] = {}
+        for name in names:
+            entry = entries.get(name)
+            values[name] = None if entry is None or entry.value is None else str(entry.value)
+        return values
 
     async def close(self) -> None:
         client, self._client = self._client, None

@@ -10,6 +10,7 @@ record or a failed flush into :class:`ProducerFencedError`: the relay's *lease l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -20,7 +21,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.api import (
     NOT_SENT,
-    Admin,
     Delivery,
     ProduceRequest,
     RecordError,
@@ -164,12 +164,9 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             )
         # batch.size bounds a batch of several records; one record alone may reach
         # message.max.bytes (librdkafka counts its framing in both).
-        self.largest_batch = max(
-            _bytes_setting(self._config, "batch.size", _BATCH_SIZE),
-            _bytes_setting(self._config, "message.max.bytes", _MESSAGE_MAX_BYTES),
-        )
+        self.largest_batch = _bytes_setting(self._config, "batch.size", _BATCH_SIZE)
+        self.largest_record = _bytes_setting(self._config, "message.max.bytes", _MESSAGE_MAX_BYTES)
         self._settings = settings
-        self._admin: Admin | None = None  # for topic_limits, made on first use
         self._producer: Producer | None = None
 
     @property
@@ -207,9 +204,13 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         return None
 
     async def topic_limits(self, topic: str) -> TopicLimits:
-        if self._admin is None:
-            self._admin = ConfluentAdmin(self._settings, timeout=min(self._timeout, 10))
-        return await read_topic_limits(self._admin, topic)
+        # An admin for this one request: asked once per topic, it holds no connection after.
+        admin = ConfluentAdmin(self._settings, timeout=min(self._timeout, 10))
+        try:
+            return await read_topic_limits(admin, topic)
+        finally:
+            with contextlib.suppress(Exception):  # its failure to close changes no outcome
+                await admin.close()
 
     async def begin(self) -> None:
         try:
@@ -287,9 +288,6 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             raise_for(exc, "abort_transaction failed")
 
     async def close(self) -> None:
-        admin, self._admin = self._admin, None
-        if admin is not None:
-            await admin.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             # Never reused: pending messages of an abandoned life are purged, not sent later.

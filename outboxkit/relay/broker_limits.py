@@ -7,27 +7,35 @@ overtaken by them for good. So each topic's configuration is read once per produ
 its metadata, see ``topic_gate``), and:
 
 * a record without a key for a compacted topic is parked before anything is sent;
-* in ``at_least_once`` mode, for a topic whose limit is below the largest batch the producer
-  builds (*tight*), a send is cut into several, each awaited before the next goes: a record that
-  might be refused alone goes in a send of its own (nothing after it is produced unless it is
-  acknowledged), and the others in sends of at most the topic's limit, so no batch of them is
-  refused whole. The size is an upper bound of the record as the batch carries it, uncompressed
-  (with a margin for the little compression adds to data it cannot shrink): compression makes
-  most records smaller, so nothing is parked on it, only sent alone. Refused there, it is parked
-  with the broker's reason and the rows acknowledged before it are marked (``publisher``).
+* in ``at_least_once`` mode, for a topic whose limit is below the largest record the producer
+  sends, a record that might be refused goes in a send of its own, each send awaited before the
+  next (nothing after it is produced unless it is acknowledged); for a topic whose limit is
+  below the producer's batches of several records (*tight*: its batch size), the others go in
+  sends of at most the topic's limit too, so no batch of them is refused whole. The size is an
+  upper bound of the record as the batch carries it, uncompressed, with a margin for the little
+  compression adds to data it cannot shrink: compression makes most records smaller, so nothing
+  is parked on it, only sent alone. Refused there, it is parked with the broker's reason and the
+  rows acknowledged before it are marked (``publisher``).
+
+A configuration that cannot be read changes nothing but that protection (and the parking of
+keyless records before sending): a missing DescribeConfigs ACL is said once per topic and asked
+again in the next producer life; any other failure (a timeout) is said and the read tried again
+at a later claim, at most every ``RETRY_AFTER`` seconds. A failed read never stops publishing.
 
 Exactly-once needs no cutting (an aborted transaction takes everything back) and is not slowed
-by it. Records of topics that are not tight cost nothing per record.
+by it. Records of topics without a budget cost nothing per record.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 
-from outboxkit.errors import PublishError
+from outboxkit.errors import OutboxkitError
 from outboxkit.kafka.api import (
     NOT_SENT,
+    UNAUTHORISED,
     Delivery,
     ProduceRequest,
     RecordError,
@@ -41,6 +49,7 @@ BATCH_OVERHEAD = 61  # a v2 record batch's header, counted in its size
 _RECORD_OVERHEAD = 36  # at most: length, attributes, timestamp and offset deltas, key and value
 # lengths, header count (varints at their longest)
 _HEADER_OVERHEAD = 10  # at most: a header's name and value lengths
+RETRY_AFTER = 60.0  # seconds before a configuration whose read failed (not for an ACL) is asked
 
 
 def record_bound(request: ProduceRequest) -> int:
@@ -58,9 +67,14 @@ def send_budget(limit: int) -> int:
     return limit - limit // 512 - 64
 
 
-def pieces(requests: Sequence[ProduceRequest], budgets: dict[str, int]) -> list[int] | None:
-    """The ends of the sends ``requests`` is cut into (None: one send). A tight topic's records
-    in one send stay within its budget; a record above it goes alone."""
+def pieces(
+    requests: Sequence[ProduceRequest],
+    budgets: dict[str, int],
+    cut: Collection[str] | None = None,
+) -> list[int] | None:
+    """The ends of the sends ``requests`` is cut into (None: one send). A record above its
+    topic's budget goes alone; the other records of a topic in ``cut`` (None: every topic of
+    ``budgets``) in one send stay within its budget."""
     ends: list[int] = []
     used: dict[str, int] = {}
     start = 0
@@ -75,6 +89,8 @@ def pieces(requests: Sequence[ProduceRequest], budgets: dict[str, int]) -> list[
             ends.append(index + 1)
             start, used = index + 1, {}
             continue
+        if cut is not None and request[0] not in cut:
+            continue  # the producer's batches of several stay below the topic's limit
         total = used.get(request[0], BATCH_OVERHEAD) + size
         if total > budget:  # the batch of its partition might pass the limit: a new send
             ends.append(index)
@@ -90,33 +106,42 @@ def pieces(requests: Sequence[ProduceRequest], budgets: dict[str, int]) -> list[
 class BrokerLimits:
     """One shard's knowledge of its topics' configurations (for one producer life)."""
 
-    def __init__(self, shard: int) -> None:
+    def __init__(self, shard: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.shard = shard
-        self._budgets: dict[str, int] = {}  # tight topics (at_least_once only)
+        self._budgets: dict[str, int] = {}  # a record above it goes alone (at_least_once only)
+        self._cut: set[str] = set()  # tight topics: all their records within their budget
         self._keyless: dict[str, RecordError] = {}  # compacted topics: why a keyless record fails
-        self._warned: set[str] = set()  # topics whose configuration could not be read
+        self._learned: set[str] = set()  # read in this producer life, or not readable (no ACL)
+        self._retry_at: dict[str, float] = {}  # a failed read: not asked again before then
+        self._unauthorised: set[str] = set()  # topics said to need DescribeConfigs (once each)
+        self._clock = clock
         self.alone: int | None = None  # the last send's record refused in a send of its own
 
     def forget(self) -> None:
+        """A new producer life reads again (a failed read keeps its back-off)."""
         self._budgets.clear()
+        self._cut.clear()
         self._keyless.clear()
+        self._learned.clear()
+
+    def unlearned(self, topics: Iterable[str]) -> list[str]:
+        """Of ``topics``, those to read now: not read in this life, not waiting to retry."""
+        learned, retry_at = self._learned, self._retry_at
+        todo = [topic for topic in topics if topic not in learned]
+        if todo and retry_at:
+            now = self._clock()
+            todo = [topic for topic in todo if retry_at.get(topic, now) <= now]
+        return todo
 
     async def learn(self, producer: TransactionalProducer, topic: str) -> None:
-        """Read the topic's configuration; if it cannot be read, say once what is lost."""
+        """Read the topic's configuration; if it cannot be read, say why and what is lost."""
         try:
             limits = await producer.topic_limits(topic)
-        except PublishError as exc:
-            if topic not in self._warned:
-                self._warned.add(topic)
-                logger.warning(
-                    "shard %s: the configuration of topic %r cannot be read (%s; the relay's"
-                    " Kafka principal needs DescribeConfigs on it): %s",
-                    self.shard,
-                    topic,
-                    exc,
-                    _LOST_EOS if producer.transactional else _LOST_ALO,
-                )
+        except Exception as exc:  # whatever a failed read raises, it never ends the term
+            self._failed(producer, topic, exc)
             return
+        self._learned.add(topic)
+        self._retry_at.pop(topic, None)
         if limits.compacted:
             self._keyless[topic] = RecordError(
                 "INVALID_RECORD",
@@ -124,8 +149,39 @@ class BrokerLimits:
                 " a record without a key for a compacted topic",
             )
         limit = limits.max_message_bytes
-        if not producer.transactional and limit is not None and limit < producer.largest_batch:
+        if producer.transactional or limit is None:
+            return
+        if producer.largest_batch > limit:
+            self._cut.add(topic)
+        if producer.largest_batch > limit or producer.largest_record > limit:
             self._budgets[topic] = send_budget(limit)
+
+    def _failed(self, producer: TransactionalProducer, topic: str, exc: Exception) -> None:
+        lost = _LOST_EOS if producer.transactional else _LOST_ALO
+        cause = str(exc) if isinstance(exc, OutboxkitError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OutboxkitError) and exc.context.get("error") in UNAUTHORISED:
+            self._learned.add(topic)  # lasting: asked again in the next producer life
+            if topic not in self._unauthorised:
+                self._unauthorised.add(topic)
+                logger.warning(
+                    "shard %s: the configuration of topic %r may not be read (%s): the relay's"
+                    " Kafka principal needs DescribeConfigs on the topic; until then %s",
+                    self.shard,
+                    topic,
+                    cause,
+                    lost,
+                )
+            return
+        self._retry_at[topic] = self._clock() + RETRY_AFTER
+        logger.warning(
+            "shard %s: the configuration of topic %r could not be read (%s); it is read again at"
+            " a claim at least %ds from now, and until it is read %s",
+            self.shard,
+            topic,
+            cause,
+            RETRY_AFTER,
+            lost,
+        )
 
     def keyless_refused(self, topics: Collection[str]) -> dict[str, RecordError]:
         """Of ``topics``, the compacted ones: why a record without a key for each is refused."""
@@ -144,7 +200,7 @@ class BrokerLimits:
         failed one nothing more is produced (``NOT_SENT``). ``check``: the term's, between."""
         self.alone = None
         budgets = self._budgets
-        ends = pieces(requests, budgets) if budgets else None
+        ends = pieces(requests, budgets, self._cut) if budgets else None
         if ends is None:
             return await producer.send(requests) if requests else []
         deliveries: list[Delivery] = []

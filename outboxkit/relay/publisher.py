@@ -74,11 +74,10 @@ class BatchPublisher:
             wait_behind_parked=config.parked_key_policy is ParkedKeyPolicy.WAIT,
             checkpoint_topic=config.checkpoint_topic,
         )
-        self._limits = self._gate.limits  # a tight topic's records may go in several sends
+        self._limits = self._gate.limits  # sends may be cut (at_least_once: broker_limits)
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
-        # After a permanent error in a transaction of several claims: that many transactions
-        # carry one claim each, so the bad claim fails alone and only its rows are isolated.
+        # After a permanent error in several claims: that many one-claim transactions (see below).
         self._one_claim_transactions = 0
         # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
         self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
@@ -361,10 +360,11 @@ class BatchPublisher:
                 await producer.abort()
         if permanent := [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]:
             self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
-        if permanent and (len(sent) == 1 or self._limits.alone is not None):
-            record, error = failed[0]  # refused alone (or in a send of its own): the bad one
-            if acked := sent[: sent.index(record.id)]:  # at least once: acknowledged before it,
-                await self._mark(term, conn, acked)  # kept (its key now waits: it is parked)
+        alone = self._limits.alone is not None and not producer.transactional  # never in a txn
+        if permanent and (len(sent) == 1 or alone):  # refused alone, or in a send of its own:
+            record, error = failed[0]  # the bad one; at least once, those acked before it stay
+            if alone and (acked := sent[: sent.index(record.id)]):  # (its key waits: parked)
+                await self._mark(term, conn, acked)
                 self._metrics.published.labels(self._label).inc(len(acked))
             await self._gate.park(term, conn, record, str(error))
             self._isolate_remaining = max(0, self._isolate_remaining - 1)

@@ -7,8 +7,9 @@ instead of being retried forever. So are rows addressed to the relay's own check
 record there would be read back as a checkpoint at the next takeover (rows marked published that
 never were, or an unreadable checkpoint that stops the shard). With ``parked_key_policy = wait``
 a later row of a parked key stays back (the next claim leaves it out), so per-key order holds.
-A topic's configuration is read at the same time (``broker_limits``): a row without a key for a
-compacted topic is parked here too, before anything is sent.
+A topic's configuration is read after its metadata (``broker_limits``; a failed read is tried
+again at a later claim): a row without a key for a compacted topic is parked here too, before
+anything is sent.
 """
 
 from __future__ import annotations
@@ -76,10 +77,12 @@ class TopicGate:
             term.check()
             if problem is None:
                 self._known_topics.add(topic)
-                await self.limits.learn(producer, topic)
-                term.check()
             else:
                 problems[topic] = problem
+        # Until it is read (a failed read is tried again later), rows of the topic go unchecked.
+        for topic in self.limits.unlearned(topics - problems.keys()):
+            await self.limits.learn(producer, topic)
+            term.check()
         defects = self._store.defects
         keyless = self.limits.keyless_refused(topics)
         if (

@@ -228,19 +228,20 @@ async def test_topic_limits_say_what_the_topics_configuration_refuses(
     producers: ProducerFactory, outboxkit_topic: TopicFactory
 ) -> None:
     """The relay reads them once per topic and producer life, before sending (broker_limits);
-    the producer's own largest batch says which topics' limits are below it."""
+    the producer's own largest batch and record say which topics' limits are below them."""
     tight = outboxkit_topic(config={"max.message.bytes": "200000"})
     compacted = outboxkit_topic(config={"cleanup.policy": "compact"})
     producer = producers()
     await producer.start()
-    assert producer.largest_batch >= 1_000_000  # each client's default limits
+    assert producer.largest_record >= 1_000_000  # each client's default limits
+    assert producer.largest_batch <= producer.largest_record
     limits = await producer.topic_limits(tight)
     assert limits == TopicLimits(200_000, "delete")
     assert not limits.compacted
     limits = await producer.topic_limits(compacted)
     assert limits.compacted
     assert limits.max_message_bytes is not None
-    assert limits.max_message_bytes >= producer.largest_batch  # the broker's default: not tight
+    assert limits.max_message_bytes >= producer.largest_record  # the broker's default: not tight
     with pytest.raises(PublishError):
         await producer.topic_limits(f"missing-{uuid.uuid4().hex}")
 
@@ -326,11 +327,20 @@ async def test_admin_describes_creates_and_reads_topic_configuration(
         assert info.partitions == 2
         assert await admin.topic_config(created, "cleanup.policy") == "compact"
         assert await admin.topic_config(created, "segment.ms") == "600000"
+        # Several settings in one request; a name the broker does not know has no value.
+        names = ("cleanup.policy", "segment.ms", "no.such.setting")
+        assert await admin.topic_configs(created, names) == {
+            "cleanup.policy": "compact",
+            "segment.ms": "600000",
+            "no.such.setting": None,
+        }
         retention = await admin.topic_config(existing, "retention.ms")  # the broker default
         assert retention is not None
         assert int(retention) > 0
         with pytest.raises(PermanentPublishError):
             await admin.topic_config(missing, "retention.ms")
+        with pytest.raises(PermanentPublishError):
+            await admin.topic_configs(missing, names)
     finally:
         await admin.close()
 

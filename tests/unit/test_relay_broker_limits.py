@@ -1,15 +1,19 @@
 """What the relay does with its topics' configurations before sending (``broker_limits``):
-how a send is cut for a topic whose ``max.message.bytes`` is below the producer's batches, and
-that an unreadable configuration is said once and changes nothing."""
+how a send is cut for a topic whose ``max.message.bytes`` is below the producer's batches or
+records, and that an unreadable configuration is said by its cause, changes nothing and (unless
+an ACL is missing) is read again later."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from outboxkit.errors import PublishError
+from outboxkit.kafka.aiokafka_producer import AiokafkaTransactionalProducer
 from outboxkit.kafka.api import (
     NOT_SENT,
     Delivery,
@@ -18,13 +22,19 @@ from outboxkit.kafka.api import (
     TopicLimits,
     TransactionalProducer,
 )
+from outboxkit.kafka.confluent_producer import ConfluentTransactionalProducer
 from outboxkit.relay.broker_limits import (
     BATCH_OVERHEAD,
+    RETRY_AFTER,
     BrokerLimits,
     pieces,
     record_bound,
     send_budget,
 )
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.reader import OutboxRecord
+from outboxkit.relay.topic_gate import TopicGate
+from outboxkit.settings import KafkaSettings
 
 pytestmark = pytest.mark.unit
 
@@ -44,9 +54,11 @@ class _Producer(TransactionalProducer):
         *,
         transactional: bool = False,
         refused: int = -1,
+        largest_record: int = 1_000_000,
     ) -> None:
         self.transactional = transactional
         self.largest_batch = 1_000_000
+        self.largest_record = largest_record
         self.sends: list[list[int]] = []
         self._limits = limits
         self._refused = refused
@@ -59,7 +71,10 @@ class _Producer(TransactionalProducer):
     async def topic_limits(self, topic: str) -> TopicLimits:
         found = self._limits[topic]
         if found is None:
-            raise PublishError("configuration of topic: TOPIC_AUTHORIZATION_FAILED")
+            raise PublishError(
+                "configuration of topic: TOPIC_AUTHORIZATION_FAILED",
+                error="TOPIC_AUTHORIZATION_FAILED",
+            )
         return found
 
     async def begin(self) -> None: ...
@@ -152,8 +167,8 @@ async def test_an_unreadable_configuration_is_said_once_per_topic_and_changes_no
         await limits.learn(producer, "t")
     [record] = caplog.records
     message = record.getMessage()
-    assert "configuration of topic 't' cannot be read" in message
-    assert "DescribeConfigs" in message
+    assert "configuration of topic 't' may not be read" in message
+    assert "needs DescribeConfigs" in message
     assert "at_least_once per-key order" in message
     requests = [_request("t", 100), _request("t", 20_000)]
     await limits.send(producer, requests, lambda: None)
@@ -166,3 +181,169 @@ async def test_an_unreadable_configuration_is_said_once_per_topic_and_changes_no
 )
 def test_which_cleanup_policies_compact(policy: str, compacted: bool) -> None:
     assert TopicLimits(None, policy).compacted is compacted
+
+
+class _FlakyProducer(_Producer):
+    """Its configuration reads fail with ``failures`` in turn, then succeed."""
+
+    def __init__(self, failures: list[Exception], limits: TopicLimits) -> None:
+        super().__init__({"t": limits})
+        self.failures = failures
+        self.reads = 0
+
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        self.reads += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return await super().topic_limits(topic)
+
+
+class _Term:
+    def check(self) -> None: ...
+
+
+_CONN: Any = None  # the gate uses the connection only to park
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.defects: dict[int, str] = {}
+
+
+def _gate(clock: list[float]) -> TopicGate:
+    gate = TopicGate(
+        0,
+        _Store(),  # type: ignore[arg-type]
+        RelayMetrics(),
+        wait_behind_parked=True,
+        checkpoint_topic="outboxkit-checkpoints",
+    )
+    gate.limits._clock = lambda: clock[0]
+    return gate
+
+
+def _row(n: int, size: int = 10) -> OutboxRecord:
+    return OutboxRecord(
+        n, f"e{n}", f"i{n}", "t", "k", b"x" * size, "a", None, None, None, None, None, 0
+    )
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+async def test_a_timed_out_read_is_said_by_its_cause_and_never_ends_the_term(
+    transactional: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """confluent-kafka's future.result() raised a bare TimeoutError through the term."""
+    producer = _FlakyProducer([TimeoutError()], TopicLimits(10_000, "delete"))
+    producer.transactional = transactional
+    gate = _gate([0.0])
+    with caplog.at_level(logging.WARNING, "outboxkit.relay.shard_worker"):
+        claim = [_row(1)]
+        assert await gate.sendable(_Term(), _CONN, producer, claim) == claim  # type: ignore[arg-type]
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "configuration of topic 't' could not be read (TimeoutError" in message
+    assert "DescribeConfigs" not in message  # not an ACL: the cause is named instead
+
+
+async def test_a_failed_read_is_tried_again_at_a_later_claim_after_its_back_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One transient failure disabled the protection for the producer's whole life, and said
+    nothing of later ones."""
+    failure = PublishError("configuration of topic 't': no answer within 10s")
+    producer = _FlakyProducer([failure, failure], TopicLimits(10_000, "delete"))
+    clock = [100.0]
+    gate = _gate(clock)
+    term: Any = _Term()
+    with caplog.at_level(logging.WARNING, "outboxkit.relay.shard_worker"):
+        await gate.sendable(term, _CONN, producer, [_row(1)])
+        clock[0] += RETRY_AFTER / 2  # within the back-off: not asked, publishing goes on
+        await gate.sendable(term, _CONN, producer, [_row(2)])
+        assert producer.reads == 1
+        clock[0] += RETRY_AFTER / 2
+        await gate.sendable(term, _CONN, producer, [_row(3)])  # fails again: said again
+        assert producer.reads == 2
+        gate.forget()  # a new producer life keeps the back-off
+        await gate.sendable(term, _CONN, producer, [_row(4)])
+        assert producer.reads == 2
+        clock[0] += RETRY_AFTER
+        await gate.sendable(term, _CONN, producer, [_row(5)])  # read: the topic is tight now
+    assert producer.reads == 3
+    assert ["no answer within 10s" in r.getMessage() for r in caplog.records] == [True, True]
+    await gate.limits.send(producer, [_request("t", 100), _request("t", 20_000)], lambda: None)
+    assert producer.sends == [[100], [20_000]]
+    await gate.sendable(term, _CONN, producer, [_row(6)])
+    assert producer.reads == 3  # read once per producer life
+
+
+async def test_a_missing_acl_is_said_once_per_topic_and_not_asked_again_in_the_life(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    denied = PublishError("denied", error="CLUSTER_AUTHORIZATION_FAILED")
+    producer = _FlakyProducer([denied, denied, denied], TopicLimits(10_000, "delete"))
+    clock = [0.0]
+    gate = _gate(clock)
+    term: Any = _Term()
+    with caplog.at_level(logging.WARNING, "outboxkit.relay.shard_worker"):
+        await gate.sendable(term, _CONN, producer, [_row(1)])
+        clock[0] += RETRY_AFTER * 2
+        await gate.sendable(term, _CONN, producer, [_row(2)])
+        assert producer.reads == 1
+        gate.forget()
+        await gate.sendable(term, _CONN, producer, [_row(3)])
+    assert producer.reads == 2
+    [record] = caplog.records
+    assert "needs DescribeConfigs" in record.getMessage()
+
+
+async def test_a_producer_sending_large_records_alone_does_not_cut_its_batches() -> None:
+    """Its single-record limit above the topic's: only a record that might be refused goes
+    alone; its batches of several (batch.size) stay below the limit, so nothing else is cut."""
+    limits = BrokerLimits(0)
+    producer = _Producer({"t": TopicLimits(1_048_588, "delete")}, largest_record=10_000_000)
+    await limits.learn(producer, "t")
+    many = [_request("t", 2000) for _ in range(4000)]
+    await limits.send(producer, many, lambda: None)
+    assert len(producer.sends) == 1
+    producer.sends.clear()
+    await limits.send(
+        producer, [_request("t", 100), _request("t", 2_000_000), _request("t", 100)], lambda: None
+    )
+    assert producer.sends == [[100], [2_000_000], [100]]
+
+
+def _raised(client: str) -> TransactionalProducer:
+    settings = KafkaSettings.plaintext("127.0.0.1:1")
+    if client == "confluent":
+        settings = settings.model_copy(
+            update={"properties": {"message.max.bytes": SecretStr("10000000")}}
+        )
+        return ConfluentTransactionalProducer(settings, transactional_id=None)
+    return AiokafkaTransactionalProducer(
+        settings, transactional_id=None, max_request_size=10_000_000
+    )
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+async def test_raising_the_single_record_limit_does_not_make_default_topics_tight(
+    client: str,
+) -> None:
+    """message.max.bytes (max_request_size) raised made every default topic tight: a claim of
+    4,000 rows of 2 KB went in 9 sends, awaited in turn."""
+    producer = _raised(client)
+    assert producer.largest_record == 10_000_000
+    sends: list[int] = []
+
+    async def send(requests: Sequence[ProduceRequest]) -> list[Delivery]:
+        sends.append(len(requests))
+        return [Delivery(0, n) for n in range(len(requests))]
+
+    async def topic_limits(topic: str) -> TopicLimits:
+        return TopicLimits(1_048_588, "delete")  # the broker's default
+
+    producer.send = send  # type: ignore[method-assign]
+    producer.topic_limits = topic_limits  # type: ignore[method-assign]
+    limits = BrokerLimits(0)
+    await limits.learn(producer, "t")
+    await limits.send(producer, [_request("t", 2000) for _ in range(4000)], lambda: None)
+    assert sends == [4000]
