@@ -41,7 +41,7 @@ def without(records: deque[ConsumedRecord], gone: Set[TopicPartitionKey]) -> deq
 
 
 @dataclass
-class _Hold:
+class Hold:
     offset: int
     due: float
     event_id: str | None
@@ -60,13 +60,13 @@ class Gone:
 
 class PartitionGate:
     def __init__(self) -> None:
-        self._holds: dict[TopicPartitionKey, _Hold] = {}
+        self._holds: dict[TopicPartitionKey, Hold] = {}
         self._gone: list[Gone] = []
 
     def hold(
         self, tp: TopicPartitionKey, offset: int, due: float, event_id: str | None = None
     ) -> None:
-        self._holds[tp] = _Hold(offset, due, event_id)
+        self._holds[tp] = Hold(offset, due, event_id)
 
     def due(self, now: float) -> list[tuple[TopicPartitionKey, int]]:
         """Partitions whose back-off has elapsed: resume them (and seek to the offset)."""
@@ -111,7 +111,7 @@ class PartitionGate:
         hold = self._holds[tp]
         refused = hold.refused + 1
         retry = now + SEEK_RETRY_SECONDS  # still paused, whatever the caller does
-        self._holds[tp] = _Hold(hold.offset, retry, hold.event_id, refused=refused)
+        self._holds[tp] = Hold(hold.offset, retry, hold.event_id, refused=refused)
         if refused < SEEK_ATTEMPTS:
             logger.warning(
                 "%s/%d: could not seek back to held offset %d; trying again in %g s",
@@ -128,6 +128,19 @@ class PartitionGate:
             refused,
         )
         return True
+
+    def carry(self, tps: Set[TopicPartitionKey], now: float) -> dict[TopicPartitionKey, Hold]:
+        """The holds of ``tps``, for the client that replaces this one (which starts at the held
+        offsets): a hold whose back-off elapsed counts as resumed there (its record comes next,
+        or, gone, the first one after it); the others keep their due time."""
+        return {
+            tp: Hold(h.offset, h.due, h.event_id, h.resumed or h.refused > 0 or h.due <= now)
+            for tp, h in self._holds.items()
+            if tp in tps
+        }
+
+    def restore(self, tp: TopicPartitionKey, hold: Hold) -> None:
+        self._holds[tp] = hold
 
     def next_due(self) -> float | None:
         pending = [h.due for h in self._holds.values() if not h.resumed]

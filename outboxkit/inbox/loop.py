@@ -37,6 +37,7 @@ from outboxkit.inbox.gate import PartitionGate, end_gone, without
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.inbox.rejoin import Rejoin
 from outboxkit.inbox.retention import Purger, Retention
 from outboxkit.inbox.steps import (
     CloseConsumer,
@@ -105,6 +106,7 @@ class ConsumerLoop:
         self.single = 0  # records to process one by one (after a batch failed unexpectedly)
         self.subscribed = False
         self.failures: dict[tuple[str, int, int], int] = {}
+        self.rejoin = Rejoin()  # replaces a client that keeps refusing seeks
         self.purger = Purger(
             core.statements.schema,
             options.retention,
@@ -118,6 +120,7 @@ class ConsumerLoop:
         self.assigned.update(partitions)
         self._forget_failures(partitions)
         self._drop(partitions)  # a hold from an earlier ownership means nothing now
+        self.rejoin.assigned(self, partitions)  # ... but one carried over a rejoin does
 
     def on_revoke(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
         """Forget the partitions; returns their settled offsets, to commit before they go."""
@@ -171,7 +174,8 @@ class ConsumerLoop:
             self.single = max(self.single - 1, 0)
             outcome = yield from self.poll_once(timeout)
             return [] if outcome is None else [outcome]
-        yield from self._housekeeping()
+        if not (yield from self._housekeeping()):
+            return []
         records = yield from self._take(timeout)
         if not records:
             return []
@@ -224,10 +228,12 @@ class ConsumerLoop:
                 taken.append(record)
         return taken
 
-    def _housekeeping(self) -> Plan[None]:
+    def _housekeeping(self) -> Plan[bool]:
         """Join the group; end held records gone; resume due retries (rejoin if a client keeps
-        refusing the seek back); commit offsets; purge."""
+        refusing the seek back); commit offsets; purge. ``False``: no client to poll yet."""
         yield from self.start()
+        if not (yield from self.rejoin.ready(self)):
+            return False
         yield from end_gone(self.gate.take_gone(), self.core.statements)
         now, rejoin = self.clock(), False
         for tp, offset in self.gate.due(now):
@@ -237,15 +243,17 @@ class ConsumerLoop:
                     yield Resume([tp])
                 else:  # resumed, it would go on past the held record, which would be skipped
                     rejoin = self.gate.seek_failed(tp, now) or rejoin
-        if rejoin:
-            yield from self._rejoin()
+        if rejoin and not (yield from self.rejoin.run(self, now)):
+            return False
         if self.pending is not None:
             yield from self._commit(self.pending.due(now))
         yield from self.purger.run_due(now)
+        return True
 
     def poll_once(self, timeout: float | None = None) -> Plan[Outcome | None]:
         """Process one buffered or fetched record on its own; ``None`` if nothing was."""
-        yield from self._housekeeping()
+        if not (yield from self._housekeeping()):
+            return None
         if not self.buffer:
             wait = self.options.poll_timeout if timeout is None else timeout
             self.buffer.extend((yield Poll(wait, self.options.max_records)))
@@ -318,15 +326,6 @@ class ConsumerLoop:
                 failed = error_text(again, detail=detail)
                 logger.error("giving %s/%d/%d up failed too: %s", *where, failed)
         return Outcome(OutcomeKind.RETRY, None, retry_in=ERROR_RETRY_SECONDS)
-
-    def _rejoin(self) -> Plan[None]:
-        """Leave the group and join again with a new client (``close`` then ``subscribe``):
-        it starts each partition at its committed offset, never past a held record."""
-        yield from self._commit(self.on_revoke(list(self.assigned)))
-        self.subscribed = False  # a Subscribe that fails is tried again by the next start()
-        yield CloseConsumer()
-        yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
-        self.subscribed = True
 
     def _revoked(self) -> bool:
         return bool(self.revoked)

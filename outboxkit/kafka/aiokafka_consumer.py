@@ -44,9 +44,14 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
         self.on_assign = on_assign
         self.on_revoke = on_revoke
+        # Set by close: a rebalance the closing client finishes (inside its stop) is not the
+        # owner's any more (it may already have subscribed a new client).
+        self.closed = False
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         self.owner.generation += 1  # a lenient re-read in flight must not seek any more
+        if self.closed:
+            return
         offsets = self.on_revoke(_tps(revoked))
         if offsets:
             try:
@@ -56,6 +61,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.owner.generation += 1
+        if self.closed:
+            return
         self.owner.handed.clear()  # positions start again from the committed offsets
         self.on_assign(_tps(assigned))
         self.owner.resume(_tps(assigned))
@@ -106,6 +113,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             isolation_level="read_committed",
         )
         self._consumer: AIOKafkaConsumer | None = None
+        self._listener: _Listener | None = None
         # Per partition, the offset after the last record handed out (or sought to).
         self.handed: dict[TP, int] = {}
         self.generation = 0  # bumped by every rebalance callback
@@ -126,11 +134,12 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
                 "the Kafka consumer (aiokafka) cannot be created: an option's value is not"
                 f" accepted ({type(exc).__name__}; values not shown; {CONSUMER_OPTIONS_HINT})"
             ) from None
-        consumer.subscribe(topics, listener=_Listener(self, on_assign, on_revoke))
+        self._listener = _Listener(self, on_assign, on_revoke)
+        consumer.subscribe(topics, listener=self._listener)
         try:
             await consumer.start()
         except KafkaError as exc:
-            self._consumer = None
+            self._consumer, self._listener.closed = None, True
             await consumer.stop()
             raise PublishError(f"Kafka consumer could not start: {exc}") from exc
 
@@ -266,6 +275,18 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             raise PublishError(f"offset commit failed: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
+        """Stop the client. Its stop goes on should the close be cancelled (aiokafka's ``stop``
+        does nothing a second time: cut short, it would leave the connections open)."""
         consumer, self._consumer = self._consumer, None
+        if self._listener is not None:
+            self._listener.closed = True
         if consumer is not None:
-            await consumer.stop()
+            stopping = asyncio.ensure_future(consumer.stop())
+            stopping.add_done_callback(_stopped)
+            await asyncio.shield(stopping)
+
+
+def _stopped(stopping: asyncio.Future[None]) -> None:
+    """Its error, retrieved: ``close`` raises it, unless it was cancelled meanwhile."""
+    if not stopping.cancelled() and stopping.exception() is not None:
+        logger.info("consumer stop: %s", stopping.exception())

@@ -114,12 +114,18 @@ class ConfluentGroupConsumer(GroupConsumer):
             topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
 
+    # A closed client's callbacks (its close revokes) are not the inbox's any more: it may be
+    # replacing the client, and has already taken over what the revocation would hand back.
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        if self._closed:
+            return
         self._on_assign(_tps(partitions))
         # Resumed once the client has applied the assignment (after this callback returns).
         self._assigned_now.extend(partitions)
 
     def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        if self._closed:
+            return
         offsets = self._on_revoke(_tps(partitions))
         if offsets:
             try:
@@ -128,6 +134,8 @@ class ConfluentGroupConsumer(GroupConsumer):
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
 
     def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        if self._closed:
+            return
         self._on_revoke(_tps(partitions))  # not ours any more: nothing can be committed
 
     def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from outboxkit.inbox import InboxSettings, OutcomeKind, RetryPolicy
 from outboxkit.inbox import gate as gate_module
@@ -68,16 +70,17 @@ def refusing(
     sa_url: str,
     outboxkit_kafka_bootstrap: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[Callable[[str, Behaviour], RefusedSeeks]]:
+) -> Iterator[Callable[..., RefusedSeeks]]:
     monkeypatch.setattr(gate_module, "SEEK_RETRY_SECONDS", SEEK_RETRY_SECONDS / 5)
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
     running: list[RefusedSeeks] = []
 
-    def start(topic: str, behaviour: Behaviour) -> RefusedSeeks:
-        settings = InboxSettings(
-            consumer="billing", registry=REGISTRY, policy=RetryPolicy(initial_delay=0.1)
-        )
+    def start(
+        topic: str, behaviour: Behaviour, policy: RetryPolicy | None = None, **options: Any
+    ) -> RefusedSeeks:
+        policy = policy or RetryPolicy(initial_delay=0.1)
+        settings = InboxSettings(consumer="billing", registry=REGISTRY, policy=policy)
         harness = RefusedSeeks(
             adapter,
             sa_url=sa_url,
@@ -85,6 +88,7 @@ def refusing(
             topics=[topic],
             settings=settings,
             behaviour=behaviour,
+            **options,
         )
         running.append(harness)
         harness.start()
@@ -101,7 +105,7 @@ def _state(db_url: str, event_id: str) -> str | None:
 
 
 def test_a_held_record_whose_seek_back_is_always_refused_runs_again_on_a_new_client(
-    refusing: Callable[[str, Behaviour], RefusedSeeks],
+    refusing: Callable[..., RefusedSeeks],
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
@@ -139,3 +143,82 @@ def test_a_held_record_whose_seek_back_is_always_refused_runs_again_on_a_new_cli
         outboxkit_db_url, "SELECT event_id FROM outboxkit.inbox_message WHERE state <> 'succeeded'"
     )
     assert stuck == []
+
+
+LATEST = {"confluent": {"auto.offset.reset": "latest"}, "aiokafka": {"auto_offset_reset": "latest"}}
+
+
+def test_a_held_first_record_is_not_skipped_by_the_rejoin_with_auto_offset_reset_latest(
+    refusing: Callable[..., RefusedSeeks],
+    adapter: str,  # noqa: F811
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Nothing committed yet for the held record's partition (the first record the group
+    consumed there): the rejoin commits the held offset, else the new member would start at
+    the log's end (``latest``), past the held record and those behind it (stuck processing)."""
+    topic = outboxkit_topic(partitions=2)
+    held, *behind = (str(uuid.uuid4()) for _ in range(3))
+    harness = refusing(
+        topic,
+        Behaviour(fail_attempts=1, fail_only=held),
+        consumer_options={"config": LATEST[adapter]},
+    )
+    probes: list[str] = []
+
+    def consuming() -> bool:
+        """Whether the member fetches (a probe on partition 1 ran; produced until one does)."""
+        if any(_state(outboxkit_db_url, p) == "succeeded" for p in probes):
+            return True
+        probes.append(str(uuid.uuid4()))
+        produce_event(outboxkit_kafka_bootstrap, topic, probes[-1], "p", 0, partition=1)
+        return False
+
+    wait_for(consuming, timeout=BOUND, what="the consumer fetching")
+    for n, event_id in enumerate([held, *behind]):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o{n}", n)
+    for event_id in [held, *behind]:  # the old rejoin skipped them: this timed out
+        wait_for(
+            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            timeout=BOUND,
+            what=f"{event_id} succeeded",
+        )
+    assert {where for where, _ in harness.refused} == {(topic, 0)}
+    assert len(harness.refused) >= gate_module.SEEK_ATTEMPTS  # it did rejoin
+    ours = [e[0] for e in effects(outboxkit_db_url) if e[0] not in probes]
+    assert ours == [held, *behind]  # each once, in order
+
+
+def test_a_held_record_that_left_the_log_before_the_rejoin_ends_dead(
+    refusing: Callable[..., RefusedSeeks],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """The held record is deleted while its retry waits; the new member's start (the held
+    offset, committed) is then before the log's start, and it begins at the first record left:
+    the gone record's event ends dead as when a seek back finds it gone (the new client takes
+    the hold over); it stayed processing before."""
+    topic = outboxkit_topic()
+    held, later = str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, held, "o-held", 1)
+    policy = RetryPolicy(initial_delay=5, max_delay=5)  # the seeks start once it is deleted
+    harness = refusing(topic, Behaviour(fail_attempts=1, fail_only=held), policy=policy)
+    wait_for(
+        lambda: any(o.kind is OutcomeKind.RETRY for o in list(harness.outcomes)),
+        timeout=BOUND,
+        what="the event held for a retry",
+    )
+    admin = AdminClient({"bootstrap.servers": outboxkit_kafka_bootstrap})
+    for done in admin.delete_records([TopicPartition(topic, 0, 1)]).values():
+        assert done.result(timeout=30).low_watermark == 1
+    produce_event(outboxkit_kafka_bootstrap, topic, later, "o-later", 2)
+    wait_for(
+        lambda: _state(outboxkit_db_url, later) == "succeeded",
+        timeout=BOUND,
+        what="the record after the deleted one",
+    )
+    wait_for(lambda: _state(outboxkit_db_url, held) == "dead", timeout=BOUND, what="held ended")
+    assert len(harness.refused) >= gate_module.SEEK_ATTEMPTS  # it was the rejoin's new client
+    assert [e[0] for e in effects(outboxkit_db_url)] == [later]

@@ -102,6 +102,23 @@ def test_a_member_closed_then_subscribed_again_rejoins_from_the_committed_offset
     assert one.assigned[-1] == [(topic, 0)]
 
 
+def test_a_closing_member_calls_back_no_more(
+    member: Callable[[str], GroupMember],
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """The inbox commits and forgets what a member owns before it closes it to subscribe a new
+    client: a rebalance callback of the closing one (its revocation) is not the inbox's."""
+    topic = outboxkit_topic()
+    produce(outboxkit_kafka_bootstrap, topic, _messages(1))
+    one = member(f"g-{uuid.uuid4().hex[:8]}")
+    one.subscribe([topic])
+    poll_members([one], lambda got: len(got) >= 1)
+    before = (list(one.assigned), list(one.revoked))
+    one.call("close")
+    assert (one.assigned, one.revoked) == before
+
+
 def test_pause_seek_resume_and_partitions_not_assigned_are_ignored(
     member: Callable[[str], GroupMember],
     outboxkit_kafka_bootstrap: str,

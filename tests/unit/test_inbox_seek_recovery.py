@@ -17,6 +17,7 @@ from outboxkit.inbox import Envelope, OutcomeKind
 from outboxkit.inbox.gate import SEEK_ATTEMPTS, SEEK_RETRY_SECONDS, PartitionGate
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
 from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.rejoin import RESUBSCRIBE_RETRY_SECONDS
 from outboxkit.inbox.steps import (
     CloseConsumer,
     Commit,
@@ -24,6 +25,7 @@ from outboxkit.inbox.steps import (
     Poll,
     Resume,
     Seek,
+    Sleep,
     Step,
     Subscribe,
     drive_sync,
@@ -66,15 +68,19 @@ class Refusing:
     """A consumer of partitions 0 and 1 (offsets committed every minute) whose client refuses
     every seek; record 0/5 fails once (retry in 10 s), everything else succeeds."""
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
         self.now = 1000.0
-        options = LoopOptions(topics=["orders"], offset_commit_interval=60.0)
-        self.loop = ConsumerLoop(_core(), options, clock=lambda: self.now)
+        options = {"offset_commit_interval": 60.0, **options}
+        self.loop = ConsumerLoop(_core(), LoopOptions(["orders"], **options), clock=self.clock)
         self.loop.core.deliver = self.deliver  # type: ignore[method-assign]
         self.polls: list[list[ConsumedRecord]] = [[_record(0, 5), _record(1, 3), _record(0, 6)]]
         self.seen: list[tuple[int, int]] = []
         self.subscribe_fails = 0
+        self.commit_fails = 0
         self.script = Script(self.answer)
+
+    def clock(self) -> float:
+        return self.now
 
     def answer(self, step: Step) -> Any:
         if isinstance(step, Subscribe):
@@ -87,6 +93,9 @@ class Refusing:
             return self.polls.pop(0) if self.polls else []
         if isinstance(step, Seek):
             return False
+        if isinstance(step, Commit) and self.commit_fails:
+            self.commit_fails -= 1
+            raise PublishError("offset commit failed: coordinator not available")
         return ONE
 
     def deliver(self, env: Envelope, *args: Any) -> Plan[Outcome]:
@@ -96,8 +105,9 @@ class Refusing:
             return Outcome(OutcomeKind.RETRY, "e", retry_in=10)
         return Outcome(OutcomeKind.SUCCEEDED, "e")
 
-    def poll(self) -> None:
-        drive_sync(self.loop.poll_once(timeout=0), self.script)
+    def poll(self) -> OutcomeKind | None:
+        outcome = drive_sync(self.loop.poll_once(timeout=0), self.script)
+        return None if outcome is None else outcome.kind
 
     def hold(self) -> None:
         """0/5 fails and is held, 1/3 succeeds (settled, not committed yet)."""
@@ -130,13 +140,15 @@ def test_a_client_refusing_every_seek_is_replaced_and_the_held_record_comes_agai
     assert resumes == []  # a resume without the seek would go on past the held record
     seeks = [s for s in steps if isinstance(s, Seek)]
     assert seeks == [Seek(HELD, 5)] * (1 + SEEK_ATTEMPTS)  # the hold's own, then the resumes'
-    # The settled offset of partition 1 is committed before the client goes; then a new one.
+    # The settled offset of partition 1 and the held one of partition 0 (with none committed
+    # yet the new member would start where auto.offset.reset says, with "latest" past it) are
+    # committed before the client goes; then a new one.
     close = [type(s) for s in steps].index(CloseConsumer)
     assert [type(s) for s in steps[close - 1 : close + 2]] == [Commit, CloseConsumer, Subscribe]
     commit = steps[close - 1]
     assert isinstance(commit, Commit)
-    assert commit.offsets == {OTHER: 4}
-    assert refusing.loop.gate.held == frozenset()
+    assert commit.offsets == {OTHER: 4, HELD: 5}
+    assert refusing.loop.gate.held == frozenset({HELD})  # the new client starts at it
     assert refusing.loop.assigned == {HELD, OTHER}
     assert any("rejoining the group with a new client" in m for m in caplog.messages)
     # The new member starts partition 0 at its committed offset, the held record.
@@ -146,14 +158,41 @@ def test_a_client_refusing_every_seek_is_replaced_and_the_held_record_comes_agai
     assert refusing.seen == [(0, 5), (1, 3), (0, 5), (0, 6)]
 
 
-def test_a_new_client_that_cannot_join_yet_is_joined_by_the_next_poll() -> None:
-    refusing = Refusing()
+def test_a_new_client_that_cannot_join_yet_is_joined_by_a_later_poll_of_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under ``run()`` a failed subscribe neither ends the consumer (a worker would exit, then
+    crash-loop while Kafka is away) nor polls the closed client: it is tried again, backing off."""
+    refusing = Refusing(batch_max_records=1)  # run() delivers through core.deliver
     refusing.hold()
-    refusing.subscribe_fails = 1
-    with pytest.raises(PublishError, match="could not start"):
-        refusing.refuse_until_rejoined()
-    assert refusing.loop.assigned == set()
-    refusing.polls = [[_record(0, 5)]]
-    refusing.poll()  # joins (after the start-up checks), then takes the held record
+    refusing.subscribe_fails = 2
+    for _ in range(SEEK_ATTEMPTS - 1):
+        refusing.now = refusing.loop.gate.next_due() or refusing.now
+        refusing.poll()
+    refusing.now = refusing.loop.gate.next_due() or refusing.now
+    refusing.polls = [[], [_record(0, 5)]]
+    steps = refusing.script.steps
+    start = len(steps)
+
+    rounds = iter(range(50))
+
+    def stopped() -> bool:  # once the new client delivered the held record (or never)
+        return len(refusing.seen) > 2 or next(rounds, None) is None
+
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        drive_sync(refusing.loop.run(stopped), refusing.script)
+    kinds = [type(s).__name__ for s in steps[start:] if not isinstance(s, Seek | Resume)]
+    close = kinds.index("CloseConsumer")
+    assert kinds[close : close + 6] == [
+        "CloseConsumer",
+        *["Subscribe", "Sleep"] * 2,  # refused twice: nothing polled meanwhile
+        "Subscribe",
+    ]
+    sleeps = [s for s in steps[start:] if isinstance(s, Sleep)]
+    assert [s.seconds for s in sleeps] == [RESUBSCRIBE_RETRY_SECONDS, 2 * RESUBSCRIBE_RETRY_SECONDS]
     assert refusing.seen[-1] == (0, 5)
     assert refusing.loop.assigned == {HELD, OTHER}
+    assert (
+        "rejoining the group failed (PublishError: Kafka consumer could not start: no broker);"
+        f" nothing is consumed until it succeeds, trying again in {RESUBSCRIBE_RETRY_SECONDS:g} s"
+    ) in caplog.messages

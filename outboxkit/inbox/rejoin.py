@@ -1,0 +1,116 @@
+"""Replacing a client that keeps refusing the seek back to a held record (sans-IO).
+
+The new member starts each partition at its committed offset. So the held offsets are committed
+first (every record before a held one is settled): a group with none yet would start where
+``auto.offset.reset`` says, with ``latest`` past the held record and everything behind it. Should
+that commit fail, the client is kept (still paused; the seek is tried again, then the rejoin).
+The holds and the failure counts of this member go over to the new client's first assignment: a
+held record that left the log still ends ``dead`` (:func:`~outboxkit.inbox.gate.end_gone`), one
+failing outside its handler is still given up after ``max_unexpected_errors``, and a hold whose
+back-off runs on keeps it. Until the new client has subscribed nothing is polled; a subscribe
+that fails (Kafka away) is tried again, backing off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from outboxkit.errors import PublishError
+from outboxkit.inbox.gate import Hold, TopicPartitionKey
+from outboxkit.inbox.guard import error_text
+from outboxkit.inbox.steps import CloseConsumer, Commit, Pause, Plan, Sleep, Subscribe
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.loop import ConsumerLoop
+
+logger = logging.getLogger("outboxkit.inbox.consumer")
+
+# The new client cannot join (Kafka away): try again after this long, doubling up to the maximum.
+RESUBSCRIBE_RETRY_SECONDS = 0.5
+RESUBSCRIBE_RETRY_MAX_SECONDS = 5.0
+
+
+class Rejoin:
+    def __init__(self) -> None:
+        self.closed = False  # the old client is closed; the new one has not subscribed yet
+        self._pause = RESUBSCRIBE_RETRY_SECONDS
+        self._carried = False  # holds and failures wait for the new client's first assignment
+        self._holds: dict[TopicPartitionKey, Hold] = {}
+        self._failures: dict[tuple[str, int, int], int] = {}
+        self._to_pause: set[TopicPartitionKey] = set()
+
+    def run(self, loop: ConsumerLoop, now: float) -> Plan[bool]:
+        """Commit the held and settled offsets, close the client, subscribe a new one; whether
+        there is a client to poll (``False``: the new one could not subscribe yet)."""
+        assigned = set(loop.assigned)
+        holds = loop.gate.carry(assigned, now)
+        settled = loop.pending.take(list(assigned)) if loop.pending is not None else {}
+        offsets = dict(settled)
+        for tp, hold in holds.items():
+            offsets[tp] = max(hold.offset, offsets.get(tp, -1))
+        try:
+            if offsets:
+                yield Commit(offsets)
+        except PublishError as exc:
+            if loop.pending is not None:
+                for tp, offset in settled.items():
+                    loop.pending.settle(tp, offset)
+            logger.warning(
+                "not rejoining the group: committing the held offsets failed (%s); the seek"
+                " back is tried again, then the rejoin",
+                exc,
+            )
+            return True
+        failures = dict(loop.failures)
+        loop.on_revoke(list(assigned))  # what it hands back was committed above
+        self.closed = True
+        try:
+            yield CloseConsumer()
+        except Exception as exc:  # the client goes anyway: a new one is created
+            logger.warning("closing the client to replace failed: %s", error_text(exc))
+        # The old client's callbacks during the commit may have assigned partitions again.
+        loop.assigned.clear()
+        loop.buffer = deque()
+        loop.gate.forget(list(loop.gate.held))
+        self._carried, self._holds, self._failures = True, holds, failures
+        return (yield from self.ready(loop))
+
+    def ready(self, loop: ConsumerLoop) -> Plan[bool]:
+        """Whether there is a client to poll: subscribes the new one if it has not yet (on
+        failure, waits before the next try); pauses carried holds whose back-off runs on."""
+        if self.closed:
+            try:
+                yield Subscribe(loop.options.topics, loop.on_assign, loop.on_revoke)
+            except Exception as exc:
+                logger.warning(
+                    "rejoining the group failed (%s); nothing is consumed until it succeeds,"
+                    " trying again in %g s",
+                    error_text(exc),
+                    self._pause,
+                )
+                yield Sleep(self._pause)
+                self._pause = min(self._pause * 2, RESUBSCRIBE_RETRY_MAX_SECONDS)
+                return False
+            self.closed, self._pause = False, RESUBSCRIBE_RETRY_SECONDS
+        if self._to_pause:
+            paused = sorted(self._to_pause & loop.assigned & loop.gate.held)
+            self._to_pause = set()
+            if paused:
+                yield Pause(paused)
+        return True
+
+    def assigned(self, loop: ConsumerLoop, partitions: list[TopicPartitionKey]) -> None:
+        """The new client's first assignment takes this member's holds and failure counts over
+        (of the partitions it got: other owners start at the committed offsets)."""
+        if not self._carried:
+            return
+        got = set(partitions)
+        for tp, hold in self._holds.items():
+            if tp in got:
+                loop.gate.restore(tp, hold)
+                if not hold.resumed:
+                    self._to_pause.add(tp)
+        loop.failures.update({w: n for w, n in self._failures.items() if w[:2] in got})
+        self._carried, self._holds, self._failures = False, {}, {}
