@@ -316,6 +316,7 @@ class GroupConsumer(Positions):
     assigned partition is consuming (not paused), whatever the client kept. ``close`` then
     ``subscribe`` joins the group again with a new client, which starts every assigned partition
     from its committed offset (the inbox replaces a client that keeps refusing a seek this way).
+    ``close`` runs neither callback: commit what is settled before it.
     """
 
     @abstractmethod
