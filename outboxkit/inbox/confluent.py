@@ -44,7 +44,11 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
 
     def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> int:
         """Process until ``stop`` is set (or ``max_messages`` deliveries were settled)."""
-        return drive_sync(self.loop.run(stopped_by(stop), max_messages), self.executor)
+        self._stop = stop
+        try:
+            return drive_sync(self.loop.run(stopped_by(stop), max_messages), self.executor)
+        finally:
+            self._stop = None
 
     def close(self) -> None:
         """Commit settled offsets, leave the group, flush the producer, stop the lease thread."""

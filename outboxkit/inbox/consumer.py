@@ -7,6 +7,7 @@ the driver (sync or async) and the client pair; everything they decide is in
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -115,6 +116,8 @@ class InboxConsumer(Generic[InboxT]):
     ``batch_max_ms`` 0 to 60,000; every number finite.
     """
 
+    _stop: threading.Event | None = None  # the running run()'s: a back-off ends when it is set
+
     def __init__(
         self,
         inbox: InboxT,
@@ -148,6 +151,8 @@ class InboxConsumer(Generic[InboxT]):
         check_dead_letter_topic(dead_letter)
         self.inbox: InboxT = inbox
         self.group_id = group_id
+        clients = KafkaClients(kafka if kafka is not None else load_kafka_settings())
+        consumer, sender = self._clients(clients, group_id, dict(config or {}))
         self.loop = ConsumerLoop(
             inbox.core,
             LoopOptions(
@@ -164,11 +169,10 @@ class InboxConsumer(Generic[InboxT]):
                 dead_letter_check=dead_letter_check,
                 batch_max_records=batch_max_records,
                 batch_max_ms=batch_max_ms,
+                offset_reset=consumer.offset_reset,
             ),
         )
-        clients = KafkaClients(kafka if kafka is not None else load_kafka_settings())
-        consumer, sender = self._clients(clients, group_id, dict(config or {}))
-        self.executor: Executor = inbox.executor(kafka_steps(consumer, sender))
+        self.executor: Executor = inbox.executor(kafka_steps(consumer, sender, lambda: self._stop))
 
     def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:
         raise NotImplementedError

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,10 +32,14 @@ from outboxkit.kafka.api import (
 
 
 def kafka_steps(
-    consumer: GroupConsumer | AsyncGroupConsumer, sender: RecordSender | AsyncRecordSender
+    consumer: GroupConsumer | AsyncGroupConsumer,
+    sender: RecordSender | AsyncRecordSender,
+    stop: Callable[[], threading.Event | None] = lambda: None,
 ) -> StepTable:
     """The Kafka steps over the client seam: the same calls for both clients (the async
-    client's coroutines are awaited by ``drive_async``)."""
+    client's coroutines are awaited by ``drive_async``). A sync ``Sleep`` ends early once the
+    event ``stop()`` returns is set (a stop must not wait out a back-off); an async one is
+    cancelled with its task."""
     return {
         Subscribe: lambda s: consumer.subscribe(s.topics, s.on_assign, s.on_revoke),
         Poll: lambda s: consumer.poll(s.timeout, s.max_records),
@@ -44,13 +49,23 @@ def kafka_steps(
         Resume: lambda s: consumer.resume(s.partitions),
         Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
         TopicExists: lambda s: sender.topic_exists(s.topic),
-        Sleep: _sleeper(consumer),
+        Sleep: _sleeper(consumer, stop),
         CloseConsumer: lambda s: consumer.close(),
         CloseSender: lambda s: sender.close(),
     }
 
 
-def _sleeper(consumer: GroupConsumer | AsyncGroupConsumer) -> Callable[[Sleep], Any]:
+def _sleeper(
+    consumer: GroupConsumer | AsyncGroupConsumer, stop: Callable[[], threading.Event | None]
+) -> Callable[[Sleep], Any]:
     if isinstance(consumer, AsyncGroupConsumer):
         return lambda s: asyncio.sleep(s.seconds)
-    return lambda s: time.sleep(s.seconds)
+
+    def sleep(step: Sleep) -> None:
+        event = stop()
+        if event is None:
+            time.sleep(step.seconds)
+        else:
+            event.wait(step.seconds)
+
+    return sleep

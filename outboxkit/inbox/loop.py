@@ -85,6 +85,7 @@ class LoopOptions:
     dead_letter_check: DeadLetterCheck = "fail"
     batch_max_records: int = BATCH_MAX_RECORDS
     batch_max_ms: float = BATCH_MAX_MS
+    offset_reset: str = "earliest"  # the client's auto.offset.reset (GroupConsumer.offset_reset)
 
 
 class ConsumerLoop:

@@ -3,12 +3,16 @@
 The new member starts each partition at its committed offset. So the held offsets are committed
 first (every record before a held one is settled): a group with none yet would start where
 ``auto.offset.reset`` says, with ``latest`` past the held record and everything behind it. Should
-that commit fail, the client is kept (still paused; the seek is tried again, then the rejoin).
+that commit fail, the client is kept (still paused; the seek is tried again, then the rejoin);
+after :data:`COMMIT_ATTEMPTS` failures the rejoin goes ahead all the same if the policy is
+``earliest`` (a committed offset is at or before the held record; with none the new member
+starts at the log's start), never with another policy (a stuck client must not skip records).
 The holds and the failure counts of this member go over to the new client's first assignment: a
 held record that left the log still ends ``dead`` (:func:`~outboxkit.inbox.gate.end_gone`), one
 failing outside its handler is still given up after ``max_unexpected_errors``, and a hold whose
 back-off runs on keeps it. Until the new client has subscribed nothing is polled; a subscribe
-that fails (Kafka away) is tried again, backing off.
+that fails (Kafka away) is tried again, backing off; any other error (a configuration the client
+refuses) ends ``run()``, as it would have ended the first ``start()``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ logger = logging.getLogger("outboxkit.inbox.consumer")
 # The new client cannot join (Kafka away): try again after this long, doubling up to the maximum.
 RESUBSCRIBE_RETRY_SECONDS = 0.5
 RESUBSCRIBE_RETRY_MAX_SECONDS = 5.0
+# Rejoins given up because committing the held offsets failed before one goes ahead without
+# that commit (only with auto.offset.reset=earliest).
+COMMIT_ATTEMPTS = 3
 
 
 class Rejoin:
@@ -40,6 +47,7 @@ class Rejoin:
         self._holds: dict[TopicPartitionKey, Hold] = {}
         self._failures: dict[tuple[str, int, int], int] = {}
         self._to_pause: set[TopicPartitionKey] = set()
+        self._commit_failures = 0  # rejoins given up in a row: committing the held offsets failed
 
     def run(self, loop: ConsumerLoop, now: float) -> Plan[bool]:
         """Commit the held and settled offsets, close the client, subscribe a new one; whether
@@ -54,15 +62,9 @@ class Rejoin:
             if offsets:
                 yield Commit(offsets)
         except PublishError as exc:
-            if loop.pending is not None:
-                for tp, offset in settled.items():
-                    loop.pending.settle(tp, offset)
-            logger.warning(
-                "not rejoining the group: committing the held offsets failed (%s); the seek"
-                " back is tried again, then the rejoin",
-                exc,
-            )
-            return True
+            if not self._commit_failed(loop, settled, exc):
+                return True
+        self._commit_failures = 0
         failures = dict(loop.failures)
         loop.on_revoke(list(assigned))  # what it hands back was committed above
         self.closed = True
@@ -77,13 +79,53 @@ class Rejoin:
         self._carried, self._holds, self._failures = True, holds, failures
         return (yield from self.ready(loop))
 
+    def _commit_failed(
+        self, loop: ConsumerLoop, settled: dict[TopicPartitionKey, int], exc: PublishError
+    ) -> bool:
+        """Whether to rejoin all the same (see the module); else the settled offsets of the
+        partitions still assigned are kept for a later commit."""
+        self._commit_failures += 1
+        policy = loop.options.offset_reset
+        if self._commit_failures >= COMMIT_ATTEMPTS and policy == "earliest":
+            logger.warning(
+                "committing the held offsets failed %d times (%s); rejoining the group all the"
+                " same: with auto.offset.reset=earliest the new member starts at or before the"
+                " held records (what was settled since the last commit comes again, recognised)",
+                self._commit_failures,
+                exc,
+            )
+            return True
+        if loop.pending is not None:
+            for tp, offset in settled.items():
+                if tp in loop.assigned:  # a partition revoked meanwhile is not ours to commit
+                    loop.pending.settle(tp, offset)
+        if self._commit_failures >= COMMIT_ATTEMPTS:
+            logger.warning(
+                "not rejoining the group: committing the held offsets failed %d times (%s) and"
+                " with auto.offset.reset=%s a partition without a committed offset would start"
+                " the new member past the held record; the seek back is tried again, then the"
+                " rejoin (set auto.offset.reset to earliest to rejoin without that commit)",
+                self._commit_failures,
+                exc,
+                policy,
+            )
+        else:
+            logger.warning(
+                "not rejoining the group: committing the held offsets failed (%s); the seek"
+                " back is tried again, then the rejoin",
+                exc,
+            )
+        return False
+
     def ready(self, loop: ConsumerLoop) -> Plan[bool]:
         """Whether there is a client to poll: subscribes the new one if it has not yet (on
         failure, waits before the next try); pauses carried holds whose back-off runs on."""
         if self.closed:
             try:
                 yield Subscribe(loop.options.topics, loop.on_assign, loop.on_revoke)
-            except Exception as exc:
+            except PublishError as exc:
+                if not exc.retriable:
+                    raise
                 logger.warning(
                     "rejoining the group failed (%s); nothing is consumed until it succeeds,"
                     " trying again in %g s",

@@ -119,6 +119,10 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         self.generation = 0  # bumped by every rebalance callback
 
     @property
+    def offset_reset(self) -> str:
+        return str(self._options.get("auto_offset_reset", "latest"))  # aiokafka's default
+
+    @property
     def _c(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             raise PublishError("the consumer has not subscribed yet")

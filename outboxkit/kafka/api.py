@@ -319,6 +319,12 @@ class GroupConsumer(Positions):
     ``close`` runs neither callback: commit what is settled before it.
     """
 
+    @property
+    @abstractmethod
+    def offset_reset(self) -> str:
+        """Where a partition without a committed offset starts (``auto.offset.reset``, with
+        ``earliest`` for its aliases): whether a new member could start past a record."""
+
     @abstractmethod
     def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None: ...
 
@@ -337,6 +343,11 @@ class GroupConsumer(Positions):
 class AsyncGroupConsumer(Positions):
     """:class:`GroupConsumer` for asyncio; the rebalance callbacks are the same plain functions
     (run by the client's coordinator task, so possibly while a handler awaits)."""
+
+    @property
+    @abstractmethod
+    def offset_reset(self) -> str:
+        """As :attr:`GroupConsumer.offset_reset` (``auto_offset_reset``)."""
 
     @abstractmethod
     async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:

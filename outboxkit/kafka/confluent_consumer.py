@@ -96,6 +96,11 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._on_assign: Rebalance = lambda tps: None
         self._on_revoke: Revoke = lambda tps: {}
 
+    @property
+    def offset_reset(self) -> str:
+        policy = str(self._config.get("auto.offset.reset", "largest")).lower()  # its default
+        return "earliest" if policy in ("smallest", "beginning") else policy
+
     def _create(self) -> Consumer:
         return create(
             Consumer,

@@ -8,26 +8,33 @@ member's holds and failure counts go over to the new client's first assignment.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from typing import Any, cast
 
 import pytest
+from sqlalchemy import create_engine
 
-from outboxkit.inbox import Envelope, OutcomeKind
+from outboxkit.errors import ConfigurationError, PublishError
+from outboxkit.inbox import Envelope, EventRegistry, Inbox, InboxSettings, OutcomeKind
+from outboxkit.inbox import kafka_steps as kafka_steps_module
 from outboxkit.inbox.gate import SEEK_ATTEMPTS
+from outboxkit.inbox.kafka_steps import kafka_steps
 from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.rejoin import COMMIT_ATTEMPTS
 from outboxkit.inbox.steps import (
     Commit,
     Pause,
     Plan,
     Resume,
     Seek,
+    Sleep,
     Sql,
     Step,
 )
 from outboxkit.kafka import aiokafka_consumer
 from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
 from outboxkit.settings import KafkaSettings
-from tests.unit.test_inbox_core import _record
+from tests.unit.test_inbox_core import Script, _record
 from tests.unit.test_inbox_seek_recovery import HELD, OTHER, Refusing
 
 pytestmark = pytest.mark.unit
@@ -214,3 +221,161 @@ def test_a_cancelled_aiokafka_close_still_stops_the_client(monkeypatch: pytest.M
         return bool(client.stopped)
 
     assert asyncio.run(scenario()) is True
+
+
+def _rejoin_attempts(refusing: Refusing, attempts: int) -> None:
+    """Poll at every due resume until ``attempts`` rejoins were tried (or one closed the client)."""
+    for _ in range(SEEK_ATTEMPTS - 1 + attempts):
+        if "CloseConsumer" in refusing.script.names():
+            return
+        refusing.now = refusing.loop.gate.next_due() or refusing.now
+        refusing.poll()
+
+
+def test_with_earliest_the_rejoin_goes_ahead_once_the_held_offsets_failed_to_commit_often(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refusing = Refusing(offset_reset="earliest")
+    refusing.hold()
+    refusing.commit_fails = 1000  # the stuck client cannot commit either
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        _rejoin_attempts(refusing, COMMIT_ATTEMPTS - 1)
+        assert "CloseConsumer" not in refusing.script.names()
+        _rejoin_attempts(refusing, 1)
+    names = refusing.script.names()
+    close = names.index("CloseConsumer")
+    assert names[close - 1 : close + 2] == ["Commit", "CloseConsumer", "Subscribe"]
+    assert _commits(refusing) == [{OTHER: 4, HELD: 5}] * COMMIT_ATTEMPTS
+    assert any("rejoining the group all the same" in m for m in caplog.messages)
+    # The new member starts at or before the held record (earliest): the hold goes over.
+    assert refusing.loop.gate.held == frozenset({HELD})
+    assert refusing.loop.assigned == {HELD, OTHER}
+
+
+@pytest.mark.parametrize("policy", ["latest", "none", "error"])
+def test_with_another_reset_policy_the_rejoin_waits_for_the_commit_and_says_why(
+    policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusing = Refusing(offset_reset=policy)
+    refusing.hold()
+    refusing.commit_fails = 1000
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        _rejoin_attempts(refusing, COMMIT_ATTEMPTS + 2)
+    assert "CloseConsumer" not in refusing.script.names()  # never past the held record
+    assert len(_commits(refusing)) == COMMIT_ATTEMPTS + 2
+    assert refusing.loop.gate.held == frozenset({HELD})
+    assert any(
+        f"with auto.offset.reset={policy} a partition without a committed offset would start"
+        " the new member past the held record" in m
+        for m in caplog.messages
+    )
+    refusing.commit_fails = 0  # the commit goes through at last: then the rejoin
+    _rejoin_attempts(refusing, 1)
+    assert refusing.script.names().count("CloseConsumer") == 1
+
+
+def test_a_failed_commit_keeps_settled_offsets_only_of_partitions_still_assigned() -> None:
+    refusing = Refusing()
+    refusing.hold()  # 1/3 settled, not committed yet
+    answer = refusing.answer
+
+    def revoking(step: Step) -> Any:  # partition 1 goes while the commit waits, then it fails
+        if isinstance(step, Commit) and OTHER in step.offsets:
+            refusing.loop.on_revoke([OTHER])
+            raise PublishError("offset commit failed: rebalance in progress")
+        return answer(step)
+
+    refusing.script = Script(revoking)
+    _rejoin_attempts(refusing, 1)
+    assert refusing.loop.assigned == {HELD}
+    assert refusing.loop.pending is not None
+    assert refusing.loop.pending.take() == {}  # not ours any more: never committed by us
+
+
+@pytest.mark.parametrize(
+    "error", [ConfigurationError("the Kafka consumer cannot be created"), TypeError("a bug")]
+)
+def test_a_new_client_that_cannot_subscribe_for_a_lasting_reason_ends_run(error: Exception) -> None:
+    refusing = Refusing()
+    refusing.hold()
+    refusing.subscribe_fails, refusing.subscribe_error = 1, error
+    with pytest.raises(type(error)):
+        refusing.refuse_until_rejoined()
+    assert "Sleep" not in refusing.script.names()
+
+
+def test_a_sync_back_off_ends_once_the_stop_event_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_watching(seconds: float) -> None:
+        raise AssertionError("slept without watching the stop event")
+
+    monkeypatch.setattr(kafka_steps_module.time, "sleep", not_watching)
+    stop = threading.Event()
+    steps = kafka_steps(cast(Any, object()), cast(Any, object()), lambda: stop)
+    stop.set()
+    steps[Sleep](Sleep(3600.0))  # returns at once: a stop does not wait out the back-off
+
+
+@pytest.mark.parametrize(
+    ("config", "policy"),
+    [
+        ({}, "earliest"),
+        ({"auto.offset.reset": "smallest"}, "earliest"),
+        ({"auto.offset.reset": "latest"}, "latest"),
+    ],
+)
+def test_the_confluent_consumer_says_its_reset_policy(config: dict[str, Any], policy: str) -> None:
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+
+    consumer = ConfluentGroupConsumer(KafkaSettings(bootstrap="127.0.0.1:9"), "g", config=config)
+    try:
+        assert consumer.offset_reset == policy
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "policy"), [({}, "earliest"), ({"auto_offset_reset": "latest"}, "latest")]
+)
+def test_the_aiokafka_consumer_says_its_reset_policy(config: dict[str, Any], policy: str) -> None:
+    consumer = AiokafkaGroupConsumer(KafkaSettings(bootstrap="127.0.0.1:9"), "g", config=config)
+    assert consumer.offset_reset == policy
+
+
+def test_the_confluent_inbox_consumer_wires_its_reset_policy_and_stop_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop knows the client's policy; a back-off in run() ends once its stop is set."""
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.inbox.confluent import ConfluentInboxConsumer
+
+    engine = create_engine("postgresql+psycopg://u@127.0.0.1:1/db")  # never connected
+    inbox = Inbox(
+        engine, lambda e, c, s: None, InboxSettings(consumer="c", registry=EventRegistry())
+    )
+    consumer = ConfluentInboxConsumer(
+        inbox,
+        KafkaSettings(bootstrap="127.0.0.1:9"),
+        group_id="g",
+        topics=["t"],
+        dead_letter=None,
+        config={"auto.offset.reset": "latest"},
+    )
+    try:
+        assert consumer.loop.options.offset_reset == "latest"
+
+        def backing_off(stopped: Any, max_messages: int | None) -> Plan[int]:
+            yield Sleep(3600.0)
+            return 0
+
+        def not_watching(seconds: float) -> None:
+            raise AssertionError("slept without watching the stop event")
+
+        monkeypatch.setattr(consumer.loop, "run", backing_off)
+        monkeypatch.setattr(kafka_steps_module.time, "sleep", not_watching)
+        stop = threading.Event()
+        stop.set()
+        assert consumer.run(stop) == 0
+    finally:
+        consumer.close()
+        engine.dispose()

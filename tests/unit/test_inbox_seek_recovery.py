@@ -76,6 +76,7 @@ class Refusing:
         self.polls: list[list[ConsumedRecord]] = [[_record(0, 5), _record(1, 3), _record(0, 6)]]
         self.seen: list[tuple[int, int]] = []
         self.subscribe_fails = 0
+        self.subscribe_error: Exception = PublishError("Kafka consumer could not start: no broker")
         self.commit_fails = 0
         self.script = Script(self.answer)
 
@@ -86,7 +87,7 @@ class Refusing:
         if isinstance(step, Subscribe):
             if self.subscribe_fails:
                 self.subscribe_fails -= 1
-                raise PublishError("Kafka consumer could not start: no broker")
+                raise self.subscribe_error
             step.on_assign([HELD, OTHER])
             return None
         if isinstance(step, Poll):
