@@ -131,5 +131,7 @@ class AiokafkaAdmin(Admin):
     async def close(self) -> None:
         clients, self._clients = self._clients, None
         if clients is not None:
-            await clients[0].close()
-            await clients[1].close()
+            try:
+                await clients[0].close()
+            finally:
+                await clients[1].close()

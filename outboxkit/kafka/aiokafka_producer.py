@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +27,8 @@ from outboxkit.kafka.api import (
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
+
+logger = logging.getLogger("outboxkit.kafka")
 
 
 def _name(exc: BaseException) -> str:
@@ -109,6 +112,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         self.largest_batch = self._options.get("max_batch_size", _BATCH_BYTES)
         self.largest_record = self._max_request_size
         self._settings = settings
+        self._admin: AiokafkaAdmin | None = None  # made at the first read, kept for the life
         self._partitioner: Any = self._options.get("partitioner") or DefaultPartitioner()
 
     @property
@@ -141,13 +145,10 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         return None
 
     async def topic_limits(self, topic: str) -> TopicLimits:
-        # An admin for this one request: asked once per topic, it holds no connection after.
-        admin = AiokafkaAdmin(self._settings, timeout=min(self._timeout, 10))
-        try:
-            return await read_topic_limits(admin, topic)
-        finally:
-            with contextlib.suppress(Exception):  # its failure to close changes no outcome
-                await admin.close()
+        # One admin for all reads of this life: one bootstrap, not one per topic.
+        if self._admin is None:
+            self._admin = AiokafkaAdmin(self._settings, timeout=min(self._timeout, 10))
+        return await read_topic_limits(self._admin, topic)
 
     async def begin(self) -> None:
         try:
@@ -273,9 +274,17 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
-        if producer is not None:
-            with contextlib.suppress(KafkaError, TimeoutError, OSError):
-                await asyncio.wait_for(producer.stop(), self._timeout)
+        try:
+            if producer is not None:
+                with contextlib.suppress(KafkaError, TimeoutError, OSError):
+                    await asyncio.wait_for(producer.stop(), self._timeout)
+        finally:
+            admin, self._admin = self._admin, None
+            if admin is not None:
+                try:
+                    await asyncio.wait_for(admin.close(), self._timeout)
+                except Exception as exc:  # its failure to close changes no outcome
+                    logger.debug("closing the admin client of a producer failed: %r", exc)
 
 
 # Delivery is a NamedTuple: tuple.__new__ skips its keyword-handling __new__ (once per record).

@@ -119,6 +119,15 @@ class ConfluentAdmin(Admin):
         return values
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.poll(0)
+        held, self._client = [self._client], None
+        if held[0] is not None:
+            # Dropping the last reference runs rd_kafka_destroy, which waits for the client's
+            # threads: in a worker thread, not on the event loop.
+            await asyncio.to_thread(_destroy, held)
+
+
+def _destroy(held: list[AdminClient | None]) -> None:
+    client = held.pop()
+    if client is not None:
+        client.poll(0)  # serves the log lines left
+    del client

@@ -10,7 +10,7 @@ record or a failed flush into :class:`ProducerFencedError`: the relay's *lease l
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -33,6 +33,8 @@ from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
+
+logger = logging.getLogger("outboxkit.kafka")
 
 _new = tuple.__new__
 _UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
@@ -168,6 +170,7 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         self.largest_record = _bytes_setting(self._config, "message.max.bytes", _MESSAGE_MAX_BYTES)
         self._settings = settings
         self._producer: Producer | None = None
+        self._admin: ConfluentAdmin | None = None  # made at the first read, kept for the life
 
     @property
     def _p(self) -> Producer:
@@ -204,13 +207,10 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         return None
 
     async def topic_limits(self, topic: str) -> TopicLimits:
-        # An admin for this one request: asked once per topic, it holds no connection after.
-        admin = ConfluentAdmin(self._settings, timeout=min(self._timeout, 10))
-        try:
-            return await read_topic_limits(admin, topic)
-        finally:
-            with contextlib.suppress(Exception):  # its failure to close changes no outcome
-                await admin.close()
+        # One admin for all reads of this life: one connection setup, not one per topic.
+        if self._admin is None:
+            self._admin = ConfluentAdmin(self._settings, timeout=min(self._timeout, 10))
+        return await read_topic_limits(self._admin, topic)
 
     async def begin(self) -> None:
         try:
@@ -289,10 +289,18 @@ class ConfluentTransactionalProducer(TransactionalProducer):
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
-        if producer is not None:
-            # Never reused: pending messages of an abandoned life are purged, not sent later.
-            try:
-                producer.purge()
-                await asyncio.to_thread(producer.flush, 0)
-            except (KafkaException, RuntimeError, SystemError):
-                pass
+        try:
+            if producer is not None:
+                # Never reused: pending messages of an abandoned life are purged, not sent later.
+                try:
+                    producer.purge()
+                    await asyncio.to_thread(producer.flush, 0)
+                except (KafkaException, RuntimeError, SystemError):
+                    pass
+        finally:
+            admin, self._admin = self._admin, None
+            if admin is not None:
+                try:
+                    await asyncio.wait_for(admin.close(), self._timeout)
+                except Exception as exc:  # its failure to close changes no outcome
+                    logger.debug("closing the admin client of a producer failed: %r", exc)

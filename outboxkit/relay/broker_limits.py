@@ -20,7 +20,9 @@ its metadata, see ``topic_gate``), and:
 A configuration that cannot be read changes nothing but that protection (and the parking of
 keyless records before sending): a missing DescribeConfigs ACL is said once per topic and asked
 again in the next producer life; any other failure (a timeout) is said and the read tried again
-at a later claim, at most every ``RETRY_AFTER`` seconds. A failed read never stops publishing.
+at a later claim, at most every ``RETRY_AFTER`` seconds. The reads of one claim share
+``READ_BUDGET`` seconds (on the producer's one admin client of its life): a topic not read by
+then counts as a failed read. A failed read never stops publishing.
 
 Exactly-once needs no cutting (an aborted transaction takes everything back) and is not slowed
 by it. Records of topics without a budget cost nothing per record.
@@ -28,6 +30,7 @@ by it. Records of topics without a budget cost nothing per record.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -50,6 +53,7 @@ _RECORD_OVERHEAD = 36  # at most: length, attributes, timestamp and offset delta
 # lengths, header count (varints at their longest)
 _HEADER_OVERHEAD = 10  # at most: a header's name and value lengths
 RETRY_AFTER = 60.0  # seconds before a configuration whose read failed (not for an ACL) is asked
+READ_BUDGET = 10.0  # seconds all configuration reads of one claim may take together
 
 
 def record_bound(request: ProduceRequest) -> int:
@@ -106,8 +110,15 @@ def pieces(
 class BrokerLimits:
     """One shard's knowledge of its topics' configurations (for one producer life)."""
 
-    def __init__(self, shard: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        shard: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        read_budget: float = READ_BUDGET,
+    ) -> None:
         self.shard = shard
+        self.read_budget = read_budget
         self._budgets: dict[str, int] = {}  # a record above it goes alone (at_least_once only)
         self._cut: set[str] = set()  # tight topics: all their records within their budget
         self._keyless: dict[str, RecordError] = {}  # compacted topics: why a keyless record fails
@@ -133,11 +144,32 @@ class BrokerLimits:
             todo = [topic for topic in todo if retry_at.get(topic, now) <= now]
         return todo
 
-    async def learn(self, producer: TransactionalProducer, topic: str) -> None:
+    async def learn_all(
+        self, producer: TransactionalProducer, topics: Iterable[str], check: Callable[[], None]
+    ) -> None:
+        """Read the topics' configurations within one ``read_budget`` (a stalled broker must
+        not hold a claim for a read timeout per topic); ``check``: the term's, between."""
+        deadline = self._clock() + self.read_budget
+        late: list[str] = []
+        for topic in topics:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                late.append(topic)
+                continue
+            await self.learn(producer, topic, remaining)
+            check()
+        for topic in late:  # like a failed read: read again at a later claim
+            self._failed(producer, topic, TimeoutError(f"not read within {self.read_budget}s"))
+
+    async def learn(
+        self, producer: TransactionalProducer, topic: str, within: float | None = None
+    ) -> None:
         """Read the topic's configuration; if it cannot be read, say why and what is lost."""
         try:
-            limits = await producer.topic_limits(topic)
+            limits = await asyncio.wait_for(producer.topic_limits(topic), within)
         except Exception as exc:  # whatever a failed read raises, it never ends the term
+            if isinstance(exc, TimeoutError) and not str(exc):  # wait_for's says nothing
+                exc = TimeoutError("no answer in time")
             self._failed(producer, topic, exc)
             return
         self._learned.add(topic)
@@ -151,10 +183,11 @@ class BrokerLimits:
         limit = limits.max_message_bytes
         if producer.transactional or limit is None:
             return
-        if producer.largest_batch > limit:
+        budget = send_budget(limit)  # not the limit: compression may enlarge a full batch
+        if producer.largest_batch > budget:
             self._cut.add(topic)
-        if producer.largest_batch > limit or producer.largest_record > limit:
-            self._budgets[topic] = send_budget(limit)
+        if producer.largest_batch > budget or producer.largest_record > budget:
+            self._budgets[topic] = budget
 
     def _failed(self, producer: TransactionalProducer, topic: str, exc: Exception) -> None:
         lost = _LOST_EOS if producer.transactional else _LOST_ALO

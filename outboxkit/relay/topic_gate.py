@@ -80,9 +80,9 @@ class TopicGate:
             else:
                 problems[topic] = problem
         # Until it is read (a failed read is tried again later), rows of the topic go unchecked.
-        for topic in self.limits.unlearned(topics - problems.keys()):
-            await self.limits.learn(producer, topic)
-            term.check()
+        unlearned = self.limits.unlearned(topics - problems.keys())
+        if unlearned:
+            await self.limits.learn_all(producer, unlearned, term.check)
         defects = self._store.defects
         keyless = self.limits.keyless_refused(topics)
         if (

@@ -8,13 +8,15 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
 from outboxkit.errors import PermanentPublishError, ProducerFencedError, PublishError
-from outboxkit.kafka import KafkaClients
+from outboxkit.kafka import KafkaClients, aiokafka_producer, confluent_producer
 from outboxkit.kafka.api import (
     NOT_SENT,
+    Admin,
     CheckpointReader,
     ProduceRequest,
     TopicLimits,
@@ -224,11 +226,36 @@ async def test_unknown_topic_is_a_permanent_problem(
     assert problem.kind is ErrorKind.PERMANENT
 
 
+def _counted_admins(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Admin], list[Admin]]:
+    """The admins the producers make (real ones), and those closed."""
+    made: list[Admin] = []
+    closed: list[Admin] = []
+    for module, name in (
+        (confluent_producer, "ConfluentAdmin"),
+        (aiokafka_producer, "AiokafkaAdmin"),
+    ):
+        real: Any = getattr(module, name)
+
+        class Counted(real):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                made.append(self)
+
+            async def close(self) -> None:
+                closed.append(self)
+                await super().close()
+
+        monkeypatch.setattr(module, name, Counted)
+    return made, closed
+
+
 async def test_topic_limits_say_what_the_topics_configuration_refuses(
-    producers: ProducerFactory, outboxkit_topic: TopicFactory
+    producers: ProducerFactory, outboxkit_topic: TopicFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The relay reads them once per topic and producer life, before sending (broker_limits);
-    the producer's own largest batch and record say which topics' limits are below them."""
+    """The relay reads them once per topic and producer life, before sending (broker_limits),
+    on one admin client made for the life and closed with the producer; the producer's own
+    largest batch and record say which topics' limits are below them."""
+    made, closed = _counted_admins(monkeypatch)
     tight = outboxkit_topic(config={"max.message.bytes": "200000"})
     compacted = outboxkit_topic(config={"cleanup.policy": "compact"})
     producer = producers()
@@ -244,6 +271,11 @@ async def test_topic_limits_say_what_the_topics_configuration_refuses(
     assert limits.max_message_bytes >= producer.largest_record  # the broker's default: not tight
     with pytest.raises(PublishError):
         await producer.topic_limits(f"missing-{uuid.uuid4().hex}")
+    assert len(made) == 1  # one admin for every read of the life
+    assert limits == await producer.topic_limits(compacted)  # the failed read left it usable
+    assert closed == []
+    await producer.close()
+    assert closed == made
 
 
 @pytest.mark.parametrize("transactional", [False, True])

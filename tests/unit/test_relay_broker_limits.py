@@ -5,6 +5,7 @@ an ACL is missing) is read again later."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from outboxkit.kafka.api import (
 from outboxkit.kafka.confluent_producer import ConfluentTransactionalProducer
 from outboxkit.relay.broker_limits import (
     BATCH_OVERHEAD,
+    READ_BUDGET,
     RETRY_AFTER,
     BrokerLimits,
     pieces,
@@ -347,3 +349,85 @@ async def test_raising_the_single_record_limit_does_not_make_default_topics_tigh
     await limits.learn(producer, "t")
     await limits.send(producer, [_request("t", 2000) for _ in range(4000)], lambda: None)
     assert sends == [4000]
+
+
+def _row_of(n: int, topic: str) -> OutboxRecord:
+    return _row(n)._replace(topic=topic)
+
+
+class _SlowProducer(_Producer):
+    """Each configuration read takes ``takes`` seconds of ``clock``; reads of ``stalled``
+    topics never answer."""
+
+    def __init__(self, clock: list[float], takes: float, stalled: frozenset[str] = frozenset()):
+        super().__init__({t: TopicLimits(10_000, "delete") for t in ("a", "b", "c")})
+        self.clock, self.takes, self.stalled = clock, takes, stalled
+        self.read: list[str] = []
+
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        self.read.append(topic)
+        if topic in self.stalled:
+            await asyncio.Event().wait()
+        self.clock[0] += self.takes
+        return await super().topic_limits(topic)
+
+
+async def test_the_reads_of_one_claim_share_one_deadline_and_a_late_topic_is_read_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each read had its own timeout, one topic after another: a stalled broker held a claim
+    for a timeout per topic."""
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _SlowProducer(clock, takes=READ_BUDGET * 0.6)
+    claim = [_row_of(1, "a"), _row_of(2, "b"), _row_of(3, "c")]
+    term: Any = _Term()
+    with caplog.at_level(logging.WARNING, "outboxkit.relay.shard_worker"):
+        assert await gate.sendable(term, _CONN, producer, claim) == claim
+    assert len(producer.read) == 2  # the deadline passed after the second read
+    [late] = {"a", "b", "c"} - set(producer.read)
+    [record] = caplog.records
+    assert f"configuration of topic {late!r} could not be read (TimeoutError" in record.getMessage()
+    await gate.sendable(term, _CONN, producer, claim)
+    assert len(producer.read) == 2  # like a failed read: not asked before its back-off
+    clock[0] += RETRY_AFTER
+    await gate.sendable(term, _CONN, producer, claim)
+    assert producer.read[2:] == [late]
+
+
+async def test_a_read_that_never_answers_ends_at_the_claims_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = [0.0]
+    gate = _gate(clock)
+    gate.limits.read_budget = 0.01  # real seconds: the stalled read is abandoned after them
+    producer = _SlowProducer(clock, takes=0.0, stalled=frozenset({"a"}))
+    claim = [_row_of(1, "a")]
+    with caplog.at_level(logging.WARNING, "outboxkit.relay.shard_worker"):
+        assert await gate.sendable(_Term(), _CONN, producer, claim) == claim  # type: ignore[arg-type]
+    [record] = caplog.records
+    assert "topic 'a' could not be read (TimeoutError: no answer in time)" in record.getMessage()
+    assert gate.limits.unlearned({"a"}) == []  # failed: waits for its back-off
+    clock[0] += RETRY_AFTER
+    assert gate.limits.unlearned({"a"}) == ["a"]
+
+
+async def test_a_topic_whose_limit_equals_the_producers_batches_is_cut() -> None:
+    """A full batch of incompressible data may pass the limit once compressed: the batch size
+    is held against the send budget, not the limit."""
+    limits = BrokerLimits(0)
+    producer = _Producer({"t": TopicLimits(1_000_000, "delete")})
+    assert producer.largest_batch == 1_000_000
+    await limits.learn(producer, "t")
+    await limits.send(producer, [_request("t", 499_000), _request("t", 499_000)], lambda: None)
+    assert producer.sends == [[499_000], [499_000]]
+
+
+async def test_a_topic_whose_limit_equals_the_producers_largest_record_sends_it_alone() -> None:
+    limits = BrokerLimits(0)
+    producer = _Producer({"t": TopicLimits(1_000_000, "delete")}, largest_record=1_000_000)
+    producer.largest_batch = 16_384
+    await limits.learn(producer, "t")
+    requests = [_request("t", 100), _request("t", 999_000), _request("t", 100)]
+    await limits.send(producer, requests, lambda: None)
+    assert producer.sends == [[100], [999_000], [100]]

@@ -4,6 +4,7 @@ that a configuration read that times out crosses the Kafka seam as ``PublishErro
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -148,7 +149,7 @@ async def test_a_confluent_configuration_read_that_times_out_is_a_publish_error(
 
 
 class _Admin:
-    """Answers one configuration read; its close raises what no client documents."""
+    """Answers configuration reads; its close raises what no client documents."""
 
     made: ClassVar[list[_Admin]] = []
 
@@ -166,12 +167,28 @@ class _Admin:
         raise RuntimeError("unexpected")
 
 
+class _Inner:
+    """The producer's own client: writes down that it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def purge(self) -> None:
+        self.closed = True
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+    async def stop(self) -> None:
+        self.closed = True
+
+
 @pytest.mark.parametrize("client", ["confluent", "aiokafka"])
-async def test_a_configuration_read_is_one_request_on_an_admin_closed_at_once(
+async def test_one_admin_serves_every_read_of_a_producer_life_and_its_close_closes_it(
     client: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An admin client was kept for the producer's life (two requests per topic), and the
-    aiokafka producer's close let an unexpected error of the admin's close escape."""
+    """An admin client was made and closed for each read (a connection setup per topic, ~30 s
+    per topic with aiokafka on a stalled broker); its close must not stop the producer's."""
     settings = KafkaSettings.plaintext("127.0.0.1:1")
     producer: TransactionalProducer
     if client == "confluent":
@@ -183,8 +200,36 @@ async def test_a_configuration_read_is_one_request_on_an_admin_closed_at_once(
         monkeypatch.setattr(aiokafka_producer, "AiokafkaAdmin", _Admin)
         producer = aiokafka_producer.AiokafkaTransactionalProducer(settings, transactional_id=None)
     _Admin.made.clear()
-    assert await producer.topic_limits("t") == TopicLimits(200_000, "compact")
+    for topic in ("t", "u", "v"):
+        assert await producer.topic_limits(topic) == TopicLimits(200_000, "compact")
     [admin] = _Admin.made
-    assert admin.requests == [("max.message.bytes", "cleanup.policy")]
+    assert admin.requests == [("max.message.bytes", "cleanup.policy")] * 3
+    assert not admin.closed
+    inner = _Inner()
+    producer._producer = inner  # type: ignore[attr-defined]
+    await producer.close()  # the admin's close raises: swallowed, the producer closed anyway
     assert admin.closed
-    await producer.close()
+    assert inner.closed
+
+
+class _Destroyed:
+    """An admin client that writes down on which thread it is served and freed."""
+
+    def __init__(self, threads: list[str]) -> None:
+        self._threads = threads
+
+    def poll(self, timeout: float) -> int:
+        self._threads.append(threading.current_thread().name)
+        return 0
+
+
+async def test_a_confluent_admin_is_closed_off_the_event_loop_thread() -> None:
+    """Its last reference was dropped on the event loop: rd_kafka_destroy, which waits for the
+    client's threads, blocked the loop."""
+    threads: list[str] = []
+    admin = ConfluentAdmin(KafkaSettings.plaintext("127.0.0.1:1"), timeout=0.1)
+    admin._client = _Destroyed(threads)  # type: ignore[assignment]
+    await admin.close()
+    assert threads
+    assert threading.current_thread().name not in threads
+    assert admin._client is None
