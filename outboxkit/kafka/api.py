@@ -158,8 +158,9 @@ class TransactionalProducer(ABC):
 
     @abstractmethod
     async def topic_limits(self, topic: str) -> TopicLimits:
-        """What the topic's configuration refuses (one admin request, on an admin client made
-        for it); ``PublishError`` when it cannot be read (see ``read_topic_limits``)."""
+        """What the topic's configuration refuses (one admin request, on an admin client made at
+        the first read and kept for the producer's life; ``close()`` closes it);
+        ``PublishError`` when it cannot be read (see ``read_topic_limits``)."""
 
     @abstractmethod
     async def begin(self) -> None: ...
