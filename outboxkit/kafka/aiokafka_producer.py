@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,13 +21,12 @@ from outboxkit.kafka.api import (
     RecordError,
     TopicLimits,
     TransactionalProducer,
+    close_admin_quietly,
     read_topic_limits,
 )
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
-
-logger = logging.getLogger("outboxkit.kafka")
 
 
 def _name(exc: BaseException) -> str:
@@ -280,11 +278,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                     await asyncio.wait_for(producer.stop(), self._timeout)
         finally:
             admin, self._admin = self._admin, None
-            if admin is not None:
-                try:
-                    await asyncio.wait_for(admin.close(), self._timeout)
-                except Exception as exc:  # its failure to close changes no outcome
-                    logger.debug("closing the admin client of a producer failed: %r", exc)
+            await close_admin_quietly(admin, self._timeout)
 
 
 # Delivery is a NamedTuple: tuple.__new__ skips its keyword-handling __new__ (once per record).

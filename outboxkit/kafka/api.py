@@ -8,6 +8,7 @@ outboxkit errors: ``PublishError`` (retriable), ``PermanentPublishError``, ``Pro
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -119,6 +120,19 @@ async def read_topic_limits(admin: Admin, topic: str) -> TopicLimits:
     except ValueError:
         limit = None
     return TopicLimits(limit, found.get("cleanup.policy"))
+
+
+async def close_admin_quietly(admin: Admin | None, seconds: float) -> None:
+    """Close a producer's admin (its topic-limit reads): its failure changes no outcome, and
+    must not keep the producer from closing."""
+    if admin is None:
+        return
+    try:
+        await asyncio.wait_for(admin.close(), seconds)
+    except Exception as exc:
+        logging.getLogger("outboxkit.kafka").debug(
+            "closing the admin client of a producer failed: %r", exc
+        )
 
 
 @dataclass(frozen=True)

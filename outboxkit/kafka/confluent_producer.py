@@ -10,7 +10,6 @@ record or a failed flush into :class:`ProducerFencedError`: the relay's *lease l
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -26,6 +25,7 @@ from outboxkit.kafka.api import (
     RecordError,
     TopicLimits,
     TransactionalProducer,
+    close_admin_quietly,
     read_topic_limits,
 )
 from outboxkit.kafka.config import confluent_config
@@ -33,8 +33,6 @@ from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
-
-logger = logging.getLogger("outboxkit.kafka")
 
 _new = tuple.__new__
 _UNASSIGNED = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner picks
@@ -299,8 +297,4 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                     pass
         finally:
             admin, self._admin = self._admin, None
-            if admin is not None:
-                try:
-                    await asyncio.wait_for(admin.close(), self._timeout)
-                except Exception as exc:  # its failure to close changes no outcome
-                    logger.debug("closing the admin client of a producer failed: %r", exc)
+            await close_admin_quietly(admin, self._timeout)
