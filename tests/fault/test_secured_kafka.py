@@ -113,6 +113,18 @@ def _message(topic: str, order_id: str, amount: int) -> Message:
     return Message(topic=topic, payload=event, key=order_id, event_type=EVENT_TYPE)
 
 
+def seed_payments(db_url: str, sa_url: str, topic: str) -> tuple[list[str], str]:
+    """The effect table, five payments to succeed and one whose handler fails: their ids."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    engine = create_engine(sa_url)
+    with Session(engine) as session, session.begin():
+        written = Outbox().add_many(session, [_message(topic, f"o-{n}", n) for n in range(5)])
+        dead = Outbox().add(session, _message(topic, "fail-1", 1))
+    engine.dispose()
+    return [str(result.event_id) for result in written], str(dead.event_id)
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_relay_and_consumer_over_sasl_ssl_from_variables_only(
     client: str,
@@ -124,15 +136,7 @@ def test_relay_and_consumer_over_sasl_ssl_from_variables_only(
     server = outboxkit_secure_kafka
     topic = f"payments-{uuid.uuid4().hex[:8]}"
     _create_topics(server, topic, f"{topic}.dlq")
-    with psycopg.connect(outboxkit_db_url) as conn:
-        conn.execute(EFFECT_DDL)
-    engine = create_engine(sa_url)
-    with Session(engine) as session, session.begin():
-        written = Outbox().add_many(session, [_message(topic, f"o-{n}", n) for n in range(5)])
-        dead = Outbox().add(session, _message(topic, "fail-1", 1))
-    engine.dispose()
-    ok_ids = [str(result.event_id) for result in written]
-    dead_id = str(dead.event_id)
+    ok_ids, dead_id = seed_payments(outboxkit_db_url, sa_url, topic)
 
     env = _env(
         outboxkit_db_url,

@@ -17,15 +17,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
-from outboxkit import Outbox
 from outboxkit.devstack import KafkaServer
-from tests.fault.test_secured_kafka import ROOT, Processes, _create_topics, _message
-from tests.integration.inbox_support import EFFECT_DDL, effects, inbox_row
+from tests.fault.test_secured_kafka import ROOT, Processes, _create_topics, seed_payments
+from tests.integration.inbox_support import effects, inbox_row
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -75,15 +71,7 @@ def test_relay_and_consumer_over_oauthbearer_from_variables_only(
     topic = f"payments-{uuid.uuid4().hex[:8]}"
     acks = f"{topic}.acks"
     _create_topics(server, topic, f"{topic}.dlq", acks)
-    with psycopg.connect(outboxkit_db_url) as conn:
-        conn.execute(EFFECT_DDL)
-    engine = create_engine(sa_url)
-    with Session(engine) as session, session.begin():
-        written = Outbox().add_many(session, [_message(topic, f"o-{n}", n) for n in range(5)])
-        dead = Outbox().add(session, _message(topic, "fail-1", 1))
-    engine.dispose()
-    ok_ids = [str(result.event_id) for result in written]
-    dead_id = str(dead.event_id)
+    ok_ids, dead_id = seed_payments(outboxkit_db_url, sa_url, topic)
 
     env = _env(
         outboxkit_db_url,
