@@ -2,7 +2,7 @@
 when configured, rows parked for longer than a long window) in small fenced batches.
 
 Published rows have their own retention (``retention_seconds``, every few poll intervals);
-these rows are rare and discarded ones have no index, so they are swept far less often
+these rows are rare, so they are swept far less often
 (``housekeeping_interval``). Deleting a parked row gives up on it, like ``outbox discard``:
 same-key rows behind it then flow again. Shard 0's holder also parks pending rows of no shard
 (a shard number outside the count, written by hand): no relay would ever claim them; and its

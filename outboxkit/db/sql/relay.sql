@@ -337,8 +337,10 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- name: housekeeping_delete
 -- Housekeeping (outboxkit.relay.housekeeping): one small batch of this shard's rows in a final
 -- state other than published ('discarded', or 'parked' when parked retention is on), parked
--- longer ago than the window. Token-conditional like every relay write. Parked rows use the
--- partial parked index (shard, message_key); discarded rows have none, hence the long interval.
+-- longer ago than the window. Token-conditional like every relay write. Each state is found
+-- through its own partial index, (shard, id) for discarded rows (migration 0005) and
+-- (shard, message_key) for parked ones: no published row kept for retention is read. The state
+-- is a parameter: the planner keeps a custom plan for it (a generic one can use neither index).
 -- Shard 0's holder also takes rows of no shard (parked strays; rows of shards a lowered count
 -- left behind), which no other holder would.
 WITH {_lease_held}, victims AS (
