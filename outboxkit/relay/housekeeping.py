@@ -69,7 +69,7 @@ class Housekeeping:
             return 0
         self._due = self._clock() + self._config.housekeeping_interval
         if term.shard == 0:
-            await self._park_strays(conn, term, stop)
+            await self._park_strays(conn, term, stop, now)
         total = 0
         for state, keep in self.windows():
             removed = 0  # of this state: the log line names it
@@ -91,15 +91,17 @@ class Housekeeping:
         self.deleted += total
         return total
 
-    async def _park_strays(self, conn: Conn, term: LeaseTerm, stop: asyncio.Event) -> None:
+    async def _park_strays(
+        self, conn: Conn, term: LeaseTerm, stop: asyncio.Event, now: datetime | None
+    ) -> None:
         """Small batches, like the deletes: the lease row stays shared while one runs."""
-        params = {**term.sql_params(), "limit": self._config.retention_batch}
+        params = {**term.sql_params(now), "limit": self._config.retention_batch}
         parked = 0
         while not stop.is_set():
             row = await db.one_async(conn, self._park_stray, params)
             assert row is not None
             if not int(row[0]):
-                await token_check_failed(conn, self._schema, term, "housekeeping")
+                await token_check_failed(conn, self._schema, term, "housekeeping", now=now)
             term.check()
             parked += int(row[1])
             if int(row[1]) < self._config.retention_batch:
@@ -117,15 +119,14 @@ class Housekeeping:
         self, conn: Conn, term: LeaseTerm, state: str, keep: float, now: datetime | None
     ) -> int:
         params = {
-            **term.sql_params(),
+            **term.sql_params(now),
             "state": state,
             "keep_seconds": keep,
             "limit": self._config.retention_batch,
-            "now": now,
         }
         row = await db.one_async(conn, self._query, params)
         assert row is not None
         if not int(row[0]):
-            await token_check_failed(conn, self._schema, term, "housekeeping")
+            await token_check_failed(conn, self._schema, term, "housekeeping", now=now)
         term.check()
         return int(row[1])

@@ -103,8 +103,10 @@ class LeaseTerm:
                 cause=self.lost_cause or LeaseLoss.UNKNOWN,
             )
 
-    def sql_params(self) -> dict[str, object]:
-        return {"group": self.group, "shard": self.shard, "token": self.token}
+    def sql_params(self, now: datetime | None = None) -> dict[str, object]:
+        """The term's parameters for the fencing check (relay.sql's ``_lease_held``) and the
+        release; ``now`` (tests only) replaces the database clock in the check's expiry test."""
+        return {"group": self.group, "shard": self.shard, "token": self.token, "now": now}
 
 
 class LeaseStore:

@@ -134,11 +134,17 @@ async def explain_losses(
 
 
 async def token_check_failed(
-    conn: psycopg.AsyncConnection[Any], schema: str, term: LeaseTerm, during: str
+    conn: psycopg.AsyncConnection[Any],
+    schema: str,
+    term: LeaseTerm,
+    during: str,
+    *,
+    now: datetime | None = None,
 ) -> NoReturn:
     """A fenced write found the lease not held: mark the term lost with the reason the lease row
-    shows (read on the same connection, which the failed check left usable) and raise."""
-    ((cause, why),) = await explain_losses(conn, schema, [term])
+    shows (read on the same connection, which the failed check left usable) and raise. ``now``:
+    the clock the refused write was given (tests), else the database's."""
+    ((cause, why),) = await explain_losses(conn, schema, [term], now)
     term.mark_lost(f"{during}: the token check failed: {why}", cause)
     raise LeaseLostError(
         f"lease of shard {term.shard} lost during {during}: {why}",

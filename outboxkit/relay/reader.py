@@ -196,9 +196,16 @@ class ShardStore:
         return db.query("relay", name, self._schema)
 
     async def claim(
-        self, conn: Conn, shard: int, limit: int, in_flight: Sequence[int] = ()
+        self,
+        conn: Conn,
+        shard: int,
+        limit: int,
+        in_flight: Sequence[int] = (),
+        *,
+        now: datetime | None = None,
     ) -> list[OutboxRecord]:
-        """Pending rows in id order, from the lowest, without ``in_flight`` (see SQL)."""
+        """Pending rows in id order, from the lowest, without ``in_flight`` (see SQL). ``now``
+        (tests only) replaces the database clock in deciding which rows are due."""
         found = await db.run_async(
             conn,
             self._query("claim_batch"),
@@ -208,6 +215,7 @@ class ShardStore:
                 "max_bytes": self._max_bytes,
                 "skip_parked_keys": self._skip_parked_keys,
                 "in_flight": BigintIds(in_flight),
+                "now": now,
             },
             binary=True,  # id arrays: packed whole (db.id_arrays), no per-element dumping
         )
@@ -219,25 +227,41 @@ class ShardStore:
         self.claimed_bytes = int(found.rows[-1][_FIELDS]) if found.rows else 0
         return [_record(row, defects) for row in found.rows]
 
-    async def _fenced(self, conn: Conn, name: str, term: LeaseTerm, **params: Any) -> int:
+    async def _fenced(
+        self, conn: Conn, name: str, term: LeaseTerm, *, now: datetime | None, **params: Any
+    ) -> int:
+        """Run a token-conditional write; ``now`` (tests only) replaces the database clock in
+        its lease check (and in its own time window, if it has one)."""
         found = await db.run_async(
-            conn, self._query(name), {**term.sql_params(), **params}, binary=True
+            conn, self._query(name), {**term.sql_params(now), **params}, binary=True
         )
         assert found.rows
         row = found.rows[0]
         held, changed = int(row[0]), int(row[1])
         if not held:
-            await token_check_failed(conn, self._schema, term, name)
+            await token_check_failed(conn, self._schema, term, name, now=now)
         return changed
 
     async def mark_published(
-        self, conn: Conn, term: LeaseTerm, ids: Sequence[int], *, delete: bool
+        self,
+        conn: Conn,
+        term: LeaseTerm,
+        ids: Sequence[int],
+        *,
+        delete: bool,
+        now: datetime | None = None,
     ) -> int:
         name = "delete_published" if delete else "mark_published"
-        return await self._fenced(conn, name, term, ids=BigintIds(ids))
+        return await self._fenced(conn, name, term, now=now, ids=BigintIds(ids))
 
     async def reconcile(
-        self, conn: Conn, term: LeaseTerm, carried: Sequence[tuple[int, str]], *, delete: bool
+        self,
+        conn: Conn,
+        term: LeaseTerm,
+        carried: Sequence[tuple[int, str]],
+        *,
+        delete: bool,
+        now: datetime | None = None,
     ) -> int:
         """Mark (or delete) the rows a committed Kafka transaction carried."""
         name = "reconcile_deleted" if delete else "reconcile_published"
@@ -245,18 +269,27 @@ class ShardStore:
             conn,
             name,
             term,
+            now=now,
             ids=BigintIds([row_id for row_id, _ in carried]),
             event_ids=[event_id for _, event_id in carried],
         )
 
-    async def park(self, conn: Conn, term: LeaseTerm, row_id: int, reason: str) -> int:
-        return await self._fenced(conn, "park", term, id=row_id, reason=reason[:2000])
+    async def park(
+        self, conn: Conn, term: LeaseTerm, row_id: int, reason: str, *, now: datetime | None = None
+    ) -> int:
+        return await self._fenced(conn, "park", term, now=now, id=row_id, reason=reason[:2000])
 
     async def record_failure(
-        self, conn: Conn, term: LeaseTerm, ids: Sequence[int], error: str
+        self,
+        conn: Conn,
+        term: LeaseTerm,
+        ids: Sequence[int],
+        error: str,
+        *,
+        now: datetime | None = None,
     ) -> int:
         return await self._fenced(
-            conn, "record_failure", term, ids=BigintIds(ids), error=error[:2000]
+            conn, "record_failure", term, now=now, ids=BigintIds(ids), error=error[:2000]
         )
 
     async def retention(
@@ -268,7 +301,8 @@ class ShardStore:
         *,
         now: datetime | None = None,
     ) -> int:
-        """Delete one batch of published rows older than the window (``now``: tests only)."""
+        """Delete one batch of published rows older than the window (``now``, tests only: the
+        clock of both the window and the lease check)."""
         return await self._fenced(
             conn, "retention_delete", term, keep_seconds=keep_seconds, limit=limit, now=now
         )

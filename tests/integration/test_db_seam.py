@@ -361,7 +361,7 @@ def test_every_statement_prepares_on_the_real_schema(outboxkit_db_url: str) -> N
     for name, types in inferred.items():
         assert "unknown" not in types, name
     assert inferred["outbox.insert_many"][0] == "uuid[]"
-    claim_types = ["integer", "boolean", "bigint[]", "bigint", "bigint"]
+    claim_types = ["integer", "timestamp with time zone", "boolean", "bigint[]", "bigint", "bigint"]
     assert inferred["relay.claim_batch"] == claim_types
 
 

@@ -132,10 +132,11 @@ async def test_retention_deletes_only_rows_older_than_the_window(outboxkit_db_ur
     leases = LeaseStore("outboxkit")
     store = ShardStore("outboxkit")
     async with await _conn(outboxkit_db_url) as conn:
-        term = await leases.acquire(conn, "default", 0, "A", 30)
+        hour = 3600.0
+        # Held past the later now the retention calls pass: their lease check uses it too.
+        term = await leases.acquire(conn, "default", 0, "A", 2 * hour)
         assert term is not None
         assert await store.mark_published(conn, term, ids, delete=False) == 5
-        hour = 3600.0
         assert await store.retention(conn, term, hour, 10) == 0  # nothing is an hour old
         assert await store.retention(conn, term, hour, 2, now=_later(hour + 1)) == 2  # batches
         assert await store.retention(conn, term, hour, 10, now=_later(hour + 1)) == 3

@@ -27,14 +27,17 @@ KEYS = [f"key-{n}" for n in range(24)]  # spread over the 4 shards
 
 
 def _term(url: str, shard: int = 0) -> LeaseTerm:
+    """A day's lease: still held at the later now a housekeeping call passes (its lease check
+    uses that now too)."""
+    day = 24 * 3600
     with psycopg.connect(url, autocommit=True) as conn:
         row = db.one(
             conn,
             db.query("relay", "lease_acquire", SCHEMA),
-            {"group": "default", "shard": shard, "holder": "me", "ttl": 600, "now": None},
+            {"group": "default", "shard": shard, "holder": "me", "ttl": day, "now": None},
         )
     assert row is not None
-    return LeaseTerm("default", shard, "me", int(row[0]), 600.0, time.monotonic() + 600)
+    return LeaseTerm("default", shard, "me", int(row[0]), float(day), time.monotonic() + day)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ RELAY_WRITES = (
     "park_stray",
 )
 _FENCE = {"group", "shard", "token"}
+_FENCED = _FENCE | {"now"}  # a fenced write: its lease check takes the clock too (tests)
 _INBOX_KEY = {"consumer", "event_id"}
 _ONE = {
     "event_id", "idempotency_key", "content_digest", "topic", "message_key", "payload",
@@ -66,16 +67,16 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "lease_renew_many": {"group", "holder", "shards", "tokens", "ttl", "now"},
         "lease_release": _FENCE,
         "lease_state": {"group", "shards", "now"},
-        "claim_batch": {"shard", "skip_parked_keys", "in_flight", "limit", "max_bytes"},
-        "mark_published": _FENCE | {"ids"},
-        "reconcile_published": _FENCE | {"ids", "event_ids"},
-        "reconcile_deleted": _FENCE | {"ids", "event_ids"},
-        "delete_published": _FENCE | {"ids"},
-        "park": _FENCE | {"id", "reason"},
-        "record_failure": _FENCE | {"ids", "error"},
-        "retention_delete": _FENCE | {"keep_seconds", "limit", "now"},
-        "housekeeping_delete": _FENCE | {"state", "keep_seconds", "limit", "now"},
-        "park_stray": _FENCE | {"limit"},
+        "claim_batch": {"shard", "skip_parked_keys", "in_flight", "limit", "max_bytes", "now"},
+        "mark_published": _FENCED | {"ids"},
+        "reconcile_published": _FENCED | {"ids", "event_ids"},
+        "reconcile_deleted": _FENCED | {"ids", "event_ids"},
+        "delete_published": _FENCED | {"ids"},
+        "park": _FENCED | {"id", "reason"},
+        "record_failure": _FENCED | {"ids", "error"},
+        "retention_delete": _FENCED | {"keep_seconds", "limit"},
+        "housekeeping_delete": _FENCED | {"state", "keep_seconds", "limit"},
+        "park_stray": _FENCED | {"limit"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

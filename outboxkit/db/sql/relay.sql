@@ -82,8 +82,10 @@ WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
   -- A worker of a shard the count no longer has (lowered while it ran) claims nothing: such
   -- rows are shard 0's to park (park_stray); two holders must never send one row.
   AND :shard < (SELECT shard_count FROM {schema}.outbox_setting)
-  AND (m.deliver_after IS NULL OR m.deliver_after <= now())
-  AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
+  -- Due by the database clock (:now instead in tests; NULL in production).
+  AND (m.deliver_after IS NULL OR m.deliver_after <= coalesce(CAST(:now AS timestamptz), now()))
+  AND (m.next_attempt_at IS NULL
+       OR m.next_attempt_at <= coalesce(CAST(:now AS timestamptz), now()))
   AND (:skip_parked_keys OR m.message_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
@@ -96,12 +98,13 @@ ORDER BY c.id;
 
 -- name: _lease_held
 -- A fragment: the fencing check every relay write starts with (WITH <fragment>, ...). The
--- caller's token is the current one and unexpired by the database clock. FOR SHARE makes the
--- write and a takeover's UPDATE of the lease row serialise.
+-- caller's token is the current one and unexpired by the database clock (by :now when a test
+-- passes one; NULL in production). FOR SHARE makes the write and a takeover's UPDATE of the
+-- lease row serialise.
 lease AS (
     SELECT 1 FROM {schema}.relay_lease
     WHERE relay_group = :group AND shard = :shard AND token = :token
-      AND expires_at > now()
+      AND expires_at > coalesce(CAST(:now AS timestamptz), now())
     FOR SHARE
 )
 
