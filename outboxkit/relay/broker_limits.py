@@ -3,8 +3,8 @@
 The broker refuses a record batch above the topic's ``max.message.bytes`` and a record without a
 key for a compacted topic. Outside a transaction an acknowledged record cannot be taken back: a
 refused record with later records of its key in other batches of the same send would be
-overtaken by them for good. So each topic's configuration is read once per producer life (with
-its metadata, see ``topic_gate``), and:
+overtaken by them for good. So each topic's configuration is read at its first claim of a producer
+life (with its metadata, see ``topic_gate``), and:
 
 * a record without a key for a compacted topic is parked before anything is sent;
 * in ``at_least_once`` mode, for a topic whose limit is below the largest record the producer
@@ -17,12 +17,26 @@ its metadata, see ``topic_gate``), and:
   is parked on it, only sent alone. Refused there, it is parked with the broker's reason and the
   rows acknowledged before it are marked (``publisher``).
 
+A configuration may change while the relay runs (a limit lowered, a topic made compacted): a
+read is used for about ``REFRESH_AFTER`` seconds (spread by up to ``REFRESH_SPREAD``, so the
+topics read at one claim do not all fall due at one later claim), then read again at a claim of
+its topic; a broker refusal that may come from a changed configuration (a record or batch too
+large, a record without a key refused) has it read again at the next claim, at most every
+``RETRY_AFTER`` seconds per topic from the read it asked for (a topic whose records keep being
+refused is not read at every claim). A read that finds a configuration changed says so. The
+reads again of one claim share only ``REREAD_BUDGET`` seconds (their last read still applies,
+so a stalled admin path, while produce works, must not hold every claim): a topic not reached
+stays due for a later claim, and one whose read again times out is said at INFO and tried
+again as any failed read.
+
 A configuration that cannot be read changes nothing but that protection (and the parking of
 keyless records before sending): a missing DescribeConfigs ACL is said once per topic and asked
 again in the next producer life; any other failure (a timeout) is said and the read tried again
 at a later claim, at most every ``RETRY_AFTER`` seconds. The reads of one claim share
 ``READ_BUDGET`` seconds (on the producer's one admin client of its life): a topic not read by
-then counts as a failed read. A failed read never stops publishing.
+then counts as a failed read. A failed read never stops publishing, and a failed read of a topic
+read before keeps what that read said (its protection stays) for the rest of the producer life:
+the next life reads it at its first claim, whatever the failed read's back-off.
 
 Exactly-once needs no cutting (an aborted transaction takes everything back) and is not slowed
 by it. Records of topics without a budget cost nothing per record.
@@ -32,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 
@@ -42,6 +58,7 @@ from outboxkit.kafka.api import (
     Delivery,
     ProduceRequest,
     RecordError,
+    TopicLimits,
     TransactionalProducer,
 )
 from outboxkit.kafka.errors import ErrorKind
@@ -54,6 +71,32 @@ _RECORD_OVERHEAD = 36  # at most: length, attributes, timestamp and offset delta
 _HEADER_OVERHEAD = 10  # at most: a header's name and value lengths
 RETRY_AFTER = 60.0  # seconds before a configuration whose read failed (not for an ACL) is asked
 READ_BUDGET = 10.0  # seconds all configuration reads of one claim may take together
+REREAD_BUDGET = 1.0  # seconds the reads again of one claim (limits still in use) may take
+# Seconds a configuration read is used before it is read again (at a claim of its topic): as long
+# as both clients keep topic metadata (metadata.max.age.ms, topic.metadata.refresh.interval.ms),
+# so a changed limit is found about as soon as a changed partition count, at one DescribeConfigs
+# per topic and shard every 5 minutes (a refusal for it has it read at once, see ``refused``).
+REFRESH_AFTER = 300.0
+REFRESH_SPREAD = 0.2  # each read is used REFRESH_AFTER times a factor within 1 ± this
+# Refusals that may come from a configuration changed since it was read: a record or batch above
+# max.message.bytes, a record without a key for a compacted topic (older brokers answer it with
+# CORRUPT_MESSAGE), in both clients' names (aiokafka's RecordTooLargeError is its consumer's).
+_CONFIG_REFUSALS = frozenset(
+    {
+        "MSG_SIZE_TOO_LARGE",
+        "RECORD_LIST_TOO_LARGE",
+        "INVALID_RECORD",
+        "CORRUPT_MESSAGE",
+        "MessageSizeTooLargeError",
+        "RecordListTooLargeError",
+        "InvalidRecordError",
+        "CorruptRecordException",
+    }
+)
+
+
+def _spread() -> float:
+    return random.uniform(1 - REFRESH_SPREAD, 1 + REFRESH_SPREAD)
 
 
 def record_bound(request: ProduceRequest) -> int:
@@ -116,55 +159,114 @@ class BrokerLimits:
         *,
         clock: Callable[[], float] = time.monotonic,
         read_budget: float = READ_BUDGET,
+        reread_budget: float = REREAD_BUDGET,
+        spread: Callable[[], float] = _spread,
     ) -> None:
         self.shard = shard
         self.read_budget = read_budget
+        self.reread_budget = reread_budget
         self._budgets: dict[str, int] = {}  # a record above it goes alone (at_least_once only)
         self._cut: set[str] = set()  # tight topics: all their records within their budget
         self._keyless: dict[str, RecordError] = {}  # compacted topics: why a keyless record fails
         self._learned: set[str] = set()  # read in this producer life, or not readable (no ACL)
+        self._due: dict[str, float] = {}  # a read topic of ``_learned``: read again from then
+        self._refresh_at = math.inf  # at most the earliest of ``_due``: until then none is due
+        self._stale: set[str] = set()  # due, not read again yet: its last read still applies
+        self._marked: dict[str, float] = {}  # a refusal had it read again: not before then
+        self._asked: set[str] = set()  # to be read for a refusal: ``_marked`` set at that read
+        self._read: dict[str, TopicLimits] = {}  # each topic's last read (to say a change)
         self._retry_at: dict[str, float] = {}  # a failed read: not asked again before then
         self._unauthorised: set[str] = set()  # topics said to need DescribeConfigs (once each)
         self._clock = clock
+        self._spread = spread
         self.alone: int | None = None  # the last send's record refused in a send of its own
 
     def forget(self) -> None:
-        """A new producer life reads again (a failed read keeps its back-off)."""
+        """A new producer life reads again (a failed read keeps its back-off, but not one of a
+        topic read before: the limits that back-off relied on are dropped here)."""
+        for topic in self._stale:
+            self._retry_at.pop(topic, None)
         self._budgets.clear()
         self._cut.clear()
         self._keyless.clear()
         self._learned.clear()
+        self._due.clear()
+        self._refresh_at = math.inf
+        self._stale.clear()
 
     def unlearned(self, topics: Iterable[str]) -> list[str]:
-        """Of ``topics``, those to read now: not read in this life, not waiting to retry."""
+        """Of ``topics``, those to read now: not read in this life or due again (see
+        ``REFRESH_AFTER``, ``refused``), not waiting to retry."""
+        now = self._clock()
+        if now >= self._refresh_at:
+            self._expire(now)
         learned, retry_at = self._learned, self._retry_at
         todo = [topic for topic in topics if topic not in learned]
         if todo and retry_at:
-            now = self._clock()
             todo = [topic for topic in todo if retry_at.get(topic, now) <= now]
         return todo
 
+    def _expire(self, now: float) -> None:
+        """Topics whose read is due are read again at their next claim (their limits stay)."""
+        due = self._due
+        for topic in [topic for topic, at in due.items() if at <= now]:
+            del due[topic]
+            self._learned.discard(topic)
+            self._stale.add(topic)
+        self._refresh_at = min(due.values(), default=math.inf)
+
+    def refused(self, failures: Iterable[tuple[str, RecordError]]) -> None:
+        """The broker refused records (topic, error): one too large or without a key may mean its
+        topic's configuration changed since it was read, so that is read again at the next claim
+        (for this reason at most every ``RETRY_AFTER`` seconds per topic)."""
+        for topic, error in failures:
+            if error.name not in _CONFIG_REFUSALS or topic not in self._due:
+                continue  # not read in this life (or waiting to be): nothing to refresh
+            at = max(self._clock(), self._marked.get(topic, -math.inf) + RETRY_AFTER)
+            if at < self._due[topic]:
+                self._due[topic] = self._marked[topic] = at
+                self._refresh_at = min(self._refresh_at, at)
+                self._asked.add(topic)
+
     async def learn_all(
-        self, producer: TransactionalProducer, topics: Iterable[str], check: Callable[[], None]
+        self, producer: TransactionalProducer, topics: Sequence[str], check: Callable[[], None]
     ) -> None:
         """Read the topics' configurations within one ``read_budget`` (a stalled broker must
-        not hold a claim for a read timeout per topic); ``check``: the term's, between."""
-        deadline = self._clock() + self.read_budget
-        late: list[str] = []
-        for topic in topics:
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                late.append(topic)
-                continue
-            await self.learn(producer, topic, remaining)
-            check()
+        not hold a claim for a read timeout per topic), then read again those whose last read
+        still applies within ``reread_budget`` (one not reached stays due for a later claim);
+        ``check``: the term's, between."""
+        stale = self._stale
+        first = [topic for topic in topics if topic not in stale]
+        late = await self._learn_within(producer, first, self.read_budget, check)
         for topic in late:  # like a failed read: read again at a later claim
             self._failed(producer, topic, TimeoutError(f"not read within {self.read_budget}s"))
+        again = [topic for topic in topics if topic in stale]
+        await self._learn_within(producer, again, self.reread_budget, check)
+
+    async def _learn_within(
+        self,
+        producer: TransactionalProducer,
+        topics: list[str],
+        budget: float,
+        check: Callable[[], None],
+    ) -> list[str]:
+        """Read ``topics`` one after another for at most ``budget`` seconds: those not read."""
+        deadline = self._clock() + budget
+        for index, topic in enumerate(topics):
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return topics[index:]
+            await self.learn(producer, topic, remaining)
+            check()
+        return []
 
     async def learn(
         self, producer: TransactionalProducer, topic: str, within: float | None = None
     ) -> None:
         """Read the topic's configuration; if it cannot be read, say why and what is lost."""
+        if topic in self._asked:  # a refusal asked for it: the next such read not before then
+            self._asked.discard(topic)
+            self._marked[topic] = self._clock()
         try:
             limits = await asyncio.wait_for(producer.topic_limits(topic), within)
         except Exception as exc:  # whatever a failed read raises, it never ends the term
@@ -174,6 +276,24 @@ class BrokerLimits:
             return
         self._learned.add(topic)
         self._retry_at.pop(topic, None)
+        self._stale.discard(topic)
+        due = self._due[topic] = self._clock() + REFRESH_AFTER * self._spread()
+        self._refresh_at = min(self._refresh_at, due)
+        before, self._read[topic] = self._read.get(topic), limits
+        if before is not None and before != limits:
+            logger.info(
+                "shard %s: the configuration of topic %r changed: max.message.bytes %s -> %s,"
+                " cleanup.policy %s -> %s",
+                self.shard,
+                topic,
+                before.max_message_bytes,
+                limits.max_message_bytes,
+                before.cleanup_policy,
+                limits.cleanup_policy,
+            )
+        self._budgets.pop(topic, None)  # read again: what it says now replaces what it said
+        self._cut.discard(topic)
+        self._keyless.pop(topic, None)
         if limits.compacted:
             self._keyless[topic] = RecordError(
                 "INVALID_RECORD",
@@ -190,7 +310,10 @@ class BrokerLimits:
             self._budgets[topic] = budget
 
     def _failed(self, producer: TransactionalProducer, topic: str, exc: Exception) -> None:
-        lost = _LOST_EOS if producer.transactional else _LOST_ALO
+        if topic in self._stale:  # read before in this life: that read still applies
+            lost = "the configuration read before stays in use"
+        else:
+            lost = _LOST_EOS if producer.transactional else _LOST_ALO
         cause = str(exc) if isinstance(exc, OutboxkitError) else f"{type(exc).__name__}: {exc}"
         if isinstance(exc, OutboxkitError) and exc.context.get("error") in UNAUTHORISED:
             self._learned.add(topic)  # lasting: asked again in the next producer life
@@ -206,7 +329,9 @@ class BrokerLimits:
                 )
             return
         self._retry_at[topic] = self._clock() + RETRY_AFTER
-        logger.warning(
+        late = topic in self._stale and isinstance(exc, TimeoutError)  # its limits still apply
+        logger.log(
+            logging.INFO if late else logging.WARNING,
             "shard %s: the configuration of topic %r could not be read (%s); it is read again at"
             " a claim at least %ds from now, and until it is read %s",
             self.shard,

@@ -77,8 +77,7 @@ class BatchPublisher:
         self._limits = self._gate.limits  # sends may be cut (at_least_once: broker_limits)
         self._pending_mark: asyncio.Task[None] | None = None
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
-        # After a permanent error in several claims: that many one-claim transactions (see below).
-        self._one_claim_transactions = 0
+        self._one_claim_transactions = 0  # after a permanent error in several claims (below)
         # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
         self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
         self.stats = PublishStats()
@@ -360,6 +359,7 @@ class BatchPublisher:
                 await producer.abort()
         if permanent := [(r, e) for r, e in failed if e.kind is ErrorKind.PERMANENT]:
             self._sizer.reset()  # what is retried, and maybe isolated row by row, stays small
+            self._limits.refused((r.topic, e) for r, e in permanent)  # maybe a changed limit
         alone = self._limits.alone is not None and not producer.transactional  # never in a txn
         if permanent and (len(sent) == 1 or alone):  # refused alone, or in a send of its own:
             record, error = failed[0]  # the bad one; at least once, those acked before it stay

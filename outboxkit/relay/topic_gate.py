@@ -8,7 +8,8 @@ record there would be read back as a checkpoint at the next takeover (rows marke
 never were, or an unreadable checkpoint that stops the shard). With ``parked_key_policy = wait``
 a later row of a parked key stays back (the next claim leaves it out), so per-key order holds.
 A topic's configuration is read after its metadata (``broker_limits``; a failed read is tried
-again at a later claim): a row without a key for a compacted topic is parked here too, before
+again at a later claim, and a read is repeated once it is old or a refusal may mean the topic's
+configuration changed): a row without a key for a compacted topic is parked here too, before
 anything is sent.
 """
 
@@ -79,7 +80,8 @@ class TopicGate:
                 self._known_topics.add(topic)
             else:
                 problems[topic] = problem
-        # Until it is read (a failed read is tried again later), rows of the topic go unchecked.
+        # Until it is read (a failed read is tried again later), rows of the topic go unchecked;
+        # one due to be read again (``REFRESH_AFTER``) keeps its last read meanwhile.
         unlearned = self.limits.unlearned(topics - problems.keys())
         if unlearned:
             await self.limits.learn_all(producer, unlearned, term.check)
