@@ -169,7 +169,7 @@ async def raw_drain_shard(url: str, shard: int) -> None:
             {"group": "raw", "shard": shard, "holder": "bench", "ttl": 600, "now": None},
         )
         assert token_row is not None
-        params = {"group": "raw", "shard": shard, "token": token_row[0]}
+        params = {"group": "raw", "shard": shard, "token": token_row[0], "now": None}
         claim = db.query("relay", "claim_batch", "outboxkit")
         mark = db.query("relay", "mark_published", "outboxkit")
         while True:
@@ -182,7 +182,7 @@ async def raw_drain_shard(url: str, shard: int) -> None:
                     "max_bytes": MAX_BYTES,
                     "skip_parked_keys": False,
                     "in_flight": [],
-                    "after": 0,
+                    "now": None,
                 },
             )
             ids = [row[0] for row in found]
