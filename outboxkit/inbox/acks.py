@@ -3,6 +3,13 @@
 Optional (``acks_topic=`` on an adapter). One JSON record per terminal outcome reached by this
 delivery (duplicates are not re-acknowledged), keyed by event id, published and flushed before
 the offset commit — so at least once; readers deduplicate by ``(consumer, event_id)``.
+
+A delivery refused into the rejection log (a reused id, a replay older than the dedup window, an
+unsafe header, given up) says nothing of the event's own row, which may be ``succeeded``: its
+record carries ``"rejection_log": true`` so a reader does not take ``rejected`` for the event's
+state. The field is absent otherwise (records of older versions lack it too). A delivery given up
+whose unfinished row was marked ``dead`` is acknowledged ``dead``: that is the event's state, and
+no other record would ever tell the producer.
 """
 
 from __future__ import annotations
@@ -27,16 +34,19 @@ def ack_record(consumer: str, env: Envelope, outcome: Outcome) -> AckRecord | No
     """``(key, value, headers)`` for the acks topic, or ``None`` if nothing is acknowledged."""
     if outcome.kind not in _ACKED or outcome.event_id is None:
         return None
-    body = {
+    state = OutcomeKind.DEAD if outcome.row_dead else outcome.kind
+    body: dict[str, object] = {
         "consumer": consumer,
         "event_id": outcome.event_id,
-        "state": outcome.kind.value,
+        "state": state.value,
         "attempts": outcome.attempts,
         "error": outcome.error,
         "topic": env.topic,
         "partition": env.partition,
         "offset": env.offset,
     }
+    if outcome.rejection_log and not outcome.row_dead:
+        body["rejection_log"] = True
     headers = [
         (HEADER_EVENT_ID, outcome.event_id.encode()),
         (HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE.encode()),

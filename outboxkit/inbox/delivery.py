@@ -267,7 +267,7 @@ class InboxCore:
             return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
         reason = f"event id reused with different content (existing: {claim.existing_state})"
         yield self.statements.reject(env, reason, ident)
-        return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+        return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason, rejection_log=True)
 
     def admit(self, env: Envelope) -> Plan[Identity | Outcome]:
         """The delivery's identity, or its ``rejected`` outcome (no usable event id, or a replay
@@ -291,11 +291,11 @@ class InboxCore:
             event_id = exc.safe_event_id if isinstance(exc, InvalidHeaderError) else None
             reason = bounded(str(exc))
             yield statements.reject(env, reason, event_id=event_id)
-            return Outcome(OutcomeKind.REJECTED, event_id, error=reason)
+            return Outcome(OutcomeKind.REJECTED, event_id, error=reason, rejection_log=True)
         if settings.too_old(env) and not (yield statements.state(ident.event_id)).rows:
             reason = "replay older than the dedup retention window; refused"
             yield statements.reject(env, reason, ident)
-            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason)
+            return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason, rejection_log=True)
         return ident
 
     def refuse(self, run: ClaimedRun, reason: str) -> Plan[Outcome]:
@@ -346,7 +346,8 @@ class InboxCore:
 
     def give_up(self, env: Envelope, error: str, failures: int) -> Plan[Outcome]:
         """End a delivery that failed ``failures`` times outside the handler (a bug, a value the
-        database refuses): recorded as a rejection, and its row (if any) marked ``dead``."""
+        database refuses): recorded as a rejection, and its row (if any) marked ``dead``
+        (``row_dead``: then the event is dead, not only this delivery refused)."""
         reason = bounded(f"gave up after {failures} unexpected errors: {error}")
         try:
             ident: Identity | None = identify(env, self.settings.event_id_from)
@@ -361,13 +362,21 @@ class InboxCore:
             # The identity itself may be what the database refuses: record a hash of it.
             event_id, ident = hashed(ident.event_id.encode("utf-8", "surrogatepass")), None
             yield self.statements.reject(env, reason, event_id=event_id)
+        row_dead = False
         if ident is not None:
             try:
-                yield self.statements.abandon(ident.event_id, reason)
+                row_dead = (yield self.statements.abandon(ident.event_id, reason)).rowcount == 1
             except Exception as exc:  # recorded as a rejection already: do not hold the record
                 logger.error("marking %s dead failed: %s", ident.event_id, error_text(exc))
         logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
-        return Outcome(OutcomeKind.REJECTED, event_id, error=reason, alert="given_up")
+        return Outcome(
+            OutcomeKind.REJECTED,
+            event_id,
+            error=reason,
+            alert="given_up",
+            rejection_log=True,
+            row_dead=row_dead,
+        )
 
     def lease_lost(self, run: ClaimedRun, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""

@@ -33,6 +33,12 @@ class Outcome:
     # Something an operator must hear about although the record ended: "dead_letter_failed"
     # (the event is dead without a dead-letter record) or "given_up" (unexpected errors).
     alert: str | None = None
+    # Recorded in the rejection log (``inbox_rejection``), not on the event's own row: ``kind``
+    # says how this delivery ended, not the event (a reused id's original row is untouched).
+    rejection_log: bool = False
+    # A delivery given up (``alert="given_up"``) whose unfinished row was marked ``dead``: the
+    # event itself is dead, which is what its acknowledgement says (see ``acks.py``).
+    row_dead: bool = False
 
     @classmethod
     def succeeded(cls, event_id: str, attempts: int) -> Outcome:
@@ -45,4 +51,6 @@ class Outcome:
             error=None,
             retry_in=0.0,
             alert=None,
+            rejection_log=False,
+            row_dead=False,
         )

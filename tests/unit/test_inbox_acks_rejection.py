@@ -1,0 +1,201 @@
+"""Acknowledgements of deliveries refused into the rejection log say so (``rejection_log``):
+a reused id, an old replay or an unsafe header says nothing of the event's own row, which may
+be ``succeeded``; a delivery given up whose row was marked ``dead`` is acknowledged ``dead``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from outboxkit.db import Result
+from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
+from outboxkit.inbox.acks import ack_record
+from outboxkit.inbox.delivery import InboxCore
+from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.outcome import Outcome
+from outboxkit.inbox.steps import Plan, Poll, Publish, Step, Subscribe, TopicExists, drive_sync
+from outboxkit.kafka.api import ConsumedRecord
+from tests.unit.test_inbox_core import NONE, ONE, Script, _core, _db, _env, _name
+from tests.unit.test_inbox_logic import Cancelled
+
+pytestmark = pytest.mark.unit
+
+ACKS = "billing.acks"
+
+
+def _body(outcome: Outcome, env: Envelope | None = None) -> dict[str, Any]:
+    record = ack_record("c", env or _env(), outcome)
+    assert record is not None
+    key, value, _ = record
+    assert key == (outcome.event_id or "").encode()
+    body: dict[str, Any] = json.loads(value)
+    return body
+
+
+def _reused(step: Step) -> Any:
+    """The event id is taken by a ``succeeded`` row of other content."""
+    name = _name(step)
+    if name in ("claim", "claim_batch"):
+        return NONE
+    if name == "get_state":
+        return Result([("succeeded", b"other content")], 1)
+    return ONE
+
+
+def test_a_reused_id_is_acknowledged_as_a_rejection_log_entry() -> None:
+    script = Script(_reused)
+    outcome = drive_sync(_core().deliver(_env()), script)
+    assert script.names() == ["claim", "get_state", "record_rejection", "EndDelivery"]
+    assert (outcome.kind, outcome.rejection_log, outcome.row_dead) == (
+        OutcomeKind.REJECTED,
+        True,
+        False,
+    )
+    body = _body(outcome)
+    assert (body["event_id"], body["state"], body["rejection_log"]) == ("e1", "rejected", True)
+    assert "existing: succeeded" in body["error"]
+
+
+def test_an_old_replay_of_a_forgotten_event_is_acknowledged_as_a_rejection_log_entry() -> None:
+    registry = EventRegistry()
+    registry.register(Cancelled)
+    settings = InboxSettings(consumer="c", registry=registry, replay_window=60)
+    core = InboxCore(settings, lambda e, c, s: None, coroutines=False)
+    env = Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=0,
+        key=b"k",
+        value=b"{}",
+        headers=[("event-id", b"e1"), ("event-type", b"order.cancelled")],
+        timestamp_ms=1_000,  # 1970: far older than the window
+    )
+    script = Script(_db(None))  # no row: forgotten
+    outcome = drive_sync(core.deliver(env), script)
+    assert script.names() == ["get_state", "record_rejection", "EndDelivery"]
+    body = _body(outcome, env)
+    assert (body["state"], body["rejection_log"]) == ("rejected", True)
+    assert "replay older than" in body["error"]
+
+
+def test_an_unsafe_header_of_a_safe_event_id_is_acknowledged_as_a_rejection_log_entry() -> None:
+    env = Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=0,
+        key=b"k",
+        value=b"{}",
+        headers=[("event-id", b"e1"), ("event-type", b"x\x1b[31m")],
+    )
+    script = Script(_db((7, 1, None)))
+    outcome = drive_sync(_core().deliver(env), script)
+    assert script.names() == ["record_rejection", "EndDelivery"]
+    assert outcome.event_id == "e1"
+    body = _body(outcome, env)
+    assert (body["state"], body["rejection_log"]) == ("rejected", True)
+
+
+def test_a_rejection_on_the_events_own_row_is_acknowledged_as_its_state() -> None:
+    """Undecodable after the claim: the row itself ends ``rejected`` (no flag)."""
+    env = Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=0,
+        key=b"k",
+        value=b"{broken",
+        headers=[("event-id", b"e1"), ("event-type", b"order.cancelled")],
+    )
+    script = Script(_db((7, 1, None)))
+    outcome = drive_sync(_core().deliver(env), script)
+    assert script.names() == ["claim", "finish", "EndDelivery"]
+    assert (outcome.kind, outcome.rejection_log) == (OutcomeKind.REJECTED, False)
+    body = _body(outcome, env)
+    assert body["state"] == "rejected"
+    assert "rejection_log" not in body
+
+
+@pytest.mark.parametrize(
+    ("abandoned", "state", "flagged"),
+    [(ONE, "dead", False), (NONE, "rejected", True)],
+    ids=["row-marked-dead", "no-unfinished-row"],
+)
+def test_a_delivery_given_up_is_acknowledged_dead_when_its_row_was_marked_dead(
+    abandoned: Result, state: str, flagged: bool
+) -> None:
+    """The row marked ``dead`` is the event's state, and no later record would tell it: the
+    producer hears ``dead``. With no unfinished row (none, or already finished) only this
+    delivery was refused."""
+
+    def answer(step: Step) -> Any:
+        return abandoned if _name(step) == "abandon" else ONE
+
+    script = Script(answer)
+    outcome = drive_sync(_core().give_up(_env(), "DataError: x", 5), script)
+    assert script.names() == ["record_rejection", "abandon"]
+    # What the metrics and the alert see is unchanged: a rejected outcome, alert given_up.
+    assert (outcome.kind, outcome.alert) == (OutcomeKind.REJECTED, "given_up")
+    assert (outcome.rejection_log, outcome.row_dead) == (True, state == "dead")
+    body = _body(outcome)
+    assert body["state"] == state
+    assert body.get("rejection_log", False) is flagged
+    assert body["error"].startswith("gave up after 5 unexpected errors")
+
+
+def _record(offset: int, event_id: bytes = b"e1") -> ConsumedRecord:
+    headers = (("event-id", event_id), ("event-type", b"order.cancelled"))
+    return ConsumedRecord("orders", 0, offset, b"k", b'{"order_id": "o1"}', headers, None)
+
+
+def _polling(batches: list[list[ConsumedRecord]], db: Callable[[Step], Any]) -> Script:
+    polls = iter(batches)
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Subscribe):
+            step.on_assign([("orders", 0)])
+        if isinstance(step, Poll):
+            return next(polls)
+        if isinstance(step, TopicExists):
+            return True
+        if isinstance(step, Publish):
+            return None
+        return db(step)
+
+    return Script(answer)
+
+
+def _acks(script: Script) -> list[dict[str, Any]]:
+    return [json.loads(s.value or b"") for s in script.steps if isinstance(s, Publish)]
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "one-by-one"])
+def test_the_consumer_publishes_a_reused_id_flagged(batched: bool) -> None:
+    options = LoopOptions(topics=["orders"], acks_topic=ACKS, batch_max_records=2 if batched else 1)
+    loop = ConsumerLoop(_core(), options, clock=lambda: 1000.0)
+    script = _polling([[_record(5)], [], []], _reused)
+    outcomes = drive_sync(loop.poll_batch(), script)
+    assert [o.kind for o in outcomes] == [OutcomeKind.REJECTED]
+    assert [s.topic for s in script.steps if isinstance(s, Publish)] == [ACKS]
+    [body] = _acks(script)
+    assert (body["event_id"], body["state"], body["rejection_log"]) == ("e1", "rejected", True)
+
+
+def test_the_consumer_acknowledges_a_record_given_up_with_its_row_dead() -> None:
+    options = LoopOptions(topics=["orders"], acks_topic=ACKS, max_unexpected_errors=1)
+    loop = ConsumerLoop(_core(), options, clock=lambda: 1000.0)
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        raise RuntimeError("a value the database refuses")
+
+    loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
+    script = _polling([[_record(5)]], lambda step: ONE)
+    outcome = drive_sync(loop.poll_once(), script)
+    assert outcome is not None
+    assert outcome.alert == "given_up"
+    [body] = _acks(script)
+    assert (body["event_id"], body["state"]) == ("e1", "dead")
+    assert "rejection_log" not in body
