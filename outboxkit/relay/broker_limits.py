@@ -21,21 +21,23 @@ A configuration may change while the relay runs (a limit lowered, a topic made c
 read is used for about ``REFRESH_AFTER`` seconds (spread by up to ``REFRESH_SPREAD``, so the
 topics read at one claim do not all fall due at one later claim), then read again at a claim of
 its topic; a broker refusal that may come from a changed configuration (a record or batch too
-large, a record without a key refused) has it read again at the next claim, at most every
-``RETRY_AFTER`` seconds per topic from the read it asked for (a topic whose records keep being
-refused is not read at every claim). A read that finds a configuration changed says so. The
-reads again of one claim share only ``REREAD_BUDGET`` seconds (their last read still applies,
-so a stalled admin path, while produce works, must not hold every claim): a topic not reached
-stays due for a later claim, and one whose read again times out is said at INFO and tried
-again as any failed read.
+large, a record without a key refused) has it read again at the next claim (within the first
+reads' budget), at most every ``RETRY_AFTER`` seconds per topic from the read it asked for. A
+read that finds a configuration changed says so. The other reads again of one claim share only
+``REREAD_BUDGET`` seconds (their last read still applies, so a stalled admin path, while produce
+works, must not hold every claim): a topic not reached stays due for a later claim, and one
+whose read again times out is said at INFO and tried again as any failed read.
 
 A configuration that cannot be read changes nothing but that protection (and the parking of
 keyless records before sending): a missing DescribeConfigs ACL is said once per topic and asked
 again in the next producer life; any other failure (a timeout) is said and the read tried again
 at a later claim, at most every ``RETRY_AFTER`` seconds. The reads of one claim share
-``READ_BUDGET`` seconds (on the producer's one admin client of its life): a topic not read by
-then counts as a failed read. A failed read never stops publishing, and a failed read of a topic
-read before keeps what that read said (its protection stays) for the rest of the producer life:
+``READ_BUDGET`` seconds (on the producer's one admin client of its life), each started with at
+least ``MIN_SHARE`` of it left: a topic not read by then counts as a failed read. A read given up
+on runs on until the admin's own timeout (confluent-kafka's in a thread the producer needs too):
+until it ends no read starts (a first read counts as failed, a read again stays due), and its
+answer is dropped. A failed read never stops publishing; one of a topic read before (in this
+producer life or an earlier one) keeps what that read said for the rest of the producer life:
 the next life reads it at its first claim, whatever the failed read's back-off.
 
 Exactly-once needs no cutting (an aborted transaction takes everything back) and is not slowed
@@ -64,6 +66,7 @@ from outboxkit.kafka.api import (
 from outboxkit.kafka.errors import ErrorKind
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
+Check = Callable[[], None]  # the term's check, between awaits
 
 BATCH_OVERHEAD = 61  # a v2 record batch's header, counted in its size
 _RECORD_OVERHEAD = 36  # at most: length, attributes, timestamp and offset deltas, key and value
@@ -72,10 +75,12 @@ _HEADER_OVERHEAD = 10  # at most: a header's name and value lengths
 RETRY_AFTER = 60.0  # seconds before a configuration whose read failed (not for an ACL) is asked
 READ_BUDGET = 10.0  # seconds all configuration reads of one claim may take together
 REREAD_BUDGET = 1.0  # seconds the reads again of one claim (limits still in use) may take
-# Seconds a configuration read is used before it is read again (at a claim of its topic): as long
-# as both clients keep topic metadata (metadata.max.age.ms, topic.metadata.refresh.interval.ms),
-# so a changed limit is found about as soon as a changed partition count, at one DescribeConfigs
-# per topic and shard every 5 minutes (a refusal for it has it read at once, see ``refused``).
+MIN_SHARE = 0.25  # a read starts only with this share of its budget left (else doomed to fail)
+_BUSY = "an earlier read given up on still waits for its answer"  # it runs (a thread) until then
+# Seconds a read is used before it is read again (at a claim of its topic): as long as both
+# clients keep topic metadata (metadata.max.age.ms, topic.metadata.refresh.interval.ms), so a
+# changed limit is found about as soon as a changed partition count, at one DescribeConfigs per
+# topic and shard every 5 minutes (a refusal for it has it read at once, see ``refused``).
 REFRESH_AFTER = 300.0
 REFRESH_SPREAD = 0.2  # each read is used REFRESH_AFTER times a factor within 1 ± this
 # Refusals that may come from a configuration changed since it was read: a record or batch above
@@ -163,8 +168,7 @@ class BrokerLimits:
         spread: Callable[[], float] = _spread,
     ) -> None:
         self.shard = shard
-        self.read_budget = read_budget
-        self.reread_budget = reread_budget
+        self.read_budget, self.reread_budget = read_budget, reread_budget
         self._budgets: dict[str, int] = {}  # a record above it goes alone (at_least_once only)
         self._cut: set[str] = set()  # tight topics: all their records within their budget
         self._keyless: dict[str, RecordError] = {}  # compacted topics: why a keyless record fails
@@ -177,22 +181,22 @@ class BrokerLimits:
         self._read: dict[str, TopicLimits] = {}  # each topic's last read (to say a change)
         self._retry_at: dict[str, float] = {}  # a failed read: not asked again before then
         self._unauthorised: set[str] = set()  # topics said to need DescribeConfigs (once each)
+        self._inflight: asyncio.Future[TopicLimits] | None = None  # the last read given up on
         self._clock = clock
         self._spread = spread
         self.alone: int | None = None  # the last send's record refused in a send of its own
 
     def forget(self) -> None:
         """A new producer life reads again (a failed read keeps its back-off, but not one of a
-        topic read before: the limits that back-off relied on are dropped here)."""
-        for topic in self._stale:
-            self._retry_at.pop(topic, None)
-        self._budgets.clear()
-        self._cut.clear()
-        self._keyless.clear()
-        self._learned.clear()
-        self._due.clear()
+        topic read before), with what it may use (a read given up on may still run)."""
+        now, stale = self._clock(), self._stale
+        self._retry_at = {t: at for t, at in self._retry_at.items() if at > now and t not in stale}
+        self._marked = {t: at for t, at in self._marked.items() if at + RETRY_AFTER > now}
+        for known in (self._budgets, self._cut, self._keyless, self._learned, self._due):
+            known.clear()
         self._refresh_at = math.inf
         self._stale.clear()
+        self._asked.clear()
 
     def unlearned(self, topics: Iterable[str]) -> list[str]:
         """Of ``topics``, those to read now: not read in this life or due again (see
@@ -229,32 +233,33 @@ class BrokerLimits:
                 self._asked.add(topic)
 
     async def learn_all(
-        self, producer: TransactionalProducer, topics: Sequence[str], check: Callable[[], None]
+        self, producer: TransactionalProducer, topics: Sequence[str], check: Check
     ) -> None:
         """Read the topics' configurations within one ``read_budget`` (a stalled broker must
-        not hold a claim for a read timeout per topic), then read again those whose last read
-        still applies within ``reread_budget`` (one not reached stays due for a later claim);
-        ``check``: the term's, between."""
-        stale = self._stale
-        first = [topic for topic in topics if topic not in stale]
+        not hold a claim for a read timeout per topic), those a refusal asked for last, then
+        the others due within ``reread_budget`` (one not reached stays due); ``check``: the
+        term's, between."""
+        stale, asked = self._stale, self._asked
+        again = [topic for topic in topics if topic in stale and topic not in asked]
+        first = sorted([t for t in topics if t not in stale or t in asked], key=stale.__contains__)
         late = await self._learn_within(producer, first, self.read_budget, check)
-        for topic in late:  # like a failed read: read again at a later claim
-            self._failed(producer, topic, TimeoutError(f"not read within {self.read_budget}s"))
-        again = [topic for topic in topics if topic in stale]
+        why = _BUSY if self._waiting() else f"not read within {self.read_budget}s"
+        for topic in [topic for topic in late if topic not in stale]:  # read again later
+            self._failed(producer, topic, TimeoutError(why))
         await self._learn_within(producer, again, self.reread_budget, check)
 
+    def _waiting(self) -> bool:
+        return self._inflight is not None and not self._inflight.done()
+
     async def _learn_within(
-        self,
-        producer: TransactionalProducer,
-        topics: list[str],
-        budget: float,
-        check: Callable[[], None],
+        self, producer: TransactionalProducer, topics: list[str], budget: float, check: Check
     ) -> list[str]:
-        """Read ``topics`` one after another for at most ``budget`` seconds: those not read."""
+        """Read ``topics`` one after another for at most ``budget`` seconds: those not read
+        (not started with less than ``MIN_SHARE`` of it left, or while a read still runs)."""
         deadline = self._clock() + budget
         for index, topic in enumerate(topics):
             remaining = deadline - self._clock()
-            if remaining <= 0:
+            if remaining < budget * MIN_SHARE or self._waiting():
                 return topics[index:]
             await self.learn(producer, topic, remaining)
             check()
@@ -267,13 +272,18 @@ class BrokerLimits:
         if topic in self._asked:  # a refusal asked for it: the next such read not before then
             self._asked.discard(topic)
             self._marked[topic] = self._clock()
-        try:
-            limits = await asyncio.wait_for(producer.topic_limits(topic), within)
+        read = asyncio.ensure_future(producer.topic_limits(topic))
+        try:  # shielded: a thread is not stopped by cancelling; it stays the read in flight
+            limits = await asyncio.wait_for(asyncio.shield(read), within)
         except Exception as exc:  # whatever a failed read raises, it never ends the term
             if isinstance(exc, TimeoutError) and not str(exc):  # wait_for's says nothing
                 exc = TimeoutError("no answer in time")
             self._failed(producer, topic, exc)
             return
+        finally:
+            if not read.done():
+                self._inflight = read
+                read.add_done_callback(lambda r: r.cancelled() or r.exception())  # not used
         self._learned.add(topic)
         self._retry_at.pop(topic, None)
         self._stale.discard(topic)
@@ -291,7 +301,11 @@ class BrokerLimits:
                 before.cleanup_policy,
                 limits.cleanup_policy,
             )
-        self._budgets.pop(topic, None)  # read again: what it says now replaces what it said
+        self._apply(producer, topic, limits)
+
+    def _apply(self, producer: TransactionalProducer, topic: str, limits: TopicLimits) -> None:
+        """What ``limits`` says of the topic replaces what was said before."""
+        self._budgets.pop(topic, None)
         self._cut.discard(topic)
         self._keyless.pop(topic, None)
         if limits.compacted:
@@ -310,21 +324,24 @@ class BrokerLimits:
             self._budgets[topic] = budget
 
     def _failed(self, producer: TransactionalProducer, topic: str, exc: Exception) -> None:
-        if topic in self._stale:  # read before in this life: that read still applies
+        if topic not in self._stale and topic in self._read:  # read in an earlier life
+            self._apply(producer, topic, self._read[topic])  # better than nothing: used again
+            self._stale.add(topic)
+        if topic in self._stale:  # read before: that read still applies
             lost = "the configuration read before stays in use"
         else:
             lost = _LOST_EOS if producer.transactional else _LOST_ALO
         cause = str(exc) if isinstance(exc, OutboxkitError) else f"{type(exc).__name__}: {exc}"
+        said = (self.shard, topic, cause)
         if isinstance(exc, OutboxkitError) and exc.context.get("error") in UNAUTHORISED:
             self._learned.add(topic)  # lasting: asked again in the next producer life
+            self._stale.discard(topic)  # not read again in this life
             if topic not in self._unauthorised:
                 self._unauthorised.add(topic)
                 logger.warning(
                     "shard %s: the configuration of topic %r may not be read (%s): the relay's"
                     " Kafka principal needs DescribeConfigs on the topic; until then %s",
-                    self.shard,
-                    topic,
-                    cause,
+                    *said,
                     lost,
                 )
             return
@@ -334,25 +351,18 @@ class BrokerLimits:
             logging.INFO if late else logging.WARNING,
             "shard %s: the configuration of topic %r could not be read (%s); it is read again at"
             " a claim at least %ds from now, and until it is read %s",
-            self.shard,
-            topic,
-            cause,
+            *said,
             RETRY_AFTER,
             lost,
         )
 
     def keyless_refused(self, topics: Collection[str]) -> dict[str, RecordError]:
         """Of ``topics``, the compacted ones: why a record without a key for each is refused."""
-        keyless = self._keyless
-        if not keyless:
-            return {}
-        return {topic: keyless[topic] for topic in topics if topic in keyless}
+        keyless = self._keyless  # none: nothing to look up
+        return {topic: keyless[topic] for topic in topics if topic in keyless} if keyless else {}
 
     async def send(
-        self,
-        producer: TransactionalProducer,
-        requests: list[ProduceRequest],
-        check: Callable[[], None],
+        self, producer: TransactionalProducer, requests: list[ProduceRequest], check: Check
     ) -> list[Delivery]:
         """``producer.send``, cut into several for tight topics (see the module doc); after a
         failed one nothing more is produced (``NOT_SENT``). ``check``: the term's, between."""

@@ -7,6 +7,8 @@ limit was found only after a transient error or a restart, and sends were not cu
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 from typing import Any
 
@@ -361,3 +363,215 @@ async def test_which_refusals_have_the_configuration_read_again(
     gate.limits.refused([("t", RecordError(name, "refused"))])
     await gate.sendable(TERM, _CONN, producer, [_row(2)])
     assert producer.reads == (2 if read_again else 1)
+
+
+class _Stalling(_SlowProducer):
+    """Reads of ``stuck`` topics wait for ``release``, then fail as the admin's own timeout."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__(clock, takes=0.0)
+        self.release = asyncio.Event()
+        self.stuck: frozenset[str] = frozenset()
+        self.free = 0  # so many reads answer first, whatever their topic
+
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        if topic not in self.stuck or self.free:
+            self.free = max(self.free - 1, 0)
+            return await super().topic_limits(topic)
+        self.read.append(topic)
+        await self.release.wait()
+        raise PublishError(f"configuration of topic {topic!r}: timed out")
+
+
+async def test_a_read_given_up_on_stays_the_only_read_until_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With confluent-kafka a read runs in a thread of the loop's default executor (the
+    producer's too) until the admin's timeout: each claim during a stall gave up on one more."""
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _Stalling(clock)
+    await gate.sendable(TERM, _CONN, producer, [_row_of(1, "a"), _row_of(2, "b")])
+    gate.limits.read_budget = gate.limits.reread_budget = 0.01  # real seconds (the stall)
+    producer.stuck = frozenset({"a", "b", "c", "d"})
+    clock[0] += REFRESH_AFTER
+    claim = [_row_of(3, "a"), _row_of(4, "b"), _row_of(5, "c")]
+    with caplog.at_level(logging.INFO, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, claim)
+        assert producer.read[2:] == ["c"]  # the first read, given up on: no read again after
+        await gate.sendable(TERM, _CONN, producer, [*claim, _row_of(6, "d")])
+    assert producer.read[2:] == ["c"]
+    [given_up, busy] = _logged(caplog, logging.WARNING)
+    assert "topic 'c' could not be read (TimeoutError: no answer in time)" in given_up
+    assert "topic 'd' could not be read (TimeoutError: an earlier read given up on" in busy
+    assert sorted(gate.limits.unlearned({"a", "b"})) == ["a", "b"]  # not reached: still due
+    producer.stuck = frozenset()
+    producer.release.set()
+    inflight = gate.limits._inflight
+    assert inflight is not None
+    await asyncio.wait([inflight])
+    await gate.sendable(TERM, _CONN, producer, claim)
+    assert sorted(producer.read[3:]) == ["a", "b"]  # its late answer is not used
+
+
+async def test_a_read_given_up_on_that_fails_later_is_not_reported_as_never_retrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = [0.0]
+    gate = _gate(clock)
+    gate.limits.read_budget = 0.01
+    producer = _Stalling(clock)
+    producer.stuck = frozenset({"a"})
+    await gate.sendable(TERM, _CONN, producer, [_row_of(1, "a")])
+    inflight = gate.limits._inflight
+    assert inflight is not None
+    producer.release.set()
+    await asyncio.wait([inflight])
+    del inflight, gate
+    with caplog.at_level(logging.ERROR, "asyncio"):
+        gc.collect()
+    assert [r for r in caplog.records if r.name == "asyncio"] == []
+
+
+async def test_a_new_producer_life_starts_no_read_while_one_given_up_on_still_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = [0.0]
+    gate = _gate(clock)
+    gate.limits.read_budget = 0.01
+    producer = _Stalling(clock)
+    producer.stuck = frozenset({"a"})
+    await gate.sendable(TERM, _CONN, producer, [_row_of(1, "a")])
+    gate.forget()  # the thread still runs
+    clock[0] += RETRY_AFTER
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, [_row_of(2, "a")])
+    assert producer.read == ["a"]
+    [message] = _logged(caplog, logging.WARNING)
+    assert "an earlier read given up on still waits for its answer" in message
+    producer.release.set()
+    assert gate.limits._inflight is not None  # forget() kept it
+    await asyncio.wait([gate.limits._inflight])
+
+
+@pytest.mark.parametrize("due", ["no", "yes", "expired"])
+async def test_a_failed_first_read_of_a_new_life_uses_the_read_of_the_life_before(
+    caplog: pytest.LogCaptureFixture, due: str
+) -> None:
+    """The topic went unprotected for RETRY_AFTER though its last read was at hand. A topic
+    due (or found due) at forget() was read, in the new life, as a read again."""
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _FlakyProducer([], TopicLimits(10_000, "compact"))
+    await gate.sendable(TERM, _CONN, producer, [_row(1)])
+    clock[0] += REFRESH_AFTER if due != "no" else 1
+    if due == "expired":
+        assert gate.limits.unlearned({"t"}) == ["t"]
+    gate.forget()
+    producer.failures.append(PublishError("configuration of topic 't': broker gone"))
+    with caplog.at_level(logging.WARNING, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, [_row(2)])
+    assert producer.reads == 2
+    [message] = _logged(caplog, logging.WARNING)
+    assert "the configuration read before stays in use" in message
+    assert list(gate.limits.keyless_refused({"t"})) == ["t"]
+    await gate.limits.send(producer, SENDS, lambda: None)
+    assert producer.sends == [[100], [20_000], [100]]
+    clock[0] += RETRY_AFTER
+    await gate.sendable(TERM, _CONN, producer, [_row(3)])
+    assert producer.reads == 3
+
+
+@pytest.mark.parametrize("expired", [False, True])
+async def test_topics_due_at_a_new_producer_life_get_the_first_reads_budget(
+    expired: bool,
+) -> None:
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _SlowProducer(clock, takes=0.0)
+    claim = [_row_of(1, "a"), _row_of(2, "b")]
+    await gate.sendable(TERM, _CONN, producer, claim)
+    clock[0] += REFRESH_AFTER
+    if expired:
+        assert sorted(gate.limits.unlearned({"a", "b"})) == ["a", "b"]
+    gate.forget()
+    producer.takes = REREAD_BUDGET * 1.5  # more than reads again get
+    await gate.sendable(TERM, _CONN, producer, claim)
+    assert sorted(producer.read[2:]) == ["a", "b"]
+
+
+async def test_a_read_is_not_started_with_too_little_of_its_budget_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With 10% of the 1 s left a read again was started and, a real one, timed out: a failed
+    read (a back-off, a log line) where the next claim had time for it."""
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _Stalling(clock)
+    await gate.sendable(TERM, _CONN, producer, [_row_of(1, "a"), _row_of(2, "b")])
+    producer.takes = REREAD_BUDGET * 0.9
+    producer.stuck, producer.free = frozenset("abcd"), 1  # a real read takes real time
+    clock[0] += REFRESH_AFTER
+    with caplog.at_level(logging.INFO, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, [_row_of(3, "a"), _row_of(4, "b")])
+    [read] = producer.read[2:]
+    assert caplog.records == []  # the other not reached: due at the next claim
+    assert gate.limits.unlearned({"a", "b"}) == list({"a", "b"} - {read})
+    gate.limits.read_budget, producer.takes, producer.free = 0.05, 0.04, 1
+    producer._limits["d"] = LOWERED
+    with caplog.at_level(logging.WARNING, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, [_row_of(5, "c"), _row_of(6, "d")])
+    [message] = _logged(caplog, logging.WARNING)
+    assert "could not be read (TimeoutError: not read within 0.05s)" in message
+
+
+async def test_a_read_a_refusal_asked_for_gets_the_first_reads_budget_before_reads_again() -> None:
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _SlowProducer(clock, takes=0.0)
+    claim = [_row_of(1, "a"), _row_of(2, "b")]
+    await gate.sendable(TERM, _CONN, producer, claim)
+    clock[0] += REFRESH_AFTER - 1
+    gate.limits.refused([("b", TOO_LARGE)])
+    clock[0] += 1  # a is due too
+    producer.takes = REREAD_BUDGET * 1.5
+    await gate.sendable(TERM, _CONN, producer, claim)
+    assert producer.read[2:] == ["b", "a"]
+
+
+async def test_a_read_again_refused_for_its_acl_leaves_the_topic_read_for_this_life() -> None:
+    """It stayed among the topics due too (``_stale``) while counted as read."""
+    clock = [0.0]
+    gate = _gate(clock)
+    producer = _FlakyProducer([], LOWERED)
+    await gate.sendable(TERM, _CONN, producer, [_row(1)])
+    clock[0] += REFRESH_AFTER
+    denied = PublishError("configuration of topic 't': denied", error="TOPIC_AUTHORIZATION_FAILED")
+    producer.failures.append(denied)
+    await gate.sendable(TERM, _CONN, producer, [_row(2)])
+    assert producer.reads == 2
+    assert gate.limits._stale == set()
+    assert gate.limits.unlearned({"t"}) == []
+    await gate.limits.send(producer, SENDS, lambda: None)
+    assert producer.sends == [[100], [20_000], [100]]  # the read before stays in use
+
+
+async def test_a_new_producer_life_drops_what_it_cannot_use() -> None:
+    """A refusal's read pending at forget() marked the first read of the new life as asked
+    for (a later refusal waited RETRY_AFTER), and past marks and back-offs piled up."""
+    clock = [1000.0]
+    gate = _gate(clock)
+    producer = _FlakyProducer([], DEFAULT)
+    await gate.sendable(TERM, _CONN, producer, [_row(1)])
+    gate.limits.refused([("t", TOO_LARGE)])
+    producer.failures.append(PublishError("configuration of topic 'u': broker gone"))
+    await gate.sendable(TERM, _CONN, producer, [_row_of(2, "u")])  # a failed first read
+    clock[0] += RETRY_AFTER + 1
+    gate.forget()
+    assert (gate.limits._asked, gate.limits._marked, gate.limits._retry_at) == (set(), {}, {})
+    await gate.sendable(TERM, _CONN, producer, [_row(3)])
+    assert producer.reads == 3
+    gate.limits.refused([("t", TOO_LARGE)])
+    await gate.sendable(TERM, _CONN, producer, [_row(4)])
+    assert producer.reads == 4
