@@ -247,6 +247,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                     "MessageSizeTooLargeError",
                     f"the record is {size} bytes, above max_request_size"
                     f" ({self._max_request_size})",
+                    local=True,
                 )
             # Nothing is sent yet: every record after it stays back too (see ``send``).
             results[index] = Delivery(error=problem)
@@ -284,7 +285,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
 # Delivery is a NamedTuple: tuple.__new__ skips its keyword-handling __new__ (once per record).
 _new = tuple.__new__
 _BATCH_BYTES = 256 * 1024  # a batch the producer builds itself (aiokafka's default is 16 KiB)
-_UNBATCHABLE = RecordError("KafkaError", "the record could not be added to a batch")
+_UNBATCHABLE = RecordError("KafkaError", "the record could not be added to a batch", local=True)
 
 
 async def _topic_partitions(

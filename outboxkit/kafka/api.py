@@ -12,7 +12,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from outboxkit.errors import PublishError
@@ -34,10 +34,13 @@ class ProduceRequest(NamedTuple):
 
 @dataclass(frozen=True)
 class RecordError:
-    """Why one record was not delivered; ``name`` is the client's error name."""
+    """Why one record was not delivered; ``name`` is the client's error name. ``local``: the
+    client refused it before sending (its own size limits), under a broker's name; the topic's
+    configuration cannot explain it (not compared: the same error either way)."""
 
     name: str
     message: str
+    local: bool = field(default=False, compare=False)
 
     @property
     def kind(self) -> ErrorKind:

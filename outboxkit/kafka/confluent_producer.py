@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -110,6 +111,7 @@ def _larger_than_queue(request: ProduceRequest, config: dict[str, Any]) -> Recor
         "MSG_SIZE_TOO_LARGE",
         f"the record ({size} bytes with its key and headers) is larger than the producer's whole"
         f" queue (queue.buffering.max.kbytes = {queue}): it can never be queued",
+        local=True,
     )
 
 
@@ -257,7 +259,8 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                     error = kafka_error_in(exc)
                     if error is not None and error.fatal():
                         raise_for(exc, "produce failed")
-                    refused = results[index] = Delivery(error=error_of(exc))
+                    # produce() only queues: its refusal is librdkafka's own (message.max.bytes)
+                    refused = results[index] = Delivery(error=replace(error_of(exc), local=True))
                     break
             if refused is not None:
                 # Refused before it was sent: nothing after it goes (the partitioner picks

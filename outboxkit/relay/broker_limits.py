@@ -224,8 +224,8 @@ class BrokerLimits:
         topic's configuration changed since it was read, so that is read again at the next claim
         (for this reason at most every ``RETRY_AFTER`` seconds per topic)."""
         for topic, error in failures:
-            if error.name not in _CONFIG_REFUSALS or topic not in self._due:
-                continue  # not read in this life (or waiting to be): nothing to refresh
+            if error.local or error.name not in _CONFIG_REFUSALS or topic not in self._due:
+                continue  # the client's own (or not read in this life): nothing to refresh
             at = max(self._clock(), self._marked.get(topic, -math.inf) + RETRY_AFTER)
             if at < self._due[topic]:
                 self._due[topic] = self._marked[topic] = at
