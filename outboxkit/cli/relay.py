@@ -227,7 +227,9 @@ def _group_ran(conn: psycopg.Connection[Any], group: str, schema: str) -> bool:
     operator role that cannot read the leases gets no warning: the pause is done either way."""
     try:
         shards = db.rows(
-            conn, db.query("relay", "status", schema), {"group": group, "holder": None, "only": []}
+            conn,
+            db.query("relay", "status", schema),
+            {"group": group, "holder": None, "only": [], "now": None},
         )
     except psycopg.Error:
         return True
@@ -266,7 +268,7 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
             rows = db.rows(
                 conn,
                 db.query("relay", "status", schema),
-                {"group": group, "holder": None, "only": None},
+                {"group": group, "holder": None, "only": None, "now": None},
             )
     paused = bool(paused_row and paused_row[0])
     shards = [

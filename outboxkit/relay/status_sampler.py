@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -78,10 +79,12 @@ async def sample_forever(
     every: float,
     connect_options: dict[str, Any] | None = None,
     stale_after: float | None = None,
+    now: datetime | None = None,
 ) -> None:
     """Holders, parked rows and the pause flag every ``every`` seconds, the backlogs ``holder``
     counts (see the module) as :func:`backlog_delay` allows, until ``stop``. ``stale_after``:
-    seconds without a successful sample after which /healthz fails (None: never).
+    seconds without a successful sample after which /healthz fails (None: never). ``now``
+    (tests only) replaces the database clock in lease expiry and pending age.
 
     The first full count comes one interval after the start: a process that takes its shards
     within that interval counts those (and any nobody holds yet), not every shard of the
@@ -104,13 +107,13 @@ async def sample_forever(
             ) as conn:
                 urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():
-                    now = time.monotonic()
+                    tick = time.monotonic()
                     # A full count due within the interval stands in for the urgent one.
-                    full = now >= count_due or (bool(urgent) and count_due - now <= every)
+                    full = tick >= count_due or (bool(urgent) and count_due - tick <= every)
                     if full or urgent:
-                        full_since = now if full else None
+                        full_since = tick if full else None
                         only = None if full else sorted(urgent)
-                        params = {"group": group, "holder": holder, "only": only}
+                        params = {"group": group, "holder": holder, "only": only, "now": now}
                         metrics.counting(full)
                         try:
                             async with conn.transaction():
@@ -119,12 +122,12 @@ async def sample_forever(
                         finally:
                             metrics.counting(False)
                         if full:
-                            count_due = _next_count(every, now)
+                            count_due = _next_count(every, tick)
                             full_since = None
                         urgent.clear()
                         _counted(metrics, counted, rows)
                     else:
-                        params = {"group": group, "holder": holder}
+                        params = {"group": group, "holder": holder, "now": now}
                         found = await db.rows_async(conn, holders, params)
                         urgent |= _held(metrics, counted, found)
                     flag = await db.one_async(conn, paused, {"group": group})

@@ -141,7 +141,9 @@ async def test_parked_rows_of_no_shard_count_and_age_out_under_shard_0(
     assert [s["parked"] for s in status["shards"]] == [2, 0]
     # The gauge's statement (the sampler's holders read).
     holders = await db.rows_async(
-        conn, db.query("relay", "holders", SCHEMA), {"group": "default", "holder": "me"}
+        conn,
+        db.query("relay", "holders", SCHEMA),
+        {"group": "default", "holder": "me", "now": None},
     )
     assert [(int(shard), int(parked)) for shard, _, parked, _ in holders] == [(0, 2), (1, 0)]
 

@@ -58,7 +58,7 @@ def test_the_backlog_count_walks_the_pending_index_with_stale_statistics(
     with psycopg.connect(drained_backlog) as conn:
         conn.execute(walk_only.psycopg)
         sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
-        params = {"group": "default", "holder": None, "only": None}
+        params = {"group": "default", "holder": None, "only": None, "now": None}
         ((plan,),) = conn.execute(sql, params).fetchall()
         rows = conn.execute(statement.psycopg, params).fetchall()
         conn.rollback()
@@ -92,7 +92,7 @@ def _walked(drained_backlog: str, only: list[int] | None) -> tuple[list[Any], li
             )
         conn.execute(walk_only.psycopg)
         sql = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.psycopg
-        params = {"group": "default", "holder": "me", "only": only}
+        params = {"group": "default", "holder": "me", "only": only, "now": None}
         ((plan,),) = conn.execute(sql, params).fetchall()
         rows = conn.execute(statement.psycopg, params).fetchall()
         conn.rollback()

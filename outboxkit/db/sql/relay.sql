@@ -218,9 +218,12 @@ SET paused = excluded.paused, reason = excluded.reason, changed_by = excluded.ch
 -- one nobody holds (every process then reports it, so /healthz anywhere sees it). A NULL
 -- :holder (the status command) counts every shard. So a held shard's backlog is walked by its
 -- holder alone, not by every relay process.
+-- active: an unexpired lease by the database clock (by :now when a test passes one; NULL in
+-- production).
 leases AS (
     SELECT s.shard, l.holder, l.token, l.expires_at,
-           (l.holder IS NOT NULL AND l.expires_at > now()) AS active,
+           (l.holder IS NOT NULL AND l.expires_at > coalesce(CAST(:now AS timestamptz), now()))
+           AS active,
            (SELECT count(*) FROM {schema}.outbox_message m
             WHERE m.shard = s.shard AND m.state = 'parked')
            + (SELECT count(*) FROM {schema}.outbox_message m
@@ -242,7 +245,8 @@ SELECT shard, active, parked, counts FROM holders ORDER BY shard;
 
 -- name: status
 -- One row per shard: its lease (if any), backlog and oldest pending age (NULL where not walked),
--- parked count, counts (see the holders fragment) and walked.
+-- parked count, counts (see the holders fragment) and walked. The age is counted from :now
+-- (NULL in production: the database clock).
 -- walked: counts, and the shard is in :only (a NULL :only: every shard that counts). A relay
 -- process counts a shard that just became its to count alone, without walking the others.
 -- The backlog and its oldest row come from one walk of the shard's pending rows in the partial
@@ -258,7 +262,9 @@ scope AS (
 )
 SELECT h.shard, h.holder, h.token, h.expires_at, h.active,
        CASE WHEN h.walked THEN p.backlog END AS backlog,
-       CASE WHEN h.walked THEN extract(epoch FROM now() - p.oldest) END AS oldest_pending_seconds,
+       CASE WHEN h.walked
+            THEN extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - p.oldest)
+       END AS oldest_pending_seconds,
        h.parked, h.counts, h.walked
 FROM scope h
 CROSS JOIN LATERAL (
