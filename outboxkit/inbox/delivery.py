@@ -362,16 +362,19 @@ class InboxCore:
             # The identity itself may be what the database refuses: record a hash of it.
             event_id, ident = hashed(ident.event_id.encode("utf-8", "surrogatepass")), None
             yield self.statements.reject(env, reason, event_id=event_id)
-        row_dead = False
+        row_dead, attempts = False, 0
         if ident is not None:
             try:
-                row_dead = (yield self.statements.abandon(ident.event_id, reason)).rowcount == 1
+                dead = (yield self.statements.abandon(ident.event_id, reason)).rows
+                if dead:  # the row's attempts: its acknowledgement says "dead" (see acks.py)
+                    row_dead, attempts = True, int(dead[0][0])
             except Exception as exc:  # recorded as a rejection already: do not hold the record
                 logger.error("marking %s dead failed: %s", ident.event_id, error_text(exc))
         logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
         return Outcome(
             OutcomeKind.REJECTED,
             event_id,
+            attempts,
             error=reason,
             alert="given_up",
             rejection_log=True,

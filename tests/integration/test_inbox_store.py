@@ -38,6 +38,7 @@ from outboxkit.inbox.readback import (
     stats,
 )
 from outboxkit.inbox.retention import check_window, purge_finished
+from outboxkit.inbox.steps import Sql, TableExecutor, drive_sync
 from outboxkit.inbox.store import InboxStatements
 from outboxkit.kafka import KafkaClients
 from outboxkit.schema import InboxState
@@ -232,6 +233,21 @@ def test_crash_looping_event_goes_dead_without_running_again(engine: Engine) -> 
     assert outcome.kind is OutcomeKind.DEAD
     assert calls == []
     assert dead_letters == [(event_id, "attempts exhausted; last error: None", 3)]
+
+
+def test_a_record_given_up_ends_its_row_dead_with_its_attempts(engine: Engine) -> None:
+    """Given up after unexpected errors (outside the handler): the unfinished row ends dead and
+    the outcome (and so its acknowledgement) carries the row's attempts; given up again, the
+    row is finished already and only the rejection log takes the delivery."""
+    inbox = Inbox(engine, _effect_handler, InboxSettings(consumer="billing", registry=REGISTRY))
+    env = _env(str(uuid.uuid4()))
+    for _ in range(2):  # two claims that never settled
+        claim(engine, inbox.core.statements, env)
+    executor = TableExecutor({Sql: lambda step: run_sql(engine, step)})
+    first = drive_sync(inbox.core.give_up(env, "DataError: x", 3), executor)
+    assert (first.kind, first.row_dead, first.attempts) == (OutcomeKind.REJECTED, True, 2)
+    again = drive_sync(inbox.core.give_up(env, "DataError: x", 3), executor)
+    assert (again.row_dead, again.attempts, again.rejection_log) == (False, 0, True)
 
 
 def test_replay_older_than_the_window_is_refused_unless_known(

@@ -25,6 +25,8 @@ from tests.unit.test_inbox_logic import Cancelled
 pytestmark = pytest.mark.unit
 
 ACKS = "billing.acks"
+# The abandon statement's answer when it marked the row dead: the row's attempts (3).
+MARKED_DEAD = Result([(3,)], 1)
 
 
 def _body(outcome: Outcome, env: Envelope | None = None) -> dict[str, Any]:
@@ -119,16 +121,16 @@ def test_a_rejection_on_the_events_own_row_is_acknowledged_as_its_state() -> Non
 
 
 @pytest.mark.parametrize(
-    ("abandoned", "state", "flagged"),
-    [(ONE, "dead", False), (NONE, "rejected", True)],
+    ("abandoned", "state", "flagged", "attempts"),
+    [(MARKED_DEAD, "dead", False, 3), (NONE, "rejected", True, 0)],
     ids=["row-marked-dead", "no-unfinished-row"],
 )
 def test_a_delivery_given_up_is_acknowledged_dead_when_its_row_was_marked_dead(
-    abandoned: Result, state: str, flagged: bool
+    abandoned: Result, state: str, flagged: bool, attempts: int
 ) -> None:
     """The row marked ``dead`` is the event's state, and no later record would tell it: the
-    producer hears ``dead``. With no unfinished row (none, or already finished) only this
-    delivery was refused."""
+    producer hears ``dead``, with the row's attempts (as for any dead event). With no
+    unfinished row (none, or already finished) only this delivery was refused."""
 
     def answer(step: Step) -> Any:
         return abandoned if _name(step) == "abandon" else ONE
@@ -142,6 +144,7 @@ def test_a_delivery_given_up_is_acknowledged_dead_when_its_row_was_marked_dead(
     body = _body(outcome)
     assert body["state"] == state
     assert body.get("rejection_log", False) is flagged
+    assert (outcome.attempts, body["attempts"]) == (attempts, attempts)
     assert body["error"].startswith("gave up after 5 unexpected errors")
 
 
@@ -192,10 +195,10 @@ def test_the_consumer_acknowledges_a_record_given_up_with_its_row_dead() -> None
         raise RuntimeError("a value the database refuses")
 
     loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
-    script = _polling([[_record(5)]], lambda step: ONE)
+    script = _polling([[_record(5)]], lambda step: MARKED_DEAD if _name(step) == "abandon" else ONE)
     outcome = drive_sync(loop.poll_once(), script)
     assert outcome is not None
     assert outcome.alert == "given_up"
     [body] = _acks(script)
-    assert (body["event_id"], body["state"]) == ("e1", "dead")
+    assert (body["event_id"], body["state"], body["attempts"]) == ("e1", "dead", 3)
     assert "rejection_log" not in body

@@ -141,10 +141,12 @@ WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
 
 -- name: abandon
 -- Given up after repeated unexpected errors (whoever holds the lease): dead, with the reason.
+-- The row's attempts come back for the acknowledgement (the caller has no claim to count them).
 UPDATE {schema}.inbox_message
 SET state = 'dead', last_error = :error, finished_at = now(), updated_at = now(),
     lease_expires_at = NULL
-WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing';
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
+RETURNING attempts;
 
 -- name: abandon_gone
 -- The record held for a retry left the log (retention, compaction, delete_records): nothing will
