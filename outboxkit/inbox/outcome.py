@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from outboxkit.inbox.frozen import build
 
@@ -35,10 +35,11 @@ class Outcome:
     alert: str | None = None
     # Recorded in the rejection log (``inbox_rejection``), not on the event's own row: ``kind``
     # says how this delivery ended, not the event (a reused id's original row is untouched).
-    rejection_log: bool = False
+    # Neither flag is compared: an outcome equals one built without them, as before they were.
+    rejection_log: bool = field(default=False, compare=False)
     # A delivery given up (``alert="given_up"``) whose unfinished row was marked ``dead``: the
     # event itself is dead, which is what its acknowledgement says (see ``acks.py``).
-    row_dead: bool = False
+    row_dead: bool = field(default=False, compare=False)
 
     @classmethod
     def succeeded(cls, event_id: str, attempts: int) -> Outcome:

@@ -202,3 +202,11 @@ def test_the_consumer_acknowledges_a_record_given_up_with_its_row_dead() -> None
     [body] = _acks(script)
     assert (body["event_id"], body["state"], body["attempts"]) == ("e1", "dead", 3)
     assert "rejection_log" not in body
+
+
+def test_the_flags_leave_an_outcomes_equality_as_it_was() -> None:
+    """``Outcome`` is public: code comparing one with an outcome built without the flags (as
+    before they existed) still finds them equal; the flags are read, not compared."""
+    flagged = Outcome(OutcomeKind.REJECTED, "e1", error="x", rejection_log=True, row_dead=True)
+    assert flagged == Outcome(OutcomeKind.REJECTED, "e1", error="x")
+    assert hash(flagged) == hash(Outcome(OutcomeKind.REJECTED, "e1", error="x"))
