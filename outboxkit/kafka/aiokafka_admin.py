@@ -40,15 +40,22 @@ class AiokafkaAdmin(Admin):
         self._timeout = timeout
         self._options = aiokafka_options(settings, request_timeout_ms=int(timeout * 1000))
         self._clients: tuple[AIOKafkaAdminClient, AIOKafkaClient] | None = None
+        self._closed = False
 
     async def _ready(self) -> tuple[AIOKafkaAdminClient, AIOKafkaClient]:
-        """Both clients, started (made here: aiokafka wants a running event loop)."""
+        """Both clients, started (made here: aiokafka wants a running event loop). A read the
+        relay gave up on may still be starting them when ``close()`` runs: they are closed here
+        then, as nothing else would close them."""
+        if self._closed:
+            raise PublishError("admin client already closed")
         if self._clients is None:
             admin = AIOKafkaAdminClient(**self._options)
             client = AIOKafkaClient(**self._options)
             try:
                 await self._call("cannot reach Kafka", admin.start())
                 await self._call("cannot reach Kafka", client.bootstrap())
+                if self._closed:
+                    raise PublishError("admin client already closed")
             except BaseException:
                 await admin.close()
                 await client.close()
@@ -129,6 +136,7 @@ class AiokafkaAdmin(Admin):
         return {name: entries.get(name) for name in names}
 
     async def close(self) -> None:
+        self._closed = True
         clients, self._clients = self._clients, None
         if clients is not None:
             try:

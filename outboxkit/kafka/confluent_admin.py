@@ -54,8 +54,10 @@ class ConfluentAdmin(Admin):
             raise PublishError(f"{what}: {error or exc}", error=name) from None
         except TimeoutError:  # a future's result() waited in vain (concurrent.futures' is this)
             raise PublishError(f"{what}: no answer within {self._timeout}s") from None
-        finally:
-            self._c.poll(0)  # serves librdkafka's log lines (and nothing else, for an admin)
+        finally:  # serves librdkafka's log lines (and nothing else, for an admin); a call left
+            # running may end after close(): then there is nothing to serve (nor raise)
+            if self._client is not None:
+                self._client.poll(0)
 
     async def describe_topic(self, topic: str) -> TopicInfo | None:
         metadata = await self._call(

@@ -35,7 +35,7 @@ at a later claim, at most every ``RETRY_AFTER`` seconds. The reads of one claim 
 ``READ_BUDGET`` seconds (on the producer's one admin client of its life), each started with at
 least ``MIN_SHARE`` of it left: a topic not read by then counts as a failed read. A read given up
 on runs on until the admin's own timeout (confluent-kafka's in a thread the producer needs too):
-until it ends no read starts (a first read counts as failed, a read again stays due), and its
+until it ends no read starts (said once; a topic not read stays due, with no back-off), and its
 answer is dropped. A failed read never stops publishing; one of a topic read before (in this
 producer life or an earlier one) keeps what that read said for the rest of the producer life:
 the next life reads it at its first claim, whatever the failed read's back-off.
@@ -69,23 +69,20 @@ logger = logging.getLogger("outboxkit.relay.shard_worker")
 Check = Callable[[], None]  # the term's check, between awaits
 
 BATCH_OVERHEAD = 61  # a v2 record batch's header, counted in its size
-_RECORD_OVERHEAD = 36  # at most: length, attributes, timestamp and offset deltas, key and value
-# lengths, header count (varints at their longest)
+_RECORD_OVERHEAD = 36  # at most: length, attributes, deltas, key/value lengths, header count
 _HEADER_OVERHEAD = 10  # at most: a header's name and value lengths
 RETRY_AFTER = 60.0  # seconds before a configuration whose read failed (not for an ACL) is asked
 READ_BUDGET = 10.0  # seconds all configuration reads of one claim may take together
 REREAD_BUDGET = 1.0  # seconds the reads again of one claim (limits still in use) may take
 MIN_SHARE = 0.25  # a read starts only with this share of its budget left (else doomed to fail)
 _BUSY = "an earlier read given up on still waits for its answer"  # it runs (a thread) until then
-# Seconds a read is used before it is read again (at a claim of its topic): as long as both
-# clients keep topic metadata (metadata.max.age.ms, topic.metadata.refresh.interval.ms), so a
-# changed limit is found about as soon as a changed partition count, at one DescribeConfigs per
-# topic and shard every 5 minutes (a refusal for it has it read at once, see ``refused``).
+# Seconds a read is used (then read again at a claim of its topic): as long as both clients keep
+# topic metadata (metadata.max.age.ms, topic.metadata.refresh.interval.ms), so a changed limit is
+# found as soon as a changed partition count, at one DescribeConfigs per topic and shard each 5 min.
 REFRESH_AFTER = 300.0
 REFRESH_SPREAD = 0.2  # each read is used REFRESH_AFTER times a factor within 1 ± this
-# Refusals that may come from a configuration changed since it was read: a record or batch above
-# max.message.bytes, a record without a key for a compacted topic (older brokers answer it with
-# CORRUPT_MESSAGE), in both clients' names (aiokafka's RecordTooLargeError is its consumer's).
+# Refusals a changed configuration may explain (too large; keyless for a compacted topic, older
+# brokers: CORRUPT_MESSAGE) in both clients' names (aiokafka's RecordTooLargeError is a consumer's).
 _CONFIG_REFUSALS = frozenset(
     {
         "MSG_SIZE_TOO_LARGE",
@@ -120,9 +117,7 @@ def send_budget(limit: int) -> int:
 
 
 def pieces(
-    requests: Sequence[ProduceRequest],
-    budgets: dict[str, int],
-    cut: Collection[str] | None = None,
+    requests: Sequence[ProduceRequest], budgets: dict[str, int], cut: Collection[str] | None = None
 ) -> list[int] | None:
     """The ends of the sends ``requests`` is cut into (None: one send). A record above its
     topic's budget goes alone; the other records of a topic in ``cut`` (None: every topic of
@@ -182,6 +177,7 @@ class BrokerLimits:
         self._retry_at: dict[str, float] = {}  # a failed read: not asked again before then
         self._unauthorised: set[str] = set()  # topics said to need DescribeConfigs (once each)
         self._inflight: asyncio.Future[TopicLimits] | None = None  # the last read given up on
+        self._held: asyncio.Future[TopicLimits] | None = None  # the one said to hold reads
         self._clock = clock
         self._spread = spread
         self.alone: int | None = None  # the last send's record refused in a send of its own
@@ -199,8 +195,7 @@ class BrokerLimits:
         self._asked.clear()
 
     def unlearned(self, topics: Iterable[str]) -> list[str]:
-        """Of ``topics``, those to read now: not read in this life or due again (see
-        ``REFRESH_AFTER``, ``refused``), not waiting to retry."""
+        """Of ``topics``, those to read now: not read in this life or due again, not backing off."""
         now = self._clock()
         if now >= self._refresh_at:
             self._expire(now)
@@ -235,10 +230,9 @@ class BrokerLimits:
     async def learn_all(
         self, producer: TransactionalProducer, topics: Sequence[str], check: Check
     ) -> None:
-        """Read the topics' configurations within one ``read_budget`` (a stalled broker must
-        not hold a claim for a read timeout per topic), those a refusal asked for last, then
-        the others due within ``reread_budget`` (one not reached stays due); ``check``: the
-        term's, between."""
+        """Read the topics' configurations within one ``read_budget`` (a stalled broker must not
+        hold a claim for a read timeout per topic), those a refusal asked for last, then the others
+        due within ``reread_budget`` (one not reached stays due); ``check``: the term's, between."""
         stale, asked = self._stale, self._asked
         again = [topic for topic in topics if topic in stale and topic not in asked]
         first = sorted([t for t in topics if t not in stale or t in asked], key=stale.__contains__)
@@ -345,14 +339,20 @@ class BrokerLimits:
                     lost,
                 )
             return
-        self._retry_at[topic] = self._clock() + RETRY_AFTER
+        if str(exc) == _BUSY:  # no back-off: a claim skips it at no cost until that read ends
+            if self._held is self._inflight:
+                return  # said once per read given up on
+            self._held, when = self._inflight, "once that read ends (as any other it holds)"
+        else:
+            self._retry_at[topic] = self._clock() + RETRY_AFTER
+            when = f"again at a claim at least {RETRY_AFTER:.0f}s from now"
         late = topic in self._stale and isinstance(exc, TimeoutError)  # its limits still apply
         logger.log(
             logging.INFO if late else logging.WARNING,
-            "shard %s: the configuration of topic %r could not be read (%s); it is read again at"
-            " a claim at least %ds from now, and until it is read %s",
+            "shard %s: the configuration of topic %r could not be read (%s); it is read %s,"
+            " and until it is read %s",
             *said,
-            RETRY_AFTER,
+            when,
             lost,
         )
 

@@ -455,6 +455,34 @@ async def test_a_new_producer_life_starts_no_read_while_one_given_up_on_still_ru
     await asyncio.wait([gate.limits._inflight])
 
 
+async def test_first_reads_held_by_a_read_given_up_on_are_read_once_it_ends_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """They counted as failed: a WARNING per topic and claim, then RETRY_AFTER unprotected,
+    though the read holding them ends within the admin's timeout (10 s at most)."""
+    clock = [0.0]
+    gate = _gate(clock)
+    gate.limits.read_budget = 0.01  # real seconds (the stall)
+    producer = _Stalling(clock)
+    producer.stuck = frozenset({"a"})
+    await gate.sendable(TERM, _CONN, producer, [_row_of(1, "a")])  # given up on
+    claim = [_row_of(2, "b"), _row_of(3, "c")]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, claim)
+        await gate.sendable(TERM, _CONN, producer, claim)
+    assert producer.read == ["a"]
+    [message] = [r.getMessage() for r in caplog.records]
+    assert "could not be read (TimeoutError: an earlier read given up on" in message
+    assert "it is read once that read ends (as any other it holds)" in message
+    producer.release.set()
+    inflight = gate.limits._inflight
+    assert inflight is not None
+    await asyncio.wait([inflight])
+    await gate.sendable(TERM, _CONN, producer, claim)  # no time passed: no back-off
+    assert sorted(producer.read[1:]) == ["b", "c"]
+
+
 @pytest.mark.parametrize("due", ["no", "yes", "expired"])
 async def test_a_failed_first_read_of_a_new_life_uses_the_read_of_the_life_before(
     caplog: pytest.LogCaptureFixture, due: str
