@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -20,15 +20,11 @@ from outboxkit import db
 from outboxkit.relay import status_sampler
 from outboxkit.relay.lease import LeaseStore
 from outboxkit.relay.metrics import RelayMetrics
+from tests.integration.test_relay_clock import SECOND, TIMES, TTL
 from tests.relay_support import SCHEMA, insert_rows, payloads, set_shard_count
 
 pytestmark = pytest.mark.integration
 
-PAST = datetime(2001, 1, 1, tzinfo=UTC)
-FUTURE = datetime(2101, 1, 1, tzinfo=UTC)
-TIMES = pytest.mark.parametrize("at", [PAST, FUTURE], ids=["past", "future"])
-SECOND = timedelta(seconds=1)
-TTL = 30
 AGE = 90.0
 
 
