@@ -9,7 +9,8 @@ unsafe header, given up) says nothing of the event's own row, which may be ``suc
 record carries ``"rejection_log": true`` so a reader does not take ``rejected`` for the event's
 state. The field is absent otherwise (records of older versions lack it too). A delivery given up
 whose unfinished row was marked ``dead`` is acknowledged ``dead``: that is the event's state, and
-no other record would ever tell the producer.
+no other record would ever tell the producer. So is an event whose record, held for a retry, left
+the log (:func:`~outboxkit.inbox.gate.end_gone`): its record is never delivered again.
 """
 
 from __future__ import annotations
@@ -35,20 +36,44 @@ def ack_record(consumer: str, env: Envelope, outcome: Outcome) -> AckRecord | No
     if outcome.kind not in _ACKED or outcome.event_id is None:
         return None
     state = OutcomeKind.DEAD if outcome.row_dead else outcome.kind
+    return acknowledgement(
+        consumer,
+        outcome.event_id,
+        state,
+        outcome.attempts,
+        outcome.error,
+        (env.topic, env.partition, env.offset),
+        rejection_log=outcome.rejection_log and not outcome.row_dead,
+    )
+
+
+def acknowledgement(
+    consumer: str,
+    event_id: str,
+    state: OutcomeKind,
+    attempts: int,
+    error: str | None,
+    record: tuple[str, int, int],
+    *,
+    rejection_log: bool = False,
+) -> AckRecord:
+    """The one shape of every acknowledgement; ``record`` is ``(topic, partition, offset)`` of
+    the delivery it is about (also for one no outcome stands for: a held record gone)."""
+    topic, partition, offset = record
     body: dict[str, object] = {
         "consumer": consumer,
-        "event_id": outcome.event_id,
+        "event_id": event_id,
         "state": state.value,
-        "attempts": outcome.attempts,
-        "error": outcome.error,
-        "topic": env.topic,
-        "partition": env.partition,
-        "offset": env.offset,
+        "attempts": attempts,
+        "error": error,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
     }
-    if outcome.rejection_log and not outcome.row_dead:
+    if rejection_log:
         body["rejection_log"] = True
     headers = [
-        (HEADER_EVENT_ID, outcome.event_id.encode()),
+        (HEADER_EVENT_ID, event_id.encode()),
         (HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE.encode()),
     ]
-    return outcome.event_id.encode(), json.dumps(body).encode(), headers
+    return event_id.encode(), json.dumps(body).encode(), headers

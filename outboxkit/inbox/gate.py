@@ -7,8 +7,8 @@ group. Once resumed (and sought back again), the first message of the partition 
 the failed offset ends the hold: the failed one itself, or, if it left the log meanwhile
 (retention, compaction, ``delete_records``), the first one Kafka still has. Waiting for that
 offset alone would hold the partition for good; the gone record's event ends ``dead``, with the
-reason (:func:`end_gone`). A client that keeps refusing the seek back is replaced
-(:meth:`PartitionGate.seek_failed`). Pure logic: the clock is passed in.
+reason, and is acknowledged so (:func:`end_gone`). A client that keeps refusing the seek back
+is replaced (:meth:`PartitionGate.seek_failed`). Pure logic: the clock is passed in.
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ from collections import deque
 from collections.abc import Set
 from dataclasses import dataclass
 
+from outboxkit.db import Result
+from outboxkit.errors import PublishError
+from outboxkit.inbox.acks import acknowledgement
 from outboxkit.inbox.guard import error_text
-from outboxkit.inbox.steps import Plan
+from outboxkit.inbox.outcome import OutcomeKind
+from outboxkit.inbox.steps import Plan, Publish
 from outboxkit.inbox.store import InboxStatements
 from outboxkit.kafka.api import ConsumedRecord
 
@@ -156,14 +160,30 @@ class PartitionGate:
         return frozenset(self._holds)
 
 
-def end_gone(gone: list[Gone], statements: InboxStatements) -> Plan[None]:
+def end_gone(
+    gone: list[Gone], statements: InboxStatements, acks_topic: str | None = None
+) -> Plan[None]:
     """End the rows of held records that left the log ``dead``, with the reason. Run after the
     records behind them were processed, so a copy of the event there (which takes the row over
-    and names its own offset) runs instead. A failure is logged: the row stays processing."""
+    and names its own offset) runs instead. A failure is logged: the row stays processing.
+    A row ended here is acknowledged ``dead`` on ``acks_topic``: no delivery of it ever will."""
     for g in gone:
+        step = statements.abandon_gone(g.event_id, *g.partition, g.offset)
         try:
-            yield statements.abandon_gone(g.event_id, *g.partition, g.offset)
+            ended: Result = yield step
         except Exception as exc:
             logger.warning(
                 "%s/%d: ending event %s failed: %s", *g.partition, g.event_id, error_text(exc)
             )
+            continue
+        if acks_topic is None or not ended.rows:  # no row: a copy took it over, or it finished
+            continue
+        where = (*g.partition, g.offset)
+        error, attempts = str(step.params["error"]), int(ended.rows[0][0])
+        record = acknowledgement(
+            statements.consumer, g.event_id, OutcomeKind.DEAD, attempts, error, where
+        )
+        try:
+            yield Publish(acks_topic, *record)
+        except PublishError as exc:  # the outcome is durable in the database, as in the loop
+            logger.warning("acknowledgement for %s not published: %s", g.event_id, exc)

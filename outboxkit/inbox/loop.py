@@ -235,7 +235,7 @@ class ConsumerLoop:
         yield from self.start()
         if not (yield from self.rejoin.ready(self)):
             return False
-        yield from end_gone(self.gate.take_gone(), self.core.statements)
+        yield from end_gone(self.gate.take_gone(), self.core.statements, self.options.acks_topic)
         now, rejoin = self.clock(), False
         for tp, offset in self.gate.due(now):
             if tp in self.assigned:  # what is buffered predates the seek, which delivers it again

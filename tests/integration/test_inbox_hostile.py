@@ -367,13 +367,15 @@ def test_a_held_record_deleted_from_the_log_does_not_stall_its_partition(
     """The record held for a retry leaves the log before its retry is due (here
     ``delete_records``; retention and compaction do the same). The seek back to it resumes at
     the log's new start: the records there are processed, not dropped while waiting for an
-    offset that never comes back, and the gone record's event ends dead, with the reason."""
-    topic = outboxkit_topic()
+    offset that never comes back, and the gone record's event ends dead, with the reason, which
+    its acknowledgement tells the producer (no delivery of it ever will)."""
+    topic, acks = outboxkit_topic(), outboxkit_topic(prefix="acks")
     held, later = str(uuid.uuid4()), str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, held, "o-held", 1)
     behaviour = Behaviour(fail_attempts=1, fail_only=held)
+    policy = RetryPolicy(initial_delay=5, max_delay=5)
     with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
-        harness = start([topic], behaviour, policy=RetryPolicy(initial_delay=5, max_delay=5))
+        harness = start([topic], behaviour, policy=policy, acks_topic=acks)
         wait_for(
             lambda: any(o.kind is OutcomeKind.RETRY for o in list(harness.outcomes)),
             timeout=60,
@@ -403,3 +405,14 @@ def test_a_held_record_deleted_from_the_log_does_not_stall_its_partition(
     )
     gone = f"{topic}/0: held record at offset 0 is gone; resuming at 1"
     assert gone in caplog.messages
+    records = read_topic(outboxkit_kafka_bootstrap, acks, expect=2)
+    bodies = {b["event_id"]: b for b in (json.loads(r.value()) for r in records)}
+    assert len(records) == len(bodies) == 2
+    assert bodies[later]["state"] == "succeeded"
+    assert {k: bodies[held][k] for k in ("state", "attempts", "error", "offset")} == {
+        "state": "dead",
+        "attempts": 1,
+        "error": row["last_error"],
+        "offset": 0,
+    }
+    assert (bodies[held]["topic"], bodies[held]["consumer"]) == (topic, "billing")

@@ -1,10 +1,12 @@
 """Acknowledgements of deliveries refused into the rejection log say so (``rejection_log``):
 a reused id, an old replay or an unsafe header says nothing of the event's own row, which may
-be ``succeeded``; a delivery given up whose row was marked ``dead`` is acknowledged ``dead``.
+be ``succeeded``; a delivery given up whose row was marked ``dead`` is acknowledged ``dead``, and
+so is an event whose record, held for a retry, left the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -12,12 +14,23 @@ from typing import Any
 import pytest
 
 from outboxkit.db import Result
+from outboxkit.errors import PublishError
 from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
 from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.delivery import InboxCore
+from outboxkit.inbox.gate import Gone, end_gone
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
 from outboxkit.inbox.outcome import Outcome
-from outboxkit.inbox.steps import Plan, Poll, Publish, Step, Subscribe, TopicExists, drive_sync
+from outboxkit.inbox.steps import (
+    Plan,
+    Poll,
+    Publish,
+    Step,
+    Subscribe,
+    TopicExists,
+    drive_async,
+    drive_sync,
+)
 from outboxkit.kafka.api import ConsumedRecord
 from tests.unit.test_inbox_core import NONE, ONE, Script, _core, _db, _env, _name
 from tests.unit.test_inbox_logic import Cancelled
@@ -202,6 +215,115 @@ def test_the_consumer_acknowledges_a_record_given_up_with_its_row_dead() -> None
     [body] = _acks(script)
     assert (body["event_id"], body["state"], body["attempts"]) == ("e1", "dead", 3)
     assert "rejection_log" not in body
+
+
+# -- a record held for a retry that left the log (retention, compaction, delete_records) -------
+# The abandon_gone statement's answer when it ended the row dead: the row's attempts (2).
+GONE_DEAD = Result([(2,)], 1)
+GONE_ERROR = (
+    "its record (orders/0 at offset 5) left the log (retention, compaction or delete_records)"
+    " while held for a retry"
+)
+
+
+def _gone(
+    answer: Callable[[Step], Any], acks_topic: str | None = ACKS
+) -> tuple[Script, Plan[None]]:
+    script = Script(answer)
+    gone = [Gone(("orders", 0), 5, "e1"), Gone(("orders", 0), 9, "e2")]
+    return script, end_gone(gone, _core().statements, acks_topic)
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_an_event_ended_dead_because_its_held_record_left_the_log_is_acknowledged(
+    driver: str,
+) -> None:
+    """The row is ended ``dead`` with no delivery that could acknowledge it (the record is
+    gone): without this record the producer would wait for ever. The same shape and headers as
+    any acknowledgement, with the row's attempts and the reason written."""
+    script, plan = _gone(lambda step: GONE_DEAD if _name(step) == "abandon_gone" else None)
+    if driver == "sync":
+        drive_sync(plan, script)
+    else:
+        asyncio.run(drive_async(plan, script))
+    assert script.names() == ["abandon_gone", "Publish", "abandon_gone", "Publish"]
+    first = script.steps[1]
+    assert isinstance(first, Publish)
+    assert first.topic == ACKS
+    written = script.steps[0].params["error"]  # type: ignore[attr-defined]
+    assert written == GONE_ERROR
+    outcome = Outcome(OutcomeKind.DEAD, "e1", 2, error=written)
+    assert (first.key, first.value, first.headers) == ack_record("c", _env(5), outcome)
+    body = json.loads(first.value or b"")
+    assert (body["consumer"], body["event_id"], body["state"]) == ("c", "e1", "dead")
+    assert (body["attempts"], body["topic"], body["partition"], body["offset"]) == (
+        2,
+        "orders",
+        0,
+        5,
+    )
+    assert "rejection_log" not in body
+    assert [b["offset"] for b in _acks(script)] == [5, 9]
+
+
+def test_a_gone_record_whose_row_was_not_ended_here_is_not_acknowledged() -> None:
+    """No row came back: a copy of the event at another offset took the row over (it is
+    acknowledged when it ends), or the row finished meanwhile. No acks topic: no record."""
+    script, plan = _gone(lambda step: NONE)
+    drive_sync(plan, script)
+    assert script.names() == ["abandon_gone", "abandon_gone"]
+    script, plan = _gone(lambda step: GONE_DEAD, acks_topic=None)
+    drive_sync(plan, script)
+    assert script.names() == ["abandon_gone", "abandon_gone"]
+
+
+def test_an_acknowledgement_of_a_gone_record_that_cannot_be_published_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As for any acknowledgement: the outcome is in the database, the next one is tried."""
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Publish):
+            raise PublishError("broker away")
+        return GONE_DEAD
+
+    script, plan = _gone(answer)
+    with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
+        drive_sync(plan, script)
+    assert script.names() == ["abandon_gone", "Publish", "abandon_gone", "Publish"]
+    assert "acknowledgement for e1 not published: broker away" in caplog.messages
+
+
+def test_the_consumer_acknowledges_a_held_record_that_left_the_log_dead() -> None:
+    """Offset 5 fails and is held; it is deleted meanwhile, so the seek back resumes at 7. The
+    event of 5 ends ``dead`` after 7 ran, and the acks topic hears of both."""
+    now = [1000.0]
+    options = LoopOptions(topics=["orders"], acks_topic=ACKS)
+    loop = ConsumerLoop(_core(), options, clock=lambda: now[0])
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        if env.offset == 5:
+            return Outcome(OutcomeKind.RETRY, "e1", 1, retry_in=10)
+        return Outcome(OutcomeKind.SUCCEEDED, env.headers["event-id"], 1)
+
+    loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
+
+    def db(step: Step) -> Any:
+        return GONE_DEAD if _name(step) == "abandon_gone" else ONE
+
+    script = _polling([[_record(5)], [_record(7, b"e2")], []], db)
+    assert drive_sync(loop.poll_once(), script) is not None  # 5: held
+    now[0] += 10  # the retry is due
+    for _ in range(2):  # 7 runs (the hold ends), then the gone record's row ends dead
+        drive_sync(loop.poll_once(), script)
+    assert script.names().count("abandon_gone") == 1
+    acks = _acks(script)
+    assert [(b["event_id"], b["state"], b["offset"]) for b in acks] == [
+        ("e2", "succeeded", 7),
+        ("e1", "dead", 5),
+    ]
+    assert (acks[1]["attempts"], acks[1]["error"]) == (2, GONE_ERROR)
 
 
 def test_the_flags_leave_an_outcomes_equality_as_it_was() -> None:

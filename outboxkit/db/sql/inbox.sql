@@ -151,12 +151,14 @@ RETURNING attempts;
 -- name: abandon_gone
 -- The record held for a retry left the log (retention, compaction, delete_records): nothing will
 -- deliver it again, so its row ends dead, with the reason. Only while the row still names that
--- record: a copy of the event at another offset that took the row over runs on.
+-- record: a copy of the event at another offset that took the row over runs on. The row's
+-- attempts come back for the acknowledgement (no row: it was not ended here, nothing to ack).
 UPDATE {schema}.inbox_message
 SET state = 'dead', last_error = :error, finished_at = now(), updated_at = now(),
     lease_expires_at = NULL
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
-  AND topic = :topic AND kafka_partition = :kafka_partition AND kafka_offset = :kafka_offset;
+  AND topic = :topic AND kafka_partition = :kafka_partition AND kafka_offset = :kafka_offset
+RETURNING attempts;
 
 -- name: record_lease_lost
 UPDATE {schema}.inbox_message
