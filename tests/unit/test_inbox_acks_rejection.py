@@ -51,6 +51,19 @@ def _body(outcome: Outcome, env: Envelope | None = None) -> dict[str, Any]:
     return body
 
 
+def _delivery(event_type: bytes, value: bytes = b"{}", timestamp_ms: int | None = None) -> Envelope:
+    """Event e1 at orders/0/0 with the given type and value."""
+    return Envelope.from_parts(
+        topic="orders",
+        partition=0,
+        offset=0,
+        key=b"k",
+        value=value,
+        headers=[("event-id", b"e1"), ("event-type", event_type)],
+        timestamp_ms=timestamp_ms,
+    )
+
+
 def _reused(step: Step) -> Any:
     """The event id is taken by a ``succeeded`` row of other content."""
     name = _name(step)
@@ -80,15 +93,7 @@ def test_an_old_replay_of_a_forgotten_event_is_acknowledged_as_a_rejection_log_e
     registry.register(Cancelled)
     settings = InboxSettings(consumer="c", registry=registry, replay_window=60)
     core = InboxCore(settings, lambda e, c, s: None, coroutines=False)
-    env = Envelope.from_parts(
-        topic="orders",
-        partition=0,
-        offset=0,
-        key=b"k",
-        value=b"{}",
-        headers=[("event-id", b"e1"), ("event-type", b"order.cancelled")],
-        timestamp_ms=1_000,  # 1970: far older than the window
-    )
+    env = _delivery(b"order.cancelled", timestamp_ms=1_000)  # 1970: far older than the window
     script = Script(_db(None))  # no row: forgotten
     outcome = drive_sync(core.deliver(env), script)
     assert script.names() == ["get_state", "record_rejection", "EndDelivery"]
@@ -98,14 +103,7 @@ def test_an_old_replay_of_a_forgotten_event_is_acknowledged_as_a_rejection_log_e
 
 
 def test_an_unsafe_header_of_a_safe_event_id_is_acknowledged_as_a_rejection_log_entry() -> None:
-    env = Envelope.from_parts(
-        topic="orders",
-        partition=0,
-        offset=0,
-        key=b"k",
-        value=b"{}",
-        headers=[("event-id", b"e1"), ("event-type", b"x\x1b[31m")],
-    )
+    env = _delivery(b"x\x1b[31m")
     script = Script(_db((7, 1, None)))
     outcome = drive_sync(_core().deliver(env), script)
     assert script.names() == ["record_rejection", "EndDelivery"]
@@ -116,14 +114,7 @@ def test_an_unsafe_header_of_a_safe_event_id_is_acknowledged_as_a_rejection_log_
 
 def test_a_rejection_on_the_events_own_row_is_acknowledged_as_its_state() -> None:
     """Undecodable after the claim: the row itself ends ``rejected`` (no flag)."""
-    env = Envelope.from_parts(
-        topic="orders",
-        partition=0,
-        offset=0,
-        key=b"k",
-        value=b"{broken",
-        headers=[("event-id", b"e1"), ("event-type", b"order.cancelled")],
-    )
+    env = _delivery(b"order.cancelled", value=b"{broken")
     script = Script(_db((7, 1, None)))
     outcome = drive_sync(_core().deliver(env), script)
     assert script.names() == ["claim", "finish", "EndDelivery"]
