@@ -5,8 +5,6 @@ cannot explain them. Before, each cost a needless DescribeConfigs (one per topic
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,24 +13,17 @@ from outboxkit.kafka.aiokafka_producer import AiokafkaTransactionalProducer
 from outboxkit.kafka.api import Delivery, ProduceRequest, RecordError, TopicLimits
 from outboxkit.kafka.confluent_producer import ConfluentTransactionalProducer, _larger_than_queue
 from outboxkit.settings import KafkaSettings
+from tests.unit.test_confluent_producer_queue_full import (  # no broker: librdkafka kept quiet
+    MIB,
+    UNREACHABLE,
+    _quiet_librdkafka,  # noqa: F401  (an autouse fixture: imported, it applies here)
+)
 from tests.unit.test_relay_broker_limits import _CONN, TOO_LARGE, _FlakyProducer, _gate, _row, _Term
 
 pytestmark = pytest.mark.unit
 
 TERM: Any = _Term()
-UNREACHABLE = "127.0.0.1:1"
-MIB = 1024 * 1024
 LOCAL = RecordError("MSG_SIZE_TOO_LARGE", "Broker: Message size too large", local=True)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_librdkafka() -> Iterator[None]:
-    """No broker: its connection failures are not worth a log line each."""
-    logger = logging.getLogger("outboxkit.kafka.librdkafka")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 async def test_a_refusal_made_before_sending_does_not_have_the_configuration_read_again() -> None:
