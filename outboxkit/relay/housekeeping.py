@@ -45,7 +45,10 @@ class Housekeeping:
         self._config = config
         self._on_parked = on_parked  # counts rows it parks (the relay's parked counter)
         self._schema = schema
-        self._query = db.query("relay", "housekeeping_delete", schema)
+        self._queries = {  # one per state: see housekeeping_delete_discarded in relay.sql
+            state: db.query("relay", f"housekeeping_delete_{state}", schema)
+            for state in ("discarded", "parked")
+        }
         self._park_stray = db.query("relay", "park_stray", schema)
         self._clock = clock
         self._due = clock()  # the first sweep runs at the first retention hook of a term
@@ -120,11 +123,10 @@ class Housekeeping:
     ) -> int:
         params = {
             **term.sql_params(now),
-            "state": state,
             "keep_seconds": keep,
             "limit": self._config.retention_batch,
         }
-        row = await db.one_async(conn, self._query, params)
+        row = await db.one_async(conn, self._queries[state], params)
         assert row is not None
         if not int(row[0]):
             await token_check_failed(conn, self._schema, term, "housekeeping", now=now)

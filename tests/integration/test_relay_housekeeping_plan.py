@@ -69,9 +69,9 @@ def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return own + [n for child in node.get("Plans", []) for n in _nodes(child)]
 
 
-def _prepared() -> tuple[bytes, list[str]]:
-    """The statement as a PREPARE with ``$n`` parameters (as psycopg prepares a statement it
-    has run five times on a connection) and the parameters' order."""
+def _prepared(state: str) -> tuple[bytes, list[str]]:
+    """The state's statement as a PREPARE with ``$n`` parameters (as psycopg prepares a
+    statement it has run five times on a connection) and the parameters' order."""
     order: list[str] = []
 
     def number(match: re.Match[str]) -> str:
@@ -79,25 +79,28 @@ def _prepared() -> tuple[bytes, list[str]]:
             order.append(match[1])
         return f"${order.index(match[1]) + 1}"
 
-    text = _BIND_RE.sub(number, query("relay", "housekeeping_delete", "outboxkit").text)
+    text = _BIND_RE.sub(number, query("relay", f"housekeeping_delete_{state}", "outboxkit").text)
     return f"PREPARE sweep AS {text}".encode(), order
 
 
 def _sweep(url: str, state: str, shard: int, mode: str) -> tuple[dict[str, Any], int]:
     """The executed plan of one batch of ``shard``'s sweep of ``state`` rows, by the lease
     holder, and the rows of that state left (the batch is rolled back). ``prepared``: the
-    statement has run five times already, after which PostgreSQL may keep one generic plan."""
-    prepare, order = _prepared()
+    statement has run five times already, after which PostgreSQL may keep one generic plan;
+    ``generic``: the role forces generic plans (``plan_cache_mode``), as an operator may."""
+    prepare, order = _prepared(state)
     acquire = query("relay", "lease_acquire", "outboxkit")
     lease = {"group": "default", "shard": shard, "holder": "me", "ttl": 60, "now": None}
     with psycopg.connect(url) as conn:
         ((token,),) = conn.execute(acquire.psycopg, lease).fetchall()
-        cache_mode = "force_custom_plan" if mode == "custom" else "auto"
+        cache_mode = {"custom": "force_custom_plan", "generic": "force_generic_plan"}.get(
+            mode, "auto"
+        )
         conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.SQL(cache_mode)))
         conn.execute(prepare)
 
         def execute(token: int) -> sql.Composed:
-            values = {**lease, "token": token, "state": state, "keep_seconds": DAY}
+            values = {**lease, "token": token, "keep_seconds": DAY}
             values["limit"] = BATCH
             args = sql.SQL(", ").join(sql.Literal(values[p]) for p in order)
             return sql.SQL("EXECUTE sweep ({})").format(args)
@@ -115,7 +118,7 @@ def _sweep(url: str, state: str, shard: int, mode: str) -> tuple[dict[str, Any],
     return plan[0]["Plan"], int(left[0])
 
 
-@pytest.mark.parametrize("mode", ["custom", "prepared"])
+@pytest.mark.parametrize("mode", ["custom", "prepared", "generic"])
 @pytest.mark.parametrize("shard", [1, 0])
 @pytest.mark.parametrize("state", sorted(INDEX))
 def test_a_sweep_reads_only_rows_of_its_state(

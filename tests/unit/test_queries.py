@@ -24,7 +24,8 @@ RELAY_WRITES = (
     "park",
     "record_failure",
     "retention_delete",
-    "housekeeping_delete",
+    "housekeeping_delete_discarded",
+    "housekeeping_delete_parked",
     "park_stray",
 )
 _FENCE = {"group", "shard", "token"}
@@ -75,7 +76,8 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "park": _FENCED | {"id", "reason"},
         "record_failure": _FENCED | {"ids", "error"},
         "retention_delete": _FENCED | {"keep_seconds", "limit"},
-        "housekeeping_delete": _FENCED | {"state", "keep_seconds", "limit"},
+        "housekeeping_delete_discarded": _FENCED | {"keep_seconds", "limit"},
+        "housekeeping_delete_parked": _FENCED | {"keep_seconds", "limit"},
         "park_stray": _FENCED | {"limit"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),

@@ -343,28 +343,43 @@ WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting)
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
--- name: housekeeping_delete
+-- name: _housekeeping_victims
+-- The rest of a sweep's row test and its batch (housekeeping_delete_*): this shard's rows, and
+-- for shard 0's holder rows of no shard too (parked strays; rows of shards a lowered count left
+-- behind), which no other holder would take; parked longer ago than the window.
+(shard = :shard OR (:shard = 0 AND (shard < 0
+     OR shard >= (SELECT shard_count FROM {schema}.outbox_setting))))
+AND coalesce(parked_at, created_at)
+    < coalesce(CAST(:now AS timestamptz), now()) - :keep_seconds * interval '1 second'
+AND EXISTS (SELECT 1 FROM lease)
+ORDER BY id
+LIMIT :limit
+
+-- name: housekeeping_delete_discarded
 -- Housekeeping (outboxkit.relay.housekeeping): one small batch of this shard's rows in a final
--- state other than published ('discarded', or 'parked' when parked retention is on), parked
--- longer ago than the window. Token-conditional like every relay write. Each state is found
--- through its own partial index, (shard, id) for discarded rows (migration 0005) and
--- (shard, message_key) for parked ones: no published row kept for retention is read. The state
--- is a parameter: the planner keeps a custom plan for it (a generic one can use neither index).
--- Shard 0's holder also takes rows of no shard (parked strays; rows of shards a lowered count
--- left behind), which no other holder would.
+-- state other than published, token-conditional like every relay write. One statement per
+-- state, its state written in it (not a parameter), so every plan the server may choose for it,
+-- a generic one too (plan_cache_mode, or after five runs of a prepared statement), can use the
+-- state's partial index: (shard, id) for discarded rows (migration 0005), (shard, message_key)
+-- for parked ones. No published row kept for retention is read.
 WITH {_lease_held}, victims AS (
     SELECT id FROM {schema}.outbox_message
-    WHERE state = :state
-      AND (shard = :shard OR (:shard = 0 AND (shard < 0
-           OR shard >= (SELECT shard_count FROM {schema}.outbox_setting))))
-      AND coalesce(parked_at, created_at)
-          < coalesce(CAST(:now AS timestamptz), now()) - :keep_seconds * interval '1 second'
-      AND EXISTS (SELECT 1 FROM lease)
-    ORDER BY id
-    LIMIT :limit
+    WHERE state = 'discarded' AND {_housekeeping_victims}
 ), done AS (
     DELETE FROM {schema}.outbox_message m USING victims v
-    WHERE m.id = v.id AND m.state = :state
+    WHERE m.id = v.id AND m.state = 'discarded'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
+
+-- name: housekeeping_delete_parked
+-- housekeeping_delete_discarded for parked rows (only with parked_retention_seconds).
+WITH {_lease_held}, victims AS (
+    SELECT id FROM {schema}.outbox_message
+    WHERE state = 'parked' AND {_housekeeping_victims}
+), done AS (
+    DELETE FROM {schema}.outbox_message m USING victims v
+    WHERE m.id = v.id AND m.state = 'parked'
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
