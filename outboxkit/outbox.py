@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, NestedTransaction
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -108,24 +109,48 @@ async def _connection_async(target: AsyncTarget) -> AsyncConnection:
     return conn
 
 
-def _notified_get(info: dict[Any, Any], schema: str) -> tuple[str | None, list[int]]:
-    entry = info.get(_NOTIFY_INFO_KEY, {}).get(schema)
+def _innermost_savepoint(conn: Connection | AsyncConnection) -> NestedTransaction | None:
+    sync = conn.sync_connection if isinstance(conn, AsyncConnection) else conn
+    return None if sync is None else sync.get_nested_transaction()
+
+
+def _same_savepoint(
+    recorded: weakref.ref[NestedTransaction] | None, nested: NestedTransaction | None
+) -> bool:
+    if recorded is None:
+        return nested is None
+    return nested is not None and recorded() is nested
+
+
+def _notified_get(conn: Connection | AsyncConnection, schema: str) -> tuple[str | None, list[int]]:
+    """The shards already notified in this transaction, if their notifications still stand: a
+    caller's savepoint rolled back since takes them with it, so they are sent again (PostgreSQL
+    delivers identical notifications of one transaction once; a released one costs a repeat)."""
+    entry = conn.info.get(_NOTIFY_INFO_KEY, {}).get(schema)
     if entry is None:
         return None, []
-    return entry[0], sorted(entry[1])
+    xact, shards, savepoint = entry
+    if savepoint is not None:
+        alive = savepoint()
+        if alive is None or not alive.is_active:
+            return None, []
+    return xact, sorted(shards)
 
 
-def _notified_put(info: dict[Any, Any], schema: str, plan: Plan) -> None:
+def _notified_put(conn: Connection | AsyncConnection, schema: str, plan: Plan) -> None:
     """Remember the shards notified in this transaction, once the rows that notified are kept
-    (a rolled-back savepoint takes its notifications with it)."""
+    (a rolled-back savepoint of the writer's own takes its notifications with it), with the
+    caller's savepoint they were sent in (SQLAlchemy's ``begin_nested``, a Session's too)."""
     xact, shards = plan.xact, plan.notified
     if xact is None or not shards:
         return
-    per_schema = info.setdefault(_NOTIFY_INFO_KEY, {})
+    nested = _innermost_savepoint(conn)
+    savepoint = None if nested is None else weakref.ref(nested)
+    per_schema = conn.info.setdefault(_NOTIFY_INFO_KEY, {})
     old = per_schema.get(schema)
-    if old is not None and old[0] == xact:
+    if old is not None and old[0] == xact and _same_savepoint(old[2], nested):
         shards = shards | old[1]
-    per_schema[schema] = (xact, frozenset(shards))
+    per_schema[schema] = (xact, frozenset(shards), savepoint)
 
 
 class Outbox:
@@ -201,12 +226,12 @@ class Outbox:
                 results = self._write(conn, plan)
         else:
             results = self._write(conn, plan)
-        _notified_put(conn.info, self.config.schema, plan)
+        _notified_put(conn, self.config.schema, plan)
         return results
 
     def _write(self, conn: Connection, plan: Plan) -> list[WriteResult]:
         schema = self.config.schema
-        notified = _notified_get(conn.info, schema)
+        notified = _notified_get(conn, schema)
         while True:
             plan.take_inserted(_execute(conn, schema, *plan.insert_statement(notified)))
             reread = plan.reread_statement()
@@ -220,14 +245,14 @@ class Outbox:
         database that is not UTF8 takes the INSERT path instead, in the same savepoint."""
         conn = _connection(target)
         schema = self.config.schema
-        notified = _notified_get(conn.info, schema)
+        notified = _notified_get(conn, schema)
         with db.savepoint(conn):
             plan = self._copy(conn, items, notified)
             if plan is None:
                 plan = self._plan_many(items)
                 self._write(conn, plan)
             results = plan.outcome()
-        _notified_put(conn.info, schema, plan)
+        _notified_put(conn, schema, plan)
         return results
 
     def _copy(
@@ -290,12 +315,12 @@ class Outbox:
                 results = await self._write_async(conn, plan)
         else:
             results = await self._write_async(conn, plan)
-        _notified_put(conn.info, self.config.schema, plan)
+        _notified_put(conn, self.config.schema, plan)
         return results
 
     async def _write_async(self, conn: AsyncConnection, plan: Plan) -> list[WriteResult]:
         schema = self.config.schema
-        notified = _notified_get(conn.info, schema)
+        notified = _notified_get(conn, schema)
         while True:
             rows = await _execute_async(conn, schema, *plan.insert_statement(notified))
             plan.take_inserted(rows)
@@ -310,14 +335,14 @@ class Outbox:
     ) -> list[WriteResult]:
         conn = await _connection_async(target)
         schema = self.config.schema
-        notified = _notified_get(conn.info, schema)
+        notified = _notified_get(conn, schema)
         async with db.savepoint_async(conn):
             plan = await self._copy_async(conn, items, notified)
             if plan is None:
                 plan = self._plan_many(items)
                 await self._write_async(conn, plan)
             results = plan.outcome()
-        _notified_put(conn.info, schema, plan)
+        _notified_put(conn, schema, plan)
         return results
 
     async def _copy_async(

@@ -1,0 +1,119 @@
+"""The writer's NOTIFY after a caller's savepoint rolled back: the notification it sent there is
+gone with the savepoint, so the next write on that shard sends it again (sync and async)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
+
+from outboxkit.events import Message
+from outboxkit.outbox import Outbox
+from outboxkit.schema import notify_channel
+from tests.integration.test_writes_sync import _drain, _notifications
+
+pytestmark = pytest.mark.integration
+
+_OUTBOX = Outbox()
+CHANNEL = notify_channel("outboxkit")
+
+
+@pytest.fixture
+def listener(outboxkit_db_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(f'LISTEN "{CHANNEL}"')
+        yield conn
+
+
+def _ours(listener: psycopg.Connection) -> list[tuple[str, str]]:
+    """The writer's notifications once the transaction committed (one is awaited first)."""
+    got = _notifications(listener, 1) + _drain(listener, 0.5)
+    return [n for n in got if n[0] == CHANNEL and n[1] != ""]
+
+
+def test_a_rolled_back_savepoint_takes_its_notification_and_the_next_write_sends_it_again(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    engine = sa.create_engine(sa_url)
+    try:
+        with engine.begin() as conn:
+            savepoint = conn.begin_nested()
+            _OUTBOX.add(conn, Message("t", b"1"))  # notifies shard 0, inside the savepoint
+            savepoint.rollback()
+            _OUTBOX.add(conn, Message("t", b"2"))  # must notify again: the first one is gone
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        engine.dispose()
+
+
+def test_a_session_savepoint_rolled_back_too(sa_url: str, listener: psycopg.Connection) -> None:
+    engine = sa.create_engine(sa_url)
+    try:
+        with Session(engine) as session, session.begin():
+            with session.begin_nested() as nested:
+                _OUTBOX.add_many(session, [Message("t", b"1"), Message("t", b"2")])
+                nested.rollback()
+            _OUTBOX.add(session, Message("t", b"3"))
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        engine.dispose()
+
+
+def test_a_released_savepoint_keeps_its_notification(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    """Released, the savepoint's notification stands; a repeat (if any) is delivered once."""
+    engine = sa.create_engine(sa_url)
+    try:
+        with engine.begin() as conn:
+            with conn.begin_nested():
+                _OUTBOX.add(conn, Message("t", b"1"))
+            _OUTBOX.add(conn, Message("t", b"2"))
+            inner = conn.begin_nested()
+            _OUTBOX.add(conn, Message("t", b"3"))  # the outer transaction's one still stands
+            inner.rollback()
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        engine.dispose()
+
+
+def test_an_outer_notification_survives_an_inner_rollback(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    """Sent before the savepoint, it is not taken back by it: nothing is sent twice, and the
+    rows written after the rollback still wake the relay."""
+    engine = sa.create_engine(sa_url)
+    try:
+        with engine.begin() as conn:
+            _OUTBOX.add(conn, Message("t", b"1"))
+            inner = conn.begin_nested()
+            _OUTBOX.add(conn, Message("t", b"2"))
+            inner.rollback()
+            _OUTBOX.add(conn, Message("t", b"3"))
+        assert _ours(listener) == [(CHANNEL, "0")]
+        with engine.connect() as conn:
+            payloads = conn.execute(
+                sa.text("SELECT payload FROM outboxkit.outbox_message ORDER BY id")
+            ).scalars()
+            assert [bytes(p) for p in payloads] == [b"1", b"3"]
+    finally:
+        engine.dispose()
+
+
+async def test_async_a_rolled_back_savepoint_takes_its_notification(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    engine = create_async_engine(sa_url)
+    try:
+        async with engine.begin() as conn:
+            savepoint = await conn.begin_nested()
+            await _OUTBOX.add_async(conn, Message("t", b"1"))
+            await savepoint.rollback()
+            await _OUTBOX.add_async(conn, Message("t", b"2"))
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        await engine.dispose()
