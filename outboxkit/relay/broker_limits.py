@@ -28,17 +28,17 @@ read that finds a configuration changed says so. The other reads again of one cl
 works, must not hold every claim): a topic not reached stays due for a later claim, and one
 whose read again times out is said at INFO and tried again as any failed read.
 
-A configuration that cannot be read changes nothing but that protection (and the parking of
-keyless records before sending): a missing DescribeConfigs ACL is said once per topic and asked
-again in the next producer life; any other failure (a timeout) is said and the read tried again
-at a later claim, at most every ``RETRY_AFTER`` seconds. The reads of one claim share
-``READ_BUDGET`` seconds (on the producer's one admin client of its life), each started with at
-least ``MIN_SHARE`` of it left: a topic not read by then counts as a failed read. A read given up
-on runs on until the admin's own timeout (confluent-kafka's in a thread the producer needs too):
+A configuration that cannot be read changes nothing but that protection (and the parking of keyless
+records before sending): a missing DescribeConfigs ACL is said once per topic (again if lost after
+a read) and asked again as a read is (``REFRESH_AFTER``); any other failure (a timeout) is said and
+the read tried again at a later claim, at most every ``RETRY_AFTER`` s. The reads of one claim
+share ``READ_BUDGET`` seconds (on the producer's one admin client of its life), each started with
+at least ``MIN_SHARE`` of it left: a topic not read by then counts as a failed read. A read given
+up on runs on until the admin's own timeout (confluent-kafka's in a thread the producer needs too):
 until it ends no read starts (said once; a topic not read stays due, with no back-off), and its
 answer is dropped. A failed read never stops publishing; one of a topic read before (in this
-producer life or an earlier one) keeps what that read said for the rest of the producer life:
-the next life reads it at its first claim, whatever the failed read's back-off.
+producer life or an earlier one) keeps what that read said for the rest of the producer life: the
+next life reads it at its first claim, whatever the failed read's back-off.
 
 Exactly-once needs no cutting (an aborted transaction takes everything back) and is not slowed
 by it. Records of topics without a budget cost nothing per record.
@@ -83,18 +83,11 @@ REFRESH_AFTER = 300.0
 REFRESH_SPREAD = 0.2  # each read is used REFRESH_AFTER times a factor within 1 ± this
 # Refusals a changed configuration may explain (too large; keyless for a compacted topic, older
 # brokers: CORRUPT_MESSAGE) in both clients' names (aiokafka's RecordTooLargeError is a consumer's).
-_CONFIG_REFUSALS = frozenset(
-    {
-        "MSG_SIZE_TOO_LARGE",
-        "RECORD_LIST_TOO_LARGE",
-        "INVALID_RECORD",
-        "CORRUPT_MESSAGE",
-        "MessageSizeTooLargeError",
-        "RecordListTooLargeError",
-        "InvalidRecordError",
-        "CorruptRecordException",
-    }
-)
+_CONFIG_REFUSALS = frozenset({
+    "MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD", "CORRUPT_MESSAGE",
+    "MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError",
+    "CorruptRecordException",
+})  # fmt: skip
 
 
 def _spread() -> float:
@@ -168,7 +161,7 @@ class BrokerLimits:
         self._cut: set[str] = set()  # tight topics: all their records within their budget
         self._keyless: dict[str, RecordError] = {}  # compacted topics: why a keyless record fails
         self._learned: set[str] = set()  # read in this producer life, or not readable (no ACL)
-        self._due: dict[str, float] = {}  # a read topic of ``_learned``: read again from then
+        self._due: dict[str, float] = {}  # a topic of ``_learned``: read again from then
         self._refresh_at = math.inf  # at most the earliest of ``_due``: until then none is due
         self._stale: set[str] = set()  # due, not read again yet: its last read still applies
         self._marked: dict[str, float] = {}  # a refusal had it read again: not before then
@@ -278,11 +271,9 @@ class BrokerLimits:
             if not read.done():
                 self._inflight = read
                 read.add_done_callback(lambda r: r.cancelled() or r.exception())  # not used
-        self._learned.add(topic)
         self._retry_at.pop(topic, None)
-        self._stale.discard(topic)
-        due = self._due[topic] = self._clock() + REFRESH_AFTER * self._spread()
-        self._refresh_at = min(self._refresh_at, due)
+        self._unauthorised.discard(topic)  # readable now: a missing ACL later is said again
+        self._learned_until_due(topic)
         before, self._read[topic] = self._read.get(topic), limits
         if before is not None and before != limits:
             logger.info(
@@ -296,6 +287,12 @@ class BrokerLimits:
                 limits.cleanup_policy,
             )
         self._apply(producer, topic, limits)
+
+    def _learned_until_due(self, topic: str) -> None:
+        self._learned.add(topic)
+        self._stale.discard(topic)
+        due = self._due[topic] = self._clock() + REFRESH_AFTER * self._spread()
+        self._refresh_at = min(self._refresh_at, due)
 
     def _apply(self, producer: TransactionalProducer, topic: str, limits: TopicLimits) -> None:
         """What ``limits`` says of the topic replaces what was said before."""
@@ -328,8 +325,7 @@ class BrokerLimits:
         cause = str(exc) if isinstance(exc, OutboxkitError) else f"{type(exc).__name__}: {exc}"
         said = (self.shard, topic, cause)
         if isinstance(exc, OutboxkitError) and exc.context.get("error") in UNAUTHORISED:
-            self._learned.add(topic)  # lasting: asked again in the next producer life
-            self._stale.discard(topic)  # not read again in this life
+            self._learned_until_due(topic)  # asked again as a read would be: granted since?
             if topic not in self._unauthorised:
                 self._unauthorised.add(topic)
                 logger.warning(

@@ -278,7 +278,7 @@ async def test_a_failed_read_is_tried_again_at_a_later_claim_after_its_back_off(
     assert producer.reads == 3  # read once per producer life
 
 
-async def test_a_missing_acl_is_said_once_per_topic_and_not_asked_again_in_the_life(
+async def test_a_missing_acl_is_said_once_per_topic_and_not_asked_again_before_due(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     denied = PublishError("denied", error="CLUSTER_AUTHORIZATION_FAILED")

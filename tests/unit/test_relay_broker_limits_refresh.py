@@ -585,6 +585,39 @@ async def test_a_read_again_refused_for_its_acl_leaves_the_topic_read_for_this_l
     assert producer.sends == [[100], [20_000], [100]]  # the read before stays in use
 
 
+async def test_a_missing_acl_is_asked_again_as_a_read_would_be_and_said_again_once_lost_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, a topic whose read was refused for its ACL was asked again only in the next
+    producer life (days, maybe): an ACL granted meanwhile protected nothing until then."""
+    clock = [0.0]
+    gate = _gate(clock)
+    denied = PublishError("denied", error="TOPIC_AUTHORIZATION_FAILED")
+    producer = _FlakyProducer([denied, denied], LOWERED)
+    with caplog.at_level(logging.WARNING, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, [_row(1)])
+        clock[0] += REFRESH_AFTER - 1
+        await gate.sendable(TERM, _CONN, producer, [_row(2)])
+        assert producer.reads == 1
+        clock[0] += 1
+        await gate.sendable(TERM, _CONN, producer, [_row(3)])
+        assert producer.reads == 2  # still refused: not said again
+        assert len(_logged(caplog, logging.WARNING)) == 1
+        clock[0] += REFRESH_AFTER
+        await gate.sendable(TERM, _CONN, producer, [_row(4)])
+        assert producer.reads == 3  # the ACL was granted: read, and its limit applies
+        await gate.limits.send(producer, SENDS, lambda: None)
+        assert producer.sends == [[100], [20_000], [100]]
+        producer.failures.append(denied)
+        clock[0] += REFRESH_AFTER
+        await gate.sendable(TERM, _CONN, producer, [_row(5)])
+    assert producer.reads == 4
+    warned = _logged(caplog, logging.WARNING)
+    assert len(warned) == 2
+    assert all("needs DescribeConfigs" in m for m in warned)
+    assert "the configuration read before stays in use" in warned[1]
+
+
 async def test_a_new_producer_life_drops_what_it_cannot_use() -> None:
     """A refusal's read pending at forget() marked the first read of the new life as asked
     for (a later refusal waited RETRY_AFTER), and past marks and back-offs piled up."""
