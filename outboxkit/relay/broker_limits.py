@@ -199,12 +199,14 @@ class BrokerLimits:
         return todo
 
     def _expire(self, now: float) -> None:
-        """Topics whose read is due are read again at their next claim (their limits stay)."""
+        """Topics whose read is due are read again at their next claim (their limits stay); one
+        never read (its ACL refused it) is asked as a first read is."""
         due = self._due
         for topic in [topic for topic, at in due.items() if at <= now]:
             del due[topic]
             self._learned.discard(topic)
-            self._stale.add(topic)
+            if topic in self._read:
+                self._stale.add(topic)
         self._refresh_at = min(due.values(), default=math.inf)
 
     def refused(self, failures: Iterable[tuple[str, RecordError]]) -> None:

@@ -618,6 +618,32 @@ async def test_a_missing_acl_is_asked_again_as_a_read_would_be_and_said_again_on
     assert "the configuration read before stays in use" in warned[1]
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [PublishError("configuration of topic 't': broker gone"), TimeoutError("no answer in time")],
+)
+async def test_a_topic_never_read_asked_again_after_its_acl_is_not_said_read_before(
+    caplog: pytest.LogCaptureFixture, failure: Exception
+) -> None:
+    """Asked again after a refused ACL, a read failing otherwise says nothing protects the
+    topic (nothing was read) at WARNING: not the read-again text, which said a read was in use."""
+    clock = [0.0]
+    gate = _gate(clock)
+    denied = PublishError("denied", error="TOPIC_AUTHORIZATION_FAILED")
+    producer = _FlakyProducer([denied, failure], LOWERED)
+    with caplog.at_level(logging.INFO, LOGGER):
+        await gate.sendable(TERM, _CONN, producer, [_row(1)])
+        clock[0] += REFRESH_AFTER
+        await gate.sendable(TERM, _CONN, producer, [_row(2)])
+    assert producer.reads == 2
+    said = [r for r in caplog.records if "could not be read" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING]
+    assert "read before stays in use" not in said[0].getMessage()
+    assert gate.limits.unlearned({"t"}) == []  # backing off, as any failed first read
+    clock[0] += RETRY_AFTER
+    assert gate.limits.unlearned({"t"}) == ["t"]
+
+
 async def test_a_new_producer_life_drops_what_it_cannot_use() -> None:
     """A refusal's read pending at forget() marked the first read of the new life as asked
     for (a later refusal waited RETRY_AFTER), and past marks and back-offs piled up."""

@@ -318,7 +318,7 @@ RETURNING m.id;
 -- parked with the reason, a small batch per statement (the lease row stays shared meanwhile);
 -- `outbox retry` gives them their key's shard. No worker claims them (claim_batch). They keep
 -- their shard number (the reason names it; rows of their key's shard do not wait behind them)
--- and count under shard 0 (_shard_holders, housekeeping_delete).
+-- and count under shard 0 (_shard_holders, housekeeping_delete_*).
 -- Each bound on its own, against the partial pending index (shard, id): a join or an ORDER BY id
 -- let the planner walk the primary key through every published row instead.
 WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting), victims AS (
