@@ -132,9 +132,21 @@ def _notified_get(conn: Connection | AsyncConnection, schema: str) -> tuple[str 
     xact, shards, savepoint = entry
     if savepoint is not None:
         alive = savepoint()
-        if alive is None or not alive.is_active:
+        if alive is None or not _standing(alive):
             return None, []
     return xact, sorted(shards)
+
+
+def _standing(savepoint: NestedTransaction) -> bool:
+    """Whether the savepoint and every one it was opened in are still open: rolling an outer one
+    back with this one still open (SQLAlchemy warns, and leaves this one marked active) takes
+    this one's notifications too. The parent link is SQLAlchemy's own (without it, this one)."""
+    current: NestedTransaction | None = savepoint
+    while current is not None:
+        if not current.is_active:
+            return False
+        current = getattr(current, "_previous_nested", None)
+    return True
 
 
 def _notified_put(conn: Connection | AsyncConnection, schema: str, plan: Plan) -> None:

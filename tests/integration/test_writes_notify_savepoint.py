@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit.events import Message
@@ -66,7 +66,9 @@ def test_a_session_savepoint_rolled_back_too(sa_url: str, listener: psycopg.Conn
 def test_a_released_savepoint_keeps_its_notification(
     sa_url: str, listener: psycopg.Connection
 ) -> None:
-    """Released, the savepoint's notification stands; a repeat (if any) is delivered once."""
+    """Released, the savepoint's notification stands (a listener cannot tell whether the writer
+    repeats it: PostgreSQL delivers identical ones of a transaction once), and it is not lost
+    to a later savepoint rolled back."""
     engine = sa.create_engine(sa_url)
     try:
         with engine.begin() as conn:
@@ -84,8 +86,8 @@ def test_a_released_savepoint_keeps_its_notification(
 def test_an_outer_notification_survives_an_inner_rollback(
     sa_url: str, listener: psycopg.Connection
 ) -> None:
-    """Sent before the savepoint, it is not taken back by it: nothing is sent twice, and the
-    rows written after the rollback still wake the relay."""
+    """Sent before the savepoint, it is not taken back by it: the rows written after the
+    rollback still wake the relay."""
     engine = sa.create_engine(sa_url)
     try:
         with engine.begin() as conn:
@@ -104,6 +106,40 @@ def test_an_outer_notification_survives_an_inner_rollback(
         engine.dispose()
 
 
+def test_an_outer_savepoint_rolled_back_with_an_inner_one_still_open(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    """SQLAlchemy warns and leaves the inner savepoint marked open, but the database rolled its
+    notification back with the outer one."""
+    engine = sa.create_engine(sa_url)
+    try:
+        with engine.begin() as conn:
+            outer = conn.begin_nested()
+            conn.begin_nested()
+            _OUTBOX.add(conn, Message("t", b"1"))
+            with pytest.warns(sa.exc.SAWarning):
+                outer.rollback()
+            _OUTBOX.add(conn, Message("t", b"2"))
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        engine.dispose()
+
+
+def test_the_copy_path_in_a_savepoint_rolled_back(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    engine = sa.create_engine(sa_url)
+    try:
+        with engine.begin() as conn:
+            savepoint = conn.begin_nested()
+            _OUTBOX.add_many(conn, [Message("t", b"%d" % i) for i in range(200)])  # a COPY
+            savepoint.rollback()
+            _OUTBOX.add(conn, Message("t", b"last"))
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        engine.dispose()
+
+
 async def test_async_a_rolled_back_savepoint_takes_its_notification(
     sa_url: str, listener: psycopg.Connection
 ) -> None:
@@ -114,6 +150,21 @@ async def test_async_a_rolled_back_savepoint_takes_its_notification(
             await _OUTBOX.add_async(conn, Message("t", b"1"))
             await savepoint.rollback()
             await _OUTBOX.add_async(conn, Message("t", b"2"))
+        assert _ours(listener) == [(CHANNEL, "0")]
+    finally:
+        await engine.dispose()
+
+
+async def test_async_session_savepoint_rolled_back(
+    sa_url: str, listener: psycopg.Connection
+) -> None:
+    engine = create_async_engine(sa_url)
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            nested = await session.begin_nested()
+            await _OUTBOX.add_async(session, Message("t", b"1"))
+            await nested.rollback()
+            await _OUTBOX.add_async(session, Message("t", b"2"))
         assert _ours(listener) == [(CHANNEL, "0")]
     finally:
         await engine.dispose()

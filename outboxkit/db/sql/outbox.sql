@@ -2,8 +2,9 @@
 -- outboxkit.testing. Parameters use SQLAlchemy's :name style.
 --
 -- The shard is computed here, by the same SQL function the relay uses, so they always agree.
--- NOTIFY: at most once per (transaction, shard); the caller passes the transaction id and the
--- shards it already notified in it, so later writes in the same transaction send nothing.
+-- NOTIFY: once per (transaction, shard) as a rule; the caller passes the transaction id and the
+-- shards it already notified in it whose notifications still stand, so later writes in the same
+-- transaction send nothing (after a savepoint was rolled back or released, they may send again).
 
 -- name: _columns
 event_id, idempotency_key, content_digest, topic, message_key, payload, content_type,
