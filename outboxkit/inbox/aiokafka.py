@@ -52,7 +52,12 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         return await drive_async(self.loop.poll_batch(wait), self.executor)
 
     async def run(self, stop: asyncio.Event | None = None, max_messages: int | None = None) -> int:
-        return await drive_async(self.loop.run(stopped_by(stop), max_messages), self.executor)
+        """Process until ``stop`` is set (or ``max_messages`` deliveries were settled)."""
+        self._stop = stop
+        try:
+            return await drive_async(self.loop.run(stopped_by(stop), max_messages), self.executor)
+        finally:
+            self._stop = None
 
     async def close(self) -> None:
         """Commit settled offsets, leave the group, stop the clients and the lease task.

@@ -7,7 +7,6 @@ the driver (sync or async) and the client pair; everything they decide is in
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -19,7 +18,7 @@ from outboxkit.inbox.deadletter import (
     DeadLetterTopic,
     check_dead_letter_topic,
 )
-from outboxkit.inbox.kafka_steps import kafka_steps
+from outboxkit.inbox.kafka_steps import StopEvent, kafka_steps
 from outboxkit.inbox.loop import (
     BATCH_MAX_MS,
     BATCH_MAX_RECORDS,
@@ -116,7 +115,7 @@ class InboxConsumer(Generic[InboxT]):
     ``batch_max_ms`` 0 to 60,000; every number finite.
     """
 
-    _stop: threading.Event | None = None  # the running run()'s: a back-off ends when it is set
+    _stop: StopEvent | None = None  # the running run()'s: a back-off ends when it is set
 
     def __init__(
         self,

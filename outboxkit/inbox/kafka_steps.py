@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from outboxkit.inbox.steps import (
     CloseConsumer,
     CloseSender,
     Commit,
+    Committed,
     Pause,
     Poll,
     Publish,
@@ -30,20 +32,23 @@ from outboxkit.kafka.api import (
     RecordSender,
 )
 
+StopEvent = threading.Event | asyncio.Event
+
 
 def kafka_steps(
     consumer: GroupConsumer | AsyncGroupConsumer,
     sender: RecordSender | AsyncRecordSender,
-    stop: Callable[[], threading.Event | None] = lambda: None,
+    stop: Callable[[], StopEvent | None] = lambda: None,
 ) -> StepTable:
     """The Kafka steps over the client seam: the same calls for both clients (the async
-    client's coroutines are awaited by ``drive_async``). A sync ``Sleep`` ends early once the
-    event ``stop()`` returns is set (a stop must not wait out a back-off); an async one is
-    cancelled with its task."""
+    client's coroutines are awaited by ``drive_async``). A ``Sleep`` ends early once the event
+    ``stop()`` returns is set (a stop must not wait out a back-off): a ``threading.Event`` for
+    the sync client, an ``asyncio.Event`` for the async one."""
     return {
         Subscribe: lambda s: consumer.subscribe(s.topics, s.on_assign, s.on_revoke),
         Poll: lambda s: consumer.poll(s.timeout, s.max_records),
         Commit: lambda s: consumer.commit(dict(s.offsets)),
+        Committed: lambda s: consumer.committed(list(s.partitions), s.timeout),
         Seek: lambda s: consumer.seek(s.partition, s.offset),
         Pause: lambda s: consumer.pause(s.partitions),
         Resume: lambda s: consumer.resume(s.partitions),
@@ -56,16 +61,24 @@ def kafka_steps(
 
 
 def _sleeper(
-    consumer: GroupConsumer | AsyncGroupConsumer, stop: Callable[[], threading.Event | None]
+    consumer: GroupConsumer | AsyncGroupConsumer, stop: Callable[[], StopEvent | None]
 ) -> Callable[[Sleep], Any]:
     if isinstance(consumer, AsyncGroupConsumer):
-        return lambda s: asyncio.sleep(s.seconds)
+        return lambda s: _sleep_async(s.seconds, stop())
 
     def sleep(step: Sleep) -> None:
         event = stop()
-        if event is None:
-            time.sleep(step.seconds)
-        else:
+        if isinstance(event, threading.Event):
             event.wait(step.seconds)
+        else:
+            time.sleep(step.seconds)
 
     return sleep
+
+
+async def _sleep_async(seconds: float, event: StopEvent | None) -> None:
+    if not isinstance(event, asyncio.Event):
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

@@ -10,9 +10,14 @@ starts at the log's start), never with another policy (a stuck client must not s
 The holds and the failure counts of this member go over to the new client's first assignment: a
 held record that left the log still ends ``dead`` (:func:`~outboxkit.inbox.gate.end_gone`), one
 failing outside its handler is still given up after ``max_unexpected_errors``, and a hold whose
-back-off runs on keeps it. Until the new client has subscribed nothing is polled; a subscribe
-that fails (Kafka away) is tried again, backing off; any other error (a configuration the client
-refuses) ends ``run()``, as it would have ended the first ``start()``.
+back-off runs on keeps it. Another member of the group may have had a held partition meanwhile,
+run the held record and committed past it: a hold whose partition's committed offset (read on
+the first step after the assignment, not in the rebalance callback) is past the held offset is
+dropped, since seeking back would run what that member settled again, and resuming would take
+the next record for a sign that the held one left the log. Until the new client has its first
+assignment nothing is processed: the rejoin polls it, keeping what it fetches for after the
+holds are settled. A subscribe that fails (Kafka away) is tried again, backing off; any other
+error (a configuration the client refuses) ends ``run()``, as it would have ended ``start()``.
 """
 
 from __future__ import annotations
@@ -22,9 +27,18 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from outboxkit.errors import PublishError
-from outboxkit.inbox.gate import Hold, TopicPartitionKey
+from outboxkit.inbox.gate import Gone, Hold, TopicPartitionKey, end_gone
 from outboxkit.inbox.guard import error_text
-from outboxkit.inbox.steps import CloseConsumer, Commit, Pause, Plan, Sleep, Subscribe
+from outboxkit.inbox.steps import (
+    CloseConsumer,
+    Commit,
+    Committed,
+    Pause,
+    Plan,
+    Poll,
+    Sleep,
+    Subscribe,
+)
 
 if TYPE_CHECKING:
     from outboxkit.inbox.loop import ConsumerLoop
@@ -37,6 +51,9 @@ RESUBSCRIBE_RETRY_MAX_SECONDS = 5.0
 # Rejoins given up because committing the held offsets failed before one goes ahead without
 # that commit (only with auto.offset.reset=earliest).
 COMMIT_ATTEMPTS = 3
+# How long reading the committed offsets of the held partitions may take before the holds are
+# kept as they were (as if no other member had had them).
+COMMITTED_READ_SECONDS = 10.0
 
 
 class Rejoin:
@@ -46,12 +63,16 @@ class Rejoin:
         self._carried = False  # holds and failures wait for the new client's first assignment
         self._holds: dict[TopicPartitionKey, Hold] = {}
         self._failures: dict[tuple[str, int, int], int] = {}
-        self._to_pause: set[TopicPartitionKey] = set()
+        # Carried holds (and failure counts) of partitions the new client got, until their
+        # committed offsets are read.
+        self._checks: dict[TopicPartitionKey, Hold] = {}
+        self._check_failures: dict[tuple[str, int, int], int] = {}
         self._commit_failures = 0  # rejoins given up in a row: committing the held offsets failed
 
     def run(self, loop: ConsumerLoop, now: float) -> Plan[bool]:
         """Commit the held and settled offsets, close the client, subscribe a new one; whether
-        there is a client to poll (``False``: the new one could not subscribe yet)."""
+        there is a client to poll (``False``: the new one has not subscribed, or has no
+        assignment, yet)."""
         assigned = set(loop.assigned)
         holds = loop.gate.carry(assigned, now)
         settled = loop.pending.take(list(assigned)) if loop.pending is not None else {}
@@ -119,7 +140,8 @@ class Rejoin:
 
     def ready(self, loop: ConsumerLoop) -> Plan[bool]:
         """Whether there is a client to poll: subscribes the new one if it has not yet (on
-        failure, waits before the next try); pauses carried holds whose back-off runs on."""
+        failure, waits before the next try), polls it until its first assignment, then takes
+        the carried holds over."""
         if self.closed:
             try:
                 yield Subscribe(loop.options.topics, loop.on_assign, loop.on_revoke)
@@ -136,23 +158,68 @@ class Rejoin:
                 self._pause = min(self._pause * 2, RESUBSCRIBE_RETRY_MAX_SECONDS)
                 return False
             self.closed, self._pause = False, RESUBSCRIBE_RETRY_SECONDS
-        if self._to_pause:
-            paused = sorted(self._to_pause & loop.assigned & loop.gate.held)
-            self._to_pause = set()
-            if paused:
-                yield Pause(paused)
+        if self._carried:  # no assignment yet: what a poll fetches waits for the holds
+            loop.buffer.extend((yield Poll(loop.options.poll_timeout, loop.options.max_records)))
+            if self._carried:
+                return False
+        if self._checks:
+            yield from self._take_over(loop)
         return True
 
     def assigned(self, loop: ConsumerLoop, partitions: list[TopicPartitionKey]) -> None:
-        """The new client's first assignment takes this member's holds and failure counts over
-        (of the partitions it got: other owners start at the committed offsets)."""
+        """The new client's first assignment: the carried holds and failure counts of the
+        partitions it got wait for their committed offsets (other owners start at them)."""
+        for tp in set(partitions) & self._checks.keys():  # assigned again meanwhile: afresh
+            del self._checks[tp]
         if not self._carried:
             return
         got = set(partitions)
-        for tp, hold in self._holds.items():
-            if tp in got:
-                loop.gate.restore(tp, hold)
-                if not hold.resumed:
-                    self._to_pause.add(tp)
-        loop.failures.update({w: n for w, n in self._failures.items() if w[:2] in got})
+        self._checks = {tp: hold for tp, hold in self._holds.items() if tp in got}
+        failures = {w: n for w, n in self._failures.items() if w[:2] in got}
+        loop.failures.update({w: n for w, n in failures.items() if w[:2] not in self._checks})
+        self._check_failures = {w: n for w, n in failures.items() if w[:2] in self._checks}
         self._carried, self._holds, self._failures = False, {}, {}
+
+    def _take_over(self, loop: ConsumerLoop) -> Plan[None]:
+        """Restore each carried hold, unless its partition's committed offset is past the held
+        offset: another member settled the held record (if it had left the log instead, its
+        row still processing, it ends ``dead``). A failed read keeps every hold."""
+        checks = self._checks
+        try:
+            committed = yield Committed(sorted(checks), COMMITTED_READ_SECONDS)
+            settled = {
+                tp: committed[tp]
+                for tp, hold in checks.items()
+                if tp in committed and committed[tp] > hold.offset
+            }
+        except Exception as exc:  # the holds are kept: at worst a record runs again
+            logger.warning(
+                "reading the committed offsets of the held partitions failed (%s); their holds"
+                " are kept",
+                error_text(exc),
+            )
+            settled = {}
+        self._checks, failures, self._check_failures = {}, self._check_failures, {}
+        ours = {tp: hold for tp, hold in checks.items() if tp in loop.assigned}
+        gone = []
+        for tp, hold in ours.items():
+            if tp in settled:
+                logger.info(
+                    "%s/%d: another member committed offset %d past held offset %d during the"
+                    " rejoin; the hold is dropped",
+                    *tp,
+                    settled[tp],
+                    hold.offset,
+                )
+                if hold.event_id is not None:
+                    gone.append(Gone(tp, hold.offset, hold.event_id))
+            else:
+                loop.gate.restore(tp, hold)
+        kept = ours.keys() - settled.keys()
+        loop.failures.update({w: n for w, n in failures.items() if w[:2] in kept})
+        paused = sorted(tp for tp in kept if not ours[tp].resumed)
+        if paused:
+            yield Pause(paused)
+        # Ends the row only if it still names the held record (it left the log, so the other
+        # member never ran it); a row that member settled is left alone, nothing logged.
+        yield from end_gone(gone, loop.core.statements, loop.options.acks_topic)

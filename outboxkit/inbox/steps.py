@@ -157,6 +157,15 @@ class Commit(Step):
 
 
 @dataclass(frozen=True, slots=True)
+class Committed(Step):
+    """The group's committed offsets of these partitions -> ``dict[TopicPartition, int]``
+    (none committed: left out); ``PublishError`` if not read within ``timeout`` seconds."""
+
+    partitions: list[TopicPartition]
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
 class Pause(Step):
     """Stop fetching these partitions (those not assigned any more are ignored)."""
 

@@ -278,6 +278,21 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         except KafkaError as exc:
             raise PublishError(f"offset commit failed: {type(exc).__name__}: {exc}") from exc
 
+    async def committed(self, partitions: list[TP], wait: float) -> dict[TP, int]:
+        """Bounded by ``wait``: aiokafka retries a retriable error for ever."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        try:
+            offsets = await asyncio.wait_for(
+                asyncio.gather(*(self._c.committed(tp) for tp in tps)), wait
+            )
+        except (KafkaError, TimeoutError) as exc:
+            raise PublishError(f"reading the committed offsets failed: {exc!r}") from exc
+        return {
+            (tp.topic, tp.partition): int(o)
+            for tp, o in zip(tps, offsets, strict=True)
+            if o is not None
+        }
+
     async def close(self) -> None:
         """Stop the client. Its stop goes on should the close be cancelled (aiokafka's ``stop``
         does nothing a second time: cut short, it would leave the connections open)."""

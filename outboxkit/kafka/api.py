@@ -355,6 +355,15 @@ class GroupConsumer(Positions):
         """Synchronous commit of the next offsets to read; raises ``PublishError`` on failure."""
 
     @abstractmethod
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float
+    ) -> dict[TopicPartition, int]:
+        """The group's committed offsets of ``partitions``, read from the broker (whichever
+        member committed them; a partition with none is left out): a rejoined member learns
+        whether another one settled a record it held. ``PublishError`` if they cannot be read
+        within ``timeout`` seconds."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -376,6 +385,12 @@ class AsyncGroupConsumer(Positions):
 
     @abstractmethod
     async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
+
+    @abstractmethod
+    async def committed(
+        self, partitions: list[TopicPartition], wait: float
+    ) -> dict[TopicPartition, int]:
+        """As :meth:`GroupConsumer.committed` (within ``wait`` seconds)."""
 
     @abstractmethod
     async def close(self) -> None: ...

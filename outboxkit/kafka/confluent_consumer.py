@@ -208,6 +208,19 @@ class ConfluentGroupConsumer(GroupConsumer):
         if failed:
             raise PublishError(f"offset commit failed: {failed[0].error}")
 
+    def committed(self, partitions: list[TP], timeout: float) -> dict[TP, int]:
+        if not partitions:
+            return {}
+        request = [TopicPartition(t, p) for t, p in partitions]
+        try:
+            found = self._consumer.committed(request, timeout=timeout)
+        except (KafkaException, RuntimeError) as exc:  # RuntimeError: the client is closed
+            raise PublishError(f"reading the committed offsets failed: {exc.args[0]}") from exc
+        failed = [p for p in found if p.error is not None]
+        if failed:
+            raise PublishError(f"reading the committed offsets failed: {failed[0].error}")
+        return {(p.topic, p.partition): p.offset for p in found if p.offset >= 0}
+
     def close(self) -> None:
         self._closed = True
         try:

@@ -186,6 +186,32 @@ def test_offsets_a_revocation_hands_back_are_committed_before_the_partition_goes
     assert _offsets(records) == [(0, 3)]  # whoever owns it now starts after the handed-back 3
 
 
+def test_committed_offsets_are_read_back_whichever_member_committed_them(
+    member: Callable[[str], GroupMember],
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """A rejoined member reads the group's committed offsets of the partitions it held, to
+    learn whether another member settled the held record meanwhile."""
+    topic = outboxkit_topic(partitions=2)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    both = [(topic, 0), (topic, 1)]
+    produce(outboxkit_kafka_bootstrap, topic, _messages(3))
+    first = member(group)
+    first.subscribe([topic])
+    poll_members([first], lambda got: len(got) >= 3)
+    assert first.call("committed", both, 10.0) == {}  # none yet: left out
+    first.call("commit", {(topic, 0): 2})
+    assert first.call("committed", both, 10.0) == {(topic, 0): 2}
+    second = member(group)
+    second.subscribe([topic])
+    poll_members([first, second], lambda _: second.assigned and len(first.assigned) >= 2)
+    [(_, partition)] = second.call("assignment")
+    second.call("commit", {(topic, partition): 1})
+    assert first.call("committed", both, 10.0)[(topic, partition)] == 1  # the other's commit
+    assert first.call("committed", [], 10.0) == {}
+
+
 def test_the_sender_delivers_a_record_and_names_a_permanent_failure(
     client: str,
     outboxkit_kafka_bootstrap: str,
