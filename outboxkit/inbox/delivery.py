@@ -262,9 +262,11 @@ class InboxCore:
         )
 
     def not_claimed(self, env: Envelope, ident: Identity, claim: Claim) -> Plan[Outcome]:
-        """A duplicate of a finished event (skipped), or its id reused (rejection log)."""
+        """A duplicate of a finished event (skipped; its recorded outcome is acknowledged again),
+        or its id reused (rejection log)."""
         if claim.kind == "duplicate":
-            return Outcome(OutcomeKind.DUPLICATE, ident.event_id)
+            attempts, error, state = claim.attempts, claim.previous_error, claim.existing_state
+            return Outcome(OutcomeKind.DUPLICATE, ident.event_id, attempts, error, recorded=state)
         reason = f"event id reused with different content (existing: {claim.existing_state})"
         yield self.statements.reject(env, reason, ident)
         return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason, rejection_log=True)

@@ -19,11 +19,10 @@ from collections.abc import Set
 from dataclasses import dataclass
 
 from outboxkit.db import Result
-from outboxkit.errors import PublishError
-from outboxkit.inbox.acks import acknowledgement
+from outboxkit.inbox.acks import acknowledgement, publish_gone
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.outcome import OutcomeKind
-from outboxkit.inbox.steps import Plan, Publish
+from outboxkit.inbox.steps import Plan
 from outboxkit.inbox.store import InboxStatements
 from outboxkit.kafka.api import ConsumedRecord
 
@@ -155,6 +154,9 @@ class PartitionGate:
         for tp in tps:
             self._holds.pop(tp, None)
 
+    def holds(self, tp: TopicPartitionKey) -> bool:
+        return tp in self._holds
+
     @property
     def held(self) -> frozenset[TopicPartitionKey]:
         return frozenset(self._holds)
@@ -166,7 +168,8 @@ def end_gone(
     """End the rows of held records that left the log ``dead``, with the reason. Run after the
     records behind them were processed, so a copy of the event there (which takes the row over
     and names its own offset) runs instead. A failure is logged: the row stays processing.
-    A row ended here is acknowledged ``dead`` on ``acks_topic``: no delivery of it ever will."""
+    A row ended here is acknowledged ``dead`` on ``acks_topic``: no delivery of it ever will, so
+    a failed publish is tried again at once, a few times (:func:`~.acks.publish_gone`)."""
     for g in gone:
         step = statements.abandon_gone(g.event_id, *g.partition, g.offset)
         try:
@@ -183,7 +186,4 @@ def end_gone(
         record = acknowledgement(
             statements.consumer, g.event_id, OutcomeKind.DEAD, attempts, error, where
         )
-        try:
-            yield Publish(acks_topic, *record)
-        except PublishError as exc:  # the outcome is durable in the database, as in the loop
-            logger.warning("acknowledgement for %s not published: %s", g.event_id, exc)
+        yield from publish_gone(acks_topic, statements.consumer, g.event_id, record, where)

@@ -2,9 +2,11 @@
 
 The consumer runs ``read_committed`` with auto-commit off; an offset is committed only after the
 handler's transaction committed, or after the event was recorded as duplicate/rejected/dead/
-cancelled. With ``offset_commit_interval`` the settled offsets are committed every that many
-seconds instead (and on revoke and close): fewer round trips, still safe (a redelivery is
-recognised). A failed handler pauses its partition and seeks back (:mod:`outboxkit.inbox.gate`).
+cancelled; with an acks topic, also only after its acknowledgement was published (or given up:
+:class:`~outboxkit.inbox.acks.Acknowledger`). With ``offset_commit_interval`` the settled
+offsets are committed every that many seconds instead (and on revoke and close): fewer round
+trips, still safe (a redelivery is recognised). A failed handler pauses its partition and seeks
+back (:mod:`outboxkit.inbox.gate`).
 
 Rebalances: a revoked partition's hold and prefetched records are dropped and its settled offsets
 committed before it goes; the seam resumes every newly assigned partition (paused ones too).
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from outboxkit.db.availability import database_unavailable
 from outboxkit.errors import PublishError
-from outboxkit.inbox.acks import ack_record
+from outboxkit.inbox.acks import Acknowledger
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
     DEAD_LETTER_MAX_BYTES,
@@ -107,6 +109,8 @@ class ConsumerLoop:
         self.single = 0  # records to process one by one (after a batch failed unexpectedly)
         self.subscribed = False
         self.failures: dict[tuple[str, int, int], int] = {}
+        topic, bound = options.acks_topic, options.max_unexpected_errors
+        self.acks = None if topic is None else Acknowledger(core.settings.consumer, topic, bound)
         self.rejoin = Rejoin()  # replaces a client that keeps refusing seeks
         self.purger = Purger(
             core.statements.schema,
@@ -135,6 +139,8 @@ class ConsumerLoop:
         gone = set(partitions)
         for where in [w for w in self.failures if w[:2] in gone]:
             del self.failures[where]
+        if self.acks is not None:
+            self.acks.forget(gone)
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
@@ -347,21 +353,26 @@ class ConsumerLoop:
         if self._settled_quietly(env, outcome):
             return
         tp = (env.topic, env.partition)
+        if self.acks is not None and self.gate.holds(tp):
+            return  # behind a record of this batch held for its acknowledgement: comes again
+        retry_in, event_id = outcome.retry_in, outcome.event_id
         if outcome.kind.advances_offset:
-            yield from self._acknowledge(env, outcome)
-            if tp not in self.assigned:
-                return  # revoked meanwhile (aiokafka may rebalance at any await): not ours
-            if self.pending is None:
-                yield from self._commit({tp: env.offset + 1})
-            else:
-                self.pending.settle(tp, env.offset + 1)
-            return
+            if self.acks is None or (yield from self.acks.acknowledge(env, outcome)):
+                if tp not in self.assigned:
+                    return  # revoked meanwhile (aiokafka may rebalance at any await): not ours
+                if self.pending is None:
+                    yield from self._commit({tp: env.offset + 1})
+                else:
+                    self.pending.settle(tp, env.offset + 1)
+                return
+            # Not acknowledged: held, and delivered again (a duplicate, acknowledged again).
+            retry_in, event_id = ERROR_RETRY_SECONDS, None
         if tp in self.revoked or tp not in self.assigned:
             return  # its new owner takes it from the committed offset
         yield Seek(tp, env.offset)
         yield Pause([tp])
         self._drop([tp])
-        self.gate.hold(tp, env.offset, self.clock() + outcome.retry_in, outcome.event_id)
+        self.gate.hold(tp, env.offset, self.clock() + retry_in, event_id)
 
     def _commit(self, offsets: Mapping[TopicPartition, int]) -> Plan[None]:
         if not offsets:
@@ -370,18 +381,6 @@ class ConsumerLoop:
             yield Commit(offsets)
         except PublishError as exc:  # the database holds the outcomes: a redelivery is known
             logger.warning("offset commit failed (redelivery will be deduplicated): %s", exc)
-
-    def _acknowledge(self, env: Envelope, outcome: Outcome) -> Plan[None]:
-        if self.options.acks_topic is None:
-            return
-        record = ack_record(self.core.settings.consumer, env, outcome)
-        if record is None:
-            return
-        try:
-            yield Publish(self.options.acks_topic, *record)
-        except PublishError as exc:
-            # The outcome is durable in the database (readable with `outboxkit inbox show`).
-            logger.warning("acknowledgement for %s not published: %s", outcome.event_id, exc)
 
     def _dead_letter(
         self, env: Envelope, event_id: str, error: str, attempts: int

@@ -40,6 +40,9 @@ class Outcome:
     # A delivery given up (``alert="given_up"``) whose unfinished row was marked ``dead``: the
     # event itself is dead, which is what its acknowledgement says (see ``acks.py``).
     row_dead: bool = field(default=False, compare=False)
+    # A ``DUPLICATE``: the event's state as recorded (``attempts`` and ``error`` are its row's),
+    # acknowledged again: the delivery that finished it may have died before acknowledging it.
+    recorded: str | None = field(default=None, compare=False)
 
     @classmethod
     def succeeded(cls, event_id: str, attempts: int) -> Outcome:
@@ -54,4 +57,5 @@ class Outcome:
             alert=None,
             rejection_log=False,
             row_dead=False,
+            recorded=None,
         )

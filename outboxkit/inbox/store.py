@@ -120,7 +120,7 @@ class InboxStatements:
         return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims), binary=True)
 
     def state(self, event_id: str) -> Sql:
-        """-> one row ``(state, content_digest)``, or none."""
+        """-> one row ``(state, content_digest, attempts, last_error)``, or none."""
         return self._sql("get_state", event_id)
 
     def reject(
@@ -214,9 +214,10 @@ class InboxStatements:
 
 
 def classify(row: tuple[Any, ...], ident: Identity) -> Claim:
-    """After a claim matched nothing: a duplicate of a finished event, or a reused id."""
+    """After a claim matched nothing: a duplicate of a finished event (with the row's attempts
+    and last error, for its acknowledgement), or a reused id."""
     state, digest = row[0], row[1]
     same = digest is None or bytes(digest) == ident.digest
     if state in TERMINAL_INBOX_STATES and same:
-        return Claim("duplicate", existing_state=state)
+        return Claim("duplicate", attempts=row[2], previous_error=row[3], existing_state=state)
     return Claim("conflict", existing_state=state)

@@ -16,7 +16,7 @@ import pytest
 from outboxkit.db import Result
 from outboxkit.errors import PublishError
 from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
-from outboxkit.inbox.acks import ack_record
+from outboxkit.inbox.acks import GONE_ACK_ATTEMPTS, ack_record
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.gate import Gone, end_gone
 from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
@@ -271,7 +271,9 @@ def test_a_gone_record_whose_row_was_not_ended_here_is_not_acknowledged() -> Non
 def test_an_acknowledgement_of_a_gone_record_that_cannot_be_published_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """As for any acknowledgement: the outcome is in the database, the next one is tried."""
+    """No delivery of a gone record will ever come to acknowledge it again: its publish is
+    tried again at once, a bounded number of times, then given up with an error naming where
+    the outcome is; the next gone record is tried."""
 
     def answer(step: Step) -> Any:
         if isinstance(step, Publish):
@@ -281,8 +283,15 @@ def test_an_acknowledgement_of_a_gone_record_that_cannot_be_published_is_logged(
     script, plan = _gone(answer)
     with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
         drive_sync(plan, script)
-    assert script.names() == ["abandon_gone", "Publish", "abandon_gone", "Publish"]
+    tries = ["Publish"] * GONE_ACK_ATTEMPTS
+    assert script.names() == ["abandon_gone", *tries, "abandon_gone", *tries]
     assert "acknowledgement for e1 not published: broker away" in caplog.messages
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors[0] == (
+        f"acknowledgement for e1 (orders/0 at offset 5) given up after {GONE_ACK_ATTEMPTS} failed"
+        " publish(es): broker away; its outcome is in the database: outboxkit inbox show"
+        " --consumer c --event-id e1"
+    )
 
 
 def test_the_consumer_acknowledges_a_held_record_that_left_the_log_dead() -> None:

@@ -143,7 +143,7 @@ def _db(
         if name == "claim":
             return Result([claim], 1) if claim else NONE
         if name == "get_state":
-            return Result([(state, None)], 1) if state else NONE
+            return Result([(state, None, 1, None)], 1) if state else NONE
         return NONE if name == refused else ONE
 
     return answer

@@ -86,7 +86,9 @@ WHERE m.consumer = g.consumer AND m.event_id = g.event_id AND m.state = 'process
   AND m.lease_token = g.token;
 
 -- name: get_state
-SELECT state, content_digest FROM {schema}.inbox_message
+-- The attempts and last error too: a delivery that finds its event finished acknowledges the
+-- outcome as recorded (the delivery that finished it may have died before acknowledging it).
+SELECT state, content_digest, attempts, last_error FROM {schema}.inbox_message
 WHERE consumer = :consumer AND event_id = :event_id;
 
 -- name: count_duplicate
