@@ -66,19 +66,20 @@ def _sleeper(
     if isinstance(consumer, AsyncGroupConsumer):
         return lambda s: _sleep_async(s.seconds, stop())
 
-    def sleep(step: Sleep) -> None:
+    def sleep(step: Sleep) -> bool:
         event = stop()
         if isinstance(event, threading.Event):
-            event.wait(step.seconds)
-        else:
-            time.sleep(step.seconds)
+            return event.wait(step.seconds)
+        time.sleep(step.seconds)
+        return False
 
     return sleep
 
 
-async def _sleep_async(seconds: float, event: StopEvent | None) -> None:
+async def _sleep_async(seconds: float, event: StopEvent | None) -> bool:
     if not isinstance(event, asyncio.Event):
         await asyncio.sleep(seconds)
-        return
+        return False
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
+    return event.is_set()

@@ -3,10 +3,10 @@
 The consumer runs ``read_committed`` with auto-commit off; an offset is committed only after the
 handler's transaction committed, or after the event was recorded as duplicate/rejected/dead/
 cancelled; with an acks topic, also only after its acknowledgement was published (or given up:
-:class:`~outboxkit.inbox.acks.Acknowledger`). With ``offset_commit_interval`` the settled
-offsets are committed every that many seconds instead (and on revoke and close): fewer round
-trips, still safe (a redelivery is recognised). A failed handler pauses its partition and seeks
-back (:mod:`outboxkit.inbox.gate`).
+:class:`~outboxkit.inbox.acks.Acknowledger`). With ``offset_commit_interval`` the settled offsets
+are committed every that many seconds instead (and on revoke and close): fewer round trips, still
+safe (a redelivery is recognised). A failed handler pauses its partition and seeks back
+(:mod:`outboxkit.inbox.gate`).
 
 Rebalances: a revoked partition's hold and prefetched records are dropped and its settled offsets
 committed before it goes; the seam resumes every newly assigned partition (paused ones too).
@@ -137,8 +137,7 @@ class ConsumerLoop:
 
     def _forget_failures(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
-        for where in [w for w in self.failures if w[:2] in gone]:
-            del self.failures[where]
+        self.failures = {w: n for w, n in self.failures.items() if w[:2] not in gone}
         if self.acks is not None:
             self.acks.forget(gone)
 
@@ -148,16 +147,19 @@ class ConsumerLoop:
         self.buffer = without(self.buffer, gone)
 
     # -- plans ------------------------------------------------------------------------------------
-    def start(self) -> Plan[None]:
+    def start(self) -> Plan[bool]:
+        """Check the topics published to, then join the group (once); ``False``: stopped first."""
         if not self.subscribed:
-            yield from self.check_dead_letters()
+            if (yield from self.check_dead_letters()) is None:
+                return False
             self.subscribed = True
             yield Subscribe(self.options.topics, self.on_assign, self.on_revoke)
+        return True
 
-    def check_dead_letters(self) -> Plan[list[str]]:
+    def check_dead_letters(self) -> Plan[list[str] | None]:
         """Missing dead-letter topics and acks topic, checked before joining the group
         (``dead_letter_check``: ``"fail"`` raises :class:`ConfigurationError` naming the first,
-        ``"warn"`` logs them)."""
+        ``"warn"`` logs them); ``None``: stopped while waiting for Kafka."""
         options = self.options
         return (
             yield from check_topics(
@@ -238,8 +240,7 @@ class ConsumerLoop:
     def _housekeeping(self) -> Plan[bool]:
         """Join the group; end held records gone; resume due retries (rejoin if a client keeps
         refusing the seek back); commit offsets; purge. ``False``: no client to poll yet."""
-        yield from self.start()
-        if not (yield from self.rejoin.ready(self)):
+        if not (yield from self.start()) or not (yield from self.rejoin.ready(self)):
             return False
         yield from end_gone(self.gate.take_gone(), self.core.statements, self.options.acks_topic)
         now, rejoin = self.clock(), False

@@ -109,7 +109,9 @@ class EndDelivery(Step):
 
 @dataclass(frozen=True, slots=True)
 class Sleep(Step):
-    """Wait (the lease keeper between renewals); a closing driver may cut it short."""
+    """Wait (the lease keeper between renewals); a closing driver may cut it short. The reply,
+    where a stop event cuts it short (the consumer's): whether it did (a wait that would go on
+    asking, as the start-up topic check, ends then)."""
 
     seconds: float
 

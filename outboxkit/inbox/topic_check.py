@@ -38,10 +38,10 @@ def check_topics(
     dead_letter: DeadLetterTopic | None,
     acks_topic: str | None,
     mode: DeadLetterCheck,
-) -> Plan[list[str]]:
+) -> Plan[list[str] | None]:
     """The problems of the topics published to (``mode``: ``"fail"`` raises
     :class:`ConfigurationError` naming the first, ``"warn"`` logs them, ``"off"`` looks for
-    none)."""
+    none); ``None``: stopped while waiting for Kafka."""
     if mode == "off":
         return []
     wanted = []
@@ -52,7 +52,10 @@ def check_topics(
         wanted.append((acks_topic, missing_acks_topic(acks_topic)))
     problems = []
     for name, problem in wanted:
-        if not (yield from topic_exists(name)):
+        exists = yield from topic_exists(name)
+        if exists is None:
+            return None
+        if not exists:
             problems.append(problem)
     for problem in problems:
         if mode == "fail":
@@ -61,14 +64,16 @@ def check_topics(
     return problems
 
 
-def topic_exists(name: str) -> Plan[bool]:
+def topic_exists(name: str) -> Plan[bool | None]:
     """Ask until Kafka answers: a consumer started while the broker is away waits (and says
-    so) instead of exiting, as the relay does; only a topic that is really missing counts."""
+    so) instead of exiting, as the relay does; only a topic that is really missing counts.
+    ``None``: the consumer's stop event was set meanwhile (its wait ends at once then)."""
     pause = START_RETRY_SECONDS
     while True:
         try:
             return bool((yield TopicExists(name)))
         except PublishError as exc:
             logger.warning("waiting for Kafka before checking topic %s: %s", name, exc)
-        yield Sleep(pause)
+        if (yield Sleep(pause)) is True:
+            return None
         pause = min(pause * 2, START_RETRY_MAX_SECONDS)

@@ -70,3 +70,75 @@ def test_an_async_back_off_ends_once_the_stop_event_is_set(
     with caplog.at_level("WARNING", logger="outboxkit.inbox.consumer"):
         assert asyncio.run(scenario()) == 0
     assert any("trying again in 3600 s" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("client", ["aiokafka", "confluent"])
+def test_a_stop_while_the_start_up_check_waits_for_kafka_ends_run_without_joining(
+    monkeypatch: pytest.MonkeyPatch, client: str
+) -> None:
+    """The topic check asks until Kafka answers. Before, a stop set meanwhile was not seen: the
+    sync run() went on asking, and once the async sleep ended at a stop it asked in a busy loop
+    (thousands of warnings a second), neither returning."""
+    asked: list[str] = []
+    joined: list[object] = []
+    stops: list[Any] = []  # the run's stop event: set once Kafka was asked (and did not answer)
+
+    def no_kafka(*args: Any) -> bool:
+        if asked:
+            raise AssertionError("asked Kafka again after the stop was set")
+        asked.append("asked")
+        stops[0].set()
+        raise PublishError("Kafka unreachable")
+
+    async def no_kafka_async(self: Any, topic: str) -> bool:
+        return no_kafka()
+
+    if client == "aiokafka":
+        from outboxkit.kafka.aiokafka_sender import AiokafkaRecordSender
+
+        monkeypatch.setattr(AiokafkaRecordSender, "topic_exists", no_kafka_async)
+        monkeypatch.setattr(AiokafkaGroupConsumer, "subscribe", lambda *a: joined.append(a))
+    else:
+        from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+        from outboxkit.kafka.confluent_sender import ConfluentRecordSender
+
+        monkeypatch.setattr(ConfluentRecordSender, "topic_exists", lambda self, t: no_kafka())
+        monkeypatch.setattr(ConfluentGroupConsumer, "subscribe", lambda *a: joined.append(a))
+    settings = InboxSettings(consumer="c", registry=EventRegistry())
+    kafka = KafkaSettings(bootstrap="127.0.0.1:9")
+
+    async def scenario_async() -> int:
+        engine = create_async_engine("postgresql+psycopg://u@127.0.0.1:1/db")  # never connected
+        inbox = AsyncInbox(engine, _handler, settings)
+        consumer = AiokafkaInboxConsumer(inbox, kafka, group_id="g", topics=["t"])
+        stop = asyncio.Event()
+        stops.append(stop)
+        try:
+            return await consumer.run(stop)
+        finally:
+            await consumer.close()
+            await engine.dispose()
+
+    if client == "aiokafka":
+        assert asyncio.run(scenario_async()) == 0
+    else:
+        import threading
+
+        import sqlalchemy as sa
+
+        from outboxkit.inbox import Inbox
+        from outboxkit.inbox.confluent import ConfluentInboxConsumer
+
+        engine = sa.create_engine("postgresql+psycopg://u@127.0.0.1:1/db")
+        sync = ConfluentInboxConsumer(
+            Inbox(engine, lambda *a: None, settings), kafka, group_id="g", topics=["t"]
+        )
+        stop = threading.Event()
+        stops.append(stop)
+        try:
+            assert sync.run(stop) == 0
+        finally:
+            sync.close()
+            engine.dispose()
+    assert asked == ["asked"]  # asked once, then the stop ended the wait
+    assert joined == []
