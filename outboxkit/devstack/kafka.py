@@ -76,6 +76,16 @@ logger.server.level = INFO
 logger.broker.name = kafka.server.BrokerServer
 logger.broker.level = INFO
 """
+# With reauth_ms: each (re-)authentication and each connection closed for an expired session is
+# logged (the broker's metrics say the same, but only over JMX), so a test can count them; the
+# thread's name ties the lines of one authentication together (one network thread runs it).
+_LOG4J2_AUTH = """logger.auth.name = org.apache.kafka.common.network.Selector
+logger.auth.level = DEBUG
+logger.session.name = org.apache.kafka.common.security.authenticator.SaslServerAuthenticator
+logger.session.level = DEBUG
+logger.expired.name = kafka.network.Processor
+logger.expired.level = DEBUG
+"""
 
 
 def maven_copy_dependencies(mvn: str, pom: Path, output: Path, *extra: str, what: str) -> None:
@@ -158,6 +168,11 @@ class KafkaServer(ManagedServer):
     ``oauthbearer=True`` (with ``sasl_ssl`` only) makes the same listener accept OAUTHBEARER too,
     with unsigned JWTs (see :attr:`oauthbearer`): any client can then name any principal, so it
     is for tests of that mechanism only, never the default.
+
+    ``reauth_ms`` (with ``sasl_ssl`` only) sets ``connections.max.reauth.ms`` (KIP-368) on that
+    listener: no session lasts longer (an OAUTHBEARER one ends with its token even without it),
+    and a connection used after its session ended is closed. The broker's log then records each
+    (re-)authentication, with its token's expiry, and each such close (see :meth:`auth_log`).
     """
 
     log_name = "kafka.log"
@@ -170,11 +185,15 @@ class KafkaServer(ManagedServer):
         version: str = KAFKA_VERSION,
         security: Security = "plaintext",
         oauthbearer: bool = False,
+        reauth_ms: int | None = None,
     ) -> None:
         if security not in ("plaintext", "sasl_ssl"):
             raise ValueError(f"security must be 'plaintext' or 'sasl_ssl', not {security!r}")
         if oauthbearer and security != "sasl_ssl":
             raise ValueError("oauthbearer=True needs security='sasl_ssl'")
+        if reauth_ms is not None and (security != "sasl_ssl" or reauth_ms <= 0):
+            raise ValueError("reauth_ms needs security='sasl_ssl' and a positive number")
+        self.reauth_ms = reauth_ms
         self.oauthbearer_enabled = oauthbearer
         self._dir_token: str | None = None
         if base_dir is None:
@@ -256,17 +275,27 @@ class KafkaServer(ManagedServer):
             props |= self._sasl_ssl_props()
         path = self.base_dir / "server.properties"
         write_private(path, "".join(f"{k}={v}\n" for k, v in props.items()))
-        (self.base_dir / "log4j2.properties").write_text(_LOG4J2)
+        log4j2 = _LOG4J2
+        if self.reauth_ms is not None:
+            log4j2 = log4j2.replace("[%d] %p", "[%d] [%t] %p") + _LOG4J2_AUTH
+        (self.base_dir / "log4j2.properties").write_text(log4j2)
         return path
+
+    def auth_log(self) -> str:
+        """The broker's log so far (with ``reauth_ms``, its authentication lines too)."""
+        path = self.base_dir / self.log_name
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def _sasl_ssl_props(self) -> dict[str, str]:
         tls = make_broker_tls(self.base_dir / "tls", self._store_password, java=_java())
         sasl = f"SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
         prefix = "listener.name.sasl_ssl."
-        mechanisms, oauth = SCRAM_SHA_512, {}
+        mechanisms, extra = SCRAM_SHA_512, {}
         if self.oauthbearer_enabled:
             mechanisms += f",{OAUTHBEARER}"
-            oauth = {f"{prefix}oauthbearer.sasl.jaas.config": _OAUTH_LOGIN_MODULE}
+            extra[f"{prefix}oauthbearer.sasl.jaas.config"] = _OAUTH_LOGIN_MODULE
+        if self.reauth_ms is not None:
+            extra[f"{prefix}connections.max.reauth.ms"] = str(self.reauth_ms)
         return {
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl},"
             f"CONTROLLER://127.0.0.1:{self.controller_port}",
@@ -275,7 +304,7 @@ class KafkaServer(ManagedServer):
             "CONTROLLER:PLAINTEXT",
             "sasl.enabled.mechanisms": mechanisms,
             f"{prefix}scram-sha-512.sasl.jaas.config": _SCRAM_LOGIN_MODULE,
-            **oauth,
+            **extra,
             f"{prefix}ssl.client.auth": "none",
             f"{prefix}ssl.keystore.type": "PKCS12",
             f"{prefix}ssl.keystore.location": str(tls.keystore),
