@@ -279,19 +279,22 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             raise PublishError(f"offset commit failed: {type(exc).__name__}: {exc}") from exc
 
     async def committed(self, partitions: list[TP], wait: float) -> dict[TP, int]:
-        """Bounded by ``wait``: aiokafka retries a retriable error for ever."""
+        """Bounded by ``wait``: aiokafka retries a retriable error for ever. Every read is
+        awaited (or cancelled with the others at the bound): none is left running."""
         tps = [TopicPartition(t, p) for t, p in partitions]
+        reads = asyncio.gather(*(self._c.committed(tp) for tp in tps), return_exceptions=True)
         try:
-            offsets = await asyncio.wait_for(
-                asyncio.gather(*(self._c.committed(tp) for tp in tps)), wait
-            )
-        except (KafkaError, TimeoutError) as exc:
+            offsets = await asyncio.wait_for(reads, wait)
+        except TimeoutError as exc:
             raise PublishError(f"reading the committed offsets failed: {exc!r}") from exc
-        return {
-            (tp.topic, tp.partition): int(o)
-            for tp, o in zip(tps, offsets, strict=True)
-            if o is not None
-        }
+        found: dict[TP, int] = {}
+        for tp, offset in zip(tps, offsets, strict=True):
+            if isinstance(offset, BaseException):
+                message = f"reading the committed offsets failed: {offset!r}"
+                raise PublishError(message) from offset
+            if offset is not None:
+                found[(tp.topic, tp.partition)] = int(offset)
+        return found
 
     async def close(self) -> None:
         """Stop the client. Its stop goes on should the close be cancelled (aiokafka's ``stop``

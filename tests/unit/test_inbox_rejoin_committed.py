@@ -159,3 +159,37 @@ def test_nothing_is_processed_before_the_new_clients_first_assignment(
     assert joining.seen[2:] == [(0, 8)]
     assert joining.loop.gate.held == frozenset({OTHER})
     assert not [m for m in caplog.messages if "is gone" in m]
+
+
+def test_aiokafka_reads_of_committed_offsets_are_not_left_running_after_one_fails() -> None:
+    """One partition's read refused at once failed the call while the others kept running
+    (aiokafka retries a retriable error for ever): each is now awaited, or cancelled at the
+    bound."""
+    import asyncio
+
+    from aiokafka.errors import KafkaError
+
+    from outboxkit.errors import PublishError
+    from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
+    from outboxkit.settings import KafkaSettings
+
+    async def scenario() -> bool:
+        started: list[asyncio.Task[None]] = []
+
+        class Client:
+            async def committed(self, tp: object) -> int:
+                if getattr(tp, "partition", 0) == 0:
+                    await asyncio.sleep(0)  # the other read has started by then
+                    raise KafkaError("refused")
+                started.append(asyncio.current_task())  # type: ignore[arg-type]
+                await asyncio.Event().wait()  # a read that never ends
+                return 0
+
+        consumer = AiokafkaGroupConsumer(KafkaSettings(bootstrap="127.0.0.1:9"), "g")
+        consumer._consumer = Client()
+        with pytest.raises(PublishError, match="reading the committed offsets failed"):
+            await consumer.committed([("t", 0), ("t", 1)], 0.2)
+        await asyncio.sleep(0)  # a cancelled task ends at its next step
+        return all(task.done() for task in started) and len(started) == 1
+
+    assert asyncio.run(scenario())
