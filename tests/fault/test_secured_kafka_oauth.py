@@ -16,6 +16,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,10 +29,10 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.fault
 
 
-@pytest.fixture(scope="module")
-def oauth_kafka() -> Iterator[KafkaServer]:
-    """A broker of this module's own: started ~5 s with the jars cached, stopped after."""
-    server = KafkaServer(security="sasl_ssl", oauthbearer=True)
+def own_broker(**options: Any) -> Iterator[KafkaServer]:
+    """A SASL_SSL broker with OAUTHBEARER of a test module's own (``options``: more of
+    :class:`KafkaServer`'s): started ~5 s with the jars cached, stopped and removed after."""
+    server = KafkaServer(security="sasl_ssl", oauthbearer=True, **options)
     try:
         server.start()
         yield server
@@ -40,6 +41,11 @@ def oauth_kafka() -> Iterator[KafkaServer]:
             server.stop()
         finally:
             server.destroy()
+
+
+@pytest.fixture(scope="module")
+def oauth_kafka() -> Iterator[KafkaServer]:
+    yield from own_broker()
 
 
 @pytest.fixture

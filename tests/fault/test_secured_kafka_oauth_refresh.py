@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 from outboxkit import Message, Outbox
 from outboxkit.devstack import KafkaServer
 from tests.fault.test_secured_kafka import Processes, _create_topics
-from tests.fault.test_secured_kafka_oauth import _env
+from tests.fault.test_secured_kafka_oauth import _env, own_broker
 from tests.integration.inbox_support import EFFECT_DDL, EVENT_TYPE, PaymentRequested, effects
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
@@ -190,15 +190,7 @@ class Sessions:
 @pytest.fixture(scope="module")
 def refresh_kafka() -> Iterator[KafkaServer]:
     """A broker of this module's own (~5 s to start), logging its authentications."""
-    server = KafkaServer(security="sasl_ssl", oauthbearer=True, reauth_ms=REAUTH_MS)
-    try:
-        server.start()
-        yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.destroy()
+    yield from own_broker(reauth_ms=REAUTH_MS)
 
 
 @pytest.fixture

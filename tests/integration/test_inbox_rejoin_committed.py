@@ -34,7 +34,7 @@ from tests.integration.inbox_support import (
     produce_event,
 )
 from tests.integration.test_inbox_conformance import adapter  # noqa: F401
-from tests.integration.test_inbox_seek_recovery import RefusedSeeks
+from tests.integration.test_inbox_seek_recovery import RefusedSeeks, _state
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -129,11 +129,6 @@ def members(
     for harness in running:
         if harness._thread.is_alive():
             harness.stop()
-
-
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
 
 
 def test_a_hold_another_member_settled_during_the_rejoin_is_dropped(

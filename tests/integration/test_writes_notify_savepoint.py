@@ -3,12 +3,12 @@ gone with the savepoint, so the next write on that shard sends it again (sync an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit.events import Message
@@ -20,6 +20,20 @@ pytestmark = pytest.mark.integration
 
 _OUTBOX = Outbox()
 CHANNEL = notify_channel("outboxkit")
+
+
+@pytest.fixture
+def engine(sa_url: str) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(sa_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+async def async_engine(sa_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_async_engine(sa_url)
+    yield eng
+    await eng.dispose()
 
 
 @pytest.fixture
@@ -36,135 +50,105 @@ def _ours(listener: psycopg.Connection) -> list[tuple[str, str]]:
 
 
 def test_a_rolled_back_savepoint_takes_its_notification_and_the_next_write_sends_it_again(
-    sa_url: str, listener: psycopg.Connection
+    engine: sa.Engine, listener: psycopg.Connection
 ) -> None:
-    engine = sa.create_engine(sa_url)
-    try:
-        with engine.begin() as conn:
-            savepoint = conn.begin_nested()
-            _OUTBOX.add(conn, Message("t", b"1"))  # notifies shard 0, inside the savepoint
-            savepoint.rollback()
-            _OUTBOX.add(conn, Message("t", b"2"))  # must notify again: the first one is gone
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        engine.dispose()
+    with engine.begin() as conn:
+        savepoint = conn.begin_nested()
+        _OUTBOX.add(conn, Message("t", b"1"))  # notifies shard 0, inside the savepoint
+        savepoint.rollback()
+        _OUTBOX.add(conn, Message("t", b"2"))  # must notify again: the first one is gone
+    assert _ours(listener) == [(CHANNEL, "0")]
 
 
-def test_a_session_savepoint_rolled_back_too(sa_url: str, listener: psycopg.Connection) -> None:
-    engine = sa.create_engine(sa_url)
-    try:
-        with Session(engine) as session, session.begin():
-            with session.begin_nested() as nested:
-                _OUTBOX.add_many(session, [Message("t", b"1"), Message("t", b"2")])
-                nested.rollback()
-            _OUTBOX.add(session, Message("t", b"3"))
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        engine.dispose()
+def test_a_session_savepoint_rolled_back_too(
+    engine: sa.Engine, listener: psycopg.Connection
+) -> None:
+    with Session(engine) as session, session.begin():
+        with session.begin_nested() as nested:
+            _OUTBOX.add_many(session, [Message("t", b"1"), Message("t", b"2")])
+            nested.rollback()
+        _OUTBOX.add(session, Message("t", b"3"))
+    assert _ours(listener) == [(CHANNEL, "0")]
 
 
 def test_a_released_savepoint_keeps_its_notification(
-    sa_url: str, listener: psycopg.Connection
+    engine: sa.Engine, listener: psycopg.Connection
 ) -> None:
     """Released, the savepoint's notification stands (a listener cannot tell whether the writer
     repeats it: PostgreSQL delivers identical ones of a transaction once), and it is not lost
     to a later savepoint rolled back."""
-    engine = sa.create_engine(sa_url)
-    try:
-        with engine.begin() as conn:
-            with conn.begin_nested():
-                _OUTBOX.add(conn, Message("t", b"1"))
-            _OUTBOX.add(conn, Message("t", b"2"))
-            inner = conn.begin_nested()
-            _OUTBOX.add(conn, Message("t", b"3"))  # the outer transaction's one still stands
-            inner.rollback()
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        engine.dispose()
+    with engine.begin() as conn:
+        with conn.begin_nested():
+            _OUTBOX.add(conn, Message("t", b"1"))
+        _OUTBOX.add(conn, Message("t", b"2"))
+        inner = conn.begin_nested()
+        _OUTBOX.add(conn, Message("t", b"3"))  # the outer transaction's one still stands
+        inner.rollback()
+    assert _ours(listener) == [(CHANNEL, "0")]
 
 
 def test_an_outer_notification_survives_an_inner_rollback(
-    sa_url: str, listener: psycopg.Connection
+    engine: sa.Engine, listener: psycopg.Connection
 ) -> None:
     """Sent before the savepoint, it is not taken back by it: the rows written after the
     rollback still wake the relay."""
-    engine = sa.create_engine(sa_url)
-    try:
-        with engine.begin() as conn:
-            _OUTBOX.add(conn, Message("t", b"1"))
-            inner = conn.begin_nested()
-            _OUTBOX.add(conn, Message("t", b"2"))
-            inner.rollback()
-            _OUTBOX.add(conn, Message("t", b"3"))
-        assert _ours(listener) == [(CHANNEL, "0")]
-        with engine.connect() as conn:
-            payloads = conn.execute(
-                sa.text("SELECT payload FROM outboxkit.outbox_message ORDER BY id")
-            ).scalars()
-            assert [bytes(p) for p in payloads] == [b"1", b"3"]
-    finally:
-        engine.dispose()
+    with engine.begin() as conn:
+        _OUTBOX.add(conn, Message("t", b"1"))
+        inner = conn.begin_nested()
+        _OUTBOX.add(conn, Message("t", b"2"))
+        inner.rollback()
+        _OUTBOX.add(conn, Message("t", b"3"))
+    assert _ours(listener) == [(CHANNEL, "0")]
+    with engine.connect() as conn:
+        payloads = conn.execute(
+            sa.text("SELECT payload FROM outboxkit.outbox_message ORDER BY id")
+        ).scalars()
+        assert [bytes(p) for p in payloads] == [b"1", b"3"]
 
 
 def test_an_outer_savepoint_rolled_back_with_an_inner_one_still_open(
-    sa_url: str, listener: psycopg.Connection
+    engine: sa.Engine, listener: psycopg.Connection
 ) -> None:
     """SQLAlchemy warns and leaves the inner savepoint marked open, but the database rolled its
     notification back with the outer one."""
-    engine = sa.create_engine(sa_url)
-    try:
-        with engine.begin() as conn:
-            outer = conn.begin_nested()
-            conn.begin_nested()
-            _OUTBOX.add(conn, Message("t", b"1"))
-            with pytest.warns(sa.exc.SAWarning):
-                outer.rollback()
-            _OUTBOX.add(conn, Message("t", b"2"))
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        engine.dispose()
+    with engine.begin() as conn:
+        outer = conn.begin_nested()
+        conn.begin_nested()
+        _OUTBOX.add(conn, Message("t", b"1"))
+        with pytest.warns(sa.exc.SAWarning):
+            outer.rollback()
+        _OUTBOX.add(conn, Message("t", b"2"))
+    assert _ours(listener) == [(CHANNEL, "0")]
 
 
 def test_the_copy_path_in_a_savepoint_rolled_back(
-    sa_url: str, listener: psycopg.Connection
+    engine: sa.Engine, listener: psycopg.Connection
 ) -> None:
-    engine = sa.create_engine(sa_url)
-    try:
-        with engine.begin() as conn:
-            savepoint = conn.begin_nested()
-            _OUTBOX.add_many(conn, [Message("t", b"%d" % i) for i in range(200)])  # a COPY
-            savepoint.rollback()
-            _OUTBOX.add(conn, Message("t", b"last"))
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        engine.dispose()
+    with engine.begin() as conn:
+        savepoint = conn.begin_nested()
+        _OUTBOX.add_many(conn, [Message("t", b"%d" % i) for i in range(200)])  # a COPY
+        savepoint.rollback()
+        _OUTBOX.add(conn, Message("t", b"last"))
+    assert _ours(listener) == [(CHANNEL, "0")]
 
 
 async def test_async_a_rolled_back_savepoint_takes_its_notification(
-    sa_url: str, listener: psycopg.Connection
+    async_engine: AsyncEngine, listener: psycopg.Connection
 ) -> None:
-    engine = create_async_engine(sa_url)
-    try:
-        async with engine.begin() as conn:
-            savepoint = await conn.begin_nested()
-            await _OUTBOX.add_async(conn, Message("t", b"1"))
-            await savepoint.rollback()
-            await _OUTBOX.add_async(conn, Message("t", b"2"))
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        await engine.dispose()
+    async with async_engine.begin() as conn:
+        savepoint = await conn.begin_nested()
+        await _OUTBOX.add_async(conn, Message("t", b"1"))
+        await savepoint.rollback()
+        await _OUTBOX.add_async(conn, Message("t", b"2"))
+    assert _ours(listener) == [(CHANNEL, "0")]
 
 
 async def test_async_session_savepoint_rolled_back(
-    sa_url: str, listener: psycopg.Connection
+    async_engine: AsyncEngine, listener: psycopg.Connection
 ) -> None:
-    engine = create_async_engine(sa_url)
-    try:
-        async with AsyncSession(engine) as session, session.begin():
-            nested = await session.begin_nested()
-            await _OUTBOX.add_async(session, Message("t", b"1"))
-            await nested.rollback()
-            await _OUTBOX.add_async(session, Message("t", b"2"))
-        assert _ours(listener) == [(CHANNEL, "0")]
-    finally:
-        await engine.dispose()
+    async with AsyncSession(async_engine) as session, session.begin():
+        nested = await session.begin_nested()
+        await _OUTBOX.add_async(session, Message("t", b"1"))
+        await nested.rollback()
+        await _OUTBOX.add_async(session, Message("t", b"2"))
+    assert _ours(listener) == [(CHANNEL, "0")]
