@@ -7,7 +7,9 @@ the outcome as recorded again: the delivery that finished it may have died, or l
 partition, before acknowledging it. A publish that fails holds the record (its offset is not
 committed) and its redelivery, a duplicate, acknowledges it; after a few failures for the same
 record (or one no retry can fix) the acknowledgement is given up with an error, so no partition
-is held for ever (:class:`Acknowledger`). The outcome stays in the database either way.
+is held for ever (:class:`Acknowledger`). A held record that leaves the log before it is
+delivered again has its acknowledgement published from the hold (:func:`publish_gone`). The
+outcome stays in the database either way.
 
 A delivery refused into the rejection log (a reused id, a replay older than the dedup window, an
 unsafe header, given up) says nothing of the event's own row, which may be ``succeeded``: its
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.inbox.envelope import Envelope
@@ -47,20 +49,34 @@ Where = tuple[str, int, int]  # (topic, partition, offset) of a record
 #: Publishes of one acknowledgement tried in a row for a held record that left the log: nothing
 #: delivers it again, so no later try would come (:func:`~outboxkit.inbox.gate.end_gone`).
 GONE_ACK_ATTEMPTS = 3
+#: Failure counts of acknowledgements kept, the oldest dropped beyond: a count outlives the
+#: rebalances (the bound holds for a partition that moves between members), not the process.
+ACK_FAILURES_KEPT = 4096
+
+
+@dataclass(frozen=True)
+class HeldAck:
+    """An acknowledgement whose publish failed, kept with its record's hold: published from
+    here if that record leaves the log before a delivery acknowledges it again."""
+
+    event_id: str
+    record: AckRecord
 
 
 def ack_record(consumer: str, env: Envelope, outcome: Outcome) -> AckRecord | None:
     """``(key, value, headers)`` for the acks topic, or ``None`` if nothing is acknowledged."""
     if outcome.event_id is None:
         return None
-    error = outcome.error
+    attempts, error = outcome.attempts, outcome.error
     if outcome.kind is OutcomeKind.DUPLICATE:
-        recorded = _RECORDED.get(outcome.recorded or "")
-        if recorded is None:
+        if outcome.recorded is None:
             return None
-        # As its first acknowledgement said: a succeeded event carries no error (its row may
-        # keep the error of an earlier attempt).
-        state, error = recorded, None if recorded is OutcomeKind.SUCCEEDED else error
+        recorded, attempts, error = outcome.recorded
+        state = _RECORDED.get(recorded)
+        if state is None:
+            return None
+        if state is OutcomeKind.SUCCEEDED:
+            error = None  # as its first acknowledgement said (the row may keep an earlier one)
     elif outcome.kind not in _ACKED:
         return None
     else:
@@ -69,7 +85,7 @@ def ack_record(consumer: str, env: Envelope, outcome: Outcome) -> AckRecord | No
         consumer,
         outcome.event_id,
         state,
-        outcome.attempts,
+        attempts,
         error,
         (env.topic, env.partition, env.offset),
         rejection_log=outcome.rejection_log and not outcome.row_dead,
@@ -79,10 +95,12 @@ def ack_record(consumer: str, env: Envelope, outcome: Outcome) -> AckRecord | No
 class Acknowledger:
     """Publishes the loop's acknowledgements; says whether the offset may move past a record.
 
-    A failed publish answers ``False``: the loop holds the record (seek back, pause, back-off)
-    and its redelivery, a duplicate by then, acknowledges again. ``attempts`` failed publishes
-    for the same record, or one a retry cannot fix (:class:`PermanentPublishError`: a missing
-    topic, no ACL), give it up with an error: no record holds its partition for ever.
+    A failed publish answers a :class:`HeldAck`: the loop holds the record (seek back, pause,
+    back-off) and its redelivery, a duplicate by then, acknowledges again. ``attempts`` failed
+    publishes for the same record, or one a retry cannot fix (:class:`PermanentPublishError`: a
+    missing topic, no ACL), give it up with an error: no record holds its partition for ever.
+    The counts survive rebalances (else frequent ones would keep the bound from being reached),
+    at most :data:`ACK_FAILURES_KEPT` of them.
     """
 
     def __init__(self, consumer: str, topic: str, attempts: int) -> None:
@@ -91,17 +109,21 @@ class Acknowledger:
         self.attempts = attempts
         self.failures: dict[Where, int] = {}  # failed publishes of a record's acknowledgement
 
-    def acknowledge(self, env: Envelope, outcome: Outcome) -> Plan[bool]:
-        """Whether the offset may move past ``env``: published, nothing to, or given up."""
+    def acknowledge(self, env: Envelope, outcome: Outcome) -> Plan[HeldAck | None]:
+        """``None`` if the offset may move past ``env`` (published, nothing to, or given up),
+        else what its hold keeps."""
         record = ack_record(self.consumer, env, outcome)
-        if record is None:
-            return True
+        if record is None or outcome.event_id is None:
+            return None
         where = (env.topic, env.partition, env.offset)
         try:
             yield Publish(self.topic, *record)
         except PublishError as exc:
-            count = self.failures[where] = self.failures.get(where, 0) + 1
+            count = self.failures.pop(where, 0) + 1  # counted again: the newest, kept longest
             if count < self.attempts and not isinstance(exc, PermanentPublishError):
+                self.failures[where] = count
+                if len(self.failures) > ACK_FAILURES_KEPT:
+                    del self.failures[next(iter(self.failures))]
                 logger.warning(
                     "acknowledgement for %s not published (%d of %d): %s; its record is held"
                     " and acknowledged again when delivered again",
@@ -110,50 +132,75 @@ class Acknowledger:
                     self.attempts,
                     exc,
                 )
-                return False
-            self.failures.pop(where, None)
-            _gave_up(self.consumer, outcome.event_id, where, count, exc)
-            return True
+                return HeldAck(outcome.event_id, record)
+            why = f"after {count} failed publish(es)"
+            _gave_up(self.consumer, outcome.event_id, where, why, exc)
+            return None
         if self.failures:
             self.failures.pop(where, None)
-        return True
+        return None
 
-    def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Partitions revoked or assigned anew: their new owner counts its own failures."""
-        gone = set(partitions)
-        for where in [w for w in self.failures if w[:2] in gone]:
-            del self.failures[where]
+    def unsent(self, env: Envelope, outcome: Outcome) -> HeldAck | None:
+        """What a hold keeps for ``env`` when its publish is not tried (one failed earlier in
+        the same batch, and each try may wait out the sender's timeout with no poll between);
+        not counted as a failure of its own. ``None``: nothing to acknowledge."""
+        record = ack_record(self.consumer, env, outcome)
+        if record is None or outcome.event_id is None:
+            return None
+        return HeldAck(outcome.event_id, record)
+
+    def drop(self, where: Where) -> None:
+        """The record's acknowledgement goes another way (its record left the log)."""
+        self.failures.pop(where, None)
+
+
+class GoneBudget:
+    """The failed publishes one round of gone records' acknowledgements may wait out (each up
+    to the sender's timeout), however many records it has: no poll comes in between, and the
+    group drops a member that does not poll within ``max.poll.interval.ms``."""
+
+    def __init__(self) -> None:
+        self.left = GONE_ACK_ATTEMPTS
+        self.last: PublishError | None = None
 
 
 def publish_gone(
-    topic: str, consumer: str, event_id: str, record: AckRecord, where: Where
+    topic: str,
+    consumer: str,
+    event_id: str,
+    record: AckRecord,
+    where: Where,
+    budget: GoneBudget | None = None,
 ) -> Plan[None]:
-    """Publish the acknowledgement of a record no delivery will ever bring again: tried
-    :data:`GONE_ACK_ATTEMPTS` times in a row (each waits out the sender's timeout), then given
-    up with an error."""
-    for attempt in range(1, GONE_ACK_ATTEMPTS + 1):
+    """Publish the acknowledgement of a record no delivery will ever bring again: tried again
+    at once while ``budget`` lasts (:data:`GONE_ACK_ATTEMPTS` failures, shared by the records
+    of one round), then given up with an error."""
+    budget = GoneBudget() if budget is None else budget
+    failed = 0
+    while budget.left > 0:
         try:
             yield Publish(topic, *record)
             return
         except PermanentPublishError as exc:
-            _gave_up(consumer, event_id, where, attempt, exc)
+            _gave_up(consumer, event_id, where, f"after {failed + 1} failed publish(es)", exc)
             return
         except PublishError as exc:
-            if attempt == GONE_ACK_ATTEMPTS:
-                _gave_up(consumer, event_id, where, attempt, exc)
-                return
-            logger.warning("acknowledgement for %s not published: %s", event_id, exc)
+            failed, budget.left, budget.last = failed + 1, budget.left - 1, exc
+            if budget.left > 0:
+                logger.warning("acknowledgement for %s not published: %s", event_id, exc)
+    why = f"after {failed} failed publish(es)" if failed else "untried (publishes just failed)"
+    _gave_up(consumer, event_id, where, why, budget.last)
 
 
 def _gave_up(
-    consumer: str, event_id: str | None, where: Where, attempts: int, exc: Exception
+    consumer: str, event_id: str | None, where: Where, why: str, exc: Exception | None
 ) -> None:
     logger.error(
-        "acknowledgement for %s (%s/%d at offset %d) given up after %d failed publish(es): %s;"
+        "acknowledgement for %s (%s/%d at offset %d) given up %s: %s;"
         " its outcome is in the database: outboxkit inbox show --consumer %s --event-id %s",
         event_id,
         *where,
-        attempts,
+        why,
         exc,
         consumer,
         event_id,

@@ -36,7 +36,7 @@ from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
 from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed, message
 from outboxkit.inbox.lease import LeaseHandle
-from outboxkit.inbox.outcome import Outcome, OutcomeKind
+from outboxkit.inbox.outcome import Outcome, OutcomeKind, Recorded
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
 from outboxkit.inbox.steps import (
@@ -265,8 +265,9 @@ class InboxCore:
         """A duplicate of a finished event (skipped; its recorded outcome is acknowledged again),
         or its id reused (rejection log)."""
         if claim.kind == "duplicate":
-            attempts, error, state = claim.attempts, claim.previous_error, claim.existing_state
-            return Outcome(OutcomeKind.DUPLICATE, ident.event_id, attempts, error, recorded=state)
+            state, attempts, error = claim.existing_state, claim.attempts, claim.previous_error
+            recorded = None if state is None else Recorded(state, attempts, error)
+            return Outcome(OutcomeKind.DUPLICATE, ident.event_id, recorded=recorded)
         reason = f"event id reused with different content (existing: {claim.existing_state})"
         yield self.statements.reject(env, reason, ident)
         return Outcome(OutcomeKind.REJECTED, ident.event_id, error=reason, rejection_log=True)

@@ -7,7 +7,8 @@ group. Once resumed (and sought back again), the first message of the partition 
 the failed offset ends the hold: the failed one itself, or, if it left the log meanwhile
 (retention, compaction, ``delete_records``), the first one Kafka still has. Waiting for that
 offset alone would hold the partition for good; the gone record's event ends ``dead``, with the
-reason, and is acknowledged so (:func:`end_gone`). A client that keeps refusing the seek back
+reason, and is acknowledged so (:func:`end_gone`); a record held for its acknowledgement (whose
+publish failed) has that published then instead. A client that keeps refusing the seek back
 is replaced (:meth:`PartitionGate.seek_failed`). Pure logic: the clock is passed in.
 """
 
@@ -16,10 +17,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from outboxkit.db import Result
-from outboxkit.inbox.acks import acknowledgement, publish_gone
+from outboxkit.inbox.acks import GoneBudget, HeldAck, acknowledgement, publish_gone
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.outcome import OutcomeKind
 from outboxkit.inbox.steps import Plan
@@ -50,6 +51,7 @@ class Hold:
     event_id: str | None
     resumed: bool = False
     refused: int = 0  # failed seeks back to ``offset`` in a row
+    ack: HeldAck | None = None  # held for its acknowledgement (``event_id`` is ``None``)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Gone:
     partition: TopicPartitionKey
     offset: int
     event_id: str
+    ack: HeldAck | None = None  # its event finished: only this acknowledgement is left to do
 
 
 class PartitionGate:
@@ -67,9 +70,21 @@ class PartitionGate:
         self._gone: list[Gone] = []
 
     def hold(
-        self, tp: TopicPartitionKey, offset: int, due: float, event_id: str | None = None
+        self,
+        tp: TopicPartitionKey,
+        offset: int,
+        due: float,
+        event_id: str | None = None,
+        ack: HeldAck | None = None,
     ) -> None:
-        self._holds[tp] = Hold(offset, due, event_id)
+        self._holds[tp] = Hold(offset, due, event_id, ack=ack)
+
+    def defer(self, tp: TopicPartitionKey, due: float) -> None:
+        """Resume the held partition no sooner than ``due``: a retry behind its held record
+        keeps its back-off (its record comes again after the held one)."""
+        hold = self._holds.get(tp)
+        if hold is not None and not hold.resumed and hold.due < due:
+            hold.due = due
 
     def due(self, now: float) -> list[tuple[TopicPartitionKey, int]]:
         """Partitions whose back-off has elapsed: resume them (and seek to the offset)."""
@@ -98,6 +113,8 @@ class PartitionGate:
             )
             if hold.event_id is not None:
                 self._gone.append(Gone(tp, hold.offset, hold.event_id))
+            elif hold.ack is not None:
+                self._gone.append(Gone(tp, hold.offset, hold.ack.event_id, hold.ack))
         del self._holds[tp]
         return True
 
@@ -114,7 +131,7 @@ class PartitionGate:
         hold = self._holds[tp]
         refused = hold.refused + 1
         retry = now + SEEK_RETRY_SECONDS  # still paused, whatever the caller does
-        self._holds[tp] = Hold(hold.offset, retry, hold.event_id, refused=refused)
+        self._holds[tp] = replace(hold, due=retry, resumed=False, refused=refused)
         if refused < SEEK_ATTEMPTS:
             logger.warning(
                 "%s/%d: could not seek back to held offset %d; trying again in %g s",
@@ -137,7 +154,7 @@ class PartitionGate:
         offsets): a hold whose back-off elapsed counts as resumed there (its record comes next,
         or, gone, the first one after it); the others keep their due time."""
         return {
-            tp: Hold(h.offset, h.due, h.event_id, h.resumed or h.refused > 0 or h.due <= now)
+            tp: replace(h, resumed=h.resumed or h.refused > 0 or h.due <= now, refused=0)
             for tp, h in self._holds.items()
             if tp in tps
         }
@@ -168,9 +185,17 @@ def end_gone(
     """End the rows of held records that left the log ``dead``, with the reason. Run after the
     records behind them were processed, so a copy of the event there (which takes the row over
     and names its own offset) runs instead. A failure is logged: the row stays processing.
-    A row ended here is acknowledged ``dead`` on ``acks_topic``: no delivery of it ever will, so
-    a failed publish is tried again at once, a few times (:func:`~.acks.publish_gone`)."""
+    A row ended here is acknowledged ``dead`` on ``acks_topic``, a record held for its
+    acknowledgement has that published: no delivery of it ever will, so a failed publish is
+    tried again at once, a few times in all (:func:`~.acks.publish_gone`)."""
+    budget = GoneBudget()
     for g in gone:
+        if g.ack is not None:
+            if acks_topic is not None:
+                where, record = (*g.partition, g.offset), g.ack.record
+                consumer = statements.consumer
+                yield from publish_gone(acks_topic, consumer, g.event_id, record, where, budget)
+            continue
         step = statements.abandon_gone(g.event_id, *g.partition, g.offset)
         try:
             ended: Result = yield step
@@ -186,4 +211,4 @@ def end_gone(
         record = acknowledgement(
             statements.consumer, g.event_id, OutcomeKind.DEAD, attempts, error, where
         )
-        yield from publish_gone(acks_topic, statements.consumer, g.event_id, record, where)
+        yield from publish_gone(acks_topic, statements.consumer, g.event_id, record, where, budget)

@@ -3,7 +3,7 @@
 The consumer runs ``read_committed`` with auto-commit off; an offset is committed only after the
 handler's transaction committed, or after the event was recorded as duplicate/rejected/dead/
 cancelled; with an acks topic, also only after its acknowledgement was published (or given up:
-:class:`~outboxkit.inbox.acks.Acknowledger`). With ``offset_commit_interval`` the settled offsets
+:mod:`outboxkit.inbox.settle`). With ``offset_commit_interval`` the settled offsets
 are committed every that many seconds instead (and on revoke and close): fewer round trips, still
 safe (a redelivery is recognised). A failed handler pauses its partition and seeks back
 (:mod:`outboxkit.inbox.gate`).
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from outboxkit.db.availability import database_unavailable
-from outboxkit.errors import PublishError
 from outboxkit.inbox.acks import Acknowledger
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
@@ -41,11 +40,10 @@ from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.rejoin import Rejoin
 from outboxkit.inbox.retention import Purger, Retention
+from outboxkit.inbox.settle import commit, settle, settled_quietly
 from outboxkit.inbox.steps import (
     CloseConsumer,
     CloseSender,
-    Commit,
-    Pause,
     Plan,
     Poll,
     Publish,
@@ -124,7 +122,7 @@ class ConsumerLoop:
     def on_assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned.update(partitions)
         self._forget_failures(partitions)
-        self._drop(partitions)  # a hold from an earlier ownership means nothing now
+        self.drop(partitions)  # a hold from an earlier ownership means nothing now
         self.rejoin.assigned(self, partitions)  # ... but one carried over a rejoin does
 
     def on_revoke(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
@@ -132,16 +130,15 @@ class ConsumerLoop:
         self.revoked.update(self.inflight.intersection(partitions))
         self.assigned.difference_update(partitions)
         self._forget_failures(partitions)
-        self._drop(partitions)
+        self.drop(partitions)
         return self.pending.take(partitions) if self.pending is not None else {}
 
     def _forget_failures(self, partitions: Iterable[TopicPartition]) -> None:
+        """Not the acknowledgements' (kept: :class:`~outboxkit.inbox.acks.Acknowledger`)."""
         gone = set(partitions)
         self.failures = {w: n for w, n in self.failures.items() if w[:2] not in gone}
-        if self.acks is not None:
-            self.acks.forget(gone)
 
-    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+    def drop(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
         self.gate.forget(list(gone))
         self.buffer = without(self.buffer, gone)
@@ -204,12 +201,13 @@ class ConsumerLoop:
             self.inflight = set()
         self._count_rerun("rolled_back", result.reruns)
         self.buffer.extendleft(reversed([records[i] for i in result.rest]))
+        stopped: set[TopicPartition] = set()  # held for an acknowledgement in this batch
         for env, outcome in result.outcomes:
             if self.failures:
                 self.failures.pop((env.topic, env.partition, env.offset), None)
             self._observe(outcome, began)
-            if not self._settled_quietly(env, outcome):  # no plan per event when none is needed
-                yield from self._settle(env, outcome)
+            if not settled_quietly(self, env, outcome):  # no plan per event when none is needed
+                yield from settle(self, env, outcome, stopped)
         return [outcome for _, outcome in result.outcomes]
 
     def _take(self, timeout: float | None) -> Plan[list[ConsumedRecord]]:
@@ -242,7 +240,12 @@ class ConsumerLoop:
         refusing the seek back); commit offsets; purge. ``False``: no client to poll yet."""
         if not (yield from self.start()) or not (yield from self.rejoin.ready(self)):
             return False
-        yield from end_gone(self.gate.take_gone(), self.core.statements, self.options.acks_topic)
+        gone = self.gate.take_gone()
+        if self.acks is not None:  # a held acknowledgement is published from its hold (or not)
+            for g in gone:
+                if g.ack is not None:
+                    self.acks.drop((*g.partition, g.offset))
+        yield from end_gone(gone, self.core.statements, self.options.acks_topic)
         now, rejoin = self.clock(), False
         for tp, offset in self.gate.due(now):
             if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
@@ -254,7 +257,7 @@ class ConsumerLoop:
         if rejoin and not (yield from self.rejoin.run(self, now)):
             return False
         if self.pending is not None:
-            yield from self._commit(self.pending.due(now))
+            yield from commit(self.pending.due(now))
         yield from self.purger.run_due(now)
         return True
 
@@ -295,7 +298,7 @@ class ConsumerLoop:
 
     def _observed(self, env: Envelope, outcome: Outcome, began: float) -> Plan[None]:
         self._observe(outcome, began)
-        yield from self._settle(env, outcome)
+        yield from settle(self, env, outcome)
 
     def close(self) -> Plan[None]:
         """Commit what is settled, then close the consumer and the sender: both, whatever
@@ -303,7 +306,7 @@ class ConsumerLoop:
         errors: list[Exception] = []
         if self.pending is not None and self.subscribed:
             try:
-                yield from self._commit(self.pending.take())
+                yield from commit(self.pending.take())
             except Exception as exc:  # not a PublishError (those are logged): a broken client
                 errors.append(exc)
         for step in (CloseConsumer(), CloseSender()):
@@ -337,51 +340,6 @@ class ConsumerLoop:
 
     def _revoked(self) -> bool:
         return bool(self.revoked)
-
-    def _settled_quietly(self, env: Envelope, outcome: Outcome) -> bool:
-        """The part of :meth:`_settle` that takes no step (an offset to commit later, no
-        acknowledgement to publish), done at once; whether the outcome was that case."""
-        if self.pending is None or self.options.acks_topic is not None:
-            return False
-        if not outcome.kind.advances_offset:
-            return False
-        tp = (env.topic, env.partition)
-        if tp in self.assigned:
-            self.pending.settle(tp, env.offset + 1)
-        return True
-
-    def _settle(self, env: Envelope, outcome: Outcome) -> Plan[None]:
-        if self._settled_quietly(env, outcome):
-            return
-        tp = (env.topic, env.partition)
-        if self.acks is not None and self.gate.holds(tp):
-            return  # behind a record of this batch held for its acknowledgement: comes again
-        retry_in, event_id = outcome.retry_in, outcome.event_id
-        if outcome.kind.advances_offset:
-            if self.acks is None or (yield from self.acks.acknowledge(env, outcome)):
-                if tp not in self.assigned:
-                    return  # revoked meanwhile (aiokafka may rebalance at any await): not ours
-                if self.pending is None:
-                    yield from self._commit({tp: env.offset + 1})
-                else:
-                    self.pending.settle(tp, env.offset + 1)
-                return
-            # Not acknowledged: held, and delivered again (a duplicate, acknowledged again).
-            retry_in, event_id = ERROR_RETRY_SECONDS, None
-        if tp in self.revoked or tp not in self.assigned:
-            return  # its new owner takes it from the committed offset
-        yield Seek(tp, env.offset)
-        yield Pause([tp])
-        self._drop([tp])
-        self.gate.hold(tp, env.offset, self.clock() + retry_in, event_id)
-
-    def _commit(self, offsets: Mapping[TopicPartition, int]) -> Plan[None]:
-        if not offsets:
-            return
-        try:
-            yield Commit(offsets)
-        except PublishError as exc:  # the database holds the outcomes: a redelivery is known
-            logger.warning("offset commit failed (redelivery will be deduplicated): %s", exc)
 
     def _dead_letter(
         self, env: Envelope, event_id: str, error: str, attempts: int

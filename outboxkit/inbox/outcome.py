@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from outboxkit.inbox.frozen import build
 
@@ -23,6 +24,14 @@ class OutcomeKind(enum.Enum):
         return self not in (OutcomeKind.RETRY, OutcomeKind.LEASE_LOST)
 
 
+class Recorded(NamedTuple):
+    """A duplicate's event as its row records it: what its acknowledgement says again."""
+
+    state: str
+    attempts: int
+    error: str | None
+
+
 @dataclass(frozen=True)
 class Outcome:
     kind: OutcomeKind
@@ -40,9 +49,10 @@ class Outcome:
     # A delivery given up (``alert="given_up"``) whose unfinished row was marked ``dead``: the
     # event itself is dead, which is what its acknowledgement says (see ``acks.py``).
     row_dead: bool = field(default=False, compare=False)
-    # A ``DUPLICATE``: the event's state as recorded (``attempts`` and ``error`` are its row's),
-    # acknowledged again: the delivery that finished it may have died before acknowledging it.
-    recorded: str | None = field(default=None, compare=False)
+    # A ``DUPLICATE``: the event's outcome as recorded, acknowledged again (the delivery that
+    # finished it may have died before acknowledging it). Not in ``attempts``/``error``: a
+    # duplicate's outcome equals ``Outcome(DUPLICATE, event_id)``, as it always did.
+    recorded: Recorded | None = field(default=None, compare=False)
 
     @classmethod
     def succeeded(cls, event_id: str, attempts: int) -> Outcome:

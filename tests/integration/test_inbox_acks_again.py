@@ -15,15 +15,27 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
-from outboxkit.inbox import InboxSettings, RetryPolicy
+from outboxkit.inbox import (
+    Envelope,
+    HandlerContext,
+    Inbox,
+    InboxSettings,
+    Outcome,
+    OutcomeKind,
+    RetryPolicy,
+)
 from tests.integration.inbox_support import (
     EFFECT_DDL,
     REGISTRY,
     Behaviour,
     Harness,
     effects,
+    headers_for,
     inbox_row,
+    payload,
     produce_event,
 )
 from tests.support.topics import read_topic
@@ -177,3 +189,46 @@ def test_a_duplicate_of_a_dead_event_is_acknowledged_dead_as_recorded(
         0,
     )
     assert again == {**first, "offset": 1}
+
+
+def test_a_duplicate_outcome_is_the_plain_duplicate_whatever_its_row_records(
+    sa_url: str,
+) -> None:
+    """Without an acks topic too, ``Inbox.process()`` answers a copy of a finished event as
+    before acknowledgements were at least once: no attempts, no error (here the row keeps its
+    first attempt's); what the row records rides along, not compared, for the acknowledgement."""
+    engine = create_engine(sa_url)
+    runs: list[int] = []
+
+    def handler(event: Any, ctx: HandlerContext, session: Session) -> None:
+        runs.append(ctx.attempt)
+        if len(runs) == 1:
+            raise TimeoutError("attempt 1")
+
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, policy=RetryPolicy())
+    inbox = Inbox(engine, handler, settings)
+    event_id = str(uuid.uuid4())
+
+    def env(offset: int) -> Envelope:
+        return Envelope.from_parts(
+            topic="orders",
+            partition=0,
+            offset=offset,
+            key=b"k",
+            value=payload("o1", 1),
+            headers=headers_for(event_id),
+        )
+
+    try:
+        assert inbox.process(env(0)).kind is OutcomeKind.RETRY
+        assert inbox.process(env(0)).kind is OutcomeKind.SUCCEEDED
+        duplicate = inbox.process(env(1))
+    finally:
+        engine.dispose()
+    assert duplicate == Outcome(OutcomeKind.DUPLICATE, event_id)
+    assert (duplicate.attempts, duplicate.error) == (0, None)
+    assert duplicate.recorded is not None
+    assert duplicate.recorded.state == "succeeded"
+    assert duplicate.recorded.attempts == 2
+    assert duplicate.recorded.error is not None
+    assert "attempt 1" in duplicate.recorded.error
