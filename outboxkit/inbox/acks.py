@@ -108,6 +108,9 @@ class Acknowledger:
         self.topic = topic
         self.attempts = attempts
         self.failures: dict[Where, int] = {}  # failed publishes of a record's acknowledgement
+        # A publish failed since the last poll: the next are not tried (:meth:`unsent`) until
+        # one comes (each try may wait out the sender's timeout, with no poll in between).
+        self.failing = False
 
     def acknowledge(self, env: Envelope, outcome: Outcome) -> Plan[HeldAck | None]:
         """``None`` if the offset may move past ``env`` (published, nothing to, or given up),
@@ -119,6 +122,7 @@ class Acknowledger:
         try:
             yield Publish(self.topic, *record)
         except PublishError as exc:
+            self.failing = True
             count = self.failures.pop(where, 0) + 1  # counted again: the newest, kept longest
             if count < self.attempts and not isinstance(exc, PermanentPublishError):
                 self.failures[where] = count
@@ -141,9 +145,9 @@ class Acknowledger:
         return None
 
     def unsent(self, env: Envelope, outcome: Outcome) -> HeldAck | None:
-        """What a hold keeps for ``env`` when its publish is not tried (one failed earlier in
-        the same batch, and each try may wait out the sender's timeout with no poll between);
-        not counted as a failure of its own. ``None``: nothing to acknowledge."""
+        """What a hold keeps for ``env`` when its publish is not tried (one failed since the
+        last poll: :attr:`failing`); not counted as a failure of its own. ``None``: nothing to
+        acknowledge."""
         record = ack_record(self.consumer, env, outcome)
         if record is None or outcome.event_id is None:
             return None

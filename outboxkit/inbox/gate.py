@@ -118,6 +118,15 @@ class PartitionGate:
         del self._holds[tp]
         return True
 
+    def take_gone_acks(self) -> list[Gone]:
+        """Of the records found gone, those held only for their acknowledgement: published at
+        once, before anything behind them is committed (their rows are finished: no copy of
+        the event behind them has to run first)."""
+        acks = [g for g in self._gone if g.ack is not None]
+        if acks:
+            self._gone = [g for g in self._gone if g.ack is None]
+        return acks
+
     def take_gone(self) -> list[Gone]:
         """The held records found gone since the last call (their rows are still processing)."""
         gone, self._gone = self._gone, []

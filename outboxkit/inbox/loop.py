@@ -183,6 +183,8 @@ class ConsumerLoop:
         if not (yield from self._housekeeping()):
             return []
         records = yield from self._take(timeout)
+        if self.acks is not None:
+            yield from self._gone_acks()
         if not records:
             return []
         envs = [Envelope.from_record(r) for r in records]
@@ -224,6 +226,8 @@ class ConsumerLoop:
                 else:
                     wait = self.options.poll_timeout if timeout is None else timeout
                 fetched = yield Poll(wait, max(self.options.max_records, limit))
+                if self.acks is not None:
+                    self.acks.failing = False  # a poll came: publishes may be tried again
                 if taken:  # a rebalance in that poll may have taken partitions of these
                     taken = [r for r in taken if (r.topic, r.partition) in self.assigned]
                 if not fetched:
@@ -240,12 +244,9 @@ class ConsumerLoop:
         refusing the seek back); commit offsets; purge. ``False``: no client to poll yet."""
         if not (yield from self.start()) or not (yield from self.rejoin.ready(self)):
             return False
-        gone = self.gate.take_gone()
-        if self.acks is not None:  # a held acknowledgement is published from its hold (or not)
-            for g in gone:
-                if g.ack is not None:
-                    self.acks.drop((*g.partition, g.offset))
-        yield from end_gone(gone, self.core.statements, self.options.acks_topic)
+        if self.acks is not None:
+            yield from self._gone_acks()
+        yield from end_gone(self.gate.take_gone(), self.core.statements, self.options.acks_topic)
         now, rejoin = self.clock(), False
         for tp, offset in self.gate.due(now):
             if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
@@ -268,11 +269,16 @@ class ConsumerLoop:
         if not self.buffer:
             wait = self.options.poll_timeout if timeout is None else timeout
             self.buffer.extend((yield Poll(wait, self.options.max_records)))
+            if self.acks is not None:
+                self.acks.failing = False  # a poll came: publishes may be tried again
         if not self.buffer:
             return None
         record = self.buffer.popleft()
         tp = (record.topic, record.partition)
-        if tp not in self.assigned or not self.gate.accept(tp, record.offset):
+        accepted = tp in self.assigned and self.gate.accept(tp, record.offset)
+        if self.acks is not None:
+            yield from self._gone_acks()
+        if not accepted:
             return None
         env = Envelope.from_record(record)
         self.inflight, self.revoked = {tp}, set()
@@ -304,6 +310,8 @@ class ConsumerLoop:
         """Commit what is settled, then close the consumer and the sender: both, whatever
         failed before (the first error is raised after them)."""
         errors: list[Exception] = []
+        if self.acks is not None and self.subscribed:
+            yield from self._gone_acks()  # logs what fails: nothing would publish them later
         if self.pending is not None and self.subscribed:
             try:
                 yield from commit(self.pending.take())
@@ -318,6 +326,15 @@ class ConsumerLoop:
             raise errors[0]
 
     # -- pieces -----------------------------------------------------------------------------------
+    def _gone_acks(self) -> Plan[None]:
+        """Acknowledgements held for records found gone: published before anything behind
+        them is committed (:meth:`~outboxkit.inbox.gate.PartitionGate.take_gone_acks`)."""
+        gone = self.gate.take_gone_acks()
+        if gone and self.acks is not None:
+            for g in gone:
+                self.acks.drop((*g.partition, g.offset))
+            yield from end_gone(gone, self.core.statements, self.options.acks_topic)
+
     def _unexpected(self, env: Envelope, exc: Exception) -> Plan[Outcome]:
         """Retry after an error outside the handler; give the record up after too many."""
         detail = self.core.settings.error_detail

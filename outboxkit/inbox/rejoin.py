@@ -211,7 +211,11 @@ class Rejoin:
                     settled[tp],
                     hold.offset,
                 )
-                if hold.event_id is not None:
+                if hold.ack is not None:  # held for it: published, as nothing else may
+                    gone.append(Gone(tp, hold.offset, hold.ack.event_id, hold.ack))
+                    if loop.acks is not None:
+                        loop.acks.drop((*tp, hold.offset))
+                elif hold.event_id is not None:
                     gone.append(Gone(tp, hold.offset, hold.event_id))
             else:
                 loop.gate.restore(tp, hold)

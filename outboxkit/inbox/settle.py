@@ -7,8 +7,9 @@ a batch, the outcomes behind such a record in its partition are not settled (the
 after it): the batch keeps those partitions itself (``stopped``), since a rebalance callback
 during the batch (aiokafka runs them at any await) may clear the gate's holds, and a later
 outcome would then commit past the unacknowledged record. A retry among them keeps its back-off.
-Once one publish failed, the batch's later acknowledgements are not tried (each could wait out
-the sender's timeout, with no poll in between): their records are held the same way.
+Once one publish failed, no acknowledgement is tried until the next poll (each try could wait
+out the sender's timeout, and a member that does not poll within ``max.poll.interval.ms`` is
+dropped from the group): their records are held the same way, batched or one by one.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def settle(
         return
     retry_in, event_id, ack = outcome.retry_in, outcome.event_id, None
     if outcome.kind.advances_offset:
-        if loop.acks is not None and stopped:  # one failed in this batch: the rest wait too
+        if loop.acks is not None and loop.acks.failing:  # one failed since the last poll
             ack = loop.acks.unsent(env, outcome)
         elif loop.acks is not None:
             ack = yield from loop.acks.acknowledge(env, outcome)
