@@ -3,12 +3,12 @@ gone with the savepoint, so the next write on that shard sends it again (sync an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outboxkit.events import Message
@@ -20,20 +20,6 @@ pytestmark = pytest.mark.integration
 
 _OUTBOX = Outbox()
 CHANNEL = notify_channel("outboxkit")
-
-
-@pytest.fixture
-def engine(sa_url: str) -> Iterator[sa.Engine]:
-    eng = sa.create_engine(sa_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-async def async_engine(sa_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_async_engine(sa_url)
-    yield eng
-    await eng.dispose()
 
 
 @pytest.fixture
@@ -133,9 +119,9 @@ def test_the_copy_path_in_a_savepoint_rolled_back(
 
 
 async def test_async_a_rolled_back_savepoint_takes_its_notification(
-    async_engine: AsyncEngine, listener: psycopg.Connection
+    aengine: AsyncEngine, listener: psycopg.Connection
 ) -> None:
-    async with async_engine.begin() as conn:
+    async with aengine.begin() as conn:
         savepoint = await conn.begin_nested()
         await _OUTBOX.add_async(conn, Message("t", b"1"))
         await savepoint.rollback()
@@ -144,9 +130,9 @@ async def test_async_a_rolled_back_savepoint_takes_its_notification(
 
 
 async def test_async_session_savepoint_rolled_back(
-    async_engine: AsyncEngine, listener: psycopg.Connection
+    aengine: AsyncEngine, listener: psycopg.Connection
 ) -> None:
-    async with AsyncSession(async_engine) as session, session.begin():
+    async with AsyncSession(aengine) as session, session.begin():
         nested = await session.begin_nested()
         await _OUTBOX.add_async(session, Message("t", b"1"))
         await nested.rollback()
