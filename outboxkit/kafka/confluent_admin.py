@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -17,7 +17,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.api import Admin, TopicInfo
 from outboxkit.kafka.config import confluent_config
-from outboxkit.kafka.confluent_build import create
+from outboxkit.kafka.confluent_build import create, in_slices
 from outboxkit.settings import KafkaSettings
 
 _MISSING = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_ID"})
@@ -46,8 +46,11 @@ class ConfluentAdmin(Admin):
         return self._client
 
     async def _call(self, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        return await self._answer(what, asyncio.to_thread(call, *args, **kwargs))
+
+    async def _answer(self, what: str, answer: Awaitable[Any]) -> Any:
         try:
-            return await asyncio.to_thread(call, *args, **kwargs)
+            return await answer
         except KafkaException as exc:
             error = _error(exc)
             name = error.name() if error is not None else None
@@ -60,8 +63,13 @@ class ConfluentAdmin(Admin):
                 self._client.poll(0)
 
     async def describe_topic(self, topic: str) -> TopicInfo | None:
-        metadata = await self._call(
-            f"metadata for topic {topic!r}", self._c.list_topics, topic=topic, timeout=self._timeout
+        client = self._c
+        # In slices: a relay that stops while Kafka refuses its login does not wait for its end.
+        metadata = await self._answer(
+            f"metadata for topic {topic!r}",
+            in_slices(
+                lambda seconds: client.list_topics(topic=topic, timeout=seconds), self._timeout
+            ),
         )
         found = metadata.topics.get(topic)
         if found is None:

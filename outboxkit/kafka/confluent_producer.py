@@ -31,7 +31,7 @@ from outboxkit.kafka.api import (
 )
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_admin import ConfluentAdmin
-from outboxkit.kafka.confluent_build import create
+from outboxkit.kafka.confluent_build import create, in_slices
 from outboxkit.kafka.errors import ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
 
@@ -184,7 +184,8 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                 Producer, self._config, "the Kafka producer (confluent-kafka) cannot be created"
             )
             if self.transactional:
-                await asyncio.to_thread(self._p.init_transactions, self._timeout)
+                # In slices: a stopping relay that gives up on it does not wait for its end.
+                await in_slices(self._p.init_transactions, self._timeout)
         except (KafkaException, SystemError) as exc:
             raise_for(exc, "init_transactions failed")
 

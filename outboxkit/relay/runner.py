@@ -31,7 +31,7 @@ from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
 from outboxkit.relay.shard_worker import ShardWorker
 from outboxkit.relay.status_sampler import sample_forever
-from outboxkit.relay.waiting import backoff_delay, wait_any
+from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
 from outboxkit.settings import Mode, Settings
 
 logger = logging.getLogger("outboxkit.relay.runner")
@@ -139,7 +139,11 @@ class Relay:
         while not self.stop.is_set():
             try:
                 shards = await self._shards()
-                return shards, await self._checkpoints(shards)
+                # Cut short by a stop: a broker that refuses our login answers only at the timeout.
+                checkpoints = asyncio.ensure_future(self._checkpoints(shards))
+                if not await finished_unless(checkpoints, self.stop):
+                    return None
+                return shards, checkpoints.result()
             except psycopg.ProgrammingError as exc:  # a malformed URL, missing grants
                 raise refused(exc, self.database_url) from None
             except (psycopg.OperationalError, OSError) as exc:

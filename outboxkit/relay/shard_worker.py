@@ -37,7 +37,7 @@ from outboxkit.relay.lease_loss import LeaseLoss, blame_jump
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
-from outboxkit.relay.waiting import backoff_delay, wait_any
+from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
 from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
@@ -245,6 +245,8 @@ class ShardWorker:
                 if producers is None:
                     prefetched = []
                     producers, turn = await self._start_producers(term, conn), 0
+                    if producers is None:
+                        continue  # stopped while a producer started
                 if prefetched:
                     batch, prefetched = prefetched, []
                 else:
@@ -315,19 +317,26 @@ class ShardWorker:
         for producer in producers:
             await producer.close()
 
-    async def _start_producers(self, term: LeaseTerm, conn: Conn) -> list[TransactionalProducer]:
+    async def _start_producers(
+        self, term: LeaseTerm, conn: Conn
+    ) -> list[TransactionalProducer] | None:
         """A new producer life for every slot; in exactly-once mode, reconcile first.
 
         Every slot's ``init_transactions`` runs before any checkpoint is read: each fences its
         zombie and settles (aborts) the open transaction of its id, so what is read next is all
-        that was committed and nothing can commit behind our back.
+        that was committed and nothing can commit behind our back. A stop cuts a start short
+        (None): nothing was sent in this life, so the lease can go at once.
         """
         slots = self.config.producers_per_shard if self._checkpoints is not None else 1
         producers: list[TransactionalProducer] = []
         try:
             for slot in range(slots):
                 producers.append(self._producer_factory(self.shard, slot))
-                await producers[-1].start()
+                if not await finished_unless(
+                    asyncio.ensure_future(producers[-1].start()), self.stop
+                ):
+                    await self._close_all(producers)
+                    return None
                 term.check()
             self._built = True
             self._publisher.new_producer_life()

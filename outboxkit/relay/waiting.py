@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Sequence
+from typing import Any
 
 
 def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
@@ -21,3 +23,22 @@ async def wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+async def finished_unless(task: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Await ``task`` (raising its error) unless ``stop`` is set first: then it is cancelled,
+    its clean-up awaited, and False returned. A Kafka call that cannot succeed (a refused login)
+    waits out its whole timeout; a stopping relay must not wait with it."""
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if task.cancelled():
+        return False
+    task.result()
+    return True

@@ -1,0 +1,170 @@
+"""A stop does not wait for a Kafka call that cannot succeed (Kafka refusing the relay's login).
+
+Such a call answers only when its timeout ends (``kafka_timeout``, up to 300 s): the producer's
+``init_transactions`` once a shard's lease is held, the checkpoint topic's metadata at start-up.
+The relay waited for it before it stopped, holding the lease all along; and a librdkafka call
+runs in a worker thread, which the process waits for before it exits. The fault test
+``tests/fault/test_relay_stop_refused_login.py`` shows the same against a real SASL_SSL broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.runner import Relay
+from outboxkit.settings import KafkaSettings, load_settings
+from tests.relay_support import shard_worker
+
+pytestmark = pytest.mark.unit
+
+GUARD = 10.0  # seconds: a stop that does not wait is done in well under one
+
+
+class _Leases:
+    """Every attempt succeeds; releases are recorded."""
+
+    def __init__(self) -> None:
+        self.released: list[LeaseTerm] = []
+
+    async def acquire(
+        self, group: str, shard: int, holder: str, ttl: float, wake: asyncio.Event
+    ) -> LeaseTerm:
+        return LeaseTerm(group, shard, holder, 7, ttl, time.monotonic() + ttl)
+
+    async def watch(self, term: LeaseTerm) -> None:
+        await asyncio.Event().wait()  # the renewer: cancelled when the term ends
+
+    async def release(self, term: LeaseTerm) -> None:
+        self.released.append(term)
+
+    async def close(self) -> None:
+        return None
+
+
+class _NeverStarts:
+    """A producer whose start never answers (its login refused, a timeout far away)."""
+
+    def __init__(self) -> None:
+        self.starting = asyncio.Event()
+        self.closed = False
+
+    async def start(self) -> None:
+        self.starting.set()
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_stop_while_a_producer_starts_releases_the_lease() -> None:
+    settings = load_settings(
+        overrides={"database": {"url": "postgresql://relay@127.0.0.1:1/outbox"}, "relay": {}}
+    )
+    leases = _Leases()
+    worker = shard_worker(settings, leases=leases)  # type: ignore[arg-type]
+    worker._connect = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+
+    async def not_paused(conn: object, group: str) -> bool:
+        return False
+
+    worker._store.paused = not_paused  # type: ignore[method-assign]
+    producer = _NeverStarts()
+    worker._producer_factory = lambda shard, slot: producer  # type: ignore[assignment,return-value]
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(producer.starting.wait(), GUARD)
+        worker.stop.set()
+        await asyncio.wait_for(asyncio.shield(running), GUARD)
+    finally:
+        running.cancel()
+    assert [term.token for term in leases.released] == [7]
+    assert producer.closed
+
+
+async def test_a_stop_while_the_start_up_asks_kafka_ends_the_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = load_settings(
+        overrides={
+            "database": {"url": "postgresql://relay@127.0.0.1:1/outbox"},
+            "kafka": {"bootstrap": "127.0.0.1:1"},
+        }
+    )
+    asked = asyncio.Event()
+
+    async def no_answer(self: Relay, shards: list[int]) -> None:
+        asked.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(Relay, "_check_schema", lambda self: 1)
+    monkeypatch.setattr(Relay, "_checkpoints", no_answer)
+    relay = Relay(settings)
+    starting = asyncio.create_task(relay._start_up())
+    try:
+        await asyncio.wait_for(asked.wait(), GUARD)
+        relay.stop.set()
+        assert await asyncio.wait_for(asyncio.shield(starting), GUARD) is None
+    finally:
+        starting.cancel()
+
+
+def test_a_cancelled_init_transactions_ends_its_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process's exit waits for the thread: it must end soon after the call is given up."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError, KafkaException
+
+    from outboxkit.kafka import confluent_producer
+    from outboxkit.kafka.confluent_producer import ConfluentTransactionalProducer
+
+    blocking = threading.Event()
+    answered = threading.Event()  # set when the test ends: no call blocks beyond it
+
+    class Refused:
+        """librdkafka's producer while its login is refused: init answers at its timeout."""
+
+        def __init__(self, config: dict[str, Any]) -> None:
+            return None
+
+        def init_transactions(self, seconds: float) -> None:
+            blocking.set()
+            answered.wait(seconds)
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+
+        def purge(self) -> None:
+            return None
+
+        def flush(self, seconds: float = 0) -> int:
+            return 0
+
+    monkeypatch.setattr(confluent_producer, "Producer", Refused)
+
+    async def given_up() -> None:
+        producer = ConfluentTransactionalProducer(
+            KafkaSettings(bootstrap="127.0.0.1:1"), transactional_id="t", timeout=300.0
+        )
+        start = asyncio.ensure_future(producer.start())
+        await asyncio.to_thread(blocking.wait, GUARD)
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        await producer.close()
+
+    # asyncio.run returns once its worker threads ended (as the relay process exits).
+    running = threading.Thread(target=asyncio.run, args=(given_up(),), daemon=True)
+    try:
+        running.start()
+        running.join(GUARD)
+        assert blocking.is_set()
+        assert not running.is_alive(), "the given-up init_transactions still runs"
+    finally:
+        answered.set()
+        running.join(GUARD)
