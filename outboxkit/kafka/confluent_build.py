@@ -73,8 +73,11 @@ async def in_slices(call: Callable[[float], Result], within: float) -> Result:
                 return call(length)
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                retriable = isinstance(error, KafkaError) and (
-                    error.retriable() or error.code() in _TIMED_OUT
+                retriable = (
+                    isinstance(error, KafkaError)
+                    and not error.fatal()
+                    and not error.txn_requires_abort()
+                    and (error.retriable() or error.code() in _TIMED_OUT)
                 )
                 if not retriable or deadline - time.monotonic() <= 0:
                     raise

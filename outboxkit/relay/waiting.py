@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -31,13 +30,13 @@ async def finished_unless(task: asyncio.Future[Any], stop: asyncio.Event) -> boo
     waits out its whole timeout; a stopping relay must not wait with it."""
     waiter = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():  # else not begun: cancelled before its first step, it never runs
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
         if not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await asyncio.wait([task])  # its clean-up; an outer cancellation still propagates
     if task.cancelled():
         return False
     task.result()

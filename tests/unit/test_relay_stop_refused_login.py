@@ -168,3 +168,63 @@ def test_a_cancelled_init_transactions_ends_its_worker_thread(
     finally:
         answered.set()
         running.join(GUARD)
+
+
+async def test_an_outer_cancellation_during_the_tasks_clean_up_is_not_swallowed() -> None:
+    """The stop cancels the task; the caller is cancelled while the task cleans up: the
+    caller's cancellation goes on (before, it was taken for the task's and swallowed)."""
+    from outboxkit.relay.waiting import finished_unless
+
+    stop, cleaning, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cleaning.set()
+            await release.wait()
+            raise
+
+    task = asyncio.ensure_future(slow())
+    outer = asyncio.ensure_future(finished_unless(task, stop))
+    await asyncio.sleep(0)
+    stop.set()
+    await cleaning.wait()
+    outer.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+
+
+async def test_a_fatal_error_is_not_called_again_whatever_its_code() -> None:
+    """A fatal error (or one that needs the transaction aborted) with a timeout's code is
+    raised at once, not called again until the deadline."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from outboxkit.kafka.confluent_build import in_slices
+
+    calls: list[float] = []
+
+    def fatal(seconds: float) -> None:
+        calls.append(seconds)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "fenced", fatal=True))
+
+    with pytest.raises(KafkaException):
+        await in_slices(fatal, 3.0)
+    assert len(calls) == 1
+
+
+async def test_a_task_not_begun_when_the_stop_is_already_set_never_runs() -> None:
+    """A producer start created as the stop comes must not begin (its init could then run on
+    after the lease went, and fence the standby that took the shard over)."""
+    from outboxkit.relay.waiting import finished_unless
+
+    ran: list[str] = []
+
+    async def start() -> None:
+        ran.append("started")
+
+    stop = asyncio.Event()
+    stop.set()
+    assert not await finished_unless(asyncio.ensure_future(start()), stop)
+    assert ran == []
