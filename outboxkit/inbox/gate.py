@@ -180,9 +180,6 @@ class PartitionGate:
         for tp in tps:
             self._holds.pop(tp, None)
 
-    def holds(self, tp: TopicPartitionKey) -> bool:
-        return tp in self._holds
-
     @property
     def held(self) -> frozenset[TopicPartitionKey]:
         return frozenset(self._holds)

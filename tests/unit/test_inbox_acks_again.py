@@ -265,7 +265,7 @@ def test_a_failed_acknowledgement_holds_the_record_and_its_redelivery_acknowledg
         ("Seek", 5),
         ("Pause", None),
     ]
-    assert loop.gate.holds(P0)
+    assert P0 in loop.gate.held
     now[0] += ERROR_RETRY_SECONDS
     drive(loop.poll_batch(), stack)
     assert stack.handler_runs() == 1  # the redelivery is a duplicate: acknowledged, not run
@@ -317,7 +317,7 @@ def test_an_acknowledgement_no_retry_can_fix_is_given_up_at_once(driver: str) ->
     _drive(driver)(loop.poll_batch(), stack)
     assert stack.names().count("Publish") == 1
     assert stack.commits() == [{P0: 6}]
-    assert not loop.gate.holds(P0)
+    assert P0 not in loop.gate.held
 
 
 def test_in_a_batch_the_records_behind_a_failed_acknowledgement_wait_with_it() -> None:
