@@ -35,6 +35,7 @@ from outboxkit.kafka import KafkaClients, resolve_client
 from outboxkit.settings import KafkaClient, KafkaSettings
 
 KAFKA_VERSION = "4.1.1"
+_STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 _LOG4J_VERSION = "2.24.3"
 _SLF4J_VERSION = "2.0.17"
 
@@ -163,7 +164,9 @@ class KafkaServer(ManagedServer):
     authentication, with a CA and broker certificate made at first start (see :attr:`sasl_ssl`).
     The broker keeps a PLAINTEXT listener on loopback for its own (inter-broker) traffic; it is
     :attr:`plaintext_bootstrap`, unauthenticated, meant for test set-up only. No authorizer is
-    configured: an authenticated client may do anything.
+    configured unless ``authorizer=True`` (with ``sasl_ssl`` only): then Kafka's own ACL
+    authorizer runs, the SCRAM user may do only what ACLs grant it (none at start), and the
+    loopback listener's anonymous principal, which the broker itself uses too, is a super user.
 
     ``oauthbearer=True`` (with ``sasl_ssl`` only) makes the same listener accept OAUTHBEARER too,
     with unsigned JWTs (see :attr:`oauthbearer`): any client can then name any principal, so it
@@ -186,6 +189,7 @@ class KafkaServer(ManagedServer):
         security: Security = "plaintext",
         oauthbearer: bool = False,
         reauth_ms: int | None = None,
+        authorizer: bool = False,
     ) -> None:
         if security not in ("plaintext", "sasl_ssl"):
             raise ValueError(f"security must be 'plaintext' or 'sasl_ssl', not {security!r}")
@@ -193,7 +197,10 @@ class KafkaServer(ManagedServer):
             raise ValueError("oauthbearer=True needs security='sasl_ssl'")
         if reauth_ms is not None and (security != "sasl_ssl" or reauth_ms <= 0):
             raise ValueError("reauth_ms needs security='sasl_ssl' and a positive number")
+        if authorizer and security != "sasl_ssl":
+            raise ValueError("authorizer=True needs security='sasl_ssl'")
         self.reauth_ms = reauth_ms
+        self.authorizer = authorizer
         self.oauthbearer_enabled = oauthbearer
         self._dir_token: str | None = None
         if base_dir is None:
@@ -296,6 +303,11 @@ class KafkaServer(ManagedServer):
             extra[f"{prefix}oauthbearer.sasl.jaas.config"] = _OAUTH_LOGIN_MODULE
         if self.reauth_ms is not None:
             extra[f"{prefix}connections.max.reauth.ms"] = str(self.reauth_ms)
+        if self.authorizer:
+            # KRaft's ACL authorizer. ANONYMOUS is whoever uses the PLAINTEXT loopback listener:
+            # the broker's own inter-broker and controller traffic, and test set-up.
+            extra["authorizer.class.name"] = _STANDARD_AUTHORIZER
+            extra["super.users"] = "User:ANONYMOUS"
         return {
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},{sasl},"
             f"CONTROLLER://127.0.0.1:{self.controller_port}",
@@ -360,7 +372,10 @@ class KafkaServer(ManagedServer):
         plain = KafkaSettings.plaintext(self.plaintext_bootstrap)
         if not _metadata_ok(plain):
             return False
-        if self.sasl_ssl_port is None:
+        if self.sasl_ssl_port is None or self.authorizer:
+            # With the authorizer the SCRAM user may describe nothing until a test grants it;
+            # the broker opens all its listeners together, so the loopback one answering is
+            # enough.
             return True
         return _metadata_ok(self.sasl_ssl.kafka_settings())
 
