@@ -87,7 +87,7 @@ class AiokafkaAdmin(Admin):
             return TopicInfo(topic, len(found["partitions"]))
         return None
 
-    async def _default_replication(self) -> int:
+    async def _default_replication(self, topic: str) -> int:
         admin, client = await self._ready()
         broker = next(iter(client.cluster.brokers())).nodeId
         resource = ConfigResource(
@@ -95,6 +95,17 @@ class AiokafkaAdmin(Admin):
         )
         (response,) = await self._call("broker configuration", admin.describe_configs([resource]))
         (found,) = response.to_object()["resources"]
+        if found["error_code"]:
+            # Refused (no DescribeConfigs on the Cluster), the read used to give an empty answer
+            # taken for 1: a topic made with one replica on a cluster that asks for three.
+            name = _UNAUTHORISED.get(found["error_code"])
+            raise PublishError(
+                f"broker configuration: error {found['error_code']} {name or ''}".rstrip()
+                + f": default.replication.factor is needed to create topic {topic!r} with aiokafka"
+                " (which cannot ask for the broker's default): grant the principal"
+                " DescribeConfigs on the Cluster, or create the topic beforehand",
+                error=name,
+            )
         value = _entries(found).get("default.replication.factor")
         return int(value) if value else 1
 
@@ -107,7 +118,7 @@ class AiokafkaAdmin(Admin):
     ) -> None:
         admin, _ = await self._ready()
         if replication_factor is None:
-            replication_factor = await self._default_replication()
+            replication_factor = await self._default_replication(topic)
         new = NewTopic(topic, partitions, replication_factor, topic_configs=dict(config))
         response = await self._call(f"cannot create topic {topic!r}", admin.create_topics([new]))
         for result in response.to_object()["topic_errors"]:

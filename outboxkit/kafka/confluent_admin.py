@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclOperation,
     AdminClient,
     ConfigResource,
     NewTopic,
@@ -127,6 +128,27 @@ class ConfluentAdmin(Admin):
             entry = entries.get(name)
             values[name] = None if entry is None or entry.value is None else str(entry.value)
         return values
+
+    async def may_write(self, topic: str) -> bool | None:
+        """Whether the broker lets this principal write to ``topic`` (the operations it reports
+        as authorised, KIP-430); None when it reports none (no authorizer, an older broker).
+
+        A transactional producer learns of a missing Write ACL only as a failed transaction, with
+        every record of it purged alike (``_PURGE_QUEUE``): no record names the topic refused.
+        """
+        topics = TopicCollection([topic])
+
+        def describe() -> Any:
+            (future,) = self._c.describe_topics(
+                topics, include_authorized_operations=True, request_timeout=self._timeout
+            ).values()
+            return future.result(timeout=self._timeout)
+
+        found = await self._call(f"authorised operations of topic {topic!r}", describe)
+        allowed = set(found.authorized_operations or ())
+        if not allowed:
+            return None
+        return bool(allowed & {AclOperation.WRITE, AclOperation.ALL})
 
     async def close(self) -> None:
         held, self._client = [self._client], None

@@ -205,13 +205,35 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             if classify(error.name()) is ErrorKind.PERMANENT:
                 return RecordError(error.name(), f"topic {topic!r}: {error.str()}")
             raise PublishError(f"metadata for topic {topic!r}: {error}")
+        if self.transactional:
+            return await self._write_refused(topic)
         return None
 
-    async def topic_limits(self, topic: str) -> TopicLimits:
+    async def _write_refused(self, topic: str) -> RecordError | None:
+        """Why the topic refuses our records for want of a Write ACL, asked before sending: in a
+        transaction librdkafka purges every record alike (``_PURGE_QUEUE``, retriable), so the
+        transaction would be retried for ever, its shard stalled. Unknown (the question failed,
+        or the broker does not say) is no problem: the send finds out."""
+        try:
+            allowed = await self._admin_client().may_write(topic)
+        except PublishError:
+            return None
+        if allowed is not False:
+            return None
+        return RecordError(
+            "TOPIC_AUTHORIZATION_FAILED",
+            f"topic {topic!r}: the relay's Kafka principal may not write to it (grant it Write"
+            " on the topic)",
+        )
+
+    def _admin_client(self) -> ConfluentAdmin:
         # One admin for all reads of this life: one connection setup, not one per topic.
         if self._admin is None:
             self._admin = ConfluentAdmin(self._settings, timeout=min(self._timeout, 10))
-        return await read_topic_limits(self._admin, topic)
+        return self._admin
+
+    async def topic_limits(self, topic: str) -> TopicLimits:
+        return await read_topic_limits(self._admin_client(), topic)
 
     async def begin(self) -> None:
         try:

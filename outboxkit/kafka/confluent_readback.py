@@ -2,7 +2,9 @@
 verify tool's view of what the relay published.
 
 No consumer group: the partitions are assigned from offset 0 and read until each reports its
-end. Built like every confluent client (:func:`~outboxkit.kafka.confluent_build.create`), so a
+end. librdkafka still wants a ``group.id`` and looks up its coordinator, which a principal with
+Read on the topics alone may not describe; that refusal is passed over (the group is not used).
+Built like every confluent client (:func:`~outboxkit.kafka.confluent_build.create`), so a
 configuration librdkafka refuses is a :class:`ConfigurationError` naming the property.
 """
 
@@ -56,6 +58,8 @@ def read_to_end(
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard((msg.topic() or "", msg.partition() or 0))
+                elif error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    continue  # the unused group's coordinator (see above)
                 elif not error.retriable():
                     raise PublishError(f"reading the topics back failed: {error}")
                 continue

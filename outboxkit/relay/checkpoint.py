@@ -130,6 +130,15 @@ class CheckpointTopic:
             value = await reader.last_committed(
                 self.topic, shard % self._partitions, checkpoint_key(group, shard, slot)
             )
+        except PublishError as exc:
+            text = str(exc)
+            if "topicauthorization" not in text.lower().replace(" ", ""):
+                raise
+            # Both clients say only "Topic authorization failed": name the ACL that is missing.
+            raise PublishError(
+                f"{text} (the relay's Kafka principal needs Read on the checkpoint topic"
+                f" {self.topic!r})"
+            ) from None
         finally:
             await reader.close()
         return None if value is None else Checkpoint.decode(group, shard, value, slot)
