@@ -21,7 +21,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
-from aiokafka.errors import CorruptRecordException, KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+)
 from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
@@ -87,6 +92,11 @@ def _check_options(config: Mapping[str, Any]) -> None:
         )
 
 
+ACL_HINT = "grant its principal Read on its group and Read and Describe on its topics"
+
+# A missing ACL (granted later without a restart), said with what to grant.
+_REFUSED = (TopicAuthorizationFailedError, GroupAuthorizationFailedError)
+
 _OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 
 _CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
@@ -117,6 +127,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         # Per partition, the offset after the last record handed out (or sought to).
         self.handed: dict[TP, int] = {}
         self.generation = 0  # bumped by every rebalance callback
+        self._refused = False  # the last poll was refused for a missing ACL (said once)
 
     @property
     def offset_reset(self) -> str:
@@ -145,7 +156,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         except KafkaError as exc:
             self._consumer, self._listener.closed = None, True
             await consumer.stop()
-            raise PublishError(f"Kafka consumer could not start: {exc}") from exc
+            refused = isinstance(exc, _REFUSED)
+            hint = f" (Kafka refused this consumer: {ACL_HINT})" if refused else ""
+            raise PublishError(f"Kafka consumer could not start: {exc}{hint}") from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
         try:
@@ -160,6 +173,21 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             if not records:
                 await asyncio.sleep(wait)  # e.g. the partition's leader is moving: not a spin
             return records
+        except _REFUSED as exc:
+            # A missing ACL, granted later without a restart: aiokafka fetches again; raised
+            # from here it ended the process with a traceback.
+            if not self._refused:
+                logger.warning(
+                    "Kafka refused this consumer (%s): %s; nothing is consumed from them until"
+                    " then",
+                    exc,
+                    ACL_HINT,
+                )
+            self._refused = True
+            await asyncio.sleep(wait)  # refused at once: not a spin
+            return []
+        if batches:
+            self._refused = False
         handed = self.handed
         for tp, found in batches.items():
             if found:

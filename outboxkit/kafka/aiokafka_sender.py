@@ -1,15 +1,28 @@
-"""Dead letters and acknowledgements on aiokafka: one record, acknowledged before returning."""
+"""Dead letters and acknowledgements on aiokafka: one record, acknowledged before returning.
+
+The producer is idempotent, and Kafka gives a producer id only to a principal with Write on
+some topic (or IdempotentWrite on the cluster): without Write on the dead-letter and acks
+topics it cannot start. The start-up check of those topics then asks a plain client, which
+needs no producer id (asked through the producer only, it waited for ever, saying Kafka was away).
+"""
 
 from __future__ import annotations
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.client import AIOKafkaClient
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError
 
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
+
+IDEMPOTENT_ACL_HINT = (
+    "the idempotent producer of dead letters and acks gets no producer id: grant the consumer's"
+    " principal Write and Describe on its dead-letter and acks topics"
+)
 
 
 class AiokafkaRecordSender(AsyncRecordSender):
@@ -44,6 +57,10 @@ class AiokafkaRecordSender(AsyncRecordSender):
         try:
             producer = await self._get()
             await producer.send_and_wait(topic, value, key=key, headers=list(headers))
+        except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
+            name = type(exc).__name__
+            text = f"publish to {topic!r} failed: {name}: {exc} ({IDEMPOTENT_ACL_HINT})"
+            raise PermanentPublishError(text) from exc
         except KafkaError as exc:
             name = type(exc).__name__
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
@@ -51,11 +68,22 @@ class AiokafkaRecordSender(AsyncRecordSender):
 
     async def topic_exists(self, topic: str) -> bool:
         try:
-            producer = await self._get()
-            metadata = await producer.client.fetch_all_metadata()
+            try:
+                metadata = await (await self._get()).client.fetch_all_metadata()
+            except ClusterAuthorizationFailedError:  # no producer id: ask without the producer
+                metadata = await self._metadata()
         except KafkaError as exc:
             raise PublishError(f"metadata of {topic!r} not readable: {exc}") from exc
         return topic in metadata.topics()
+
+    async def _metadata(self) -> ClusterMetadata:
+        timeout_ms = int(self._timeout * 1000)
+        client = AIOKafkaClient(**aiokafka_options(self._settings, request_timeout_ms=timeout_ms))
+        try:
+            await client.bootstrap()
+            return await client.fetch_all_metadata()
+        finally:
+            await client.close()
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None

@@ -13,7 +13,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.api import (
@@ -33,6 +33,10 @@ from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
+
+# A missing ACL: librdkafka says which kind, not what to grant (nor, for a fetch, the topic).
+_REFUSED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
+ACL_HINT = "grant its principal Read on its group and Read and Describe on its topics"
 
 _FORCED = {
     "enable.auto.commit": False,
@@ -159,6 +163,15 @@ class ConfluentGroupConsumer(GroupConsumer):
                 records.append(consumed_record(msg))
             elif error.fatal():
                 raise OutboxkitError(f"Kafka consumer failed: {error}")
+            elif error.code() in _REFUSED:
+                where = f" on {msg.topic()!r}" if msg.topic() else ""
+                logger.warning(
+                    "Kafka refused this consumer (%s%s): %s; nothing is consumed from them until"
+                    " then",
+                    error,
+                    where,
+                    ACL_HINT,
+                )
             else:
                 logger.warning("consumer error: %s", with_credentials_hint(str(error)))
         return records
