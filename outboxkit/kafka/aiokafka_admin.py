@@ -96,14 +96,15 @@ class AiokafkaAdmin(Admin):
         (response,) = await self._call("broker configuration", admin.describe_configs([resource]))
         (found,) = response.to_object()["resources"]
         if found["error_code"]:
-            # Refused (no DescribeConfigs on the Cluster), the read used to give an empty answer
-            # taken for 1: a topic made with one replica on a cluster that asks for three.
+            # A failed read used to give an empty answer taken for 1: a topic made with one
+            # replica on a cluster that asks for three. The ACL is named only when refused.
             name = _UNAUTHORISED.get(found["error_code"])
+            advice = "grant the principal DescribeConfigs on the Cluster, or" if name else "or"
             raise PublishError(
                 f"broker configuration: error {found['error_code']} {name or ''}".rstrip()
                 + f": default.replication.factor is needed to create topic {topic!r} with aiokafka"
-                " (which cannot ask for the broker's default): grant the principal"
-                " DescribeConfigs on the Cluster, or create the topic beforehand",
+                f" (which cannot ask for the broker's default): {advice} create the topic"
+                " beforehand",
                 error=name,
             )
         value = _entries(found).get("default.replication.factor")

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from outboxkit.errors import PublishError
+from outboxkit.kafka.aiokafka_admin import _UNAUTHORISED
 from outboxkit.kafka.api import CheckpointReader
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import not_read_to_end
@@ -58,7 +59,10 @@ class AiokafkaCheckpointReader(CheckpointReader):
         except TimeoutError:
             raise not_read_to_end(where, position, end) from None
         except (KafkaError, OSError) as exc:
-            raise PublishError(f"reading {where} failed: {type(exc).__name__}: {exc}") from exc
+            name = _UNAUTHORISED.get(getattr(exc, "errno", 0))  # the admin's names for them
+            raise PublishError(
+                f"reading {where} failed: {type(exc).__name__}: {exc}", error=name
+            ) from exc
         finally:
             try:
                 await watermark.stop()

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, UnknownError
+from aiokafka.errors import KafkaError, TopicAuthorizationFailedError, UnknownError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -210,6 +210,12 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             raise PublishError("delivery not acknowledged in time") from exc
         if fenced is not None:
             raise_for(fenced, "delivery failed")
+        denied = _write_refused(producer) if any(d and d.error for d in results) else None
+        if denied:
+            results = [
+                _explained(d, request.topic, denied)
+                for d, request in zip(results, requests, strict=True)
+            ]
         return [d if d is not None else Delivery(error=_UNBATCHABLE) for d in results]
 
     async def _partitioned(
@@ -298,6 +304,32 @@ async def _topic_partitions(
         return _refused(exc, "send failed")
     available = list(producer.client.cluster.available_partitions_for_topic(topic))
     return every, available, {}
+
+
+def _write_refused(producer: AIOKafkaProducer) -> set[str]:
+    """The topics the broker refused to add to the transaction (no Write ACL). aiokafka then
+    fails every batch with a bare InvalidTxnState, and keeps the refusal, which names the
+    topics, in its transaction waiter, which nothing awaits (logged as never retrieved)."""
+    waiter = getattr(getattr(producer, "_txn_manager", None), "_transaction_waiter", None)
+    if not isinstance(waiter, asyncio.Future) or not waiter.done() or waiter.cancelled():
+        return set()
+    exc = waiter.exception()  # retrieved: said here, not as an unretrieved future
+    if not isinstance(exc, TopicAuthorizationFailedError) or not exc.args:
+        return set()
+    return {str(topic) for topic in exc.args[0]} if isinstance(exc.args[0], set) else set()
+
+
+def _explained(delivery: Delivery | None, topic: str, refused: set[str]) -> Delivery | None:
+    """A record of a refused topic fails for good; the others of the failed transaction go
+    again, saying which topic without a Write ACL failed it."""
+    if delivery is None or delivery.error is None:
+        return delivery
+    named = ", ".join(repr(t) for t in sorted(refused))
+    if topic in refused:
+        why = f"topic {topic!r}: the relay's Kafka principal may not write to it (grant it Write"
+        return Delivery(error=RecordError("TopicAuthorizationFailedError", why + " on the topic)"))
+    why = f"the transaction failed: the relay's Kafka principal may not write to {named} (grant"
+    return Delivery(error=RecordError(delivery.error.name, why + " it Write on that topic)"))
 
 
 def _not_sent(results: list[Delivery | None], indexes: Iterable[int]) -> None:

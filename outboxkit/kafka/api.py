@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -172,6 +172,10 @@ class TransactionalProducer(ABC):
     @abstractmethod
     async def topic_problem(self, topic: str) -> RecordError | None:
         """A permanent reason the topic cannot take records (missing, not authorised), or None."""
+
+    async def ask_ahead(self, topics: Collection[str]) -> None:
+        """One claim's new topics, before ``topic_problem`` (each): what more it asks, in one go."""
+        return
 
     @abstractmethod
     async def topic_limits(self, topic: str) -> TopicLimits:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Collection, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
@@ -129,26 +130,33 @@ class ConfluentAdmin(Admin):
             values[name] = None if entry is None or entry.value is None else str(entry.value)
         return values
 
-    async def may_write(self, topic: str) -> bool | None:
-        """Whether the broker lets this principal write to ``topic`` (the operations it reports
-        as authorised, KIP-430); None when it reports none (no authorizer, an older broker).
+    async def may_write(self, topics: Collection[str]) -> dict[str, bool]:
+        """Whether the broker lets this principal write to each topic (the operations it reports
+        as authorised, KIP-430), in one request under one wait (the admin's timeout): a topic
+        it says nothing about in time (no authorizer, an older broker, an error) is left out.
 
         A transactional producer learns of a missing Write ACL only as a failed transaction, with
         every record of it purged alike (``_PURGE_QUEUE``): no record names the topic refused.
         """
-        topics = TopicCollection([topic])
+        asked = TopicCollection(sorted(topics))
 
-        def describe() -> Any:
-            (future,) = self._c.describe_topics(
-                topics, include_authorized_operations=True, request_timeout=self._timeout
-            ).values()
-            return future.result(timeout=self._timeout)
+        def describe() -> dict[str, bool]:
+            futures = self._c.describe_topics(
+                asked, include_authorized_operations=True, request_timeout=self._timeout
+            )
+            deadline = time.monotonic() + self._timeout
+            answers: dict[str, bool] = {}
+            for topic, future in futures.items():
+                try:
+                    found = future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except (KafkaException, TimeoutError):
+                    continue  # unknown: missing, not describable, or no answer in time
+                allowed = set(found.authorized_operations or ())
+                if allowed:
+                    answers[topic] = bool(allowed & {AclOperation.WRITE, AclOperation.ALL})
+            return answers
 
-        found = await self._call(f"authorised operations of topic {topic!r}", describe)
-        allowed = set(found.authorized_operations or ())
-        if not allowed:
-            return None
-        return bool(allowed & {AclOperation.WRITE, AclOperation.ALL})
+        return dict(await self._call("authorised operations of topics", describe))
 
     async def close(self) -> None:
         held, self._client = [self._client], None

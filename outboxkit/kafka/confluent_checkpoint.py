@@ -57,7 +57,7 @@ class ConfluentCheckpointReader(CheckpointReader):
         try:
             high = _high_watermark(watermark, start, deadline)
         except KafkaException as exc:
-            raise PublishError(f"reading {topic} [{partition}] failed: {exc}") from None
+            raise _failed(topic, partition, exc) from None
         finally:
             watermark.close()
         consumer = self._consumer()
@@ -82,18 +82,27 @@ class ConfluentCheckpointReader(CheckpointReader):
                         continue
                     if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
                         continue  # the throwaway group's coordinator: see _consumer_config
-                    raise PublishError(f"reading {topic} [{partition}] failed: {error}")
+                    raise PublishError(
+                        f"reading {topic} [{partition}] failed: {error}", error=error.name()
+                    )
                 position = offset + 1
                 if msg.key() == key:
                     last = msg.value()
             return last
         except KafkaException as exc:
-            raise PublishError(f"reading {topic} [{partition}] failed: {exc}") from None
+            raise _failed(topic, partition, exc) from None
         finally:
             consumer.close()
 
     async def close(self) -> None:
         return None
+
+
+def _failed(topic: str, partition: int, exc: KafkaException) -> PublishError:
+    """The read's failure, its librdkafka error named in ``context["error"]``."""
+    error = exc.args[0] if exc.args else None
+    name = error.name() if isinstance(error, KafkaError) else None
+    return PublishError(f"reading {topic} [{partition}] failed: {exc}", error=name)
 
 
 # A topic just created, or a partition whose leader moved, answers these for a moment; librdkafka

@@ -10,8 +10,9 @@ record or a failed flush into :class:`ProducerFencedError`: the relay's *lease l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -171,6 +172,8 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         self._settings = settings
         self._producer: Producer | None = None
         self._admin: ConfluentAdmin | None = None  # made at the first read, kept for the life
+        self._asked: set[str] = set()  # the topics of the last ask_ahead, and its answers
+        self._writable: dict[str, bool] = {}
 
     @property
     def _p(self) -> Producer:
@@ -209,15 +212,28 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             return await self._write_refused(topic)
         return None
 
+    async def ask_ahead(self, topics: Collection[str]) -> None:
+        """A transactional producer asks about Write for all of a claim's new topics at once:
+        one wait (the admin's timeout), not one per topic, however many there are."""
+        if not self.transactional:
+            return
+        self._asked, self._writable = set(topics), {}
+        with contextlib.suppress(PublishError):  # else all unknown
+            self._writable = await self._admin_client().may_write(self._asked)
+
     async def _write_refused(self, topic: str) -> RecordError | None:
         """Why the topic refuses our records for want of a Write ACL, asked before sending: in a
         transaction librdkafka purges every record alike (``_PURGE_QUEUE``, retriable), so the
-        transaction would be retried for ever, its shard stalled. Unknown (the question failed,
-        or the broker does not say) is no problem: the send finds out."""
-        try:
-            allowed = await self._admin_client().may_write(topic)
-        except PublishError:
-            return None
+        transaction would be retried for ever, its shard stalled. Unknown (no answer, or the
+        broker does not say) sends as before: such a transaction then fails as a whole, the shard
+        backs off, and its next producer life asks again."""
+        if topic in self._asked:
+            allowed = self._writable.get(topic)
+        else:  # not asked ahead (the checkpoint topic): asked alone
+            try:
+                allowed = (await self._admin_client().may_write([topic])).get(topic)
+            except PublishError:
+                allowed = None
         if allowed is not False:
             return None
         return RecordError(

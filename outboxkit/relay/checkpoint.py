@@ -20,8 +20,9 @@ from uuid import UUID
 
 from outboxkit.errors import PublishError
 from outboxkit.kafka import KafkaClients
-from outboxkit.kafka.api import ProduceRequest
+from outboxkit.kafka.api import ProduceRequest, TransactionalProducer
 
+TOPIC_REFUSED = "TOPIC_AUTHORIZATION_FAILED"  # the readers' context["error"] for a missing ACL
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000"}
 
 
@@ -123,6 +124,21 @@ class CheckpointTopic:
         finally:
             await admin.close()
 
+    async def check_writable(self, producer: TransactionalProducer) -> None:
+        """Asked at every producer life's takeover (a grant is seen without a restart): without
+        Write on this topic confluent-kafka purges each transaction whole, naming nothing, and
+        every shard would retry it for ever. Unknown (no answer) goes on as before."""
+        try:
+            problem = await producer.topic_problem(self.topic)
+        except PublishError:
+            return
+        if problem is not None:
+            raise PublishError(
+                f"the relay's checkpoint topic refuses it: {problem}; nothing is published"
+                " until it can write its checkpoints",
+                error=problem.name,
+            )
+
     async def last_committed(self, group: str, shard: int, slot: int = 0) -> Checkpoint | None:
         assert self._partitions is not None, "ensure() first"
         reader = self._kafka.checkpoint_reader()
@@ -131,14 +147,14 @@ class CheckpointTopic:
                 self.topic, shard % self._partitions, checkpoint_key(group, shard, slot)
             )
         except PublishError as exc:
-            text = str(exc)
-            if "topicauthorization" not in text.lower().replace(" ", ""):
+            if exc.context.get("error") != TOPIC_REFUSED:
                 raise
             # Both clients say only "Topic authorization failed": name the ACL that is missing.
             raise PublishError(
-                f"{text} (the relay's Kafka principal needs Read on the checkpoint topic"
-                f" {self.topic!r})"
-            ) from None
+                f"{exc} (the relay's Kafka principal needs Read on the checkpoint topic"
+                f" {self.topic!r})",
+                **exc.context,
+            ) from exc
         finally:
             await reader.close()
         return None if value is None else Checkpoint.decode(group, shard, value, slot)

@@ -341,6 +341,7 @@ class ShardWorker:
             self._built = True
             self._publisher.new_producer_life()
             if self._checkpoints is not None:
+                await self._checkpoints.check_writable(producers[0])
                 await self._reconcile(term, conn, self._checkpoints, slots)
         except ProducerFencedError as exc:
             await self._close_all(producers)

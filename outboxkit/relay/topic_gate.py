@@ -70,6 +70,10 @@ class TopicGate:
         # Each topic is checked once per claim (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
         topics = {r.topic for r in claim}
+        new = topics - self._known_topics - {self._checkpoint_topic}
+        if new:  # what the producer asks beyond metadata: in one request, under one wait
+            await producer.ask_ahead(new)
+            term.check()
         for topic in topics - self._known_topics:
             if topic == self._checkpoint_topic:
                 problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)

@@ -28,6 +28,7 @@ from outboxkit import Message, Outbox
 from outboxkit.devstack import KafkaServer
 from outboxkit.devstack.aio import run_coroutine
 from outboxkit.kafka import KafkaClients
+from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.errors import TRANSACTIONAL_ID_ACL_HINT
 from outboxkit.relay.checkpoint import CHECKPOINT_TOPIC_CONFIG
 from outboxkit.settings import KafkaSettings
@@ -215,18 +216,33 @@ def test_exactly_once_with_the_documented_acls_then_one_missing(
     last = relay.outbox(sa_url, [(orders, "k0", n) for n in range(12, 15)])
     index = processes.start(["relay", "run"], relay.env())
 
+    needs_read = f"needs Read on the checkpoint topic {relay.checkpoint!r}"
+
     def refused_read() -> bool:
         lines = processes.output(index).splitlines()
-        return any(relay.checkpoint in line and "retrying in" in line for line in lines)
+        return any(needs_read in line and "retrying in" in line for line in lines)
 
-    _wait(processes, refused_read, "the refused checkpoint read, naming the topic")
-    said = [line for line in processes.output(index).splitlines() if "retrying in" in line]
-    assert f"needs Read on the checkpoint topic {relay.checkpoint!r}" in said[0], said
+    _wait(processes, refused_read, "the refused checkpoint read, naming the ACL and topic")
     assert all(relay.states()[i][0] == "pending" for i in last)
     grant(acl_kafka, topic(relay.checkpoint, READ))
     _wait(processes, lambda: _published(relay, last), "the rows after the takeover published")
     assert processes.procs[index][0].poll() is None
     assert [n for k, n in _values(acl_kafka, orders, 15) if k == "k0"][-3:] == [12, 13, 14]
+
+
+def _wait_writable(processes: Processes, server: KafkaServer, name: str) -> None:
+    """Until the broker tells the relay's principal it may write to ``name`` (a grant is
+    applied asynchronously: a claim right after it may still be refused)."""
+    settings = server.sasl_ssl.kafka_settings()
+
+    async def writable() -> bool:
+        admin = ConfluentAdmin(settings, timeout=10.0)
+        try:
+            return (await admin.may_write([name])).get(name) is True
+        finally:
+            await admin.close()
+
+    _wait(processes, lambda: run_coroutine(writable()), f"Write on {name} effective")
 
 
 def _outbox_cli(relay: Relay, *args: str) -> str:
@@ -282,6 +298,7 @@ def test_write_missing_on_one_topic_parks_its_rows_until_granted_and_retried(
     assert once([n for _, n in _values(acl_kafka, open_, 4)]) == list(range(4))
 
     grant(acl_kafka, topic(blocked, WRITE))
+    _wait_writable(processes, acl_kafka, blocked)  # KRaft applies ACLs asynchronously
     _outbox_cli(relay, "retry", "--all")
     _wait(processes, lambda: _published(relay, blocked_ids), "the retried rows published")
     assert once([n for _, n in _values(acl_kafka, blocked, 4)]) == list(range(4))
@@ -290,7 +307,46 @@ def test_write_missing_on_one_topic_parks_its_rows_until_granted_and_retried(
     assert acl_kafka.sasl_ssl.password not in output
 
 
-_RETRYING = re.compile(r"retrying in (\d+\.\d+)s")
+@pytest.mark.parametrize("client", CLIENTS)
+def test_checkpoint_write_missing_is_named_then_publishes_once_granted(
+    client: str,
+    acl_kafka: KafkaServer,
+    outboxkit_db_url: str,
+    sa_url: str,
+    processes: Processes,
+) -> None:
+    """Without Write on the checkpoint topic confluent-kafka purged every transaction whole
+    (``_PURGE_QUEUE``, retriable): every shard retried for ever, nothing named the ACL."""
+    relay = Relay(acl_kafka, outboxkit_db_url, client)
+    orders = relay.topic_name("orders")
+    relay.create(orders)
+    acls = relay.documented(orders)
+    acls.remove(topic(relay.checkpoint, READ, WRITE, DESCRIBE))
+    acls.append(topic(relay.checkpoint, READ, DESCRIBE))
+    grant(acl_kafka, *acls)
+    ids = relay.outbox(sa_url, [(orders, "k", n) for n in range(3)])
+    index = processes.start(["relay", "run"], relay.env())
+    proc = processes.procs[index][0]
+
+    def named() -> bool:
+        lines = processes.output(index).splitlines()
+        return any(
+            repr(relay.checkpoint) in line and "grant it Write" in line and "retr" in line
+            for line in lines
+        )
+
+    _wait(processes, named, "the missing Write on the checkpoint topic named")
+    assert all(relay.states()[i][0] == "pending" for i in ids)
+    grant(acl_kafka, topic(relay.checkpoint, WRITE))
+    _wait(processes, lambda: _published(relay, ids), "every row published once granted")
+    assert proc.poll() is None  # the same process: no restart
+    assert [n for _, n in _values(acl_kafka, orders, 3)] == list(range(3))
+    output = processes.output()
+    assert "Traceback" not in output
+    assert acl_kafka.sasl_ssl.password not in output
+
+
+_SHARD_RETRYING = re.compile(r"shard (\d+): .* retrying in (\d+\.\d+)s")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -308,19 +364,28 @@ def test_transactional_id_acl_missing_backs_off_then_publishes_once_granted(
     acls.remove(relay.transactional_ids())
     grant(acl_kafka, *acls)
     ids = relay.outbox(sa_url, [(orders, "k", n) for n in range(5)])
-    index = processes.start(["relay", "run"], relay.env())
+    index = processes.start(["relay", "run"], relay.env(OUTBOXKIT_RELAY_BACKOFF_INITIAL="0.2"))
     proc = processes.procs[index][0]
 
-    def refusals() -> list[float]:
-        lines = [
-            line for line in processes.output().splitlines() if TRANSACTIONAL_ID_ACL_HINT in line
-        ]
-        return [float(m.group(1)) for line in lines if (m := _RETRYING.search(line))]
+    def refusals() -> dict[str, list[float]]:
+        """Each shard's back-off delays after a refusal naming the ACL, in order."""
+        found: dict[str, list[float]] = {}
+        for line in processes.output().splitlines():
+            m = _SHARD_RETRYING.search(line)
+            if TRANSACTIONAL_ID_ACL_HINT in line and m:
+                found.setdefault(m.group(1), []).append(float(m.group(2)))
+        return found
 
-    # Backs off, growing towards backoff_max (2 s): no spin, no exit.
-    _wait(processes, lambda: any(d >= 1.0 for d in refusals()), "a back-off of a second or more")
-    delays = refusals()
-    assert len(delays) <= 6, delays
+    # Backs off, growing towards backoff_max (2 s): no spin, no exit. Each shard's delays double
+    # from backoff_initial (0.2 s), drawn from [base/2, base]: its 5th is at least 1 s (base 2 s).
+    _wait(
+        processes,
+        lambda: any(d >= 1.0 for ds in refusals().values() for d in ds),
+        "a back-off of a second or more",
+    )
+    for shard, delays in refusals().items():
+        reached = [i for i, d in enumerate(delays) if d >= 1.0]
+        assert len(delays[: reached[0] if reached else None]) <= 4, (shard, delays)
     assert proc.poll() is None
     assert all(relay.states()[i][0] == "pending" for i in ids)
 

@@ -11,14 +11,25 @@ tests/fault/test_kafka_acls_relay.py).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+from collections.abc import Collection
 from typing import Any
 
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
+from confluent_kafka import KafkaError, KafkaException
 
 from outboxkit.errors import PublishError
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
+from outboxkit.kafka.aiokafka_producer import _explained, _write_refused
+from outboxkit.kafka.api import Delivery, RecordError
+from outboxkit.kafka.confluent_admin import ConfluentAdmin
+from outboxkit.kafka.confluent_checkpoint import _failed
 from outboxkit.kafka.confluent_producer import ConfluentTransactionalProducer
 from outboxkit.kafka.errors import ErrorKind
+from outboxkit.relay.checkpoint import TOPIC_REFUSED as TOPIC
+from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.settings import KafkaSettings
 
 pytestmark = pytest.mark.unit
@@ -27,11 +38,13 @@ pytestmark = pytest.mark.unit
 class _Admin:
     def __init__(self, answer: bool | Exception | None) -> None:
         self.answer = answer
+        self.asked: list[set[str]] = []
 
-    async def may_write(self, topic: str) -> bool | None:
+    async def may_write(self, topics: Collection[str]) -> dict[str, bool]:
+        self.asked.append(set(topics))
         if isinstance(self.answer, Exception):
             raise self.answer
-        return self.answer
+        return {} if self.answer is None else dict.fromkeys(topics, self.answer)
 
 
 def _producer(answer: bool | Exception | None, *, transactional: bool = True) -> Any:
@@ -111,3 +124,162 @@ async def test_the_brokers_default_replication_is_used_when_readable() -> None:
     entry = {"config_names": "default.replication.factor", "config_value": "3"}
     readable = {"error_code": 0, "config_entries": [entry]}
     assert await _aiokafka_admin(readable)._default_replication("t") == 3
+
+
+async def test_a_claims_new_topics_are_asked_about_in_one_request() -> None:
+    """Asked one topic at a time, each waiting up to the admin's timeout, a slow broker held a
+    claim K times that long; now one request, one wait, for all of them."""
+    producer = _producer(False)
+    await producer.ask_ahead({"a", "b", "c"})
+    for name in ("a", "b", "c"):
+        assert await producer._write_refused(name) is not None
+    assert producer._admin.asked == [{"a", "b", "c"}]
+
+
+async def test_a_failed_ask_ahead_is_unknown_for_all_and_not_asked_again() -> None:
+    producer = _producer(PublishError("no answer within 10s"))
+    await producer.ask_ahead({"a", "b"})
+    assert await producer._write_refused("a") is None
+    assert await producer._write_refused("b") is None
+    assert producer._admin.asked == [{"a", "b"}]
+
+
+class _Pending:
+    """describe_topics futures that never complete: a broker that does not answer."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def describe_topics(self, topics: Any, **_: Any) -> dict[str, Any]:
+        return {name: self._future() for name in topics.topic_names}
+
+    def _future(self) -> Any:
+        waits, future = self.waits, concurrent.futures.Future[Any]()
+        result = future.result
+
+        def waiting(timeout: float | None = None) -> Any:
+            waits.append(timeout or 0.0)
+            return result(timeout)
+
+        future.result = waiting  # type: ignore[method-assign]
+        return future
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+async def test_the_write_question_shares_one_wait_across_topics() -> None:
+    admin = ConfluentAdmin(KafkaSettings.plaintext("127.0.0.1:1"), timeout=0.2)
+    pending = _Pending()
+    real, admin._client = admin._client, pending  # type: ignore[assignment]
+    try:
+        assert await admin.may_write(["a", "b", "c", "d"]) == {}  # unknown: sends as before
+    finally:
+        admin._client = real
+        await admin.close()
+    assert len(pending.waits) == 4
+    assert sum(pending.waits) <= 0.2  # one budget, not one per topic
+
+
+class _Producer:
+    def __init__(self, answer: RecordError | Exception | None) -> None:
+        self.answer = answer
+
+    async def topic_problem(self, topic: str) -> RecordError | None:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _checkpoints(reader: Any = None) -> CheckpointTopic:
+    class _Kafka:
+        timeout = 10.0
+
+        def checkpoint_reader(self) -> Any:
+            return reader
+
+    checkpoints = CheckpointTopic(_Kafka(), "ckpt")  # type: ignore[arg-type]
+    checkpoints._partitions = 1
+    return checkpoints
+
+
+async def test_a_checkpoint_topic_without_write_fails_the_takeover_naming_it() -> None:
+    refused = RecordError("TOPIC_AUTHORIZATION_FAILED", "topic 'ckpt': ... (grant it Write)")
+    with pytest.raises(PublishError) as caught:
+        await _checkpoints().check_writable(_Producer(refused))  # type: ignore[arg-type]
+    assert "checkpoint topic" in str(caught.value)
+    assert "grant it Write" in str(caught.value)
+    assert caught.value.context["error"] == "TOPIC_AUTHORIZATION_FAILED"
+
+
+@pytest.mark.parametrize("answer", [None, PublishError("no answer within 10s")])
+async def test_a_writable_or_unknown_checkpoint_topic_goes_on(answer: Any) -> None:
+    await _checkpoints().check_writable(_Producer(answer))  # type: ignore[arg-type]
+
+
+class _Reader:
+    def __init__(self, error: PublishError) -> None:
+        self.error = error
+
+    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        raise self.error
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_refused_checkpoint_read_names_the_read_acl_and_keeps_its_cause() -> None:
+    refused = PublishError("reading ckpt [0] failed: Topic authorization failed", error=TOPIC)
+    with pytest.raises(PublishError) as caught:
+        await _checkpoints(_Reader(refused)).last_committed("g", 0)
+    assert "needs Read on the checkpoint topic 'ckpt'" in str(caught.value)
+    assert caught.value.__cause__ is refused
+    assert caught.value.context["error"] == TOPIC
+
+
+async def test_only_the_readers_error_name_marks_a_refused_read_not_its_wording() -> None:
+    other = PublishError("reading ckpt [0] failed: not a topic authorization problem")
+    with pytest.raises(PublishError) as caught:
+        await _checkpoints(_Reader(other)).last_committed("g", 0)
+    assert caught.value is other
+
+
+def test_the_confluent_reader_names_the_error_it_failed_with() -> None:
+    error = _failed("ckpt", 0, KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    assert error.context["error"] == TOPIC
+
+
+async def test_a_broker_configuration_read_failing_otherwise_names_no_acl() -> None:
+    failed = {"error_code": 7, "error_message": "Request timed out.", "config_entries": []}
+    with pytest.raises(PublishError) as caught:
+        await _aiokafka_admin(failed)._default_replication("outboxkit.relay.checkpoint")
+    assert "DescribeConfigs" not in str(caught.value)
+    assert "create the topic beforehand" in str(caught.value)
+    assert caught.value.context.get("error") is None
+
+
+async def test_aiokafka_names_the_topic_a_transaction_was_refused_for() -> None:
+    """aiokafka fails every batch of such a transaction with a bare InvalidTxnState and keeps
+    the refusal, naming the topics, in a future nothing awaits."""
+
+    class _Manager:
+        def __init__(self) -> None:
+            self._transaction_waiter = asyncio.get_running_loop().create_future()
+            self._transaction_waiter.set_exception(TopicAuthorizationFailedError({"ckpt"}))
+
+    class _Aio:
+        _txn_manager = _Manager()
+
+    denied = _write_refused(_Aio())
+    assert denied == {"ckpt"}
+    bare = Delivery(error=RecordError("InvalidTxnState", "[Error 48] InvalidTxnState"))
+    other = _explained(bare, "orders", denied)
+    own = _explained(bare, "ckpt", denied)
+    assert other is not None
+    assert other.error is not None
+    assert own is not None
+    assert other.error.kind is ErrorKind.RETRIABLE
+    assert "'ckpt'" in other.error.message
+    assert "grant it Write" in other.error.message
+    assert own.error is not None
+    assert own.error.kind is ErrorKind.PERMANENT
