@@ -31,6 +31,7 @@ from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
 from outboxkit.errors import ConfigurationError, PublishError
+from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
@@ -92,8 +93,6 @@ def _check_options(config: Mapping[str, Any]) -> None:
         )
 
 
-ACL_HINT = "grant its principal Read on its group and Read and Describe on its topics"
-
 # A missing ACL (granted later without a restart), said with what to grant.
 _REFUSED = (TopicAuthorizationFailedError, GroupAuthorizationFailedError)
 
@@ -127,7 +126,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         # Per partition, the offset after the last record handed out (or sought to).
         self.handed: dict[TP, int] = {}
         self.generation = 0  # bumped by every rebalance callback
-        self._refused = False  # the last poll was refused for a missing ACL (said once)
+        self._refused = False  # the last poll was refused for a missing ACL
+        self._notice = RefusalNotice(logger)
 
     @property
     def offset_reset(self) -> str:
@@ -157,7 +157,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             self._consumer, self._listener.closed = None, True
             await consumer.stop()
             refused = isinstance(exc, _REFUSED)
-            hint = f" (Kafka refused this consumer: {ACL_HINT})" if refused else ""
+            hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
             raise PublishError(f"Kafka consumer could not start: {exc}{hint}") from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
@@ -176,18 +176,12 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         except _REFUSED as exc:
             # A missing ACL, granted later without a restart: aiokafka fetches again; raised
             # from here it ended the process with a traceback.
-            if not self._refused:
-                logger.warning(
-                    "Kafka refused this consumer (%s): %s; nothing is consumed from them until"
-                    " then",
-                    exc,
-                    ACL_HINT,
-                )
-            self._refused = True
-            await asyncio.sleep(wait)  # refused at once: not a spin
+            self._notice.refused(str(exc))
+            if self._refused:  # twice running with nothing between: not a spin
+                await asyncio.sleep(wait)
+            self._refused = True  # a refused topic beside a readable one alternates with it
             return []
-        if batches:
-            self._refused = False
+        self._refused = False
         handed = self.handed
         for tp, found in batches.items():
             if found:

@@ -2,8 +2,9 @@
 
 The producer is idempotent, and Kafka gives a producer id only to a principal with Write on
 some topic (or IdempotentWrite on the cluster): without Write on the dead-letter and acks
-topics it cannot start. The start-up check of those topics then asks a plain client, which
-needs no producer id (asked through the producer only, it waited for ever, saying Kafka was away).
+topics it cannot start (:class:`~outboxkit.kafka.acl.ProducerIdRefusal` spaces the next tries
+out). The start-up check of those topics then asks a plain client, which needs no producer id
+(asked through the producer only, it waited for ever, saying Kafka was away).
 """
 
 from __future__ import annotations
@@ -14,15 +15,11 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError
 
 from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.acl import ProducerIdRefusal
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
-
-IDEMPOTENT_ACL_HINT = (
-    "the idempotent producer of dead letters and acks gets no producer id: grant the consumer's"
-    " principal Write and Describe on its dead-letter and acks topics"
-)
 
 
 class AiokafkaRecordSender(AsyncRecordSender):
@@ -32,6 +29,7 @@ class AiokafkaRecordSender(AsyncRecordSender):
         self._settings = settings
         self._timeout = timeout
         self._producer: AIOKafkaProducer | None = None
+        self._refusal = ProducerIdRefusal()
 
     async def _get(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -54,13 +52,12 @@ class AiokafkaRecordSender(AsyncRecordSender):
     async def send(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
     ) -> None:
+        self._refusal.check(topic)
         try:
             producer = await self._get()
             await producer.send_and_wait(topic, value, key=key, headers=list(headers))
         except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
-            name = type(exc).__name__
-            text = f"publish to {topic!r} failed: {name}: {exc} ({IDEMPOTENT_ACL_HINT})"
-            raise PermanentPublishError(text) from exc
+            raise self._refusal.refused(topic, f"{type(exc).__name__}: {exc}") from exc
         except KafkaError as exc:
             name = type(exc).__name__
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError

@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from outboxkit.errors import OutboxkitError, PublishError
+from outboxkit.kafka.acl import RefusalNotice
 from outboxkit.kafka.api import (
     ConsumedRecord,
     GroupConsumer,
@@ -36,7 +37,6 @@ logger = logging.getLogger("outboxkit.kafka.consumer")
 
 # A missing ACL: librdkafka says which kind, not what to grant (nor, for a fetch, the topic).
 _REFUSED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
-ACL_HINT = "grant its principal Read on its group and Read and Describe on its topics"
 
 _FORCED = {
     "enable.auto.commit": False,
@@ -97,6 +97,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._consumer = self._create()
         self._closed = False
         self._assigned_now: list[TopicPartition] = []
+        self._notice = RefusalNotice(logger)
         self._on_assign: Rebalance = lambda tps: None
         self._on_revoke: Revoke = lambda tps: {}
 
@@ -165,13 +166,7 @@ class ConfluentGroupConsumer(GroupConsumer):
                 raise OutboxkitError(f"Kafka consumer failed: {error}")
             elif error.code() in _REFUSED:
                 where = f" on {msg.topic()!r}" if msg.topic() else ""
-                logger.warning(
-                    "Kafka refused this consumer (%s%s): %s; nothing is consumed from them until"
-                    " then",
-                    error,
-                    where,
-                    ACL_HINT,
-                )
+                self._notice.refused(f"{error}{where}")
             else:
                 logger.warning("consumer error: %s", with_credentials_hint(str(error)))
         return records

@@ -3,7 +3,8 @@
 The producer is idempotent, and Kafka gives a producer id only to a principal with Write on
 some topic (or IdempotentWrite on the cluster): without Write on the dead-letter and acks
 topics it fails with a fatal error, after which librdkafka refuses every record for good. Such
-a producer is dropped, so a record after the ACL was granted goes through without a restart.
+a producer is dropped, so a record after the ACL was granted goes through without a restart
+(:class:`~outboxkit.kafka.acl.ProducerIdRefusal` spaces the new ones out).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.acl import ProducerIdRefusal
 from outboxkit.kafka.api import Headers, RecordSender
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create
@@ -20,35 +22,18 @@ from outboxkit.kafka.confluent_producer import kafka_error_in
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
-IDEMPOTENT_ACL_HINT = (
-    "the idempotent producer of dead letters and acks gets no producer id: grant the consumer's"
-    " principal Write and Describe on its dead-letter and acks topics"
-)
-
 
 def _error(topic: str, name: str, text: str) -> PublishError:
     cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
     return cls(f"publish to {topic!r} failed: {name}: {text}")
 
 
-class _Dead(PublishError):
-    """The producer failed fatally, for a reason found before this record (none to tell)."""
+class _DiedBefore(PublishError):
+    """The producer had failed fatally before this record was given to it: nothing was sent."""
 
 
 def _is_fatal(error: KafkaError | None) -> bool:
     return error is not None and (error.fatal() or error.code() == KafkaError._FATAL)
-
-
-def _fatal(topic: str, cause: BaseException | None) -> PublishError:
-    """A fatal producer error; a refused producer id is a missing ACL (no retry fixes it)."""
-    error = kafka_error_in(cause) if cause is not None else None
-    if error is None or error.code() == KafkaError._FATAL:
-        return _Dead(f"publish to {topic!r} failed: _FATAL: the producer failed fatally")
-    name, text = error.name(), error.str()
-    if "AUTHORIZATION_FAILED" in name:
-        reason = f"publish to {topic!r} failed: {name}: {text} ({IDEMPOTENT_ACL_HINT})"
-        return PermanentPublishError(reason)
-    return PublishError(f"publish to {topic!r} failed: {name}: {text}")
 
 
 class ConfluentRecordSender(RecordSender):
@@ -58,6 +43,7 @@ class ConfluentRecordSender(RecordSender):
         self._settings = settings
         self._timeout = timeout
         self._producer: Producer | None = None
+        self._refusal = ProducerIdRefusal()
 
     def _get(self) -> Producer:
         if self._producer is None:
@@ -74,47 +60,58 @@ class ConfluentRecordSender(RecordSender):
         return self._producer
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        """One record; a producer found dead is dropped, and the record tried once more with a
-        new one if the old one died before this call (its failure then names the cause)."""
-        fresh = self._producer is None
+        """One record. A producer found dead when the record is handed to it is dropped and the
+        record given once to a new one: only then is it known that nothing of it was sent (a
+        record whose own delivery failed fatally may have been written, and is not sent again)."""
+        self._refusal.check(topic)
         try:
             self._send(topic, key, value, headers)
-        except _Dead:
-            if fresh:
-                raise
+        except _DiedBefore:
             self._send(topic, key, value, headers)
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
         producer = self._get()
         outcome: list[KafkaError | None] = []
-        fatal: list[BaseException] = []
+        pending: list[BaseException] = []
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             try:
                 outcome.append(err)
-            except BaseException as exc:  # the fatal error confluent-kafka left pending
-                fatal.append(exc)
+            except BaseException as exc:  # SystemError: confluent-kafka left a fatal error set
+                pending.append(exc)
 
         try:
             producer.produce(topic, value, key=key, headers=list(headers), on_delivery=delivered)
-            producer.flush(self._timeout)
         except BufferError as exc:
             raise PublishError(f"publish to {topic!r} failed: local queue full") from exc
+        except KafkaException as exc:
+            raise self._failed(topic, kafka_error_in(exc), before=True) from exc
+        try:
+            producer.flush(self._timeout)
         except (KafkaException, SystemError) as exc:
-            error = kafka_error_in(exc)
-            if isinstance(exc, SystemError) or _is_fatal(error):
-                self._producer = None  # refuses every record from now on
-                raise _fatal(topic, fatal[0] if fatal else exc) from exc
-            if error is None:
-                raise PublishError(f"publish to {topic!r} failed: {exc}") from exc
-            raise _error(topic, error.name(), error.str()) from exc
-        if fatal or _is_fatal(outcome[0] if outcome else None):
-            self._producer = None
-            raise _fatal(topic, fatal[0] if fatal else None)
+            pending.append(exc)
+        if pending:
+            raise self._failed(topic, kafka_error_in(pending[0]), fatal=True) from pending[0]
         if not outcome:
             raise PublishError(f"publish to {topic!r} failed: not acknowledged in time")
         if outcome[0] is not None:
-            raise _error(topic, outcome[0].name(), outcome[0].str())
+            raise self._failed(topic, outcome[0])
+
+    def _failed(
+        self, topic: str, error: KafkaError | None, *, before: bool = False, fatal: bool = False
+    ) -> PublishError:
+        """The record's error; a fatal one drops the producer (it refuses every record after)."""
+        if not (fatal or _is_fatal(error)):
+            if error is None:
+                return PublishError(f"publish to {topic!r} failed: unknown error")
+            return _error(topic, error.name(), error.str())
+        self._producer = None
+        if error is not None and "AUTHORIZATION_FAILED" in error.name():
+            return self._refusal.refused(topic, f"{error.name()}: {error.str()}")
+        if before and (error is None or error.code() == KafkaError._FATAL):
+            return _DiedBefore(f"publish to {topic!r} failed: the producer had failed fatally")
+        cause = "unknown fatal error" if error is None else f"{error.name()}: {error.str()}"
+        return PublishError(f"publish to {topic!r} failed: {cause}")
 
     def topic_exists(self, topic: str) -> bool:
         try:

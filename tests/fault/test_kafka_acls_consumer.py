@@ -178,13 +178,28 @@ def test_write_missing_on_dead_letter_and_acks_topics(
     output = processes.output()
     assert f"publish to {setup.acks!r} failed" in output
     assert output.count(" given up after 1 failed publish(es)") == 2  # at once: no retry fixes it
-    # Granted: the same process publishes both again, nothing restarted.
+    # Granted: the same process publishes again, nothing restarted. A refused producer id holds
+    # for REFUSAL_PAUSE (no producer made per record meanwhile), and the broker applies a grant
+    # a moment later: events are sent one by one until one is acknowledged.
     grant(setup.server, topic(setup.dlq, WRITE), topic(setup.acks, WRITE))
+    probes: list[str] = []
+    for n in range(30):
+        probes.append(setup.send(f"o-probe-{n}"))
+        settle(processes, lambda: setup.state(probes[-1]) == "succeeded", "the probe handled")
+        if set(probes) & set(setup.acked(0)):
+            break
+    else:
+        raise AssertionError(f"no acknowledgement after the grant:\n{processes.output()}")
+    acked_before = setup.acked(0)
     ok2, poisoned2 = setup.send("o-2"), setup.send("fail-2")
-    assert setup.acked(2) == {ok2: "succeeded", poisoned2: "dead"}
+    acked = setup.acked(len(acked_before) + 2)
+    assert {ok2: acked.get(ok2), poisoned2: acked.get(poisoned2)} == {
+        ok2: "succeeded",
+        poisoned2: "dead",
+    }
     dead = read_topic(setup.server.plaintext_bootstrap, setup.dlq, expect=1, quiet=0.5)
     assert [dict(m.headers())["dlq-event-id"].decode() for m in dead] == [poisoned2]
-    assert sorted(e[0] for e in effects(setup.db_url)) == sorted([ok, ok2])
+    assert sorted(e[0] for e in effects(setup.db_url)) == sorted([ok, *probes, ok2])
     running(processes, index)
     processes.stop()
     output = processes.output()
