@@ -59,7 +59,8 @@ class AiokafkaCheckpointReader(CheckpointReader):
         except TimeoutError:
             raise not_read_to_end(where, position, end) from None
         except (KafkaError, OSError) as exc:
-            name = _UNAUTHORISED.get(getattr(exc, "errno", 0))  # the admin's names for them
+            # The admin's names for the refusals; an OSError's errno is no Kafka error code.
+            name = _UNAUTHORISED.get(exc.errno) if isinstance(exc, KafkaError) else None
             raise PublishError(
                 f"reading {where} failed: {type(exc).__name__}: {exc}", error=name
             ) from exc

@@ -322,8 +322,8 @@ def _write_refused(producer: AIOKafkaProducer) -> set[str]:
 def _explained(delivery: Delivery | None, topic: str, refused: set[str]) -> Delivery | None:
     """A record of a refused topic fails for good; the others of the failed transaction go
     again, saying which topic without a Write ACL failed it."""
-    if delivery is None or delivery.error is None:
-        return delivery
+    if delivery is None or delivery.error is None or delivery.error.local:
+        return delivery  # refused by the client itself, before sending: its own reason
     named = ", ".join(repr(t) for t in sorted(refused))
     if topic in refused:
         why = f"topic {topic!r}: the relay's Kafka principal may not write to it (grant it Write"

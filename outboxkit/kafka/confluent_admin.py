@@ -141,9 +141,12 @@ class ConfluentAdmin(Admin):
         asked = TopicCollection(sorted(topics))
 
         def describe() -> dict[str, bool]:
-            futures = self._c.describe_topics(
-                asked, include_authorized_operations=True, request_timeout=self._timeout
-            )
+            try:
+                futures = self._c.describe_topics(
+                    asked, include_authorized_operations=True, request_timeout=self._timeout
+                )
+            except ValueError:  # a name librdkafka will not ask about (empty): all unknown
+                return {}
             deadline = time.monotonic() + self._timeout
             answers: dict[str, bool] = {}
             for topic, future in futures.items():

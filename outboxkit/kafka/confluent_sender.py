@@ -84,33 +84,41 @@ class ConfluentRecordSender(RecordSender):
             producer.produce(topic, value, key=key, headers=list(headers), on_delivery=delivered)
         except BufferError as exc:
             raise PublishError(f"publish to {topic!r} failed: local queue full") from exc
-        except KafkaException as exc:
-            raise self._failed(topic, kafka_error_in(exc), before=True) from exc
+        except (KafkaException, SystemError) as exc:
+            fatal = isinstance(exc, SystemError)
+            raise self._failed(topic, exc, before=True, fatal=fatal) from exc
         try:
             producer.flush(self._timeout)
         except (KafkaException, SystemError) as exc:
             pending.append(exc)
-        if pending:
-            raise self._failed(topic, kafka_error_in(pending[0]), fatal=True) from pending[0]
+        if pending:  # a SystemError: confluent-kafka's way of saying the producer died
+            first = pending[0]
+            raise self._failed(topic, first, fatal=isinstance(first, SystemError)) from first
         if not outcome:
             raise PublishError(f"publish to {topic!r} failed: not acknowledged in time")
         if outcome[0] is not None:
             raise self._failed(topic, outcome[0])
 
     def _failed(
-        self, topic: str, error: KafkaError | None, *, before: bool = False, fatal: bool = False
+        self,
+        topic: str,
+        failure: KafkaError | BaseException,
+        *,
+        before: bool = False,
+        fatal: bool = False,
     ) -> PublishError:
         """The record's error; a fatal one drops the producer (it refuses every record after)."""
+        error = failure if isinstance(failure, KafkaError) else kafka_error_in(failure)
         if not (fatal or _is_fatal(error)):
             if error is None:
-                return PublishError(f"publish to {topic!r} failed: unknown error")
+                return PublishError(f"publish to {topic!r} failed: {failure}")
             return _error(topic, error.name(), error.str())
         self._producer = None
         if error is not None and "AUTHORIZATION_FAILED" in error.name():
             return self._refusal.refused(topic, f"{error.name()}: {error.str()}")
         if before and (error is None or error.code() == KafkaError._FATAL):
             return _DiedBefore(f"publish to {topic!r} failed: the producer had failed fatally")
-        cause = "unknown fatal error" if error is None else f"{error.name()}: {error.str()}"
+        cause = f"fatal: {failure}" if error is None else f"{error.name()}: {error.str()}"
         return PublishError(f"publish to {topic!r} failed: {cause}")
 
     def topic_exists(self, topic: str) -> bool:

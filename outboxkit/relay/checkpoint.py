@@ -92,6 +92,7 @@ class CheckpointTopic:
         self._kafka = kafka
         self.topic = topic
         self._partitions: int | None = None
+        self._writable_for: set[object] = set()  # the terms whose takeover found Write granted
 
     def request(self, checkpoint: Checkpoint) -> ProduceRequest:
         assert self._partitions is not None, "ensure() first"
@@ -124,20 +125,28 @@ class CheckpointTopic:
         finally:
             await admin.close()
 
-    async def check_writable(self, producer: TransactionalProducer) -> None:
-        """Asked at every producer life's takeover (a grant is seen without a restart): without
-        Write on this topic confluent-kafka purges each transaction whole, naming nothing, and
-        every shard would retry it for ever. Unknown (no answer) goes on as before."""
+    async def check_writable(self, producer: TransactionalProducer, term: object) -> None:
+        """Asked at a shard's takeover (``term``: its shard and lease token) until answered
+        yes, so a grant is seen without a restart and the producer lives of a healthy term ask
+        nothing: without Write on this topic confluent-kafka purges each transaction whole,
+        naming nothing, and every shard would retry it for ever. Only a refusal for want of an
+        ACL stops the takeover; anything else (no answer, a topic not yet known to the broker
+        asked) goes on as before."""
+        if term in self._writable_for:
+            return
         try:
             problem = await producer.topic_problem(self.topic)
         except PublishError:
             return
-        if problem is not None:
+        if problem is not None and "AUTHORIZATION" in problem.name.upper():
             raise PublishError(
                 f"the relay's checkpoint topic refuses it: {problem}; nothing is published"
                 " until it can write its checkpoints",
                 error=problem.name,
             )
+        if len(self._writable_for) >= 1024:  # terms long over
+            self._writable_for.clear()
+        self._writable_for.add(term)
 
     async def last_committed(self, group: str, shard: int, slot: int = 0) -> Checkpoint | None:
         assert self._partitions is not None, "ensure() first"

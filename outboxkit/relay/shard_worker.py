@@ -341,7 +341,10 @@ class ShardWorker:
             self._built = True
             self._publisher.new_producer_life()
             if self._checkpoints is not None:
-                await self._checkpoints.check_writable(producers[0])
+                check = self._checkpoints.check_writable(producers[0], (self.shard, term.token))
+                if not await finished_unless(asyncio.ensure_future(check), self.stop):
+                    await self._close_all(producers)
+                    return None
                 await self._reconcile(term, conn, self._checkpoints, slots)
         except ProducerFencedError as exc:
             await self._close_all(producers)

@@ -196,3 +196,39 @@ def test_a_refused_topic_beside_a_readable_one_is_said_once_and_costs_no_wait(
     assert len(said) == 1
     assert "secret-topic" in said[0]
     assert acl.CONSUMER_ACL_HINT in said[0]
+
+
+class FlushRaises(ScriptedProducer):
+    def flush(self, timeout: float) -> int:
+        raise self.delivery
+
+
+def test_a_non_fatal_error_keeps_the_producer(monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka = _confluent()
+    timed_out = kafka.KafkaError(kafka.KafkaError._MSG_TIMED_OUT, "Message timed out")
+    producer = ScriptedProducer(None, timed_out)
+    flush_fails = FlushRaises(None, kafka.KafkaException(timed_out))
+    sender = _sender(monkeypatch, [producer])
+    for _ in range(2):
+        with pytest.raises(PublishError, match="_MSG_TIMED_OUT"):
+            sender.send("acks", b"k", b"v", [])
+    assert producer.produced == 2  # the same producer both times: it is not dead
+    sender._producer = flush_fails
+    for _ in range(2):
+        with pytest.raises(PublishError, match="_MSG_TIMED_OUT"):
+            sender.send("acks", b"k", b"v", [])
+    assert flush_fails.produced == 2
+
+
+def test_aiokafka_keeps_a_record_the_client_refused_itself_out_of_an_acl_refusal() -> None:
+    pytest.importorskip("aiokafka")
+    from outboxkit.kafka.aiokafka_producer import _explained
+    from outboxkit.kafka.api import Delivery, RecordError
+
+    local = Delivery(error=RecordError("MessageSizeTooLargeError", "too big", local=True))
+    assert _explained(local, "orders", {"audit"}) is local
+    failed = Delivery(error=RecordError("InvalidTxnState", "bare"))
+    explained = _explained(failed, "orders", {"audit"})
+    assert explained is not None
+    assert explained.error is not None
+    assert "may not write to 'audit'" in explained.error.message

@@ -206,7 +206,7 @@ def _checkpoints(reader: Any = None) -> CheckpointTopic:
 async def test_a_checkpoint_topic_without_write_fails_the_takeover_naming_it() -> None:
     refused = RecordError("TOPIC_AUTHORIZATION_FAILED", "topic 'ckpt': ... (grant it Write)")
     with pytest.raises(PublishError) as caught:
-        await _checkpoints().check_writable(_Producer(refused))  # type: ignore[arg-type]
+        await _checkpoints().check_writable(_Producer(refused), (0, 1))  # type: ignore[arg-type]
     assert "checkpoint topic" in str(caught.value)
     assert "grant it Write" in str(caught.value)
     assert caught.value.context["error"] == "TOPIC_AUTHORIZATION_FAILED"
@@ -214,7 +214,28 @@ async def test_a_checkpoint_topic_without_write_fails_the_takeover_naming_it() -
 
 @pytest.mark.parametrize("answer", [None, PublishError("no answer within 10s")])
 async def test_a_writable_or_unknown_checkpoint_topic_goes_on(answer: Any) -> None:
-    await _checkpoints().check_writable(_Producer(answer))  # type: ignore[arg-type]
+    await _checkpoints().check_writable(_Producer(answer), (0, 1))  # type: ignore[arg-type]
+
+
+class _Counting(_Producer):
+    asked = 0
+
+    async def topic_problem(self, topic: str) -> RecordError | None:
+        self.asked += 1
+        return await super().topic_problem(topic)
+
+
+async def test_a_topic_not_yet_known_is_no_refusal_and_a_term_found_writable_asks_no_more() -> None:
+    """A checkpoint topic just created may not be known to the broker asked yet: not an ACL."""
+    checkpoints = _checkpoints()
+    missing = _Counting(RecordError("UNKNOWN_TOPIC_OR_PART", "topic 'ckpt' does not exist"))
+    await checkpoints.check_writable(missing, (0, 7))  # type: ignore[arg-type]
+    writable = _Counting(None)
+    for _ in range(3):  # the term's later producer lives
+        await checkpoints.check_writable(writable, (0, 7))  # type: ignore[arg-type]
+    assert writable.asked == 0
+    await checkpoints.check_writable(writable, (0, 8))  # type: ignore[arg-type]  # a new term
+    assert writable.asked == 1
 
 
 class _Reader:

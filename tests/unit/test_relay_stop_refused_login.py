@@ -228,3 +228,44 @@ async def test_a_task_not_begun_when_the_stop_is_already_set_never_runs() -> Non
     stop.set()
     assert not await finished_unless(asyncio.ensure_future(start()), stop)
     assert ran == []
+
+
+class _AsksForever(_NeverStarts):
+    """Starts; the question whether it may write the checkpoint topic never answers."""
+
+    async def start(self) -> None:
+        return None
+
+    async def topic_problem(self, topic: str) -> None:
+        self.starting.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_stop_while_the_takeover_asks_about_the_checkpoint_topic_releases_the_lease() -> (
+    None
+):
+    from outboxkit.relay.checkpoint import CheckpointTopic
+
+    settings = load_settings(
+        overrides={"database": {"url": "postgresql://relay@127.0.0.1:1/outbox"}, "relay": {}}
+    )
+    leases = _Leases()
+    worker = shard_worker(settings, leases=leases)  # type: ignore[arg-type]
+    worker._connect = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+
+    async def not_paused(conn: object, group: str) -> bool:
+        return False
+
+    worker._store.paused = not_paused  # type: ignore[method-assign]
+    worker._checkpoints = CheckpointTopic(None, "ckpt")  # type: ignore[arg-type]
+    producer = _AsksForever()
+    worker._producer_factory = lambda shard, slot: producer  # type: ignore[assignment,return-value]
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(producer.starting.wait(), GUARD)
+        worker.stop.set()
+        await asyncio.wait_for(asyncio.shield(running), GUARD)
+    finally:
+        running.cancel()
+    assert [term.token for term in leases.released] == [7]
+    assert producer.closed
