@@ -1,9 +1,10 @@
 """A single-node KRaft Apache Kafka broker from the Maven Central jars, run with the machine's Java.
 
-The jars are fetched once with ``mvn`` into the cache directory and reused afterwards. The broker
+The jars are fetched once with ``mvn`` (:mod:`outboxkit.devstack.kafka_jars`). The broker
 is configured so idempotent producers and transactions work on one node, and auto topic creation
 is off, as in production. Optionally clients must come in over SASL_SSL with SCRAM credentials
-(and, if asked for too, OAUTHBEARER with Kafka's unsecured JWTs).
+(and, if asked for too, OAUTHBEARER with Kafka's unsecured JWTs), or over SSL with a client
+certificate.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Literal
@@ -21,7 +21,11 @@ from typing import Literal
 from pydantic import SecretStr
 
 from outboxkit.devstack.aio import run_coroutine
-from outboxkit.devstack.files import cache_dir, make_owned_dir, write_private
+from outboxkit.devstack.files import make_owned_dir, write_private
+from outboxkit.devstack.kafka_jars import KAFKA_VERSION as KAFKA_VERSION
+from outboxkit.devstack.kafka_jars import kafka_libs as kafka_libs
+from outboxkit.devstack.kafka_jars import maven_copy_dependencies as maven_copy_dependencies
+from outboxkit.devstack.mtls import MutualTlsListener, listener_tls_props
 from outboxkit.devstack.process import ManagedServer, ServiceProcess, free_port
 from outboxkit.devstack.sasl import (
     OAUTHBEARER,
@@ -29,34 +33,15 @@ from outboxkit.devstack.sasl import (
     OAuthBearerListener,
     SaslSslListener,
 )
-from outboxkit.devstack.tls import make_broker_tls
+from outboxkit.devstack.tls import client_tls, make_broker_tls
 from outboxkit.errors import DevStackError, OutboxkitError
 from outboxkit.kafka import KafkaClients, resolve_client
 from outboxkit.settings import KafkaClient, KafkaSettings
 
-KAFKA_VERSION = "4.1.1"
 _STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-_LOG4J_VERSION = "2.24.3"
-_SLF4J_VERSION = "2.0.17"
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>io.outboxkit.devstack</groupId><artifactId>kafka-runtime</artifactId>
-  <version>1</version><packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
-      <version>{kafka}</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId>
-      <version>{slf4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
-      <version>{log4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
-      <version>{log4j}</version></dependency>
-  </dependencies>
-</project>
-"""
-
-Security = Literal["plaintext", "sasl_ssl"]
+Security = Literal["plaintext", "sasl_ssl"]  # what DevStack and `outboxkit dev up` offer
+BrokerSecurity = Literal["plaintext", "sasl_ssl", "ssl"]
 _SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 # The broker logs in too, for every mechanism a listener enables: Kafka's built-in unsecured
 # token needs a subject. Clients' tokens are checked by Kafka's default OAUTHBEARER validator,
@@ -87,42 +72,6 @@ logger.session.level = DEBUG
 logger.expired.name = kafka.network.Processor
 logger.expired.level = DEBUG
 """
-
-
-def maven_copy_dependencies(mvn: str, pom: Path, output: Path, *extra: str, what: str) -> None:
-    """``mvn dependency:copy-dependencies`` of ``pom`` into ``output`` (runtime scope)."""
-    argv = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies"]
-    argv += [f"-DoutputDirectory={output}", "-DincludeScope=runtime", *extra]
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
-    if result.returncode != 0:
-        raise DevStackError(
-            f"fetching {what} with Maven failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-
-
-def kafka_libs(version: str = KAFKA_VERSION) -> Path:
-    """The directory holding the broker's jars, fetched with Maven on first use."""
-    target = cache_dir() / f"kafka-{version}"
-    libs = target / "libs"
-    marker = target / "complete"
-    if marker.exists():
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise DevStackError(
-            "Apache Kafka jars are not cached and Maven (mvn) is not installed;"
-            " install Maven (Debian: apt-get install maven) or set OUTBOXKIT_KAFKA_BOOTSTRAP"
-        )
-    target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="outboxkit-mvn-") as work:
-        pom = Path(work) / "pom.xml"
-        pom.write_text(_POM.format(kafka=version, slf4j=_SLF4J_VERSION, log4j=_LOG4J_VERSION))
-        staging = Path(work) / "libs"
-        maven_copy_dependencies(mvn, pom, staging, what=f"Kafka {version}")
-        shutil.rmtree(libs, ignore_errors=True)
-        shutil.move(str(staging), str(libs))
-    marker.write_text(version)
-    return libs
 
 
 def _java() -> str:
@@ -172,6 +121,10 @@ class KafkaServer(ManagedServer):
     with unsigned JWTs (see :attr:`oauthbearer`): any client can then name any principal, so it
     is for tests of that mechanism only, never the default.
 
+    With ``security="ssl"`` clients connect to an SSL listener with ``ssl.client.auth=required``
+    instead: a client certificate signed by the same CA, with its key unencrypted and encrypted,
+    is made at first start too (see :meth:`mtls`); the PLAINTEXT loopback listener stays.
+
     ``reauth_ms`` (with ``sasl_ssl`` only) sets ``connections.max.reauth.ms`` (KIP-368) on that
     listener: no session lasts longer (an OAUTHBEARER one ends with its token even without it),
     and a connection used after its session ended is closed. The broker's log then records each
@@ -186,13 +139,13 @@ class KafkaServer(ManagedServer):
         base_dir: Path | None = None,
         *,
         version: str = KAFKA_VERSION,
-        security: Security = "plaintext",
+        security: BrokerSecurity = "plaintext",
         oauthbearer: bool = False,
         reauth_ms: int | None = None,
         authorizer: bool = False,
     ) -> None:
-        if security not in ("plaintext", "sasl_ssl"):
-            raise ValueError(f"security must be 'plaintext' or 'sasl_ssl', not {security!r}")
+        if security not in ("plaintext", "sasl_ssl", "ssl"):
+            raise ValueError(f"security must be 'plaintext', 'sasl_ssl' or 'ssl', not {security!r}")
         if oauthbearer and security != "sasl_ssl":
             raise ValueError("oauthbearer=True needs security='sasl_ssl'")
         if reauth_ms is not None and (security != "sasl_ssl" or reauth_ms <= 0):
@@ -207,21 +160,22 @@ class KafkaServer(ManagedServer):
             base_dir, self._dir_token = make_owned_dir("outboxkit-kafka-")
         self.base_dir = Path(base_dir)
         self.version = version
-        self.security: Security = security
+        self.security: BrokerSecurity = security
         self.port = free_port()
         self.controller_port = free_port()
         self.sasl_ssl_port = free_port() if security == "sasl_ssl" else None
+        self.ssl_port = free_port() if security == "ssl" else None
         self.sasl_username = "outboxkit"
         self._sasl_password = secrets.token_hex(24)
         self._store_password = secrets.token_hex(24)
+        self._client = client_tls(self.base_dir / "tls", secrets.token_hex(24))
         self._service: ServiceProcess | None = None
 
     @property
     def bootstrap(self) -> str:
-        """Where clients connect: the SASL_SSL listener when secured, else the PLAINTEXT one."""
-        if self.sasl_ssl_port is not None:
-            return f"127.0.0.1:{self.sasl_ssl_port}"
-        return self.plaintext_bootstrap
+        """Where clients connect: the SASL_SSL or SSL listener when secured, else PLAINTEXT."""
+        port = self.sasl_ssl_port or self.ssl_port
+        return f"127.0.0.1:{port}" if port is not None else self.plaintext_bootstrap
 
     @property
     def plaintext_bootstrap(self) -> str:
@@ -249,6 +203,20 @@ class KafkaServer(ManagedServer):
             bootstrap=self.bootstrap,
             principal=self.sasl_username,
             ca_location=self.sasl_ssl.ca_location,
+        )
+
+    def mtls(self, *, encrypted_key: bool = False) -> MutualTlsListener:
+        """The SSL listener requiring a client certificate (``security="ssl"``); with
+        ``encrypted_key`` the client key is the password-protected copy."""
+        if self.ssl_port is None:
+            raise DevStackError("this Kafka was started without security='ssl'")
+        client = self._client
+        return MutualTlsListener(
+            bootstrap=self.bootstrap,
+            ca_location=str(self.base_dir / "tls" / "ca.pem"),
+            certificate_location=str(client.certificate),
+            key_location=str(client.encrypted_key if encrypted_key else client.key),
+            key_password=client.key_password if encrypted_key else None,
         )
 
     def _write_config(self) -> Path:
@@ -280,6 +248,8 @@ class KafkaServer(ManagedServer):
         }
         if self.sasl_ssl_port is not None:
             props |= self._sasl_ssl_props()
+        if self.ssl_port is not None:
+            props |= self._ssl_props()
         path = self.base_dir / "server.properties"
         write_private(path, "".join(f"{k}={v}\n" for k, v in props.items()))
         log4j2 = _LOG4J2
@@ -317,14 +287,20 @@ class KafkaServer(ManagedServer):
             "sasl.enabled.mechanisms": mechanisms,
             f"{prefix}scram-sha-512.sasl.jaas.config": _SCRAM_LOGIN_MODULE,
             **extra,
-            f"{prefix}ssl.client.auth": "none",
-            f"{prefix}ssl.keystore.type": "PKCS12",
-            f"{prefix}ssl.keystore.location": str(tls.keystore),
-            f"{prefix}ssl.keystore.password": tls.password,
-            f"{prefix}ssl.key.password": tls.password,
-            f"{prefix}ssl.truststore.type": "PKCS12",
-            f"{prefix}ssl.truststore.location": str(tls.truststore),
-            f"{prefix}ssl.truststore.password": tls.password,
+            **listener_tls_props(prefix, tls, "none"),
+        }
+
+    def _ssl_props(self) -> dict[str, str]:
+        tls = make_broker_tls(
+            self.base_dir / "tls", self._store_password, java=_java(), client=self._client
+        )
+        listener = f"SSL://127.0.0.1:{self.ssl_port}"
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},{listener},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},{listener}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:PLAINTEXT",
+            **listener_tls_props("listener.name.ssl.", tls, "required"),
         }
 
     def _jvm(self, libs: Path, *main_and_args: str) -> list[str]:
@@ -372,6 +348,8 @@ class KafkaServer(ManagedServer):
         plain = KafkaSettings.plaintext(self.plaintext_bootstrap)
         if not _metadata_ok(plain):
             return False
+        if self.ssl_port is not None:
+            return _metadata_ok(self.mtls().kafka_settings())
         if self.sasl_ssl_port is None or self.authorizer:
             # With the authorizer the SCRAM user may describe nothing until a test grants it;
             # the broker opens all its listeners together, so the loopback one answering is

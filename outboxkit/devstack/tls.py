@@ -5,7 +5,8 @@ JVM); ``keytool`` makes only the PKCS12 truststore, because Java trusts a certif
 file only with an attribute that this OpenSSL release cannot write. Passwords reach both tools
 through the environment, never the command line (which every local user can read in ``/proc``).
 The CA's private key is deleted once the broker certificate is signed: nothing else can ever be
-issued under this CA, so trusting its certificate trusts this one broker only.
+issued under this CA, so trusting its certificate trusts this one broker only (and, if asked for
+when the files are made, one client certificate, for a listener that requires client auth).
 """
 
 from __future__ import annotations
@@ -33,6 +34,27 @@ class BrokerTls:
     keystore: Path
     truststore: Path
     password: str = field(repr=False)  # of both stores and of the key in the keystore
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """A client certificate (PEM) signed by the dev CA, its key unencrypted, and the same key
+    encrypted (PKCS#8, AES-256) with ``key_password``, the form a production key often has."""
+
+    certificate: Path
+    key: Path
+    encrypted_key: Path
+    key_password: str = field(repr=False)
+
+
+def client_tls(directory: Path, key_password: str) -> ClientTls:
+    """Where :func:`make_broker_tls` puts the client files in ``directory``."""
+    return ClientTls(
+        certificate=directory / "client.pem",
+        key=directory / "client.key",
+        encrypted_key=directory / "client-encrypted.key",
+        key_password=key_password,
+    )
 
 
 def _tool(name: str, java: str | None = None) -> str:
@@ -85,8 +107,10 @@ def make_broker_tls(
     java: str | None = None,
     hosts: Sequence[str] = ("127.0.0.1", "localhost"),
     days: int = 30,
+    client: ClientTls | None = None,
 ) -> BrokerTls:
-    """Create (once; later calls reuse them) the CA and broker files in ``directory``."""
+    """Create (once; later calls reuse them) the CA and broker files in ``directory``, and the
+    ``client`` files too if given: they can be made only now, while the CA's key exists."""
     files = BrokerTls(
         ca_pem=directory / "ca.pem",
         keystore=directory / "broker.p12",
@@ -95,6 +119,8 @@ def make_broker_tls(
     )
     done = directory / "complete"
     if done.exists():
+        if client is not None and not client.certificate.exists():
+            raise DevStackError(f"{directory} was made without a client certificate")
         return files
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     openssl = _tool("openssl")
@@ -140,7 +166,37 @@ def make_broker_tls(
         ["-keystore", files.truststore.name, "-storetype", "PKCS12"],
         ["-storepass:env", _PASSWORD_ENV],
     )
-    for leftover in ("ca.key", "broker.key", "broker.csr", "broker.ext"):
+    if client is not None:
+        _make_client(directory, client, openssl, suffix, days)
+    for leftover in ("ca.key", "broker.key", "broker.csr", "broker.ext", "client.csr"):
         (directory / leftover).unlink(missing_ok=True)
     done.write_text("ok\n")
     return files
+
+
+def _make_client(directory: Path, client: ClientTls, openssl: str, suffix: str, days: int) -> None:
+    _run(
+        directory,
+        client.key_password,
+        [openssl, "req -new -nodes -out client.csr", *_CURVE],
+        ["-keyout", client.key.name, "-subj", f"/CN=outboxkit dev client {suffix}"],
+    )
+    (directory / "client.ext").write_text(
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=clientAuth\n"
+    )
+    _run(
+        directory,
+        client.key_password,
+        [openssl, "x509 -req -in client.csr -CA ca.pem -CAkey ca.key -extfile client.ext"],
+        ["-set_serial", str(secrets.randbits(63)), "-days", str(days)],
+        ["-out", client.certificate.name],
+    )
+    _run(
+        directory,
+        client.key_password,
+        [openssl, "pkcs8 -topk8 -v2 aes-256-cbc", "-passout", f"env:{_PASSWORD_ENV}"],
+        ["-in", client.key.name, "-out", client.encrypted_key.name],
+    )
+    (directory / "client.ext").unlink()

@@ -31,12 +31,28 @@ logger = logging.getLogger("outboxkit.kafka")
 _unread_warned: set[frozenset[str]] = set()  # property sets already named in this process
 
 
+_CERTIFICATE_REFUSED = ("alert bad certificate", "alert certificate required")
+CLIENT_CERTIFICATE_HINT = (
+    "the broker refused the TLS handshake: it requires a client certificate signed by a CA it"
+    " trusts (check OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION and OUTBOXKIT_KAFKA_SSL_KEY_LOCATION)"
+)
+
+
+def _with_certificate_hint(text: str) -> str:
+    """OpenSSL reports a listener requiring client auth only as a TLS alert number."""
+    lowered = text.lower()
+    if CLIENT_CERTIFICATE_HINT in text or not any(m in lowered for m in _CERTIFICATE_REFUSED):
+        return text
+    return f"{text} ({CLIENT_CERTIFICATE_HINT})"
+
+
 class _CredentialsHint(logging.Filter):
-    """A librdkafka line about a refused login also names the settings to check."""
+    """A librdkafka line about a refused login or client certificate also names the settings
+    to check."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        hinted = with_credentials_hint(message)
+        hinted = _with_certificate_hint(with_credentials_hint(message))
         if hinted is not message:
             record.msg, record.args = hinted, None
         return True
@@ -169,11 +185,41 @@ def refused_configuration(
         )
     elif text.startswith("No such configuration property") and named:
         problem = f"unknown property {', '.join(map(repr, named))}"
+    elif {"ssl.certificate.location", "ssl.key.location"} & set(named):
+        key = conf.get("ssl.key.location") or conf.get("ssl.certificate.location")
+        problem = client_key_problem(key, conf.get("ssl.key.password") is not None)
     elif named:
         problem = f"the value of {', '.join(map(repr, named))} is not accepted"
     else:
         problem = f"the configuration is not accepted ({code})"
     return ConfigurationError(f"{what}: {problem} (values not shown; {hint})")
+
+
+def client_key_problem(key_location: Any, has_password: bool) -> str:
+    """Why a client certificate and key did not load, as far as the key file tells: neither
+    OpenSSL caller says a key's password is wrong or missing (both report "PEM lib")."""
+    try:
+        with open(str(key_location), "rb") as file:
+            encrypted = b"ENCRYPTED" in file.read(4096)  # PKCS#8 or legacy PEM header
+    except (OSError, ValueError):
+        encrypted = False
+    if encrypted and not has_password:
+        return "the client key is encrypted and OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD is not set"
+    if encrypted:
+        return (
+            "the client key cannot be decrypted with OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD (a wrong"
+            " password?), or it is not the key of OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION"
+        )
+    return (
+        "the client certificate and key cannot be loaded (OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION,"
+        " OUTBOXKIT_KAFKA_SSL_KEY_LOCATION: missing, not PEM, or not a matching pair)"
+    )
+
+
+def _no_prompt() -> str:
+    """The key password when none is set: else OpenSSL asks for it on the terminal, which would
+    block a relay started from a shell (and fail, oddly, one without a terminal)."""
+    return ""
 
 
 def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
@@ -182,17 +228,30 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
         context = ssl.create_default_context(
             cafile=str(settings.ssl_ca_location) if settings.ssl_ca_location else None
         )
-        if settings.ssl_certificate_location is not None:
-            password = settings.ssl_key_password
-            context.load_cert_chain(
-                str(settings.ssl_certificate_location),
-                str(settings.ssl_key_location) if settings.ssl_key_location else None,
-                password.get_secret_value() if password is not None else None,
-            )
     except (OSError, ssl.SSLError) as exc:
         raise ConfigurationError(
             f"cannot build the Kafka TLS context from OUTBOXKIT_KAFKA_SSL_* paths: {exc}"
         ) from None
+    if settings.ssl_certificate_location is not None:
+        password = settings.ssl_key_password
+        key = settings.ssl_key_location
+        try:
+            context.load_cert_chain(
+                str(settings.ssl_certificate_location),
+                str(key) if key is not None else None,
+                password.get_secret_value() if password is not None else _no_prompt,
+            )
+        except ssl.SSLError as exc:  # the key file's, or the certificate's if it holds the key
+            problem = client_key_problem(
+                key or settings.ssl_certificate_location, password is not None
+            )
+            raise ConfigurationError(
+                f"cannot build the Kafka TLS context: {problem} ({exc})"
+            ) from None
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot build the Kafka TLS context from OUTBOXKIT_KAFKA_SSL_* paths: {exc}"
+            ) from None
     context.check_hostname = settings.ssl_check_hostname
     if not settings.ssl_check_hostname:
         context.verify_mode = ssl.CERT_REQUIRED

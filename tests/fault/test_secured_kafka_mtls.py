@@ -1,0 +1,228 @@
+"""Mutual TLS on a real broker: an SSL listener with ``ssl.client.auth=required``, reached with a
+client certificate and an encrypted (PKCS#8) key, from ``OUTBOXKIT_KAFKA_*`` variables alone.
+
+The relay (exactly-once: transactional producer, checkpoint reader, admin) and a consumer with
+dead letters and acknowledgements (consumer, dead-letter and acks producers, admin) run as
+processes over each Kafka client. Then what a user gets wrong: a wrong key password, an
+encrypted key without one, no client certificate at all. The broker is this module's own (the
+dev stack's ``security="ssl"``); its loopback PLAINTEXT listener is for the test's set-up only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import subprocess
+import termios
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outboxkit.devstack import KafkaServer
+from outboxkit.kafka.config import CLIENT_CERTIFICATE_HINT
+from tests.fault.test_secured_kafka import (
+    CLIENTS,
+    OUTBOXKIT,
+    ROOT,
+    Processes,
+    _create_topics,
+    seed_payments,
+)
+from tests.integration.inbox_support import effects, inbox_row
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.fault
+
+_KEY_PASSWORD = "OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD"
+_CLIENT_FILES = ("OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION", "OUTBOXKIT_KAFKA_SSL_KEY_LOCATION")
+
+
+@pytest.fixture(scope="module")
+def mtls_kafka() -> Iterator[KafkaServer]:
+    server = KafkaServer(security="ssl")
+    try:
+        server.start()
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            server.destroy()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    running = Processes(tmp_path)
+    yield running
+    running.stop()
+
+
+def _env(db_url: str, server: KafkaServer, client: str, *drop: str, **extra: str) -> dict[str, str]:
+    """Variables only: the encrypted client key and its password, less ``drop``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+    env.update(server.mtls(encrypted_key=True).env())
+    env.update(
+        OUTBOXKIT_DATABASE_URL=db_url,
+        OUTBOXKIT_KAFKA_CLIENT=client,
+        OUTBOXKIT_RELAY_POLL_INTERVAL="0.2",
+        # A refusal is reported when the first Kafka call gives up, 30 s by default.
+        OUTBOXKIT_RELAY_KAFKA_TIMEOUT="5",
+        PYTHONPATH=str(ROOT),
+        **extra,
+    )
+    for name in drop:
+        del env[name]
+    return env
+
+
+def _no_secret_shown(output: str, server: KafkaServer, *more: str) -> None:
+    password = server.mtls(encrypted_key=True).key_password
+    assert password
+    for secret in (password, *more):
+        assert secret not in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_relay_and_consumer_over_mutual_tls_with_an_encrypted_key(
+    client: str,
+    mtls_kafka: KafkaServer,
+    outboxkit_db_url: str,
+    sa_url: str,
+    processes: Processes,
+) -> None:
+    server = mtls_kafka
+    topic = f"payments-{uuid.uuid4().hex[:8]}"
+    acks = f"{topic}.acks"
+    _create_topics(server, topic, f"{topic}.dlq", acks)
+    ok_ids, dead_id = seed_payments(outboxkit_db_url, sa_url, topic)
+    env = _env(
+        outboxkit_db_url,
+        server,
+        client,
+        OUTBOXKIT_CONSUMER_NAME="billing",
+        OUTBOXKIT_CONSUMER_GROUP=f"g-{uuid.uuid4().hex[:8]}",
+        OUTBOXKIT_CONSUMER_TOPICS=topic,
+        OUTBOXKIT_CONSUMER_ACKS_TOPIC=acks,
+        OUTBOXKIT_CONSUMER_MAX_ATTEMPTS="2",
+        OUTBOXKIT_CONSUMER_RETRY_DELAY="0.1",
+    )
+    assert env["OUTBOXKIT_KAFKA_SECURITY_PROTOCOL"] == "SSL"
+    assert env[_KEY_PASSWORD]
+    registry = "SYNC" if client == "confluent" else "ASYNC"
+    processes.start(["relay", "run"], env)
+    processes.start(["inbox", "run", "--registry", f"tests.fault.consumer_app:{registry}"], env)
+
+    def settled() -> bool:
+        done = [inbox_row(outboxkit_db_url, "billing", e) or {} for e in [*ok_ids, dead_id]]
+        return all(row.get("state") in ("succeeded", "dead") for row in done)
+
+    try:
+        wait_for(settled, timeout=120, what="every event settled")
+    except AssertionError as exc:  # the processes' output as it is then
+        raise AssertionError(f"{exc}; output:\n{processes.output()}") from None
+    assert sorted(e[0] for e in effects(outboxkit_db_url) if e[0] in ok_ids) == sorted(ok_ids)
+    plain = server.plaintext_bootstrap
+    assert len(read_topic(plain, topic, expect=6, quiet=1.0)) == 6  # exactly once into Kafka
+    dead_letters = read_topic(plain, f"{topic}.dlq", expect=1, quiet=0.5)
+    assert [dict(m.headers())["dlq-event-id"].decode() for m in dead_letters] == [dead_id]
+    acked = {
+        body["event_id"]: body["state"]
+        for body in (json.loads(m.value()) for m in read_topic(plain, acks, expect=6, quiet=0.5))
+    }
+    assert acked == {**dict.fromkeys(ok_ids, "succeeded"), dead_id: "dead"}
+    assert read_topic(plain, "outboxkit.relay.checkpoint", expect=1, quiet=0.5)
+    processes.stop()
+    _no_secret_shown(processes.output(), server)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_wrong_key_password_stops_the_relay_naming_it(
+    client: str, mtls_kafka: KafkaServer, outboxkit_db_url: str, processes: Processes
+) -> None:
+    """A key that cannot be read never gets better by retrying: the relay exits, saying which
+    setting to check (both TLS libraries say only "PEM lib")."""
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    env = _env(outboxkit_db_url, mtls_kafka, client, **{_KEY_PASSWORD: wrong})
+    index = processes.start(["relay", "run"], env)
+    assert processes.procs[index][0].wait(60) != 0
+    output = processes.output(index)
+    assert f"cannot be decrypted with {_KEY_PASSWORD} (a wrong password?)" in output, output
+    _no_secret_shown(output, mtls_kafka, wrong)
+
+
+def test_an_encrypted_key_without_its_password_never_prompts(
+    mtls_kafka: KafkaServer, outboxkit_db_url: str
+) -> None:
+    """Python's ssl asks on the terminal for a missing key password: a relay started from a
+    shell would block there. It runs here on a terminal of its own and must exit instead."""
+    env = _env(outboxkit_db_url, mtls_kafka, "aiokafka", _KEY_PASSWORD)
+    master, replica = pty.openpty()
+
+    def controlling_terminal() -> None:  # the new session's terminal, as a login shell's
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [OUTBOXKIT, "relay", "run"],
+        env=env,
+        cwd=ROOT,
+        stdin=replica,
+        stdout=replica,
+        stderr=replica,
+        start_new_session=True,
+        preexec_fn=controlling_terminal,
+    )
+    os.close(replica)
+    output = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"PASSWORD" not in output and b"pass phrase" not in output.lower():
+            assert time.monotonic() < deadline, output
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    output += os.read(master, 4096)
+                except OSError:  # EIO: the relay exited and closed the terminal
+                    break
+        if b"pass phrase" not in output.lower():
+            exited = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert "pass phrase" not in text.lower(), text
+    assert f"the client key is encrypted and {_KEY_PASSWORD} is not set" in text, text
+    assert exited != 0
+    _no_secret_shown(text, mtls_kafka)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_no_client_certificate_is_retried_with_back_off(
+    client: str, mtls_kafka: KafkaServer, outboxkit_db_url: str, processes: Processes
+) -> None:
+    """The listener refuses the handshake; a certificate can be installed while the relay
+    waits, so it keeps trying, with back-off, and does not exit."""
+    env = _env(outboxkit_db_url, mtls_kafka, client, _KEY_PASSWORD, *_CLIENT_FILES)
+    index = processes.start(["relay", "run"], env)
+    proc = processes.procs[index][0]
+
+    def retried() -> bool:
+        assert proc.poll() is None, processes.output(index)
+        return processes.output(index).count("waiting for Kafka") >= 2
+
+    wait_for(retried, timeout=60, what="the relay waiting for Kafka twice")
+    output = processes.output(index)
+    assert "retrying in" in output
+    if client == "confluent":  # librdkafka logs the TLS alert; aiokafka only a closed connection
+        assert CLIENT_CERTIFICATE_HINT in output, output
+    processes.stop()
+    _no_secret_shown(processes.output(index), mtls_kafka)
