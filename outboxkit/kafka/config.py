@@ -9,6 +9,7 @@ acks) is configured from here, so TLS and SASL reach all of them. aiokafka takes
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +32,12 @@ logger = logging.getLogger("outboxkit.kafka")
 _unread_warned: set[frozenset[str]] = set()  # property sets already named in this process
 
 
-_CERTIFICATE_REFUSED = ("alert bad certificate", "alert certificate required")
+_CERTIFICATE_REFUSED = (
+    "alert bad certificate",
+    "alert certificate required",
+    "alert certificate unknown",  # Java's answer to a client certificate it could not validate
+    "alert certificate expired",
+)
 CLIENT_CERTIFICATE_HINT = (
     "the broker refused the TLS handshake: it requires a client certificate signed by a CA it"
     " trusts (check OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION and OUTBOXKIT_KAFKA_SSL_KEY_LOCATION)"
@@ -186,8 +192,12 @@ def refused_configuration(
     elif text.startswith("No such configuration property") and named:
         problem = f"unknown property {', '.join(map(repr, named))}"
     elif {"ssl.certificate.location", "ssl.key.location"} & set(named):
-        key = conf.get("ssl.key.location") or conf.get("ssl.certificate.location")
-        problem = client_key_problem(key, conf.get("ssl.key.password") is not None)
+        problem = client_key_problem(
+            conf.get("ssl.certificate.location"),
+            conf.get("ssl.key.location"),
+            conf.get("ssl.key.password") is not None,
+            text,
+        )
     elif named:
         problem = f"the value of {', '.join(map(repr, named))} is not accepted"
     else:
@@ -195,14 +205,34 @@ def refused_configuration(
     return ConfigurationError(f"{what}: {problem} (values not shown; {hint})")
 
 
-def client_key_problem(key_location: Any, has_password: bool) -> str:
-    """Why a client certificate and key did not load, as far as the key file tells: neither
-    OpenSSL caller says a key's password is wrong or missing (both report "PEM lib")."""
+def _pem_head(location: Any) -> bytes:
+    """The start of a PEM file (enough for a certificate chain before its key), or nothing if
+    it is not a regular readable file (a FIFO would block the read)."""
+    path = str(location or "")
     try:
-        with open(str(key_location), "rb") as file:
-            encrypted = b"ENCRYPTED" in file.read(4096)  # PKCS#8 or legacy PEM header
+        if not os.path.isfile(path):
+            return b""
+        with open(path, "rb") as file:
+            return file.read(1 << 16)
     except (OSError, ValueError):
-        encrypted = False
+        return b""
+
+
+def client_key_problem(certificate: Any, key: Any, has_password: bool, detail: str = "") -> str:
+    """Why a client certificate and key did not load, as far as the files tell: neither OpenSSL
+    caller says a key's password is wrong or missing (both report "PEM lib"). ``detail``, the
+    library's own message, is matched only, never shown."""
+    if "key values mismatch" in detail.lower():
+        return (
+            "the client key is not the key of OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION"
+            " (OUTBOXKIT_KAFKA_SSL_KEY_LOCATION)"
+        )
+    if b"-----BEGIN CERTIFICATE-----" not in _pem_head(certificate):
+        return (
+            "OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION is not a readable PEM certificate"
+            " (missing, not readable, or not PEM)"
+        )
+    encrypted = b"ENCRYPTED" in _pem_head(key or certificate)  # PKCS#8 or legacy PEM header
     if encrypted and not has_password:
         return "the client key is encrypted and OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD is not set"
     if encrypted:
@@ -211,8 +241,8 @@ def client_key_problem(key_location: Any, has_password: bool) -> str:
             " password?), or it is not the key of OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION"
         )
     return (
-        "the client certificate and key cannot be loaded (OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION,"
-        " OUTBOXKIT_KAFKA_SSL_KEY_LOCATION: missing, not PEM, or not a matching pair)"
+        "the client key cannot be loaded (OUTBOXKIT_KAFKA_SSL_KEY_LOCATION: missing, not"
+        " readable, not PEM, or not the key of OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION)"
     )
 
 
@@ -243,7 +273,7 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
             )
         except ssl.SSLError as exc:  # the key file's, or the certificate's if it holds the key
             problem = client_key_problem(
-                key or settings.ssl_certificate_location, password is not None
+                settings.ssl_certificate_location, key, password is not None, str(exc)
             )
             raise ConfigurationError(
                 f"cannot build the Kafka TLS context: {problem} ({exc})"

@@ -193,6 +193,14 @@ def test_an_encrypted_key_without_its_password_never_prompts(
                     break
         if b"pass phrase" not in output.lower():
             exited = proc.wait(30)
+            while select.select([master], [], [], 0)[0]:  # the rest of what it wrote
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: nothing more, the terminal is closed
+                    break
+                if not chunk:
+                    break
+                output += chunk
     finally:
         if proc.poll() is None:
             proc.kill()
