@@ -26,6 +26,7 @@ from confluent_kafka.admin import AclOperation  # type: ignore[attr-defined]
 from outboxkit.devstack import KafkaServer
 from tests.fault.test_secured_kafka import CLIENTS, ROOT, Processes, _create_topics
 from tests.integration.inbox_support import EFFECT_DDL, effects, inbox_row, produce_event
+from tests.support.brokers import own_broker
 from tests.support.kafka_acls import Acl, grant, group, revoke_all, topic
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
@@ -37,15 +38,7 @@ READ, WRITE, DESCRIBE = AclOperation.READ, AclOperation.WRITE, AclOperation.DESC
 
 @pytest.fixture(scope="module")
 def acl_kafka() -> Iterator[KafkaServer]:
-    server = KafkaServer(security="sasl_ssl", authorizer=True)
-    try:
-        server.start()
-        yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.destroy()
+    yield from own_broker(security="sasl_ssl", authorizer=True)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from outboxkit.kafka.errors import TRANSACTIONAL_ID_ACL_HINT
 from outboxkit.relay.checkpoint import CHECKPOINT_TOPIC_CONFIG
 from outboxkit.settings import KafkaSettings
 from tests.fault.test_secured_kafka import OUTBOXKIT, ROOT, Processes
+from tests.support.brokers import own_broker
 from tests.support.kafka_acls import Acl, grant, revoke_all, topic, transactional_id
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
@@ -48,15 +49,7 @@ NO_DESCRIBE_CONFIGS = "needs DescribeConfigs on the topic"
 @pytest.fixture(scope="module")
 def acl_kafka() -> Iterator[KafkaServer]:
     """A SASL_SSL broker whose SCRAM user may do only what a test grants (~4 s to start)."""
-    server = KafkaServer(security="sasl_ssl", authorizer=True)
-    try:
-        server.start()
-        yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.destroy()
+    yield from own_broker(security="sasl_ssl", authorizer=True)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from tests.fault.test_secured_kafka import (
     seed_payments,
 )
 from tests.integration.inbox_support import effects, inbox_row
+from tests.support.brokers import own_broker
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -46,15 +47,7 @@ _CLIENT_FILES = ("OUTBOXKIT_KAFKA_SSL_CERTIFICATE_LOCATION", "OUTBOXKIT_KAFKA_SS
 
 @pytest.fixture(scope="module")
 def mtls_kafka() -> Iterator[KafkaServer]:
-    server = KafkaServer(security="ssl")
-    try:
-        server.start()
-        yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.destroy()
+    yield from own_broker(security="ssl")
 
 
 @pytest.fixture

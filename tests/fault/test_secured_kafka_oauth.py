@@ -23,6 +23,7 @@ import pytest
 from outboxkit.devstack import KafkaServer
 from tests.fault.test_secured_kafka import ROOT, Processes, _create_topics, seed_payments
 from tests.integration.inbox_support import effects, inbox_row
+from tests.support.brokers import own_broker as any_broker
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -31,16 +32,8 @@ pytestmark = pytest.mark.fault
 
 def own_broker(**options: Any) -> Iterator[KafkaServer]:
     """A SASL_SSL broker with OAUTHBEARER of a test module's own (``options``: more of
-    :class:`KafkaServer`'s): started ~5 s with the jars cached, stopped and removed after."""
-    server = KafkaServer(security="sasl_ssl", oauthbearer=True, **options)
-    try:
-        server.start()
-        yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.destroy()
+    :class:`KafkaServer`'s)."""
+    yield from any_broker(security="sasl_ssl", oauthbearer=True, **options)
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,9 @@ class _NeverStarts:
         self.closed = True
 
 
-async def test_a_stop_while_a_producer_starts_releases_the_lease() -> None:
+async def _stopped_while(producer: _NeverStarts, checkpoints: object = None) -> list[LeaseTerm]:
+    """A shard worker taking its lease with ``producer``, stopped once the producer is asked
+    something that does not answer; the terms it released."""
     settings = load_settings(
         overrides={"database": {"url": "postgresql://relay@127.0.0.1:1/outbox"}, "relay": {}}
     )
@@ -75,7 +77,7 @@ async def test_a_stop_while_a_producer_starts_releases_the_lease() -> None:
         return False
 
     worker._store.paused = not_paused  # type: ignore[method-assign]
-    producer = _NeverStarts()
+    worker._checkpoints = checkpoints  # type: ignore[assignment]
     worker._producer_factory = lambda shard, slot: producer  # type: ignore[assignment,return-value]
     running = asyncio.create_task(worker.run())
     try:
@@ -84,7 +86,12 @@ async def test_a_stop_while_a_producer_starts_releases_the_lease() -> None:
         await asyncio.wait_for(asyncio.shield(running), GUARD)
     finally:
         running.cancel()
-    assert [term.token for term in leases.released] == [7]
+    return leases.released
+
+
+async def test_a_stop_while_a_producer_starts_releases_the_lease() -> None:
+    producer = _NeverStarts()
+    assert [term.token for term in await _stopped_while(producer)] == [7]
     assert producer.closed
 
 
@@ -246,26 +253,7 @@ async def test_a_stop_while_the_takeover_asks_about_the_checkpoint_topic_release
 ):
     from outboxkit.relay.checkpoint import CheckpointTopic
 
-    settings = load_settings(
-        overrides={"database": {"url": "postgresql://relay@127.0.0.1:1/outbox"}, "relay": {}}
-    )
-    leases = _Leases()
-    worker = shard_worker(settings, leases=leases)  # type: ignore[arg-type]
-    worker._connect = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-
-    async def not_paused(conn: object, group: str) -> bool:
-        return False
-
-    worker._store.paused = not_paused  # type: ignore[method-assign]
-    worker._checkpoints = CheckpointTopic(None, "ckpt")  # type: ignore[arg-type]
     producer = _AsksForever()
-    worker._producer_factory = lambda shard, slot: producer  # type: ignore[assignment,return-value]
-    running = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(producer.starting.wait(), GUARD)
-        worker.stop.set()
-        await asyncio.wait_for(asyncio.shield(running), GUARD)
-    finally:
-        running.cancel()
-    assert [term.token for term in leases.released] == [7]
+    checkpoints = CheckpointTopic(None, "ckpt")  # type: ignore[arg-type]
+    assert [term.token for term in await _stopped_while(producer, checkpoints)] == [7]
     assert producer.closed
