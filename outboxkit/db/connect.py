@@ -20,6 +20,7 @@ Masking a password that also matches other text gives it away (``inbo***_rejecti
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -287,7 +288,40 @@ def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.
     text = redact(str(exc), url, password if isinstance(password, str) else None)
     if HIDDEN in text and exc.sqlstate:
         text += f" (SQLSTATE {exc.sqlstate})"
+    if options.get("sslpassword") == NO_PROMPT and _KEY_NOT_LOADED in text:
+        text += _KEY_HINT
     return type(exc)(text)
+
+
+#: Given as ``sslpassword`` when the URL gives none: libpq then lets OpenSSL ask the terminal for
+#: an encrypted client key's pass phrase, which blocks the process (a relay's event loop, lease
+#: renewals and all) until someone types, or, with no terminal, fails as a bare "processing error".
+#: OpenSSL reads it only to decrypt a key: an unencrypted one never uses it.
+NO_PROMPT = "outboxkit-no-sslpassword-given"
+_SSLPASSWORD_LIBPQ = 130000  # libpq 13 added sslpassword
+_KEY_NOT_LOADED = "could not load private key file"
+_KEY_HINT = (
+    " (the URL gives no sslpassword: an encrypted key needs its pass phrase as sslpassword,"
+    " percent-encoded)"
+)
+
+
+def prompt_free(url: Url) -> dict[str, str]:
+    """The connection options that keep libpq from prompting for a key's pass phrase: every
+    connection of ours (and an engine's ``connect_args``) gets them."""
+    try:
+        params = conninfo_to_dict(_plain(url))
+    except (psycopg.Error, ValueError, TypeError):  # the connection attempt reports it
+        return {}
+    if params.get("sslpassword") or params.get("service") or os.environ.get("PGSERVICE"):
+        return {}  # a service file may give it: an option of ours would override it
+    if psycopg.pq.version() < _SSLPASSWORD_LIBPQ:
+        return {}  # an option it does not know would fail every connection
+    return {"sslpassword": NO_PROMPT}
+
+
+def _options(url: Url, options: dict[str, Any]) -> dict[str, Any]:
+    return options if "sslpassword" in options else {**prompt_free(url), **options}
 
 
 def _unreadable(exc: ValueError) -> ConfigurationError:
@@ -301,6 +335,7 @@ def _unreadable(exc: ValueError) -> ConfigurationError:
 def connect(url: Url, *, autocommit: bool = True, **options: Any) -> psycopg.Connection[Any]:
     """A psycopg connection of our own (autocommit by default: every statement its own tx)."""
     plain = checked_url(url)
+    options = _options(url, options)
     error: Exception
     try:
         return psycopg.connect(plain, autocommit=autocommit, **options)
@@ -316,6 +351,7 @@ async def connect_async(
 ) -> psycopg.AsyncConnection[Any]:
     """:func:`connect` for asyncio."""
     plain = checked_url(url)
+    options = _options(url, options)
     error: Exception
     try:
         return await psycopg.AsyncConnection.connect(plain, autocommit=autocommit, **options)

@@ -18,6 +18,7 @@ from outboxkit.devstack.process import (
     free_port,
     service_user,
 )
+from outboxkit.devstack.tls import ServerPem, make_server_pem
 from outboxkit.errors import DevStackError
 
 _DEBIAN_BINDIRS = (
@@ -45,12 +46,30 @@ def find_bindir() -> Path:
     )
 
 
+#: With ``tls=True``: TCP without TLS is refused, whatever the user; this user logs in with a
+#: client certificate (CN = user name), every other one with a password.
+CERT_USER = "outboxkit_cert"
+_TLS_HBA = f"""# outboxkit dev stack, tls=True
+local all all scram-sha-256
+hostnossl all all 0.0.0.0/0 reject
+hostnossl all all ::/0 reject
+hostssl all {CERT_USER} 127.0.0.1/32 cert
+hostssl all all 127.0.0.1/32 scram-sha-256
+"""
+
+
 class PostgresServer(ManagedServer):
-    """One cluster. ``stop``/``kill``/``start`` keep the data, so tests can restart it."""
+    """One cluster. ``stop``/``kill``/``start`` keep the data, so tests can restart it.
+
+    ``tls=True``: TLS with a certificate for 127.0.0.1/localhost signed by a CA made at first
+    start (:attr:`tls_files`), TCP without TLS refused (see :data:`CERT_USER`), so a test can
+    prove the product reaches a server that requires TLS from the URL alone."""
 
     log_name = "postgres.log"
 
-    def __init__(self, base_dir: Path | None = None, *, durable: bool = False) -> None:
+    def __init__(
+        self, base_dir: Path | None = None, *, durable: bool = False, tls: bool = False
+    ) -> None:
         self._dir_token: str | None = None
         if base_dir is None:
             base_dir, self._dir_token = make_owned_dir("outboxkit-pg-")
@@ -61,6 +80,7 @@ class PostgresServer(ManagedServer):
         self.user = "outboxkit"
         self.password = secrets.token_urlsafe(18)
         self.durable = durable
+        self.tls = tls
         self.bindir = find_bindir()
         self._os_user = service_user()
         self._service: ServiceProcess | None = None
@@ -70,8 +90,46 @@ class PostgresServer(ManagedServer):
         """libpq URL of the maintenance database ``postgres``."""
         return self.url_for("postgres")
 
-    def url_for(self, database: str) -> str:
-        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
+    @property
+    def tls_files(self) -> ServerPem:
+        """The CA (``ca_pem``) and the client certificate and key of :data:`CERT_USER`."""
+        if not self.tls:
+            raise DevStackError("this PostgresServer was made without tls=True")
+        return make_server_pem(self.base_dir / "tls", CERT_USER)
+
+    def url_for(self, database: str, *, sslmode: str | None = None) -> str:
+        """With ``sslmode`` ``verify-ca``/``verify-full`` the URL names the dev CA too."""
+        url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
+        if sslmode is None:
+            return url
+        if sslmode in ("verify-ca", "verify-full"):
+            return f"{url}?sslmode={sslmode}&sslrootcert={self.tls_files.ca_pem}"
+        return f"{url}?sslmode={sslmode}"
+
+    def cert_url_for(self, database: str) -> str:
+        """:data:`CERT_USER` with its client certificate, verifying the server (no password)."""
+        files = self.tls_files
+        return (
+            f"postgresql://{CERT_USER}@127.0.0.1:{self.port}/{database}?sslmode=verify-full"
+            f"&sslrootcert={files.ca_pem}&sslcert={files.client_certificate}"
+            f"&sslkey={files.client_key}"
+        )
+
+    def _write_tls(self) -> dict[str, str]:
+        """The server's copies of its key, certificate and the CA, owned by the server's OS
+        user (PostgreSQL refuses a key others can read); the settings naming them."""
+        files = self.tls_files
+        for source, name in ((files.key, "server.key"), (files.certificate, "server.crt")):
+            write_private(self.data_dir / name, source.read_text())
+        write_private(self.data_dir / "root.crt", files.ca_pem.read_text())
+        write_private(self.data_dir / "pg_hba.conf", _TLS_HBA)
+        chown_tree(self.data_dir, self._os_user)
+        return {
+            "ssl": "on",
+            "ssl_cert_file": "'server.crt'",
+            "ssl_key_file": "'server.key'",
+            "ssl_ca_file": "'root.crt'",
+        }
 
     def _initdb(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -118,14 +176,23 @@ class PostgresServer(ManagedServer):
         }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        if self.tls:
+            settings |= self._write_tls()
         with open(self.data_dir / "postgresql.conf", "a") as conf:
             conf.write("\n# outboxkit dev stack\n")
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
 
     def _ready(self) -> bool:
-        with psycopg.connect(self.url, connect_timeout=2) as conn:
+        url = self.url_for("postgres", sslmode="verify-full") if self.tls else self.url
+        with psycopg.connect(url, connect_timeout=2) as conn:
             conn.execute("SELECT 1")
+            if self.tls:  # the certificate's user: a member of the owner of every object
+                conn.execute(
+                    "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles"
+                    f" WHERE rolname = '{CERT_USER}') THEN CREATE ROLE {CERT_USER} LOGIN"
+                    f" IN ROLE {self.user}; END IF; END $$"
+                )
         return True
 
     def start(self) -> None:

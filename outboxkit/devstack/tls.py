@@ -200,3 +200,74 @@ def _make_client(directory: Path, client: ClientTls, openssl: str, suffix: str, 
         ["-in", client.key.name, "-out", client.encrypted_key.name],
     )
     (directory / "client.ext").unlink()
+
+
+@dataclass(frozen=True)
+class ServerPem:
+    """PEM files for a server that reads them itself (PostgreSQL): the CA, the server's
+    certificate and key, and a client certificate and key whose CN is ``client_user``."""
+
+    ca_pem: Path
+    certificate: Path
+    key: Path
+    client_certificate: Path
+    client_key: Path
+
+
+def make_server_pem(
+    directory: Path,
+    client_user: str,
+    *,
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+    days: int = 30,
+) -> ServerPem:
+    """Create (once) a CA, a server certificate for ``hosts`` and a client certificate for
+    ``client_user`` in ``directory`` (keys 0600), then delete the CA's key, as above."""
+    files = ServerPem(
+        ca_pem=directory / "ca.pem",
+        certificate=directory / "server.pem",
+        key=directory / "server.key",
+        client_certificate=directory / "client.pem",
+        client_key=directory / "client.key",
+    )
+    if (directory / "complete").exists():
+        return files
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    openssl = _tool("openssl")
+    suffix = secrets.token_hex(4)
+    unused = secrets.token_hex(8)  # _run's environment variable; no key here is encrypted
+    _run(
+        directory,
+        unused,
+        [openssl, "req -x509 -new -nodes -keyout ca.key -out ca.pem", *_CURVE],
+        ["-days", str(days), "-subj", f"/CN=outboxkit dev CA {suffix}"],
+        ["-addext", "basicConstraints=critical,CA:TRUE"],
+        ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+    )
+    signed = (
+        ("server", f"/CN=outboxkit dev server {suffix}", f"subjectAltName={_san(hosts)}\n"),
+        ("client", f"/CN={client_user}", "extendedKeyUsage=clientAuth\n"),
+    )
+    for name, subject, extensions in signed:
+        _run(
+            directory,
+            unused,
+            [openssl, f"req -new -nodes -keyout {name}.key -out {name}.csr", *_CURVE],
+            ["-subj", subject],
+        )
+        (directory / f"{name}.ext").write_text(
+            extensions + "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        )
+        _run(
+            directory,
+            unused,
+            [openssl, f"x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -extfile {name}.ext"],
+            ["-set_serial", str(secrets.randbits(63)), "-days", str(days)],
+            ["-out", f"{name}.pem"],
+        )
+        os.chmod(directory / f"{name}.key", 0o600)
+        for leftover in (f"{name}.csr", f"{name}.ext"):
+            (directory / leftover).unlink()
+    (directory / "ca.key").unlink()
+    (directory / "complete").write_text("ok\n")
+    return files

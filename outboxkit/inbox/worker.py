@@ -152,10 +152,11 @@ def run(config: Settings | None = None) -> None:
     }
     if not _started(config):
         return
+    # No pass-phrase prompt from libpq for an encrypted key without sslpassword: it would block.
+    connect_args = {**db.prompt_free(config.database_url), **config.database.connect_options()}
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
-        _run_sync(url, handler, settings, kafka, options, config.database.connect_options())
+        _run_sync(url, handler, settings, kafka, options, connect_args)
     else:
-        connect_args = config.database.connect_options()
         asyncio.run(_run_async(url, handler, settings, kafka, options, connect_args))
 
 

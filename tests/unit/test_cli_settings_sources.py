@@ -92,7 +92,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         def dispose(self) -> None:
             return None
 
-    def create_engine(url: str) -> Engine:
+    def create_engine(url: str, **options: Any) -> Engine:
         found["url"] = url.replace("postgresql+psycopg://", "postgresql://")
         return Engine()
 

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from outboxkit.cli import main
+from outboxkit.db import prompt_free
 from outboxkit.errors import ConfigurationError
 from outboxkit.settings import KafkaClient, Mode, OnPublish, ParkedKeyPolicy, load_settings
 
@@ -403,7 +404,9 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     )
     assert code == 0, out
     assert handed["config"] == {"sasl.oauthbearer.client.secret": "hunter2", "fetch.min.bytes": 7}
-    assert handed["connect_args"] == {}  # psycopg's own prepared statements by default
+    no_prompt = prompt_free(SECRET_URL)  # libpq never asks the terminal for a key's pass phrase
+    assert no_prompt  # (this libpq knows sslpassword)
+    assert handed["connect_args"] == no_prompt  # psycopg's own prepared statements by default
     code, out = _invoke(
         "inbox",
         *("run", "--consumer", "c", "--group", "g", "--topic", "t", "--handler", "json:dumps"),
@@ -414,7 +417,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
         },
     )
     assert code == 0, out
-    assert handed["connect_args"] == {"prepare_threshold": None}
+    assert handed["connect_args"] == {**no_prompt, "prepare_threshold": None}
 
 
 def test_a_malformed_kafka_option_item_is_named_without_its_text() -> None:
