@@ -289,7 +289,7 @@ def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.
     if HIDDEN in text and exc.sqlstate:
         text += f" (SQLSTATE {exc.sqlstate})"
     if options.get("sslpassword") == NO_PROMPT and _KEY_NOT_LOADED in text:
-        text += _KEY_HINT
+        text += "" if any(c in text.lower() for c in _NOT_THE_PASSWORD) else _KEY_HINT
     return type(exc)(text)
 
 
@@ -302,8 +302,9 @@ _SSLPASSWORD_LIBPQ = 130000  # libpq 13 added sslpassword
 _KEY_NOT_LOADED = "could not load private key file"
 _KEY_HINT = (
     " (the URL gives no sslpassword: an encrypted key needs its pass phrase as sslpassword,"
-    " percent-encoded)"
+    " percent-encoded in a URL)"
 )
+_NOT_THE_PASSWORD = ("key values mismatch", "unsupported", "no such file", "permission denied")
 
 
 def prompt_free(url: Url) -> dict[str, str]:

@@ -404,6 +404,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     )
     assert code == 0, out
     assert handed["config"] == {"sasl.oauthbearer.client.secret": "hunter2", "fetch.min.bytes": 7}
+    monkeypatch.delenv("PGSERVICE", raising=False)  # a service file may give it instead
     no_prompt = prompt_free(SECRET_URL)  # libpq never asks the terminal for a key's pass phrase
     assert no_prompt  # (this libpq knows sslpassword)
     assert handed["connect_args"] == no_prompt  # psycopg's own prepared statements by default
