@@ -51,6 +51,31 @@ class RefusalNotice:
         )
 
 
+class RefusedFetchFilter(logging.Filter):
+    """aiokafka's fetcher logs a topic it may not read once per partition and fetch (twice a
+    second per partition while Read is missing or revoked): each such line is let through once
+    per :data:`NOTICE_INTERVAL`, like the consumer's own notice that says what to grant."""
+
+    MESSAGE = "Not authorized to read from topic %s."
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._said: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        what, now = record.getMessage(), self._clock()
+        last = self._said.get(what)
+        if last is not None and now - last < NOTICE_INTERVAL:
+            return False
+        if len(self._said) >= 64:  # bounded, as in RefusalNotice
+            self._said.clear()
+        self._said[what] = now
+        return True
+
+
 class ProducerIdRefusal:
     """After the broker refused the sender's producer an id, records fail for
     :data:`REFUSAL_PAUSE` seconds without a new producer: each new one costs a connection, a

@@ -31,7 +31,7 @@ from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
 from outboxkit.errors import ConfigurationError, PublishError
-from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice
+from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
@@ -39,6 +39,7 @@ from outboxkit.kafka.record_batch import committed_records, consumed, read_batch
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
+logging.getLogger("aiokafka.consumer.fetcher").addFilter(RefusedFetchFilter())
 
 
 def _tps(partitions: Any) -> list[TP]:

@@ -4,7 +4,8 @@ docs/security.md ("Kafka ACLs per principal") lists what the consumer's principa
 and Describe on its topics, Read on its group, Write and Describe on its dead-letter topic and
 its acknowledgements topic. With exactly those it works; with one missing it says what to grant,
 loses nothing and holds no partition for ever; once granted it carries on without a restart
-(but aiokafka's refused group at start-up, which ends the process). The broker is this module's
+(but aiokafka's refused group at start-up, which ends the process). Read taken away while it
+runs is met the same way. The broker is this module's
 own; its loopback PLAINTEXT listener (a super user) is the test's, to create topics, produce
 the events and read the published records back.
 """
@@ -21,7 +22,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AclOperation  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from outboxkit.devstack import KafkaServer
 from tests.fault.test_secured_kafka import CLIENTS, ROOT, Processes, _create_topics
@@ -229,6 +237,7 @@ def test_read_missing_on_the_topic_waits_for_the_grant(
     output = processes.output()
     assert "Traceback" not in output
     assert output.count("Kafka refused this consumer") <= 3, output  # said, not once per poll
+    assert output.count("Not authorized to read from topic") <= 1, output  # aiokafka's own line
 
 
 def test_read_missing_on_the_group_confluent_waits_for_the_grant(
@@ -277,3 +286,57 @@ def test_read_missing_on_the_group_aiokafka_stops_naming_it(
     assert setup.acked(1) == {ok: "succeeded"}
     processes.stop()
     assert setup.server.sasl_ssl.password not in processes.output()
+
+
+def revoke(server: KafkaServer, name: str, operation: AclOperation) -> None:
+    """Take ``operation`` on topic ``name`` away from the consumer's principal."""
+    binding = AclBindingFilter(
+        ResourceType.TOPIC,
+        name,
+        ResourcePatternType.LITERAL,
+        f"User:{server.sasl_username}",
+        None,  # type: ignore[arg-type]  # any host
+        operation,
+        AclPermissionType.ALLOW,
+    )
+    admin = AdminClient({"bootstrap.servers": server.plaintext_bootstrap})
+    for future in admin.delete_acls([binding], request_timeout=30).values():
+        assert future.result(timeout=30), f"no {operation} on {name} to revoke"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_read_revoked_while_running_then_granted_again(
+    client: str, setup: Setup, processes: Processes
+) -> None:
+    """An operator takes Read on the topic away from a consumer that is consuming: it says so,
+    does not end, and once Read is granted again the same process handles every event sent
+    meanwhile, each once."""
+    grant(setup.server, *setup.documented())
+    first = setup.send("o-1")
+    index = start(processes, setup, client)
+    settle(processes, lambda: setup.state(first) == "succeeded", "consuming")
+
+    revoke(setup.server, setup.topic, READ)
+    settle(
+        processes,
+        lambda: running(processes, index) and "Kafka refused this consumer" in processes.output(),
+        "the refusal said",
+    )
+    assert "Read and Describe on its topics" in processes.output()
+    meanwhile = [setup.send(f"o-{n}") for n in range(2, 5)]
+    grant(setup.server, topic(setup.topic, READ))
+    settle(
+        processes,
+        lambda: running(processes, index) and all(setup.state(e) == "succeeded" for e in meanwhile),
+        "consumed again once granted",
+    )
+    assert sorted(e[0] for e in effects(setup.db_url)) == sorted([first, *meanwhile])
+    acked = setup.acked(4)
+    assert acked == dict.fromkeys([first, *meanwhile], "succeeded"), acked
+    processes.stop()
+    output = processes.output()
+    assert "Traceback" not in output
+    assert output.count("Kafka refused this consumer") <= 3, output  # said, not once per poll
+    # aiokafka's own line came per partition and fetch, twice a second while refused.
+    assert output.count("Not authorized to read from topic") <= 1, output
+    assert setup.server.sasl_ssl.password not in output

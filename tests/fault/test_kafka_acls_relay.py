@@ -4,8 +4,9 @@ docs/security.md ("Kafka ACLs per principal") lists the ACLs the relay's princip
 real relay process, over each Kafka client, runs with exactly those ACLs (the checkpoint topic
 created beforehand, as the docs allow), then with one of them missing: what it says, that it
 neither stalls, spins nor loses a row, and that it carries on once the ACL is granted, without
-a restart. The broker is this module's own (SASL_SSL, SCRAM, StandardAuthorizer); its loopback
-PLAINTEXT listener (a super user) is the test's alone: topics, ACLs, reading records back.
+a restart; also Write taken away from a topic while the relay publishes to it. The broker is
+this module's own (SASL_SSL, SCRAM, StandardAuthorizer); its loopback PLAINTEXT listener (a
+super user) is the test's alone: topics, ACLs, reading records back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AclOperation, ResourceType  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
@@ -238,6 +246,32 @@ def _wait_writable(processes: Processes, server: KafkaServer, name: str) -> None
     _wait(processes, lambda: run_coroutine(writable()), f"Write on {name} effective")
 
 
+def _revoke_write(processes: Processes, server: KafkaServer, name: str) -> None:
+    """Take Write on topic ``name`` away from the relay's principal, until the broker says so."""
+    write = AclBindingFilter(
+        ResourceType.TOPIC,
+        name,
+        ResourcePatternType.LITERAL,
+        f"User:{server.sasl_username}",
+        None,  # type: ignore[arg-type]  # any host
+        WRITE,
+        AclPermissionType.ALLOW,
+    )
+    admin = AdminClient({"bootstrap.servers": server.plaintext_bootstrap})
+    for future in admin.delete_acls([write], request_timeout=30).values():
+        assert future.result(timeout=30), f"no Write on {name} to revoke"
+    settings = server.sasl_ssl.kafka_settings()
+
+    async def refused() -> bool:
+        admin = ConfluentAdmin(settings, timeout=10.0)
+        try:
+            return (await admin.may_write([name])).get(name) is False
+        finally:
+            await admin.close()
+
+    _wait(processes, lambda: run_coroutine(refused()), f"Write on {name} revoked")
+
+
 def _outbox_cli(relay: Relay, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
     env.update(OUTBOXKIT_DATABASE_URL=relay.db_url, PYTHONPATH=str(ROOT))
@@ -295,6 +329,56 @@ def test_write_missing_on_one_topic_parks_its_rows_until_granted_and_retried(
     _outbox_cli(relay, "retry", "--all")
     _wait(processes, lambda: _published(relay, blocked_ids), "the retried rows published")
     assert once([n for _, n in _values(acl_kafka, blocked, 4)]) == list(range(4))
+    output = processes.output()
+    assert "Traceback" not in output
+    assert acl_kafka.sasl_ssl.password not in output
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_write_revoked_while_running_parks_that_topic_only_until_granted_and_retried(
+    client: str,
+    acl_kafka: KafkaServer,
+    outboxkit_db_url: str,
+    sa_url: str,
+    processes: Processes,
+) -> None:
+    """An operator takes Write away from a topic the relay already published to (exactly-once):
+    its new rows are parked naming the refusal, not retried for ever; the other topic flows on,
+    in order; once granted again, ``outbox retry`` delivers them, once each."""
+    relay = Relay(acl_kafka, outboxkit_db_url, client)
+    blocked, open_ = relay.topic_name("blocked"), relay.topic_name("open")
+    relay.create(blocked, open_)
+    grant(acl_kafka, *relay.documented(blocked, open_))
+    first = relay.outbox(sa_url, [(t, f"k-{t}", n) for n in range(3) for t in (blocked, open_)])
+    index = processes.start(["relay", "run"], relay.env())
+    proc = processes.procs[index][0]
+    _wait(processes, lambda: _published(relay, first), "both topics flowing")
+
+    _revoke_write(processes, acl_kafka, blocked)
+    rows = [(t, f"k-{t}", n) for n in range(3, 7) for t in (blocked, open_)]
+    ids = relay.outbox(sa_url, rows)
+    blocked_ids = [i for i, row in zip(ids, rows, strict=True) if row[0] == blocked]
+    open_ids = [i for i, row in zip(ids, rows, strict=True) if row[0] == open_]
+    _wait(processes, lambda: _published(relay, open_ids), "the other topic's rows published")
+    _wait(
+        processes,
+        lambda: relay.states()[blocked_ids[0]][0] == "parked",
+        "the first new row of the revoked topic parked",
+    )
+    states = relay.states()
+    reason = states[blocked_ids[0]][1] or ""
+    assert "AUTHORIZATION" in reason.upper(), reason
+    assert f"parked row {blocked_ids[0]} (topic {blocked})" in processes.output()
+    assert [states[i][0] for i in blocked_ids[1:]] == ["pending"] * 3, states  # behind its key
+    assert [n for _, n in _values(acl_kafka, open_, 7)] == list(range(7))  # in order, once
+    assert proc.poll() is None
+
+    grant(acl_kafka, topic(blocked, WRITE))
+    _wait_writable(processes, acl_kafka, blocked)
+    _outbox_cli(relay, "retry", "--all")
+    _wait(processes, lambda: _published(relay, blocked_ids), "the retried rows published")
+    assert [n for _, n in _values(acl_kafka, blocked, 7)] == list(range(7))
+    assert proc.poll() is None  # the same process throughout
     output = processes.output()
     assert "Traceback" not in output
     assert acl_kafka.sasl_ssl.password not in output

@@ -232,3 +232,21 @@ def test_aiokafka_keeps_a_record_the_client_refused_itself_out_of_an_acl_refusal
     assert explained is not None
     assert explained.error is not None
     assert "may not write to 'audit'" in explained.error.message
+
+
+def test_aiokafkas_own_refused_fetch_line_is_let_through_once_per_interval() -> None:
+    from outboxkit.kafka.acl import RefusedFetchFilter
+
+    clock = Clock()
+    refused = RefusedFetchFilter(clock)
+
+    def record(message: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("aiokafka.consumer.fetcher", logging.WARNING, "", 0, message,
+                                 args, None)  # fmt: skip
+
+    passed = [refused.filter(record(RefusedFetchFilter.MESSAGE, "t")) for _ in range(50)]
+    assert passed.count(True) == 1
+    assert refused.filter(record(RefusedFetchFilter.MESSAGE, "other"))  # another topic
+    assert refused.filter(record("Fetch offset %s is out of range", 7))  # other lines untouched
+    clock.now += NOTICE_INTERVAL
+    assert refused.filter(record(RefusedFetchFilter.MESSAGE, "t"))
