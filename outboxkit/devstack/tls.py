@@ -89,6 +89,19 @@ def _run(cwd: Path, password: str, command: list[str], *more: list[str]) -> None
         )
 
 
+def _make_ca(openssl: str, directory: Path, password: str, days: int, suffix: str) -> None:
+    """``ca.key`` and ``ca.pem``: a CA of one dev server's own (``suffix`` keeps its subject
+    apart from every other's, so a client never confuses two)."""
+    _run(
+        directory,
+        password,
+        [openssl, "req -x509 -new -nodes -keyout ca.key -out ca.pem", *_CURVE],
+        ["-days", str(days), "-subj", f"/CN=outboxkit dev CA {suffix}"],
+        ["-addext", "basicConstraints=critical,CA:TRUE"],
+        ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+    )
+
+
 def _san(hosts: Sequence[str]) -> str:
     names = []
     for host in hosts:
@@ -125,14 +138,7 @@ def make_broker_tls(
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     openssl = _tool("openssl")
     suffix = secrets.token_hex(4)  # distinct subjects: a client never confuses two dev CAs
-    _run(
-        directory,
-        password,
-        [openssl, "req -x509 -new -nodes -keyout ca.key -out ca.pem", *_CURVE],
-        ["-days", str(days), "-subj", f"/CN=outboxkit dev CA {suffix}"],
-        ["-addext", "basicConstraints=critical,CA:TRUE"],
-        ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-    )
+    _make_ca(openssl, directory, password, days, suffix)
     _run(
         directory,
         password,
@@ -236,14 +242,7 @@ def make_server_pem(
     openssl = _tool("openssl")
     suffix = secrets.token_hex(4)
     unused = secrets.token_hex(8)  # _run's environment variable; no key here is encrypted
-    _run(
-        directory,
-        unused,
-        [openssl, "req -x509 -new -nodes -keyout ca.key -out ca.pem", *_CURVE],
-        ["-days", str(days), "-subj", f"/CN=outboxkit dev CA {suffix}"],
-        ["-addext", "basicConstraints=critical,CA:TRUE"],
-        ["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-    )
+    _make_ca(openssl, directory, unused, days, suffix)
     signed = (
         ("server", f"/CN=outboxkit dev server {suffix}", f"subjectAltName={_san(hosts)}\n"),
         ("client", f"/CN={client_user}", "extendedKeyUsage=clientAuth\n"),

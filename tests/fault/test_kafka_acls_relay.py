@@ -282,6 +282,39 @@ def _outbox_cli(relay: Relay, *args: str) -> str:
     return done.stdout
 
 
+def _parked_behind_its_key(
+    processes: Processes, relay: Relay, blocked: str, blocked_ids: list[int], open_ids: list[int]
+) -> None:
+    """The other topic's rows published; the refused topic's first row parked naming the
+    refusal, the rows behind it (its key) still pending: none went out."""
+    _wait(processes, lambda: _published(relay, open_ids), "the other topic's rows published")
+    _wait(
+        processes,
+        lambda: relay.states()[blocked_ids[0]][0] == "parked",
+        "the refused topic's first row parked",
+    )
+    states = relay.states()
+    reason = states[blocked_ids[0]][1] or ""
+    assert "AUTHORIZATION" in reason.upper(), reason
+    assert f"parked row {blocked_ids[0]} (topic {blocked})" in processes.output()
+    assert [states[i][0] for i in blocked_ids[1:]] == ["pending"] * (len(blocked_ids) - 1), states
+
+
+def _granted_and_retried(
+    processes: Processes, relay: Relay, blocked: str, blocked_ids: list[int]
+) -> None:
+    grant(relay.server, topic(blocked, WRITE))
+    _wait_writable(processes, relay.server, blocked)  # KRaft applies ACLs asynchronously
+    _outbox_cli(relay, "retry", "--all")
+    _wait(processes, lambda: _published(relay, blocked_ids), "the retried rows published")
+
+
+def _nothing_leaked(processes: Processes, server: KafkaServer) -> None:
+    output = processes.output()
+    assert "Traceback" not in output
+    assert server.sasl_ssl.password not in output
+
+
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
 @pytest.mark.parametrize("client", CLIENTS)
 def test_write_missing_on_one_topic_parks_its_rows_until_granted_and_retried(
@@ -305,18 +338,7 @@ def test_write_missing_on_one_topic_parks_its_rows_until_granted_and_retried(
     open_ids = [i for i, row in zip(ids, rows, strict=True) if row[0] == open_]
     processes.start(["relay", "run"], relay.env(OUTBOXKIT_RELAY_MODE=mode))
 
-    _wait(processes, lambda: _published(relay, open_ids), "the other topic's rows published")
-    _wait(
-        processes,
-        lambda: relay.states()[blocked_ids[0]][0] == "parked",
-        "the first row of the topic without Write parked",
-    )
-    states = relay.states()
-    reason = states[blocked_ids[0]][1] or ""
-    assert "AUTHORIZATION" in reason.upper(), reason
-    assert f"parked row {blocked_ids[0]} (topic {blocked})" in processes.output()
-    # The rows behind it (its key) wait; none went out.
-    assert [states[i][0] for i in blocked_ids[1:]] == ["pending"] * 3, states
+    _parked_behind_its_key(processes, relay, blocked, blocked_ids, open_ids)
 
     # at_least_once: rows acknowledged in the batch the broker refused go again (duplicates).
     def once(got: list[int]) -> list[int]:
@@ -324,14 +346,9 @@ def test_write_missing_on_one_topic_parks_its_rows_until_granted_and_retried(
 
     assert once([n for _, n in _values(acl_kafka, open_, 4)]) == list(range(4))
 
-    grant(acl_kafka, topic(blocked, WRITE))
-    _wait_writable(processes, acl_kafka, blocked)  # KRaft applies ACLs asynchronously
-    _outbox_cli(relay, "retry", "--all")
-    _wait(processes, lambda: _published(relay, blocked_ids), "the retried rows published")
+    _granted_and_retried(processes, relay, blocked, blocked_ids)
     assert once([n for _, n in _values(acl_kafka, blocked, 4)]) == list(range(4))
-    output = processes.output()
-    assert "Traceback" not in output
-    assert acl_kafka.sasl_ssl.password not in output
+    _nothing_leaked(processes, acl_kafka)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -359,29 +376,14 @@ def test_write_revoked_while_running_parks_that_topic_only_until_granted_and_ret
     ids = relay.outbox(sa_url, rows)
     blocked_ids = [i for i, row in zip(ids, rows, strict=True) if row[0] == blocked]
     open_ids = [i for i, row in zip(ids, rows, strict=True) if row[0] == open_]
-    _wait(processes, lambda: _published(relay, open_ids), "the other topic's rows published")
-    _wait(
-        processes,
-        lambda: relay.states()[blocked_ids[0]][0] == "parked",
-        "the first new row of the revoked topic parked",
-    )
-    states = relay.states()
-    reason = states[blocked_ids[0]][1] or ""
-    assert "AUTHORIZATION" in reason.upper(), reason
-    assert f"parked row {blocked_ids[0]} (topic {blocked})" in processes.output()
-    assert [states[i][0] for i in blocked_ids[1:]] == ["pending"] * 3, states  # behind its key
+    _parked_behind_its_key(processes, relay, blocked, blocked_ids, open_ids)
     assert [n for _, n in _values(acl_kafka, open_, 7)] == list(range(7))  # in order, once
     assert proc.poll() is None
 
-    grant(acl_kafka, topic(blocked, WRITE))
-    _wait_writable(processes, acl_kafka, blocked)
-    _outbox_cli(relay, "retry", "--all")
-    _wait(processes, lambda: _published(relay, blocked_ids), "the retried rows published")
+    _granted_and_retried(processes, relay, blocked, blocked_ids)
     assert [n for _, n in _values(acl_kafka, blocked, 7)] == list(range(7))
     assert proc.poll() is None  # the same process throughout
-    output = processes.output()
-    assert "Traceback" not in output
-    assert acl_kafka.sasl_ssl.password not in output
+    _nothing_leaked(processes, acl_kafka)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -418,9 +420,7 @@ def test_checkpoint_write_missing_is_named_then_publishes_once_granted(
     _wait(processes, lambda: _published(relay, ids), "every row published once granted")
     assert proc.poll() is None  # the same process: no restart
     assert [n for _, n in _values(acl_kafka, orders, 3)] == list(range(3))
-    output = processes.output()
-    assert "Traceback" not in output
-    assert acl_kafka.sasl_ssl.password not in output
+    _nothing_leaked(processes, acl_kafka)
 
 
 _SHARD_RETRYING = re.compile(r"shard (\d+): .* retrying in (\d+\.\d+)s")
@@ -470,9 +470,7 @@ def test_transactional_id_acl_missing_backs_off_then_publishes_once_granted(
     _wait(processes, lambda: _published(relay, ids), "every row published once granted")
     assert proc.poll() is None  # the same process: no restart
     assert [n for _, n in _values(acl_kafka, orders, 5)] == list(range(5))
-    output = processes.output()
-    assert "Traceback" not in output
-    assert acl_kafka.sasl_ssl.password not in output
+    _nothing_leaked(processes, acl_kafka)
 
 
 CLUSTER_DESCRIBE_CONFIGS = Acl(ResourceType.BROKER, "kafka-cluster", (DESCRIBE_CONFIGS,))

@@ -39,6 +39,14 @@ pytestmark = pytest.mark.fault
 _DELAY_RE = re.compile(r"retrying in ([0-9.]+)s")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _kafka(outboxkit_kafka_bootstrap: str) -> Iterator[None]:
+    """The suite's Kafka, self-started or external, for the processes and the topic set-up."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OUTBOXKIT_KAFKA_BOOTSTRAP", outboxkit_kafka_bootstrap)
+        yield
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[PostgresServer]:
     pg = PostgresServer(tls=True)
