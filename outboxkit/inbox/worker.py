@@ -11,8 +11,10 @@ the loop after the current delivery. ``python -m outboxkit.inbox.worker`` is an 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
+import random
 import signal
 import sys
 import threading
@@ -22,7 +24,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError, unlistenable
+from outboxkit.errors import ConfigurationError, PublishError, unlistenable
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
@@ -208,6 +210,8 @@ async def _run_async(
 ) -> None:
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
     from outboxkit.inbox.middleware import AsyncInbox
+    from outboxkit.inbox.startup import BACKOFF_INITIAL, BACKOFF_MAX
+    from outboxkit.relay.waiting import backoff_delay
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -215,9 +219,23 @@ async def _run_async(
         loop.add_signal_handler(signum, stop.set)
     engine = create_async_engine(url, connect_args=connect_args)
     inbox = AsyncInbox(engine, handler, settings) if handler else AsyncInbox(engine, settings)
+    rng, attempt = random.Random(), 0
     try:
-        async with AiokafkaInboxConsumer(inbox, kafka, **options) as running:
-            await running.run(stop)
+        while not stop.is_set():
+            try:
+                async with AiokafkaInboxConsumer(inbox, kafka, **options) as running:
+                    await running.run(stop)
+                return
+            except PublishError as exc:
+                if not exc.context.get("refused"):
+                    raise
+                # A missing ACL at the start (confluent-kafka's librdkafka waits for it on its
+                # own): ending the process would crash-loop it under a supervisor until granted.
+                attempt += 1
+                delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX, rng)
+                logger.warning("%s; retrying in %.1fs", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
     finally:
         await engine.dispose()
 

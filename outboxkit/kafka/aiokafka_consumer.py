@@ -159,7 +159,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             await consumer.stop()
             refused = isinstance(exc, _REFUSED)
             hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
-            raise PublishError(f"Kafka consumer could not start: {exc}{hint}") from exc
+            raise PublishError(
+                f"Kafka consumer could not start: {exc}{hint}", refused=refused
+            ) from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
         try:
