@@ -284,6 +284,11 @@ def test_read_missing_on_the_group_aiokafka_waits_naming_it(
     assert f"GroupAuthorizationFailedError: {setup.group} (Kafka refused" in output, output
     assert "Read on its group" in output
     assert setup.state(ok) is None
+    # A stop during the back-off ends a second such process cleanly (exit 0): no further start.
+    other = start(processes, setup, "aiokafka")
+    settle(processes, lambda: "retrying in" in processes.output(other), "the second one waiting")
+    processes.procs[other][0].terminate()
+    assert processes.procs[other][0].wait(30) == 0, processes.output(other)
     grant(setup.server, group(setup.group, READ))
     settle(
         processes,
