@@ -23,19 +23,14 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AclBindingFilter,
     AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
-    ResourceType,
 )
 
 from outboxkit.devstack import KafkaServer
 from tests.fault.test_secured_kafka import CLIENTS, ROOT, Processes, _create_topics
 from tests.integration.inbox_support import EFFECT_DDL, effects, inbox_row, produce_event
 from tests.support.brokers import own_broker
-from tests.support.kafka_acls import Acl, grant, group, revoke_all, topic
+from tests.support.kafka_acls import Acl, grant, group, revoke, revoke_all, topic
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -300,22 +295,6 @@ def test_read_missing_on_the_group_aiokafka_waits_naming_it(
     output = processes.output()
     assert "Traceback" not in output
     assert setup.server.sasl_ssl.password not in output
-
-
-def revoke(server: KafkaServer, name: str, operation: AclOperation) -> None:
-    """Take ``operation`` on topic ``name`` away from the consumer's principal."""
-    binding = AclBindingFilter(
-        ResourceType.TOPIC,
-        name,
-        ResourcePatternType.LITERAL,
-        f"User:{server.sasl_username}",
-        None,  # type: ignore[arg-type]  # any host
-        operation,
-        AclPermissionType.ALLOW,
-    )
-    admin = AdminClient({"bootstrap.servers": server.plaintext_bootstrap})
-    for future in admin.delete_acls([binding], request_timeout=30).values():
-        assert future.result(timeout=30), f"no {operation} on {name} to revoke"
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -22,11 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AclBindingFilter,
     AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
     ResourceType,
 )
 from sqlalchemy import create_engine
@@ -36,13 +32,20 @@ from outboxkit import Message, Outbox
 from outboxkit.devstack import KafkaServer
 from outboxkit.devstack.aio import run_coroutine
 from outboxkit.kafka import KafkaClients
-from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.errors import TRANSACTIONAL_ID_ACL_HINT
 from outboxkit.relay.checkpoint import CHECKPOINT_TOPIC_CONFIG
 from outboxkit.settings import KafkaSettings
 from tests.fault.test_secured_kafka import OUTBOXKIT, ROOT, Processes
 from tests.support.brokers import own_broker
-from tests.support.kafka_acls import Acl, grant, revoke_all, topic, transactional_id
+from tests.support.kafka_acls import (
+    Acl,
+    grant,
+    may_write,
+    revoke,
+    revoke_all,
+    topic,
+    transactional_id,
+)
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -234,42 +237,13 @@ def test_exactly_once_with_the_documented_acls_then_one_missing(
 def _wait_writable(processes: Processes, server: KafkaServer, name: str) -> None:
     """Until the broker tells the relay's principal it may write to ``name`` (a grant is
     applied asynchronously: a claim right after it may still be refused)."""
-    settings = server.sasl_ssl.kafka_settings()
-
-    async def writable() -> bool:
-        admin = ConfluentAdmin(settings, timeout=10.0)
-        try:
-            return (await admin.may_write([name])).get(name) is True
-        finally:
-            await admin.close()
-
-    _wait(processes, lambda: run_coroutine(writable()), f"Write on {name} effective")
+    _wait(processes, lambda: may_write(server, name) is True, f"Write on {name} effective")
 
 
 def _revoke_write(processes: Processes, server: KafkaServer, name: str) -> None:
     """Take Write on topic ``name`` away from the relay's principal, until the broker says so."""
-    write = AclBindingFilter(
-        ResourceType.TOPIC,
-        name,
-        ResourcePatternType.LITERAL,
-        f"User:{server.sasl_username}",
-        None,  # type: ignore[arg-type]  # any host
-        WRITE,
-        AclPermissionType.ALLOW,
-    )
-    admin = AdminClient({"bootstrap.servers": server.plaintext_bootstrap})
-    for future in admin.delete_acls([write], request_timeout=30).values():
-        assert future.result(timeout=30), f"no Write on {name} to revoke"
-    settings = server.sasl_ssl.kafka_settings()
-
-    async def refused() -> bool:
-        admin = ConfluentAdmin(settings, timeout=10.0)
-        try:
-            return (await admin.may_write([name])).get(name) is False
-        finally:
-            await admin.close()
-
-    _wait(processes, lambda: run_coroutine(refused()), f"Write on {name} revoked")
+    revoke(server, name, WRITE)
+    _wait(processes, lambda: may_write(server, name) is False, f"Write on {name} revoked")
 
 
 def _outbox_cli(relay: Relay, *args: str) -> str:

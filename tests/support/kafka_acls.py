@@ -74,6 +74,38 @@ def grant(server: KafkaServer, *acls: Acl, principal: str | None = None) -> None
         future.result(timeout=30)
 
 
+def revoke(server: KafkaServer, name: str, operation: AclOperation) -> None:
+    """Take ``operation`` on topic ``name`` away from the server's SASL user (it must have it)."""
+    binding = AclBindingFilter(
+        ResourceType.TOPIC,
+        name,
+        ResourcePatternType.LITERAL,
+        f"User:{server.sasl_username}",
+        None,  # type: ignore[arg-type]  # any host
+        operation,
+        AclPermissionType.ALLOW,
+    )
+    admin = _admin(server)
+    for future in admin.delete_acls([binding], request_timeout=30).values():
+        assert future.result(timeout=30), f"no {operation} on {name} to revoke"
+
+
+def may_write(server: KafkaServer, name: str) -> bool | None:
+    """What the broker tells the server's SASL user about writing to topic ``name`` now (a
+    grant or a revocation is applied asynchronously: wait for this before relying on it)."""
+    from outboxkit.devstack.aio import run_coroutine
+    from outboxkit.kafka.confluent_admin import ConfluentAdmin
+
+    async def ask() -> bool | None:
+        admin = ConfluentAdmin(server.sasl_ssl.kafka_settings(), timeout=10.0)
+        try:
+            return (await admin.may_write([name])).get(name)
+        finally:
+            await admin.close()
+
+    return run_coroutine(ask())
+
+
 def revoke_all(server: KafkaServer, principal: str | None = None) -> None:
     """Remove every ACL of ``principal`` (the server's SASL user by default)."""
     who = f"User:{principal or server.sasl_username}"
