@@ -45,9 +45,12 @@ CLIENTS = [pytest.param("confluent", id="confluent"), pytest.param("aiokafka", i
 
 
 def _create_topics(server: KafkaServer, *names: str) -> None:
-    settings = KafkaSettings(
-        bootstrap=server.plaintext_bootstrap, security_protocol=SecurityProtocol.PLAINTEXT
-    )
+    create_topics_at(server.plaintext_bootstrap, *names)
+
+
+def create_topics_at(bootstrap: str, *names: str) -> None:
+    """Topics of one partition, made over an unauthenticated listener (test set-up)."""
+    settings = KafkaSettings(bootstrap=bootstrap, security_protocol=SecurityProtocol.PLAINTEXT)
 
     async def create() -> None:
         admin = KafkaClients(settings, timeout=60.0).admin()

@@ -27,9 +27,7 @@ from outboxkit.db import sqlalchemy_url
 from outboxkit.devstack import PostgresServer
 from outboxkit.devstack.aio import run_coroutine
 from outboxkit.devstack.tls import make_server_pem
-from outboxkit.kafka import KafkaClients
-from outboxkit.settings import KafkaSettings
-from tests.fault.test_secured_kafka import OUTBOXKIT, ROOT, Processes, _message
+from tests.fault.test_secured_kafka import OUTBOXKIT, ROOT, Processes, _message, create_topics_at
 from tests.integration.inbox_support import EFFECT_DDL, inbox_row
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
@@ -114,17 +112,7 @@ def _write(url: str, topic: str) -> list[str]:
 
 
 def _create_topics(*names: str) -> None:
-    settings = KafkaSettings.plaintext(os.environ["OUTBOXKIT_KAFKA_BOOTSTRAP"])
-
-    async def create() -> None:
-        admin = KafkaClients(settings, timeout=60.0).admin()
-        try:
-            for name in names:
-                await admin.create_topic(name, 1, {}, replication_factor=1)
-        finally:
-            await admin.close()
-
-    run_coroutine(create())
+    create_topics_at(os.environ["OUTBOXKIT_KAFKA_BOOTSTRAP"], *names)
 
 
 def test_every_path_over_verify_full_tls(
