@@ -11,12 +11,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from outboxkit.cli.options import database_options, resolve_or_exit
-from outboxkit.db import prompt_free, redact, sqlalchemy_url
+from outboxkit.db import redact
+from outboxkit.db.engines import sync_engine
 from outboxkit.inbox.guard import escape
 from outboxkit.inbox.readback import (
     cancel_event,
@@ -41,7 +41,7 @@ def _engine(
     in one line: no traceback, no parameters, no password."""
     target = resolve_or_exit(config_path, database_url, schema)
     url = target.require_url()
-    engine = create_engine(sqlalchemy_url(url), connect_args=prompt_free(url))  # never a prompt
+    engine = sync_engine(url)
     try:
         yield engine, target.schema
     except DBAPIError as exc:

@@ -22,6 +22,7 @@ from typing import TextIO
 import sqlalchemy as sa
 
 from outboxkit import db
+from outboxkit.db.engines import sync_engine
 from outboxkit.demo.app import TABLES
 from outboxkit.demo.checks import Check, Faults, judge, read_outcome, render
 from outboxkit.demo.processes import DemoProcess, Services, start_consumer, start_relay
@@ -148,7 +149,7 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
     options = options or DemoOptions()
     started = time.monotonic()
     display = Display(out, started)
-    engine = sa.create_engine(db.sqlalchemy_url(services.database_url), pool_size=8)
+    engine = sync_engine(services.database_url, pool_size=8)
     children: list[DemoProcess] = []
     writers = Writers(engine, services.topic, options.plan)
     try:

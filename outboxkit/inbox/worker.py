@@ -20,10 +20,8 @@ import sys
 import threading
 from typing import Any
 
-from sqlalchemy import create_engine
-from sqlalchemy.ext.asyncio import create_async_engine
-
 from outboxkit import db
+from outboxkit.db.engines import async_engine, sync_engine
 from outboxkit.errors import ConfigurationError, PublishError, unlistenable
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
@@ -137,7 +135,8 @@ def run(config: Settings | None = None) -> None:
     consumer, kafka = config.consumer, config.kafka
     settings = inbox_settings(consumer, config.schema_name)
     handler = load_object(consumer.handler) if consumer.handler else None
-    url = db.sqlalchemy_url(config.database_url)
+    url = config.database_url
+    db.sqlalchemy_url(url)  # a URL SQLAlchemy cannot take fails before anything starts
     options: dict[str, Any] = {
         "group_id": consumer.group,
         "topics": consumer.topics,
@@ -154,8 +153,7 @@ def run(config: Settings | None = None) -> None:
     }
     if not _started(config):
         return
-    # No pass-phrase prompt from libpq for an encrypted key without sslpassword: it would block.
-    connect_args = {**db.prompt_free(config.database_url), **config.database.connect_options()}
+    connect_args = config.database.connect_options()
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
         _run_sync(url, handler, settings, kafka, options, connect_args)
     else:
@@ -178,7 +176,7 @@ def _started(config: Settings) -> bool:
 
 
 def _run_sync(
-    url: str,
+    url: db.Url,
     handler: Any,
     settings: InboxSettings,
     kafka: KafkaSettings,
@@ -191,7 +189,7 @@ def _run_sync(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    engine = create_engine(url, connect_args=connect_args)
+    engine = sync_engine(url, connect_args=connect_args)
     inbox = Inbox(engine, handler, settings) if handler else Inbox(engine, settings)
     try:
         with ConfluentInboxConsumer(inbox, kafka, **options) as running:
@@ -201,7 +199,7 @@ def _run_sync(
 
 
 async def _run_async(
-    url: str,
+    url: db.Url,
     handler: Any,
     settings: InboxSettings,
     kafka: KafkaSettings,
@@ -217,7 +215,7 @@ async def _run_async(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    engine = create_async_engine(url, connect_args=connect_args)
+    engine = async_engine(url, connect_args=connect_args)
     inbox = AsyncInbox(engine, handler, settings) if handler else AsyncInbox(engine, settings)
     rng, attempt = random.Random(), 0
     try:

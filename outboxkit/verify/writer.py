@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
-from outboxkit import db
+from outboxkit.db.engines import sync_engine
 from outboxkit.errors import IdempotencyKeyConflictError, OutboxkitError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox
@@ -59,8 +59,8 @@ class Writer:
         self.t0: float = args.t0
         self.out = out
         self.outbox = Outbox(schema=SCHEMA)
-        self.engine = sa.create_engine(
-            db.sqlalchemy_url(args.database_url),
+        self.engine = sync_engine(
+            args.database_url,
             pool_size=1,
             max_overflow=0,
             pool_pre_ping=True,

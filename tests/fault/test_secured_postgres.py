@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,6 +218,57 @@ def test_an_encrypted_key_without_sslpassword_is_named_not_prompted_for(
     if command[0] == "migrate":  # our own connections say what to add
         assert done.returncode == 2
         assert "an encrypted key needs its pass phrase as sslpassword" in done.stderr
+
+
+_ENGINE_PROBE = """
+import asyncio, sys
+from outboxkit.db.engines import async_engine, sync_engine
+
+async def connect_async(url):
+    engine = async_engine(url)
+    try:
+        async with engine.connect():
+            pass
+    finally:
+        await engine.dispose()
+
+try:
+    if sys.argv[2] == "sync":
+        sync_engine(sys.argv[1]).connect()
+    else:
+        asyncio.run(connect_async(sys.argv[1]))
+except Exception as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_our_engines_never_prompt_for_a_key_pass_phrase(
+    server: PostgresServer, url: str, encrypted_key: tuple[Path, str], kind: str
+) -> None:
+    """Every SQLAlchemy engine outboxkit makes (``inbox run``, the ``inbox`` commands,
+    ``outboxkit verify``'s writers, the demo) comes from ``outboxkit.db.engines``."""
+    key, _ = encrypted_key
+    cert_url = server.cert_url_for("postgres").replace(str(server.tls_files.client_key), str(key))
+    terminal, other_end = os.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _ENGINE_PROBE, cert_url, kind],
+            env=_env(cert_url),
+            cwd=ROOT,
+            stdin=other_end,
+            capture_output=True,
+            text=True,
+            start_new_session=True,
+            timeout=60,
+        )
+    finally:
+        os.close(terminal)
+        os.close(other_end)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "Enter PEM pass phrase" not in done.stdout + done.stderr
+    assert "could not load private key file" in done.stdout
 
 
 def test_a_key_not_of_the_certificate_is_named(server: PostgresServer, url: str) -> None:

@@ -4,6 +4,7 @@ Read from the source (``ast``), so a violation names the module and line:
 - only ``outboxkit/kafka/`` imports a Kafka client library (verify reads back through it);
 - only ``outboxkit/db/`` (and the dev tooling: ``devstack/``, ``pytest_plugin.py``, ``verify/``)
   connects to PostgreSQL, opens cursors, or executes SQL it wrote itself;
+- only ``outboxkit/db/`` makes a SQLAlchemy engine (each one of ours never lets libpq prompt);
 - no runtime module is much over 400 lines;
 - ``import outboxkit, outboxkit.relay, outboxkit.inbox`` imports neither pytest nor the dev stack.
 """
@@ -145,6 +146,33 @@ def test_only_the_db_package_runs_sql() -> None:
         for violation in _sql_violations(_tree(path))
     ]
     assert found == [], "SQL run outside outboxkit/db/:\n" + "\n".join(found)
+
+
+_ENGINE_MAKERS = ("create_engine", "create_async_engine")
+
+
+def _engine_calls(tree: ast.AST) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called_name(node).split(".")[-1] in _ENGINE_MAKERS:
+            yield f"{node.lineno}: {_called_name(node)}()"
+
+
+def test_only_the_db_package_makes_engines() -> None:
+    """The dev tooling too: ``verify`` and the demo connect through the same URL rules."""
+    found = [
+        f"outboxkit/{_relative(path)}:{violation}"
+        for path in _modules()
+        if not _relative(path).startswith("db/")
+        for violation in _engine_calls(_tree(path))
+    ]
+    assert found == [], "SQLAlchemy engine made outside outboxkit/db/:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source", ["sa.create_engine(url)", "create_async_engine(url, pool_size=1)"]
+)
+def test_the_engine_scan_sees_every_form(source: str) -> None:
+    assert list(_engine_calls(ast.parse(source))) != []
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,8 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         def dispose(self) -> None:
             return None
 
-    def create_engine(url: str, **options: Any) -> Engine:
-        found["url"] = url.replace("postgresql+psycopg://", "postgresql://")
+    def sync_engine(url: Any, **options: Any) -> Engine:
+        found["url"] = url_of(url)
         return Engine()
 
     def reader(result: Any) -> Any:
@@ -103,7 +103,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
         return read
 
-    monkeypatch.setattr(inbox_cli, "create_engine", create_engine)
+    monkeypatch.setattr(inbox_cli, "sync_engine", sync_engine)
     monkeypatch.setattr(inbox_cli, "list_events", reader([]))
     monkeypatch.setattr(inbox_cli, "stats", reader([]))
     monkeypatch.setattr(

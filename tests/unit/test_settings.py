@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from outboxkit.cli import main
 from outboxkit.db import prompt_free
+from outboxkit.db.engines import engine_options
 from outboxkit.errors import ConfigurationError
 from outboxkit.settings import KafkaClient, Mode, OnPublish, ParkedKeyPolicy, load_settings
 
@@ -407,7 +408,9 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     monkeypatch.delenv("PGSERVICE", raising=False)  # a service file may give it instead
     no_prompt = prompt_free(SECRET_URL)  # libpq never asks the terminal for a key's pass phrase
     assert no_prompt  # (this libpq knows sslpassword)
-    assert handed["connect_args"] == no_prompt  # psycopg's own prepared statements by default
+    # psycopg's own prepared statements by default; the engine adds the no-prompt option
+    assert handed["connect_args"] == {}
+    assert engine_options(SECRET_URL, {}) == no_prompt
     code, out = _invoke(
         "inbox",
         *("run", "--consumer", "c", "--group", "g", "--topic", "t", "--handler", "json:dumps"),
@@ -418,7 +421,11 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
         },
     )
     assert code == 0, out
-    assert handed["connect_args"] == {**no_prompt, "prepare_threshold": None}
+    assert handed["connect_args"] == {"prepare_threshold": None}
+    assert engine_options(SECRET_URL, {"prepare_threshold": None}) == {
+        **no_prompt,
+        "prepare_threshold": None,
+    }
 
 
 def test_a_malformed_kafka_option_item_is_named_without_its_text() -> None:
