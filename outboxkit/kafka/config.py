@@ -3,7 +3,8 @@
 Every client the product creates (producers, consumers, admin, checkpoint reader, dead letters,
 acks) is configured from here, so TLS and SASL reach all of them. aiokafka takes TLS as an
 ``SSLContext``, built from the same file paths librdkafka reads. librdkafka's log lines go to the
-``outboxkit.kafka.librdkafka`` logger instead of raw to stderr.
+``outboxkit.kafka.librdkafka`` logger instead of raw to stderr, rate-limited per client
+(:mod:`outboxkit.kafka.librdkafka_log`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.kafka.errors import with_credentials_hint
+from outboxkit.kafka.librdkafka_log import LibrdkafkaLog
 from outboxkit.settings import KafkaSettings
 from outboxkit.settings.kafka_names import (
     OWNED_OPTIONS,
@@ -124,7 +126,8 @@ def confluent_config(
     security + our logger, the user's ``properties``, the caller's ``options`` (a consumer's
     own), then ``overrides`` (what the client needs to keep its contract, e.g.
     ``enable.idempotence``). Neither ``properties`` nor ``options`` may set what the typed
-    settings decide (:data:`~outboxkit.settings.kafka_names.OWNED_PROPERTIES`)."""
+    settings decide (:data:`~outboxkit.settings.kafka_names.OWNED_PROPERTIES`). The logger is
+    a new :class:`LibrdkafkaLog` each call: its rate limits are this configuration's alone."""
     _refuse_properties(settings)
     _check_sasl(settings)
     _refuse_owned(options or {}, OWNED_PROPERTIES, _OPTIONS)
@@ -134,7 +137,7 @@ def confluent_config(
         "bootstrap.servers": _require_bootstrap(settings),
         "client.id": settings.client_id,
         "security.protocol": settings.security_protocol.value.lower(),
-        "logger": LIBRDKAFKA_LOGGER,
+        "logger": LibrdkafkaLog(LIBRDKAFKA_LOGGER),
     }
     if settings.uses_sasl and mechanism is None:
         assert settings.sasl_mechanism is not None

@@ -4,14 +4,16 @@ client certificate and an encrypted (PKCS#8) key, from ``OUTBOXKIT_KAFKA_*`` var
 The relay (exactly-once: transactional producer, checkpoint reader, admin) and a consumer with
 dead letters and acknowledgements (consumer, dead-letter and acks producers, admin) run as
 processes over each Kafka client. Then what a user gets wrong: a wrong key password, an
-encrypted key without one, no client certificate at all. The broker is this module's own (the
-dev stack's ``security="ssl"``); its loopback PLAINTEXT listener is for the test's set-up only.
+encrypted key without one, no client certificate at all (and how few librdkafka lines a
+refused client logs meanwhile). The broker is this module's own (the dev stack's
+``security="ssl"``); its loopback PLAINTEXT listener is for the test's set-up only.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import pty
 import select
@@ -25,7 +27,9 @@ from pathlib import Path
 import pytest
 
 from outboxkit.devstack import KafkaServer
-from outboxkit.kafka.config import CLIENT_CERTIFICATE_HINT
+from outboxkit.kafka import librdkafka_log
+from outboxkit.kafka.config import CLIENT_CERTIFICATE_HINT, LIBRDKAFKA_LOGGER
+from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
 from tests.fault.test_secured_kafka import (
     CLIENTS,
     OUTBOXKIT,
@@ -225,5 +229,48 @@ def test_no_client_certificate_is_retried_with_back_off(
     assert "retrying in" in output
     if client == "confluent":  # librdkafka logs the TLS alert; aiokafka only a closed connection
         assert CLIENT_CERTIFICATE_HINT in output, output
+        # Each attempt's producer logs its first refused handshake, not ~100 of them.
+        failed = [line for line in output.splitlines() if " FAIL [" in line]
+        assert len(failed) <= 2 * (output.count("waiting for Kafka") + 1), failed[:3]
     processes.stop()
     _no_secret_shown(processes.output(index), mtls_kafka)
+
+
+def test_a_refused_clients_librdkafka_lines_are_rate_limited(
+    mtls_kafka: KafkaServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No client certificate: librdkafka logs each refused handshake, some twenty a second for
+    as long as the client runs. A consumer's client logs the first at once, then, after each
+    window (2 s here, 60 s by default), one with the number of those it did not show."""
+    window = 2.0
+    monkeypatch.setattr(librdkafka_log, "WINDOW_SECONDS", window)
+    settings = (
+        mtls_kafka.mtls()
+        .kafka_settings()
+        .model_copy(update=dict.fromkeys(("ssl_certificate_location", "ssl_key_location")))
+    )
+    caplog.set_level(logging.INFO, logger=LIBRDKAFKA_LOGGER.name)
+    consumer = ConfluentGroupConsumer(settings, f"g-{uuid.uuid4().hex[:8]}")
+    started = time.monotonic()
+
+    def refusals() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == LIBRDKAFKA_LOGGER.name and r.getMessage().startswith("FAIL ")
+        ]
+
+    def summarised() -> bool:
+        consumer.poll(0.2, 10)  # serves the client's log lines
+        lines = refusals()
+        # At most a line a window for each of the few kinds of refusal.
+        bound = 3 * (1 + (time.monotonic() - started) / window)
+        assert len(lines) <= bound, f"{len(lines)} FAIL lines: {lines[:3]}"
+        return any("similar lines suppressed in the last" in line for line in lines)
+
+    try:
+        consumer.subscribe(["payments"], lambda tps: None, lambda tps: {})
+        wait_for(summarised, timeout=20, what="a FAIL line with the count of those not shown")
+    finally:
+        consumer.close()
+    assert CLIENT_CERTIFICATE_HINT in refusals()[0]  # the hint filter still sees every line
