@@ -6,8 +6,10 @@ second for as long as the process runs. confluent-kafka hands each line to the `
 property as ``logger.log(level, "%s [%s] %s", facility, client_name, line)``;
 :class:`LibrdkafkaLog` is that object. It groups lines by level, facility, client and the line
 with its varying parts normalised, logs the first of a group at once, counts the repeats within
-a window and logs the first repeat after it with their number. There is no timer thread: a
-count shows with the group's next line, or when the group is dropped to keep the state bounded.
+a window and logs the first repeat after it with their number. A line after a quiet window is a
+new incident: the last one's count is logged, then the line as a first one. There is no timer
+thread: a count shows with the group's next line, or when the group is dropped to keep the
+state bounded.
 DEBUG lines (librdkafka's ``debug`` property) were asked for: they pass unlimited.
 """
 
@@ -28,15 +30,16 @@ WINDOW_SECONDS = 60.0
 MAX_GROUPS = 128
 
 _LINE = "%s [%s] %s"
-_SUMMARY = _LINE + " (%d similar %s suppressed in the last %d s)"
+_SUMMARY = _LINE + " (%d similar %s suppressed over %d s)"
 Line = tuple[Any, ...]  # (facility, client name, text), as confluent-kafka passes them
 
 # What varies between the lines of one failure, and is not worth a line of its own.
 _VARYING = (
     (re.compile(r"\b\d+ms\b"), "…ms"),  # "(after 3ms in state APIVERSION_QUERY"
-    (re.compile(r"\b\d+ identical error\(s\) suppressed"), "… identical error(s) suppressed"),
-    # A broker by its role, then by its node id: "ssl://host:9093/bootstrap", "…/1".
-    (re.compile(r"(://[^\s/\]]+)/(?:\d+|bootstrap)\b"), r"\1/…"),
+    # librdkafka's own repeat count, present on some lines of a failure and not on others.
+    (re.compile(r",? ?\b\d+ identical error\(s\) suppressed"), ""),
+    # A broker by its role, then by its node id: "ssl://host:9093/bootstrap", "host:9092/1".
+    (re.compile(r"((?:://)?[\w.\-\[\]:]+:\d+)/(?:\d+|bootstrap)\b"), r"\1/…"),
     # The address tried, one of those the broker's (named) host resolves to.
     (re.compile(r"\bipv[46]#\S+"), "ipv…#…"),
 )
@@ -52,6 +55,7 @@ def normalised(text: str) -> str:
 @dataclass
 class _Group:
     started: float  # when the group's last shown line was logged
+    seen: float  # when the group's last line came, shown or not
     last: Line
     suppressed: int = 0
 
@@ -83,20 +87,20 @@ class LibrdkafkaLog:
     def log(self, level: int, msg: str, *args: Any) -> None:
         """confluent-kafka's call for each librdkafka line. It must not raise: an exception here
         would be raised by the client's next ``poll`` instead of its result."""
-        if level <= logging.DEBUG or len(args) != 3:  # asked for, or not librdkafka's shape
-            self.logger.log(level, msg, *args)
-            return
-        if not self.logger.isEnabledFor(level):
-            return
         try:
-            key = (level, args[0], args[1], normalised(str(args[2])))
-        except Exception:  # a line that cannot be grouped is shown, not lost
-            self.logger.log(level, msg, *args)
-            return
-        with self._lock:
-            shown = self._admit(key, args)
-        for line_level, text, line_args in shown:
-            self.logger.log(line_level, text, *line_args)
+            if level <= logging.DEBUG or len(args) != 3:  # asked for, or not librdkafka's shape
+                self.logger.log(level, msg, *args)
+                return
+            if not self.logger.isEnabledFor(level):
+                return
+            line = tuple(str(arg) for arg in args)
+            key = (level, line[0], line[1], normalised(line[2]))
+            with self._lock:
+                shown = self._admit(key, line)
+            for line_level, text, line_args in shown:
+                self.logger.log(line_level, text, *line_args)
+        except Exception:  # a line that cannot be grouped or formatted is shown as it came
+            self.logger.log(level, "librdkafka log line %r", args)
 
     def _admit(self, key: tuple[Any, ...], line: Line) -> list[tuple[int, str, Line]]:
         """What to log for ``line`` (of group ``key``), the group's state updated."""
@@ -104,20 +108,31 @@ class LibrdkafkaLog:
         group = self._groups.get(key)
         if group is None:
             shown = [(key[0], _LINE, line)]
-            self._groups[key] = _Group(now, line)
+            self._groups[key] = _Group(now, now, line)
             while len(self._groups) > self._max_groups:
                 (level, *_), old = self._groups.popitem(last=False)
                 if old.suppressed:  # its count would be lost: its last line shows it
-                    shown.append(_summary(level, old.last, old.suppressed - 1, now - old.started))
+                    shown.append(_pending(level, old))
             return shown
         self._groups.move_to_end(key)
-        if now - group.started < self.window:
+        if now - group.seen >= self.window:
+            # Quiet for a whole window: a new incident. The last one's count, over its own span,
+            # then this line as a first line (not one more repeat of a burst long over).
+            shown = [_pending(key[0], group)] if group.suppressed else []
+            shown.append((key[0], _LINE, line))
+        elif now - group.started < self.window:
             group.suppressed += 1
-            group.last = line
+            group.seen, group.last = now, line
             return []
-        shown = [_summary(key[0], line, group.suppressed, now - group.started)]
-        group.started, group.last, group.suppressed = now, line, 0
+        else:
+            shown = [_summary(key[0], line, group.suppressed, now - group.started)]
+        group.started, group.seen, group.last, group.suppressed = now, now, line, 0
         return shown
+
+
+def _pending(level: int, group: _Group) -> tuple[int, str, Line]:
+    """A group's last line, not shown when it came, with the count of the others not shown."""
+    return _summary(level, group.last, group.suppressed - 1, group.seen - group.started)
 
 
 def _summary(level: int, line: Line, suppressed: int, seconds: float) -> tuple[int, str, Line]:

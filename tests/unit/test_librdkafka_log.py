@@ -37,6 +37,10 @@ def refused(ms: int, identical: int, address: str = "ipv4#127.0.0.1:9093") -> st
     )
 
 
+def refused_tail(identical: int) -> str:
+    return f"Connect failed (after 0ms in state CONNECT, {identical} identical error(s) suppressed)"
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -94,13 +98,39 @@ def test_the_first_line_shows_at_once_then_one_a_window_with_the_count(
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(3))
     assert len(lines.records) == 2
     assert "(after 3ms in state APIVERSION_QUERY)" in lines.messages[1]
-    assert "(1199 similar lines suppressed in the last 60 s)" in lines.messages[1]
+    assert "(1199 similar lines suppressed over 60 s)" in lines.messages[1]
     clock.now += 1  # a new window began with the line shown
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(1))
     assert len(lines.records) == 2
-    clock.now += WINDOW_SECONDS + 14
+    clock.now += 14  # still within the window begun 15 s ago
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(2))
-    assert "(1 similar line suppressed in the last 75 s)" in lines.messages[2]
+    clock.now += WINDOW_SECONDS - 15 + 1
+    log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(3))
+    assert "(2 similar lines suppressed over 61 s)" in lines.messages[2]
+
+
+def test_a_later_incident_shows_at_once_after_a_quiet_window(lines: Lines, clock: Clock) -> None:
+    """Counted from the last line *shown*, a second outage a little later would only be
+    counted, and shown days later (or never, its client closed) as one long failure."""
+    log = adapter(clock)
+    log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(0))
+    clock.now += 30  # a second outage, 20 s of lines, within the first line's window
+    for n in range(400):
+        clock.now += 0.05
+        log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(n % 4))
+    assert len(lines.records) == 1
+    clock.now += 3 * 24 * 3600  # quiet for days, then a third outage
+    log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(1))
+    assert len(lines.records) == 3
+    late, first = lines.messages[1:]
+    assert late.startswith(
+        f"FAIL [{PRODUCER}] {bad_certificate(3)} (399 similar lines suppressed over 50 s)"
+    )
+    assert first.startswith(f"FAIL [{PRODUCER}] {bad_certificate(1)}")
+    assert "suppressed" not in first  # a first line, no count of days ago
+    clock.now += 1
+    log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(2))
+    assert len(lines.records) == 3  # a new window began with it
 
 
 def test_a_line_without_repeats_shows_without_a_count(lines: Lines, clock: Clock) -> None:
@@ -114,9 +144,10 @@ def test_a_line_without_repeats_shows_without_a_count(lines: Lines, clock: Clock
 def test_the_hints_still_reach_the_lines_and_the_summaries(lines: Lines, clock: Clock) -> None:
     """The hint filters sit on LIBRDKAFKA_LOGGER: the records still go through it."""
     log = adapter(clock)
-    for _ in range(3):
+    for n in range(3):
+        clock.now += 0 if n == 0 else WINDOW_SECONDS / 4
         log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(0))
-    clock.now += WINDOW_SECONDS
+    clock.now += WINDOW_SECONDS / 2
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, bad_certificate(0))
     assert len(lines.records) == 2
     assert all(CLIENT_CERTIFICATE_HINT in message for message in lines.messages)
@@ -130,6 +161,10 @@ def test_the_hints_still_reach_the_lines_and_the_summaries(lines: Lines, clock: 
         (refused(0, 1), refused(10001, 37)),  # librdkafka's own count, its duration
         (refused(0, 1, "ipv4#127.0.0.1:9093"), refused(0, 1, "ipv6#[::1]:9093")),
         (bad_certificate(0), bad_certificate(0, f"{BROKER}/1")),  # bootstrap, then node 1
+        # A PLAINTEXT broker's name has no scheme.
+        ("127.0.0.1:9092/bootstrap: Connect failed", "127.0.0.1:9092/2: Connect failed"),
+        # librdkafka's own count on one line of a failure and not on the next.
+        ("Connect failed (after 3ms in state CONNECT)", refused_tail(5)),
     ],
 )
 def test_what_varies_within_one_failure_is_one_group(
@@ -217,7 +252,7 @@ def test_the_groups_are_bounded_and_a_dropped_group_shows_its_count(
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, "d")  # drops a: 4 repeats, one shown
     assert lines.messages[-2:] == [
         f"FAIL [{PRODUCER}] d",
-        f"FAIL [{PRODUCER}] a (3 similar lines suppressed in the last 5 s)",
+        f"FAIL [{PRODUCER}] a (3 similar lines suppressed over 5 s)",
     ]
     assert len(log._groups) == 2
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, "b")  # forgotten: shown again
@@ -238,7 +273,13 @@ def test_a_line_that_cannot_be_grouped_is_shown_and_nothing_raises(
 
     log = adapter(clock)
     log.log(logging.ERROR, "%s [%s] %r", "FAIL", PRODUCER, Unprintable())
-    assert lines.messages == [f"FAIL [{PRODUCER}] <unprintable>"]
+    assert lines.messages == [f"librdkafka log line ('FAIL', '{PRODUCER}', <unprintable>)"]
+
+    class Unhashable(str):
+        __hash__ = None  # type: ignore[assignment]
+
+    log.log(logging.ERROR, FORMAT, Unhashable("FAIL"), PRODUCER, "x")  # str() of each: grouped
+    assert lines.messages[-1] == f"FAIL [{PRODUCER}] x"
 
 
 def test_every_confluent_config_gets_a_fresh_adapter_on_the_librdkafka_logger() -> None:
