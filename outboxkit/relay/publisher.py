@@ -73,6 +73,7 @@ class BatchPublisher:
             metrics,
             wait_behind_parked=config.parked_key_policy is ParkedKeyPolicy.WAIT,
             checkpoint_topic=config.checkpoint_topic,
+            stop=self._stop,
         )
         self._limits = self._gate.limits  # sends may be cut (at_least_once: broker_limits)
         self._pending_mark: asyncio.Task[None] | None = None
@@ -110,8 +111,7 @@ class BatchPublisher:
         return found
 
     def new_producer_life(self) -> None:
-        """Topic knowledge belongs to one producer life (its metadata); so do the defects of
-        rows claimed in the last one (a row claimed again is judged again)."""
+        """Topic knowledge and the defects of rows claimed belong to one producer life."""
         self._gate.forget()
         self._store.defects.clear()
         self._prepared = None

@@ -10,13 +10,17 @@ a later row of a parked key stays back (the next claim leaves it out), so per-ke
 A topic's configuration is read after its metadata (``broker_limits``; a failed read is tried
 again at a later claim, and a read is repeated once it is old or a refusal may mean the topic's
 configuration changed): a row without a key for a compacted topic is parked here too, before
-anything is sent.
+anything is sent. A stop cuts these questions to Kafka short (a broker that is away answers
+only at the end of the question's timeout, up to 10 s): the claim is then sent as nothing, its
+rows left pending for the next owner, so the lease goes at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -25,12 +29,19 @@ from outboxkit.relay.broker_limits import BrokerLimits
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.reader import OutboxRecord, ShardStore
+from outboxkit.relay.waiting import finished_unless
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
 
 Conn = psycopg.AsyncConnection[Any]
 
 CHECKPOINT_TOPIC_REFUSED = "the relay's checkpoint topic takes only the relay's own records"
+
+T = TypeVar("T")
+
+
+class _Stopping(Exception):
+    """The relay stops while the gate waits for Kafka's answer (never leaves this module)."""
 
 
 class TopicGate:
@@ -42,6 +53,7 @@ class TopicGate:
         *,
         wait_behind_parked: bool,
         checkpoint_topic: str,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.shard = shard
         self.limits = BrokerLimits(shard)  # the topics' configurations, read with their metadata
@@ -51,6 +63,7 @@ class TopicGate:
         self._wait_behind_parked = wait_behind_parked
         self._label = str(shard)
         self._known_topics: set[str] = set()
+        self._stop = stop if stop is not None else asyncio.Event()
 
     def forget(self) -> None:
         """Topic knowledge belongs to one producer life (its metadata)."""
@@ -66,19 +79,37 @@ class TopicGate:
     ) -> list[OutboxRecord]:
         """The claim without rows that cannot become records (those are parked): rows of
         topics that cannot take records, rows the reader found defective, and rows without a
-        key for a compacted topic."""
+        key for a compacted topic. Nothing when the relay stops while Kafka is asked."""
+        try:
+            return await self._sendable(term, conn, producer, claim)
+        except _Stopping:
+            return []  # nothing sent, nothing parked: the rows stay pending
+
+    async def _asked(self, question: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(question)
+        if not await finished_unless(task, self._stop):
+            raise _Stopping
+        return task.result()
+
+    async def _sendable(
+        self,
+        term: LeaseTerm,
+        conn: Conn,
+        producer: TransactionalProducer,
+        claim: list[OutboxRecord],
+    ) -> list[OutboxRecord]:
         # Each topic is checked once per claim (and known-good topics not at all), not per row.
         problems: dict[str, RecordError] = {}
         topics = {r.topic for r in claim}
         new = topics - self._known_topics - {self._checkpoint_topic}
         if new:  # what the producer asks beyond metadata: in one request, under one wait
-            await producer.ask_ahead(new)
+            await self._asked(producer.ask_ahead(new))
             term.check()
         for topic in topics - self._known_topics:
             if topic == self._checkpoint_topic:
                 problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)
                 continue
-            problem = await producer.topic_problem(topic)
+            problem = await self._asked(producer.topic_problem(topic))
             term.check()
             if problem is None:
                 self._known_topics.add(topic)
@@ -88,7 +119,7 @@ class TopicGate:
         # one due to be read again (``REFRESH_AFTER``) keeps its last read meanwhile.
         unlearned = self.limits.unlearned(topics - problems.keys())
         if unlearned:
-            await self.limits.learn_all(producer, unlearned, term.check)
+            await self._asked(self.limits.learn_all(producer, unlearned, term.check))
         defects = self._store.defects
         keyless = self.limits.keyless_refused(topics)
         if (

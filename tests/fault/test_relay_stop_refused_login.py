@@ -6,11 +6,15 @@ producer's ``init_transactions`` once the relay holds a lease. The relay used to
 answer before it stopped, holding the lease all along, so a standby could not take over. Here the
 Kafka timeout is the longest allowed (300 s), far beyond the wait for the exit: a relay that waits
 for the call does not exit in time. The broker is the session's SASL_SSL Kafka; the relay of the
-lease test logs in as a user of its own, whose credentials the test deletes.
+lease test logs in as a user of its own, whose credentials the test deletes. Last, a claim's
+topic check (its metadata, at most 10 s) with no broker there at all, at-least-once.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,10 +30,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
+from outboxkit import Outbox
+from outboxkit.db import sqlalchemy_url
 from outboxkit.devstack import KafkaServer
 from outboxkit.devstack.process import free_port
-from tests.fault.test_secured_kafka import Processes, _env
+from tests.fault.test_secured_kafka import ROOT, Processes, _env, _message
 from tests.relay_support import set_shard_count
 from tests.support.waiting import wait_for
 
@@ -172,3 +180,50 @@ def test_sigterm_while_the_producer_cannot_log_in_releases_the_lease_at_once(
     assert _stopped(processes, index) == 0, processes.output(index)
     assert _lease(outboxkit_db_url) == (None, False)  # released: a standby takes over at once
     assert "released lease of shard 0" in processes.output(index)
+
+
+def _frozen(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP by its fault point)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_sigterm_during_a_topic_check_with_kafka_away_releases_the_lease_at_once(
+    outboxkit_db_url: str, processes: Processes
+) -> None:
+    """A claim's new topic is asked about (its metadata) before anything is sent; with no broker
+    there, librdkafka answers only when the question's timeout (10 s) ends. The relay used to
+    wait for it before it stopped. The fault point freezes the relay with the claim in hand; the
+    SIGTERM is handled once it resumes, i.e. while it asks."""
+    set_shard_count(outboxkit_db_url, 1)
+    engine = create_engine(sqlalchemy_url(outboxkit_db_url))
+    with Session(engine) as session, session.begin():
+        Outbox().add(session, _message("orders", "o-1", 1))
+    engine.dispose()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+    env.update(
+        OUTBOXKIT_DATABASE_URL=outboxkit_db_url,
+        OUTBOXKIT_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",  # nothing listens there
+        OUTBOXKIT_KAFKA_CLIENT="confluent",  # its at-least-once producer starts without Kafka
+        OUTBOXKIT_RELAY_MODE="at_least_once",
+        OUTBOXKIT_RELAY_POLL_INTERVAL="0.2",
+        OUTBOXKIT_FAULT="after_claim:stop",
+        PYTHONPATH=str(ROOT),
+        **NEVER_ANSWERS,
+    )
+    index = processes.start(["relay", "run"], env)
+    proc = processes.procs[index][0]
+    wait_for(lambda: _frozen(proc.pid), timeout=60, what=f"the claim; {processes.output(index)}")
+    proc.terminate()
+    started = time.monotonic()
+    os.kill(proc.pid, signal.SIGCONT)
+    code = proc.wait(HANG_GUARD)
+    took = time.monotonic() - started
+    assert code == 0, processes.output(index)
+    # The question alone takes 10 s to fail: a relay that waited for it could not be this quick.
+    assert took < 8, f"stopped after {took:.1f}s: {processes.output(index)}"
+    assert _lease(outboxkit_db_url) == (None, False)
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        states = conn.execute("SELECT state FROM outboxkit.outbox_message").fetchall()
+    assert states == [("pending",)]  # neither parked nor marked: the next owner sends it
+    assert "Traceback" not in processes.output(index)
