@@ -18,6 +18,9 @@ IDEMPOTENT_ACL_HINT = (
     " principal Write and Describe on its dead-letter and acks topics"
 )
 
+# The refusal of a record's topic (no Write on it), by librdkafka's name or aiokafka's class.
+TOPIC_REFUSED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "TopicAuthorizationFailedError"})
+
 # How long a refused producer id holds: records meanwhile fail without a new producer.
 REFUSAL_PAUSE = 5.0
 # How often one refusal of the consumer is said again while it lasts.
@@ -100,3 +103,38 @@ class ProducerIdRefusal:
     @staticmethod
     def _text(topic: str, cause: str) -> str:
         return f"publish to {topic!r} failed: {cause} ({IDEMPOTENT_ACL_HINT})"
+
+
+def publish_failure(topic: str, name: str, text: str) -> str:
+    """A failed publish of a dead letter or an acknowledgement, in both clients' words; a topic
+    refused names the ACL to grant (the error alone says only "authorization failed")."""
+    failure = f"publish to {topic!r} failed: {name}: {text}"
+    if name in TOPIC_REFUSED:
+        return f"{failure} (grant the consumer's principal Write and Describe on {topic!r})"
+    return failure
+
+
+class TopicRefusal:
+    """aiokafka's sender replaces its producer after a refused record (see
+    :mod:`~outboxkit.kafka.aiokafka_sender`): while a topic's Write is missing, its records fail
+    for :data:`REFUSAL_PAUSE` seconds without a new producer (a connection and a login) each;
+    other topics are tried as usual."""
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self._clock = clock
+        self._held: dict[str, tuple[float, str]] = {}
+
+    def check(self, topic: str) -> None:
+        """Raise the topic's refusal again while it holds."""
+        held = self._held.get(topic)
+        if held is not None:
+            if self._clock() < held[0]:
+                raise PermanentPublishError(held[1])
+            del self._held[topic]
+
+    def refused(self, topic: str, text: str) -> PermanentPublishError:
+        """Hold the refusal of ``topic`` (``text``: the record's error) and give it."""
+        if len(self._held) >= 64:  # bounded: a callable may name many dead-letter topics
+            self._held.clear()
+        self._held[topic] = (self._clock() + REFUSAL_PAUSE, text)
+        return PermanentPublishError(text)

@@ -5,17 +5,29 @@ some topic (or IdempotentWrite on the cluster): without Write on the dead-letter
 topics it cannot start (:class:`~outboxkit.kafka.acl.ProducerIdRefusal` spaces the next tries
 out). The start-up check of those topics then asks a plain client, which needs no producer id
 (asked through the producer only, it waited for ever, saying Kafka was away).
+
+aiokafka numbers a record when it sends it and does not take the number back when the broker
+refuses the record (a topic whose Write was revoked, a record too large): every later record to
+that partition was then refused ``OutOfOrderSequenceNumber``, even once Write was granted again,
+until a restart. So a failed record drops the producer; the next gets a new producer id
+(:class:`~outboxkit.kafka.acl.TopicRefusal` spaces them out while a topic stays refused).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 from aiokafka.cluster import ClusterMetadata
-from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+)
 
 from outboxkit.errors import PermanentPublishError, PublishError
-from outboxkit.kafka.acl import ProducerIdRefusal
+from outboxkit.kafka.acl import ProducerIdRefusal, TopicRefusal, publish_failure
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
@@ -30,6 +42,7 @@ class AiokafkaRecordSender(AsyncRecordSender):
         self._timeout = timeout
         self._producer: AIOKafkaProducer | None = None
         self._refusal = ProducerIdRefusal()
+        self._refused_topics = TopicRefusal()
 
     async def _get(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -53,15 +66,20 @@ class AiokafkaRecordSender(AsyncRecordSender):
         self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
     ) -> None:
         self._refusal.check(topic)
+        self._refused_topics.check(topic)
         try:
             producer = await self._get()
             await producer.send_and_wait(topic, value, key=key, headers=list(headers))
         except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
             raise self._refusal.refused(topic, f"{type(exc).__name__}: {exc}") from exc
         except KafkaError as exc:
+            await self._drop()  # its sequence numbers may be ahead of the broker's now
             name = type(exc).__name__
+            text = publish_failure(topic, name, str(exc))
+            if isinstance(exc, TopicAuthorizationFailedError):
+                raise self._refused_topics.refused(topic, text) from exc
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
-            raise cls(f"publish to {topic!r} failed: {name}: {exc}") from exc
+            raise cls(text) from exc
 
     async def topic_exists(self, topic: str) -> bool:
         try:
@@ -81,6 +99,13 @@ class AiokafkaRecordSender(AsyncRecordSender):
             return await client.fetch_all_metadata()
         finally:
             await client.close()
+
+    async def _drop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            # Dropped either way: the record's own error is the one to tell.
+            with contextlib.suppress(KafkaError):
+                await producer.stop()
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None

@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit.errors import PermanentPublishError, PublishError
-from outboxkit.kafka.acl import ProducerIdRefusal
+from outboxkit.kafka.acl import ProducerIdRefusal, publish_failure
 from outboxkit.kafka.api import Headers, RecordSender
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create
@@ -25,7 +25,7 @@ from outboxkit.settings import KafkaSettings
 
 def _error(topic: str, name: str, text: str) -> PublishError:
     cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
-    return cls(f"publish to {topic!r} failed: {name}: {text}")
+    return cls(publish_failure(topic, name, text))
 
 
 class _DiedBefore(PublishError):

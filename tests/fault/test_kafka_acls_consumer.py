@@ -5,9 +5,9 @@ and Describe on its topics, Read on its group, Write and Describe on its dead-le
 its acknowledgements topic. With exactly those it works; with one missing it says what to grant,
 loses nothing and holds no partition for ever; once granted it carries on without a restart
 (but aiokafka's refused group at start-up, which ends the process). Read taken away while it
-runs is met the same way. The broker is this module's
-own; its loopback PLAINTEXT listener (a super user) is the test's, to create topics, produce
-the events and read the published records back.
+runs, and Write on the dead-letter and acks topics, are met the same way. The broker is this
+module's own; its loopback PLAINTEXT listener (a super user) is the test's, to create topics,
+produce the events and read the published records back.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from outboxkit.devstack import KafkaServer
 from tests.fault.test_secured_kafka import CLIENTS, ROOT, Processes, _create_topics
 from tests.integration.inbox_support import EFFECT_DDL, effects, inbox_row, produce_event
 from tests.support.brokers import own_broker
-from tests.support.kafka_acls import Acl, grant, group, revoke, revoke_all, topic
+from tests.support.kafka_acls import Acl, grant, group, may_write, revoke, revoke_all, topic
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -150,12 +150,13 @@ def running(processes: Processes, index: int) -> bool:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_write_missing_on_dead_letter_and_acks_topics(
+def test_write_missing_on_dead_letter_and_acks_topics_then_revoked_while_running(
     client: str, setup: Setup, processes: Processes
 ) -> None:
     """Without Write on either, Kafka gives the idempotent producer no id: nothing holds a
     partition, the outcome is in the database, the error says what to grant. Once granted
-    (the documented ACLs, exactly) the same process handles, dead-letters and acknowledges."""
+    (the documented ACLs, exactly) the same process handles, dead-letters and acknowledges;
+    Write then revoked and granted again is met the same way (:func:`_revoked_while_running`)."""
     granted = without(without(setup.documented(), setup.dlq, WRITE), setup.acks, WRITE)
     grant(setup.server, *granted)
     ok, poisoned = setup.send("o-1"), setup.send("fail-1")
@@ -196,11 +197,68 @@ def test_write_missing_on_dead_letter_and_acks_topics(
     dead = read_topic(setup.server.plaintext_bootstrap, setup.dlq, expect=1, quiet=0.5)
     assert [dict(m.headers())["dlq-event-id"].decode() for m in dead] == [poisoned2]
     assert sorted(e[0] for e in effects(setup.db_url)) == sorted([ok, *probes, ok2])
+    _revoked_while_running(processes, setup, dead_letters=[poisoned2])
     running(processes, index)
     processes.stop()
     output = processes.output()
     assert "Traceback" not in output
     assert setup.server.sasl_ssl.password not in output
+
+
+def _revoked_while_running(processes: Processes, setup: Setup, dead_letters: list[str]) -> None:
+    """Write taken away from both topics after the consumer published to them (its idempotent
+    producer holds an id): every event still ends in the database, the refused dead letter and
+    the acknowledgement given up name the ACL, nothing is retried per poll. Granted again, the
+    same process publishes both again: aiokafka had numbered the refused records, and every
+    later one was refused ``OutOfOrderSequenceNumber`` until a restart."""
+    said = len(processes.output())
+    refused = (setup.dlq, setup.acks)
+    for name in refused:
+        revoke(setup.server, name, WRITE)
+    settle(processes, lambda: not any(may_write(setup.server, n) for n in refused), "revoked")
+    ok, poisoned = setup.send("o-revoked"), setup.send("fail-revoked")
+    settle(
+        processes,
+        lambda: setup.state(ok) == "succeeded" and setup.state(poisoned) == "dead",
+        "both settled while refused",
+    )
+    error = (inbox_row(setup.db_url, "billing", poisoned) or {})["last_error"]
+    assert error.startswith(f"dead letter could not be published to {setup.dlq!r}"), error
+    # The ACL named: the topic's, or (aiokafka replaces its producer after a refusal, and no
+    # Write is left on any topic) the producer id's, which names both topics.
+    assert "grant the consumer's principal Write and Describe on " in error, error
+    for event_id in (ok, poisoned):
+        wait_output(processes, f"acknowledgement for {event_id} (", "the ack given up")
+    gave_up = [line for line in processes.output()[said:].splitlines() if " given up " in line]
+    assert len(gave_up) == 2, gave_up  # at once, each: no retry fixes it
+    assert all("grant the consumer's principal Write and Describe on " in g for g in gave_up)
+
+    grant(setup.server, topic(setup.dlq, WRITE), topic(setup.acks, WRITE))
+    settle(processes, lambda: all(may_write(setup.server, n) for n in refused), "granted")
+    # A refusal may hold for REFUSAL_PAUSE: poisoned events are sent one by one until one's
+    # dead letter is published (its row then keeps the handler's own error).
+    probes: list[str] = []
+    for n in range(60):
+        probes.append(setup.send(f"fail-probe-{n}"))
+        settle(processes, lambda: setup.state(probes[-1]) == "dead", "the probe dead")
+        if (inbox_row(setup.db_url, "billing", probes[-1]) or {})["last_error"].startswith(
+            "RuntimeError"
+        ):
+            break
+    else:
+        raise AssertionError(f"no dead letter after the grant:\n{processes.output()}")
+    settle(processes, lambda: setup.acked(0).get(probes[-1]) == "dead", "acknowledged again")
+    dead = read_topic(setup.server.plaintext_bootstrap, setup.dlq, expect=2, quiet=0.5)
+    assert [dict(m.headers())["dlq-event-id"].decode() for m in dead] == [
+        *dead_letters,
+        probes[-1],
+    ]
+    output = processes.output()[said:]
+    assert "OutOfOrderSequenceNumber" not in output
+    # Bounded: each event's own lines (a dead probe's: its dead letter refused, dead, its ack
+    # given up) and a client's line per new producer refused an id; none per poll.
+    noisy = [line for line in output.splitlines() if " ERROR " in line or " WARNING " in line]
+    assert len(noisy) <= 6 + 3 * len(probes), output
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -1,0 +1,132 @@
+"""A dead letter's or acknowledgement's topic whose Write was revoked while the consumer runs:
+the error names the ACL, and aiokafka's producer, which numbered the refused record, is
+replaced so later records are not refused ``OutOfOrderSequenceNumber`` (real-broker behaviour:
+tests/fault/test_kafka_acls_consumer.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.acl import REFUSAL_PAUSE, TopicRefusal, publish_failure
+from outboxkit.settings import KafkaSettings
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_refused_topic_names_the_acl_and_other_failures_are_unchanged() -> None:
+    refused = publish_failure("p.dlq", "TOPIC_AUTHORIZATION_FAILED", "Topic authorization failed")
+    assert refused == (
+        "publish to 'p.dlq' failed: TOPIC_AUTHORIZATION_FAILED: Topic authorization failed"
+        " (grant the consumer's principal Write and Describe on 'p.dlq')"
+    )
+    assert "Write and Describe on 'p.acks'" in publish_failure(
+        "p.acks", "TopicAuthorizationFailedError", "[Error 29]"
+    )
+    assert publish_failure("p.acks", "_MSG_TIMED_OUT", "late") == (
+        "publish to 'p.acks' failed: _MSG_TIMED_OUT: late"
+    )
+
+
+def test_a_refused_topic_holds_for_the_pause_and_only_that_topic() -> None:
+    clock = Clock()
+    refusal = TopicRefusal(clock)
+    refusal.check("p.dlq")  # nothing refused yet
+    error = refusal.refused("p.dlq", "publish to 'p.dlq' failed: refused")
+    assert isinstance(error, PermanentPublishError)
+    clock.now += REFUSAL_PAUSE - 0.1
+    with pytest.raises(PermanentPublishError, match=r"'p\.dlq' failed: refused"):
+        refusal.check("p.dlq")
+    refusal.check("p.acks")  # another topic is tried
+    clock.now += 0.1
+    refusal.check("p.dlq")  # tried again: Write may have been granted
+    refusal.check("p.dlq")
+
+
+class ScriptedProducer:
+    """``send_and_wait`` raises the next of ``failures`` (``None``: delivered)."""
+
+    def __init__(self, failures: list[Exception | None]) -> None:
+        self.failures = failures
+        self.sent = 0
+        self.stopped = False
+
+    async def send_and_wait(self, topic: str, value: Any, **kwargs: Any) -> None:
+        self.sent += 1
+        failure = self.failures.pop(0)
+        if failure is not None:
+            raise failure
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def _aiokafka_sender(producers: list[ScriptedProducer]) -> Any:
+    pytest.importorskip("aiokafka")
+    from outboxkit.kafka.aiokafka_sender import AiokafkaRecordSender
+
+    sender = AiokafkaRecordSender(KafkaSettings(bootstrap="127.0.0.1:1", client="aiokafka"))
+    queue = list(producers)
+
+    async def get() -> ScriptedProducer:
+        if sender._producer is None:
+            sender._producer = queue.pop(0)
+        return sender._producer  # type: ignore[no-any-return]
+
+    sender._get = get  # type: ignore[method-assign]
+    return sender
+
+
+def test_aiokafka_replaces_its_producer_after_a_refused_record_and_holds_the_topic() -> None:
+    pytest.importorskip("aiokafka")
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    first = ScriptedProducer([None, TopicAuthorizationFailedError("p.dlq")])
+    second = ScriptedProducer([None])
+    sender = _aiokafka_sender([first, second])
+
+    async def run() -> None:
+        await sender.send("p.acks", b"k", b"1", [])
+        with pytest.raises(PermanentPublishError, match=r"Write and Describe on 'p\.dlq'"):
+            await sender.send("p.dlq", b"k", b"2", [])
+        assert first.stopped  # it numbered the refused record: dropped
+        with pytest.raises(PermanentPublishError, match=r"Write and Describe on 'p\.dlq'"):
+            await sender.send("p.dlq", b"k", b"3", [])  # held: no new producer for it
+        assert second.sent == 0
+        await sender.send("p.acks", b"k", b"4", [])  # another topic: a new producer
+        assert second.sent == 1
+
+    asyncio.run(run())
+
+
+def test_aiokafka_replaces_its_producer_after_any_failed_record() -> None:
+    pytest.importorskip("aiokafka")
+    from aiokafka.errors import KafkaTimeoutError, OutOfOrderSequenceNumber
+
+    first = ScriptedProducer([OutOfOrderSequenceNumber()])
+    second = ScriptedProducer([KafkaTimeoutError()])
+    third = ScriptedProducer([None])
+    sender = _aiokafka_sender([first, second, third])
+
+    async def run() -> None:
+        with pytest.raises(PublishError, match="OutOfOrderSequenceNumber") as caught:
+            await sender.send("p.acks", b"k", b"1", [])
+        assert not isinstance(caught.value, PermanentPublishError)  # retried, with a new one
+        with pytest.raises(PublishError, match="KafkaTimeoutError"):
+            await sender.send("p.acks", b"k", b"1", [])
+        await sender.send("p.acks", b"k", b"1", [])
+        assert (first.stopped, second.stopped, third.stopped) == (True, True, False)
+        assert third.sent == 1
+
+    asyncio.run(run())
