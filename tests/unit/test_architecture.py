@@ -148,13 +148,26 @@ def test_only_the_db_package_runs_sql() -> None:
     assert found == [], "SQL run outside outboxkit/db/:\n" + "\n".join(found)
 
 
-_ENGINE_MAKERS = ("create_engine", "create_async_engine")
+_ENGINE_MAKERS = (
+    "create_engine",
+    "create_async_engine",
+    "engine_from_config",
+    "async_engine_from_config",
+)
 
 
 def _engine_calls(tree: ast.AST) -> Iterator[str]:
+    """Every mention of an engine maker: a call, an attribute (``sa.create_engine`` passed on)
+    or an import (``from sqlalchemy import create_engine as make``)."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _called_name(node).split(".")[-1] in _ENGINE_MAKERS:
-            yield f"{node.lineno}: {_called_name(node)}()"
+        if isinstance(node, ast.Attribute) and node.attr in _ENGINE_MAKERS:
+            yield f"{node.lineno}: .{node.attr}"
+        elif isinstance(node, ast.Name) and node.id in _ENGINE_MAKERS:
+            yield f"{node.lineno}: {node.id}"
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name in _ENGINE_MAKERS:
+                    yield f"{node.lineno}: imports {alias.name}"
 
 
 def test_only_the_db_package_makes_engines() -> None:
@@ -169,7 +182,14 @@ def test_only_the_db_package_makes_engines() -> None:
 
 
 @pytest.mark.parametrize(
-    "source", ["sa.create_engine(url)", "create_async_engine(url, pool_size=1)"]
+    "source",
+    [
+        "sa.create_engine(url)",
+        "create_async_engine(url, pool_size=1)",
+        "from sqlalchemy import create_engine as make",
+        "functools.partial(sqlalchemy.create_engine, url)",
+        "sa.engine_from_config(options)",
+    ],
 )
 def test_the_engine_scan_sees_every_form(source: str) -> None:
     assert list(_engine_calls(ast.parse(source))) != []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 from click.testing import CliRunner
@@ -426,6 +426,43 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
         **no_prompt,
         "prepare_threshold": None,
     }
+
+
+class _Made(Exception):
+    """Raised by the recording engine maker: the worker went no further."""
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_inbox_run_makes_its_engine_through_the_seam_with_its_connect_args(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The engine of ``inbox run`` comes from ``outboxkit.db.engines`` (which adds the
+    no-prompt option) with the URL and the database settings' options."""
+    import asyncio
+    import signal
+
+    from outboxkit.inbox import worker
+
+    made: list[tuple[object, object]] = []
+
+    def maker(url: object, *, connect_args: object = None, **options: object) -> object:
+        made.append((url, connect_args))
+        raise _Made
+
+    monkeypatch.setattr(worker, f"{kind}_engine", maker)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the test process's own stay
+    options = {"prepare_threshold": None}
+    args: tuple[Any, ...] = (SECRET_URL, None, None, None, {}, options)
+
+    def run() -> None:
+        if kind == "sync":
+            worker._run_sync(*args)
+        else:
+            asyncio.run(worker._run_async(*args))
+
+    with pytest.raises(_Made):
+        run()
+    assert made == [(SECRET_URL, options)]
 
 
 def test_a_malformed_kafka_option_item_is_named_without_its_text() -> None:
