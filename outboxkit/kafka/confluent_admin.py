@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Collection, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
@@ -19,7 +21,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.api import Admin, TopicInfo
 from outboxkit.kafka.config import confluent_config
-from outboxkit.kafka.confluent_build import create, in_slices
+from outboxkit.kafka.confluent_build import SLICE_SECONDS, create, in_slices
 from outboxkit.settings import KafkaSettings
 
 _MISSING = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_ID"})
@@ -28,6 +30,19 @@ _MISSING = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_
 def _error(exc: KafkaException) -> KafkaError | None:
     error = exc.args[0] if exc.args else None
     return error if isinstance(error, KafkaError) else None
+
+
+def _result(future: Future[Any], deadline: float, given_up: threading.Event) -> Any:
+    """``future.result()`` until ``deadline``, in slices: a caller that gave up (a stopping
+    relay) frees the worker thread within a slice instead of at the deadline, so the close
+    and the exit that follow do not queue behind it."""
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return future.result(timeout=max(0.0, min(SLICE_SECONDS, remaining)))
+        except TimeoutError:
+            if given_up.is_set() or remaining <= SLICE_SECONDS:
+                raise
 
 
 class ConfluentAdmin(Admin):
@@ -49,6 +64,15 @@ class ConfluentAdmin(Admin):
 
     async def _call(self, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         return await self._answer(what, asyncio.to_thread(call, *args, **kwargs))
+
+    async def _asked(self, what: str, ask: Any) -> Any:
+        """:meth:`_call` of ``ask(given_up)``, which waits with :func:`_result`."""
+        given_up = threading.Event()
+        try:
+            return await self._call(what, ask, given_up)
+        except asyncio.CancelledError:
+            given_up.set()
+            raise
 
     async def _answer(self, what: str, answer: Awaitable[Any]) -> Any:
         try:
@@ -111,17 +135,17 @@ class ConfluentAdmin(Admin):
     async def topic_configs(self, topic: str, names: Sequence[str]) -> dict[str, str | None]:
         resource = ConfigResource(ResourceType.TOPIC, topic)
 
-        def describe() -> Any:
+        def describe(given_up: threading.Event) -> Any:
             (future,) = self._c.describe_configs([resource], request_timeout=self._timeout).values()
             try:
-                return future.result(timeout=self._timeout)
+                return _result(future, time.monotonic() + self._timeout, given_up)
             except KafkaException as exc:
                 error = _error(exc)
                 if error is not None and error.name() in _MISSING:
                     return None
                 raise
 
-        entries = await self._call(f"configuration of topic {topic!r}", describe)
+        entries = await self._asked(f"configuration of topic {topic!r}", describe)
         if entries is None:
             raise PermanentPublishError(f"topic {topic!r} does not exist")
         values: dict[str, str | None] = {}
@@ -140,7 +164,7 @@ class ConfluentAdmin(Admin):
         """
         asked = TopicCollection(sorted(topics))
 
-        def describe() -> dict[str, bool]:
+        def describe(given_up: threading.Event) -> dict[str, bool]:
             try:
                 futures = self._c.describe_topics(
                     asked, include_authorized_operations=True, request_timeout=self._timeout
@@ -150,8 +174,10 @@ class ConfluentAdmin(Admin):
             deadline = time.monotonic() + self._timeout
             answers: dict[str, bool] = {}
             for topic, future in futures.items():
+                if given_up.is_set():
+                    break
                 try:
-                    found = future.result(timeout=max(0.0, deadline - time.monotonic()))
+                    found = _result(future, deadline, given_up)
                 except (KafkaException, TimeoutError):
                     continue  # unknown: missing, not describable, or no answer in time
                 allowed = set(found.authorized_operations or ())
@@ -159,7 +185,7 @@ class ConfluentAdmin(Admin):
                     answers[topic] = bool(allowed & {AclOperation.WRITE, AclOperation.ALL})
             return answers
 
-        return dict(await self._call("authorised operations of topics", describe))
+        return dict(await self._asked("authorised operations of topics", describe))
 
     async def close(self) -> None:
         held, self._client = [self._client], None

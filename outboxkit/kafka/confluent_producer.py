@@ -194,7 +194,8 @@ class ConfluentTransactionalProducer(TransactionalProducer):
 
     async def topic_problem(self, topic: str) -> RecordError | None:
         try:
-            metadata = await asyncio.to_thread(self._p.list_topics, topic, min(self._timeout, 10))
+            # In slices: a relay that stops meanwhile frees the thread within one.
+            metadata = await in_slices(partial(self._p.list_topics, topic), min(self._timeout, 10))
         except KafkaException as exc:
             problem = error_of(exc)
             if problem.kind is ErrorKind.PERMANENT:

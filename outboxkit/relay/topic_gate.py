@@ -103,6 +103,7 @@ class TopicGate:
         topics = {r.topic for r in claim}
         new = topics - self._known_topics - {self._checkpoint_topic}
         if new:  # what the producer asks beyond metadata: in one request, under one wait
+            logger.debug("shard %s: asking Kafka about topic(s) %s", self.shard, sorted(new))
             await self._asked(producer.ask_ahead(new))
             term.check()
         for topic in topics - self._known_topics:
