@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import Admin, TopicInfo
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.settings import KafkaSettings
@@ -38,6 +39,7 @@ def _entries(resource: dict[str, Any]) -> dict[str, str | None]:
 class AiokafkaAdmin(Admin):
     def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
         self._timeout = timeout
+        self._settings = settings
         self._options = aiokafka_options(settings, request_timeout_ms=int(timeout * 1000))
         self._clients: tuple[AIOKafkaAdminClient, AIOKafkaClient] | None = None
         self._closed = False
@@ -64,12 +66,14 @@ class AiokafkaAdmin(Admin):
         return self._clients
 
     async def _call(self, what: str, awaitable: Any) -> Any:
-        try:
-            return await asyncio.wait_for(awaitable, self._timeout)
-        except (KafkaError, TimeoutError, OSError) as exc:
-            code = getattr(exc, "errno", 0) if isinstance(exc, KafkaError) else 0
-            name = _UNAUTHORISED.get(code)
-            raise PublishError(f"{what}: {type(exc).__name__}: {exc}", error=name) from exc
+        with CertificateWatch(self._settings) as watch:
+            try:
+                return await asyncio.wait_for(awaitable, self._timeout)
+            except (KafkaError, TimeoutError, OSError) as exc:
+                code = getattr(exc, "errno", 0) if isinstance(exc, KafkaError) else 0
+                name = _UNAUTHORISED.get(code)
+                text = watch.explained(f"{what}: {type(exc).__name__}: {exc}")
+                raise PublishError(text, error=name) from exc
 
     async def describe_topic(self, topic: str) -> TopicInfo | None:
         _, client = await self._ready()

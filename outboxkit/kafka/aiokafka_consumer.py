@@ -32,6 +32,7 @@ from aiokafka.protocol.fetch import FetchRequest
 
 from outboxkit.errors import ConfigurationError, PublishError
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
+from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
@@ -114,6 +115,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         self, settings: KafkaSettings, group_id: str, *, config: Mapping[str, Any] | None = None
     ) -> None:
         _check_options(config or {})
+        self._settings = settings
         self._options = aiokafka_options(
             settings,
             {"auto_offset_reset": "earliest"},
@@ -152,16 +154,16 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             ) from None
         self._listener = _Listener(self, on_assign, on_revoke)
         consumer.subscribe(topics, listener=self._listener)
-        try:
-            await consumer.start()
-        except KafkaError as exc:
-            self._consumer, self._listener.closed = None, True
-            await consumer.stop()
-            refused = isinstance(exc, _REFUSED)
-            hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
-            raise PublishError(
-                f"Kafka consumer could not start: {exc}{hint}", refused=refused
-            ) from exc
+        with CertificateWatch(self._settings) as watch:
+            try:
+                await consumer.start()
+            except KafkaError as exc:
+                self._consumer, self._listener.closed = None, True
+                await consumer.stop()
+                refused = isinstance(exc, _REFUSED)
+                hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
+                text = watch.explained(f"Kafka consumer could not start: {exc}{hint}")
+                raise PublishError(text, refused=refused) from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
         try:

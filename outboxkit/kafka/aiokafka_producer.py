@@ -14,6 +14,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
+from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import (
     NOT_SENT,
     Delivery,
@@ -33,11 +34,13 @@ def _name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def raise_for(exc: BaseException, what: str) -> None:
-    """Raise the outboxkit error for a failed client call: fenced, or retriable."""
+def raise_for(exc: BaseException, what: str, watch: CertificateWatch | None = None) -> None:
+    """Raise the outboxkit error for a failed client call: fenced, or retriable (naming the
+    client-certificate settings when ``watch`` saw the broker ask for a certificate)."""
     if classify(_name(exc)) is ErrorKind.FENCED:
         raise ProducerFencedError(f"{what}: {_name(exc)}: {exc}") from exc
-    raise PublishError(f"{what}: {_name(exc)}: {exc}") from exc
+    text = f"{what}: {_name(exc)}: {exc}"
+    raise PublishError(watch.explained(text) if watch is not None else text) from exc
 
 
 def _refused(exc: KafkaError, what: str) -> RecordError:
@@ -121,13 +124,14 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
-        try:
-            # For a transactional producer this obtains the producer id and epoch, which fences
-            # an older producer with the same transactional.id.
-            await asyncio.wait_for(self._producer.start(), self._timeout)
-        except (KafkaError, TimeoutError, OSError) as exc:
-            await self.close()
-            raise_for(exc, "producer start failed")
+        with CertificateWatch(self._settings) as watch:
+            try:
+                # For a transactional producer this obtains the producer id and epoch, which
+                # fences an older producer with the same transactional.id.
+                await asyncio.wait_for(self._producer.start(), self._timeout)
+            except (KafkaError, TimeoutError, OSError) as exc:
+                await self.close()
+                raise_for(exc, "producer start failed", watch)
 
     async def topic_problem(self, topic: str) -> RecordError | None:
         try:

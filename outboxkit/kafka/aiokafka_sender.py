@@ -28,6 +28,7 @@ from aiokafka.errors import (
 
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.acl import ProducerIdRefusal, TopicRefusal, publish_failure
+from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
@@ -67,28 +68,33 @@ class AiokafkaRecordSender(AsyncRecordSender):
     ) -> None:
         self._refusal.check(topic)
         self._refused_topics.check(topic)
+        watch = CertificateWatch(self._settings)
         try:
-            producer = await self._get()
-            await producer.send_and_wait(topic, value, key=key, headers=list(headers))
+            with watch:
+                producer = await self._get()
+                await producer.send_and_wait(topic, value, key=key, headers=list(headers))
         except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
             raise self._refusal.refused(topic, f"{type(exc).__name__}: {exc}") from exc
         except KafkaError as exc:
             await self._drop()  # its sequence numbers may be ahead of the broker's now
             name = type(exc).__name__
-            text = publish_failure(topic, name, str(exc))
+            text = watch.explained(publish_failure(topic, name, str(exc)))
             if isinstance(exc, TopicAuthorizationFailedError):
                 raise self._refused_topics.refused(topic, text) from exc
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
             raise cls(text) from exc
 
     async def topic_exists(self, topic: str) -> bool:
+        watch = CertificateWatch(self._settings)
         try:
-            try:
-                metadata = await (await self._get()).client.fetch_all_metadata()
-            except ClusterAuthorizationFailedError:  # no producer id: ask without the producer
-                metadata = await self._metadata()
+            with watch:
+                try:
+                    metadata = await (await self._get()).client.fetch_all_metadata()
+                except ClusterAuthorizationFailedError:  # no producer id: ask without it
+                    metadata = await self._metadata()
         except KafkaError as exc:
-            raise PublishError(f"metadata of {topic!r} not readable: {exc}") from exc
+            text = watch.explained(f"metadata of {topic!r} not readable: {exc}")
+            raise PublishError(text) from exc
         return topic in metadata.topics()
 
     async def _metadata(self) -> ClusterMetadata:

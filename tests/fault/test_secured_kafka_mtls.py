@@ -11,6 +11,7 @@ refused client logs meanwhile). The broker is this module's own (the dev stack's
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import logging
@@ -23,13 +24,20 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from outboxkit.devstack import KafkaServer
+from outboxkit.errors import PublishError
 from outboxkit.kafka import librdkafka_log
+from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
+from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
+from outboxkit.kafka.aiokafka_producer import AiokafkaTransactionalProducer
+from outboxkit.kafka.aiokafka_sender import AiokafkaRecordSender
 from outboxkit.kafka.config import CLIENT_CERTIFICATE_HINT, LIBRDKAFKA_LOGGER
 from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+from outboxkit.settings import KafkaSettings
 from tests.fault.test_secured_kafka import (
     CLIENTS,
     OUTBOXKIT,
@@ -274,3 +282,82 @@ def test_a_refused_clients_librdkafka_lines_are_rate_limited(
     finally:
         consumer.close()
     assert CLIENT_CERTIFICATE_HINT in refusals()[0]  # the hint filter still sees every line
+
+
+def _no_certificate(server: KafkaServer, **update: Any) -> KafkaSettings:
+    """The listener's settings without the client certificate and key (``update``: more)."""
+    unset = dict.fromkeys(("ssl_certificate_location", "ssl_key_location", "ssl_key_password"))
+    return server.mtls().kafka_settings().model_copy(update={**unset, **update})
+
+
+async def _aiokafka_errors(settings: KafkaSettings) -> dict[str, str]:
+    """The error each aiokafka client of ours raises at its first request, by client."""
+    admin = AiokafkaAdmin(settings, timeout=5)
+    producer = AiokafkaTransactionalProducer(settings, transactional_id=None, timeout=5)
+    sender = AiokafkaRecordSender(settings, timeout=5)
+    consumer = AiokafkaGroupConsumer(settings, f"g-{uuid.uuid4().hex[:8]}")
+    calls = {
+        "admin": lambda: admin.describe_topic("payments"),  # the relay's start-up
+        "producer": producer.start,
+        "sender": lambda: sender.topic_exists("payments.dlq"),  # inbox run's start-up check
+        "consumer": lambda: consumer.subscribe(["payments"], lambda tps: None, lambda tps: {}),
+    }
+    errors: dict[str, str] = {}
+    try:
+        for name, call in calls.items():
+            with pytest.raises(PublishError) as caught:
+                await call()
+            errors[name] = str(caught.value)
+    finally:
+        await admin.close()
+        await producer.close()
+        await sender.close()
+        await consumer.close()
+    return errors
+
+
+def test_aiokafka_clients_without_a_client_certificate_name_the_settings(
+    mtls_kafka: KafkaServer,
+) -> None:
+    """Under TLS 1.3 the broker's alert reaches aiokafka after its handshake: it sees the
+    connection closed at its first request and raises only "Unable to bootstrap". Each client
+    of ours now names the client-certificate settings. A wrong CA fails the handshake on the
+    client's side (no certificate either): that is not the broker asking for one."""
+    for name, text in asyncio.run(_aiokafka_errors(_no_certificate(mtls_kafka))).items():
+        assert CLIENT_CERTIFICATE_HINT in text, (name, text)
+    # The client certificate is no CA of the broker's certificate.
+    wrong_ca = Path(mtls_kafka.mtls().certificate_location)
+    settings = _no_certificate(mtls_kafka, ssl_ca_location=wrong_ca)
+    for name, text in asyncio.run(_aiokafka_errors(settings)).items():
+        assert "Unable to bootstrap" in text, (name, text)
+        assert CLIENT_CERTIFICATE_HINT not in text, (name, text)
+
+
+def test_aiokafka_relay_and_consumer_without_a_client_certificate_say_which_settings(
+    mtls_kafka: KafkaServer, outboxkit_db_url: str, processes: Processes
+) -> None:
+    """What an operator reads: the relay's back-off line and ``inbox run``'s start-up failure
+    (aiokafka) name the settings to set, not only "Unable to bootstrap"."""
+    env = _env(outboxkit_db_url, mtls_kafka, "aiokafka", _KEY_PASSWORD, *_CLIENT_FILES)
+    relay = processes.start(["relay", "run"], env)
+    consumer_env = {
+        **env,
+        "OUTBOXKIT_CONSUMER_NAME": "billing",
+        "OUTBOXKIT_CONSUMER_GROUP": f"g-{uuid.uuid4().hex[:8]}",
+        "OUTBOXKIT_CONSUMER_TOPICS": "payments",
+    }
+    args = ["inbox", "run", "--registry", "tests.fault.consumer_app:ASYNC"]
+    consumer = processes.start([*args, "--dead-letter-check", "off"], consumer_env)
+
+    def waiting() -> list[str]:
+        return [line for line in processes.output(relay).splitlines() if "waiting for" in line]
+
+    wait_for(waiting, timeout=60, what="the relay waiting for Kafka")
+    assert CLIENT_CERTIFICATE_HINT in waiting()[0], processes.output(relay)
+    assert processes.procs[consumer][0].wait(60) != 0
+    output = processes.output(consumer)
+    failed = [line for line in output.splitlines() if "Kafka consumer could not start" in line]
+    assert failed, output
+    assert CLIENT_CERTIFICATE_HINT in failed[0], output
+    processes.stop()
+    _no_secret_shown(processes.output(), mtls_kafka)
