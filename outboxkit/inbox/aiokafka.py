@@ -52,7 +52,10 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
         return await drive_async(self.loop.poll_batch(wait), self.executor)
 
     async def run(self, stop: asyncio.Event | None = None, max_messages: int | None = None) -> int:
-        """Process until ``stop`` is set (or ``max_messages`` deliveries were settled)."""
+        """Process until ``stop`` (default: the consumer's ``stop``) is set, or ``max_messages``
+        deliveries were settled."""
+        if stop is None and isinstance(self.stop_event, asyncio.Event):
+            stop = self.stop_event
         self._stop = stop
         try:
             return await drive_async(self.loop.run(stopped_by(stop), max_messages), self.executor)

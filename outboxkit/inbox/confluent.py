@@ -43,7 +43,10 @@ class ConfluentInboxConsumer(InboxConsumer[Inbox]):
         return drive_sync(self.loop.poll_batch(timeout), self.executor)
 
     def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> int:
-        """Process until ``stop`` is set (or ``max_messages`` deliveries were settled)."""
+        """Process until ``stop`` (default: the consumer's ``stop``) is set, or ``max_messages``
+        deliveries were settled."""
+        if stop is None and isinstance(self.stop_event, threading.Event):
+            stop = self.stop_event
         self._stop = stop
         try:
             return drive_sync(self.loop.run(stopped_by(stop), max_messages), self.executor)

@@ -107,6 +107,11 @@ class InboxConsumer(Generic[InboxT]):
     after a failure; 1: one transaction per record); ``batch_max_ms``: how long a batch waits
     to fill up after its first record.
 
+    ``stop``: an event (``threading.Event`` for the confluent-kafka consumer, ``asyncio.Event``
+    for aiokafka) that also ends the start-up's waits for Kafka (the topic check retries while
+    Kafka is away, and ``async with``/``with`` would otherwise not return until it answers);
+    ``run()`` uses it when given none.
+
     Bounds (an :class:`~outboxkit.errors.OutOfRangeError`, a ``ValueError`` too, names the
     argument): ``offset_commit_interval`` 0 to a day,
     ``poll_timeout`` above 0 and at most a day (seconds), ``max_records`` 1 to 1,000,000,
@@ -137,6 +142,7 @@ class InboxConsumer(Generic[InboxT]):
         dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES,
         batch_max_records: int = BATCH_MAX_RECORDS,
         batch_max_ms: float = BATCH_MAX_MS,
+        stop: StopEvent | None = None,
     ) -> None:
         offset_commit_interval, poll_timeout, batch_max_ms = check_options(
             offset_commit_interval=offset_commit_interval,
@@ -149,6 +155,7 @@ class InboxConsumer(Generic[InboxT]):
         )
         check_dead_letter_topic(dead_letter)
         self.inbox: InboxT = inbox
+        self.stop_event = stop
         self.group_id = group_id
         clients = KafkaClients(kafka if kafka is not None else load_kafka_settings())
         consumer, sender = self._clients(clients, group_id, dict(config or {}))
@@ -171,7 +178,11 @@ class InboxConsumer(Generic[InboxT]):
                 offset_reset=consumer.offset_reset,
             ),
         )
-        self.executor: Executor = inbox.executor(kafka_steps(consumer, sender, lambda: self._stop))
+        self.executor: Executor = inbox.executor(kafka_steps(consumer, sender, self._stopping))
+
+    def _stopping(self) -> StopEvent | None:
+        """What ends a back-off: the running ``run()``'s event, else the one given at start."""
+        return self._stop if self._stop is not None else self.stop_event
 
     def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:
         raise NotImplementedError

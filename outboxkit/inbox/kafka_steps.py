@@ -53,11 +53,27 @@ def kafka_steps(
         Pause: lambda s: consumer.pause(s.partitions),
         Resume: lambda s: consumer.resume(s.partitions),
         Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
-        TopicExists: lambda s: sender.topic_exists(s.topic),
+        TopicExists: _topic_question(sender, stop),
         Sleep: _sleeper(consumer, stop),
         CloseConsumer: lambda s: consumer.close(),
         CloseSender: lambda s: sender.close(),
     }
+
+
+def _topic_question(
+    sender: RecordSender | AsyncRecordSender, stop: Callable[[], StopEvent | None]
+) -> Callable[[TopicExists], Any]:
+    """The sync sender's question waits for Kafka in slices that end once the stop is set."""
+    if isinstance(sender, AsyncRecordSender):
+        return lambda s: sender.topic_exists(s.topic)
+
+    def ask(step: TopicExists) -> bool:
+        event = stop()
+        return sender.topic_exists(
+            step.topic, event if isinstance(event, threading.Event) else None
+        )
+
+    return ask
 
 
 def _sleeper(

@@ -22,7 +22,12 @@ from typing import Any
 
 from outboxkit import db
 from outboxkit.db.engines import async_engine, sync_engine
-from outboxkit.errors import ConfigurationError, PublishError, unlistenable
+from outboxkit.errors import (
+    ConfigurationError,
+    PermanentPublishError,
+    PublishError,
+    unlistenable,
+)
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.registry import EventRegistry
@@ -175,6 +180,16 @@ def _started(config: Settings) -> bool:
             signal.signal(signum, handler)
 
 
+def _starting(settings: InboxSettings, options: Any) -> None:
+    """Said once a stop is handled: from here on, SIGTERM ends the process cleanly."""
+    logger.info(
+        "consumer %s starting: group %s, topics %s",
+        settings.consumer,
+        options["group_id"],
+        ", ".join(options["topics"]),
+    )
+
+
 def _run_sync(
     url: db.Url,
     handler: Any,
@@ -189,10 +204,11 @@ def _run_sync(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    _starting(settings, options)
     engine = sync_engine(url, connect_args=connect_args)
     inbox = Inbox(engine, handler, settings) if handler else Inbox(engine, settings)
     try:
-        with ConfluentInboxConsumer(inbox, kafka, **options) as running:
+        with ConfluentInboxConsumer(inbox, kafka, stop=stop, **options) as running:
             running.run(stop)
     finally:
         engine.dispose()
@@ -215,20 +231,21 @@ async def _run_async(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    _starting(settings, options)
     engine = async_engine(url, connect_args=connect_args)
     inbox = AsyncInbox(engine, handler, settings) if handler else AsyncInbox(engine, settings)
     rng, attempt = random.Random(), 0
     try:
         while not stop.is_set():
             try:
-                async with AiokafkaInboxConsumer(inbox, kafka, **options) as running:
+                async with AiokafkaInboxConsumer(inbox, kafka, stop=stop, **options) as running:
                     await running.run(stop)
                 return
             except PublishError as exc:
-                if not exc.context.get("refused"):
+                if isinstance(exc, PermanentPublishError):
                     raise
-                # A missing ACL at the start (confluent-kafka's librdkafka waits for it on its
-                # own): ending the process would crash-loop it under a supervisor until granted.
+                # Kafka away, a login or an ACL refused at the start (confluent-kafka's librdkafka
+                # waits on its own): ending the process would crash-loop it under a supervisor.
                 attempt += 1
                 delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX, rng)
                 logger.warning("%s; retrying in %.1fs", exc, delay)

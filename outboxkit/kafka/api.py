@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -126,8 +127,7 @@ async def read_topic_limits(admin: Admin, topic: str) -> TopicLimits:
 
 
 async def close_admin_quietly(admin: Admin | None, seconds: float) -> None:
-    """Close a producer's admin (its topic-limit reads): its failure changes no outcome, and
-    must not keep the producer from closing."""
+    """Close a producer's admin (its topic-limit reads): its failure must not stop the close."""
     if admin is None:
         return
     try:
@@ -280,8 +280,8 @@ class RecordSender(ABC):
     ) -> None: ...
 
     @abstractmethod
-    def topic_exists(self, topic: str) -> bool:
-        """Whether the cluster knows the topic (the start-up check of dead-letter topics)."""
+    def topic_exists(self, topic: str, stop: threading.Event | None = None) -> bool:
+        """Whether the cluster knows the topic (start-up check); ``stop`` set: waits end."""
 
     @abstractmethod
     def close(self) -> None: ...

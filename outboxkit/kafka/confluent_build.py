@@ -63,30 +63,33 @@ async def in_slices(call: Callable[[float], Result], within: float) -> Result:
     have retried) until ``within`` ends, and not again once its caller is cancelled.
     """
     given_up = threading.Event()
-    deadline = time.monotonic() + within
-
-    def run() -> Result:
-        while True:
-            began = time.monotonic()
-            length = max(0.001, min(SLICE_SECONDS, deadline - began))
-            try:
-                return call(length)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                retriable = (
-                    isinstance(error, KafkaError)
-                    and not error.fatal()
-                    and not error.txn_requires_abort()
-                    and (error.retriable() or error.code() in _TIMED_OUT)
-                )
-                if not retriable or deadline - time.monotonic() <= 0:
-                    raise
-                # An error before the slice ended is not retried sooner: no busy loop.
-                if given_up.wait(max(0.0, began + length - time.monotonic())):
-                    raise
-
     try:
-        return await asyncio.to_thread(run)
+        return await asyncio.to_thread(sliced, call, within, given_up)
     except asyncio.CancelledError:
         given_up.set()
         raise
+
+
+def sliced(call: Callable[[float], Result], within: float, given_up: threading.Event) -> Result:
+    """:func:`in_slices`' loop, in the calling thread: ``call(seconds)`` in slices of at most
+    ``SLICE_SECONDS`` for up to ``within``, not called again once ``given_up`` is set (a sync
+    consumer's stop event: its wait then ends within a slice, not at the Kafka timeout)."""
+    deadline = time.monotonic() + within
+    while True:
+        began = time.monotonic()
+        length = max(0.001, min(SLICE_SECONDS, deadline - began))
+        try:
+            return call(length)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = (
+                isinstance(error, KafkaError)
+                and not error.fatal()
+                and not error.txn_requires_abort()
+                and (error.retriable() or error.code() in _TIMED_OUT)
+            )
+            if not retriable or deadline - time.monotonic() <= 0:
+                raise
+            # An error before the slice ended is not retried sooner: no busy loop.
+            if given_up.wait(max(0.0, began + length - time.monotonic())):
+                raise

@@ -9,6 +9,8 @@ a producer is dropped, so a record after the ACL was granted goes through withou
 
 from __future__ import annotations
 
+import threading
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -17,7 +19,7 @@ from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.acl import ProducerIdRefusal, publish_failure
 from outboxkit.kafka.api import Headers, RecordSender
 from outboxkit.kafka.config import confluent_config
-from outboxkit.kafka.confluent_build import create
+from outboxkit.kafka.confluent_build import create, sliced
 from outboxkit.kafka.confluent_producer import kafka_error_in
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
@@ -121,9 +123,10 @@ class ConfluentRecordSender(RecordSender):
         cause = f"fatal: {failure}" if error is None else f"{error.name()}: {error.str()}"
         return PublishError(f"publish to {topic!r} failed: {cause}")
 
-    def topic_exists(self, topic: str) -> bool:
+    def topic_exists(self, topic: str, stop: threading.Event | None = None) -> bool:
         try:
-            metadata = self._get().list_topics(topic, timeout=self._timeout)
+            ask = partial(self._get().list_topics, topic)
+            metadata = sliced(ask, self._timeout, stop if stop is not None else threading.Event())
         except KafkaException as exc:
             raise PublishError(f"metadata of {topic!r} not readable: {exc}") from exc
         found = metadata.topics.get(topic)

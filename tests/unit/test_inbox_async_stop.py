@@ -102,7 +102,9 @@ def test_a_stop_while_the_start_up_check_waits_for_kafka_ends_run_without_joinin
         from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
         from outboxkit.kafka.confluent_sender import ConfluentRecordSender
 
-        monkeypatch.setattr(ConfluentRecordSender, "topic_exists", lambda self, t: no_kafka())
+        monkeypatch.setattr(
+            ConfluentRecordSender, "topic_exists", lambda self, t, stop=None: no_kafka()
+        )
         monkeypatch.setattr(ConfluentGroupConsumer, "subscribe", lambda *a: joined.append(a))
     settings = InboxSettings(consumer="c", registry=EventRegistry())
     kafka = KafkaSettings(bootstrap="127.0.0.1:9")
@@ -141,4 +143,80 @@ def test_a_stop_while_the_start_up_check_waits_for_kafka_ends_run_without_joinin
             sync.close()
             engine.dispose()
     assert asked == ["asked"]  # asked once, then the stop ended the wait
+    assert joined == []
+
+
+@pytest.mark.parametrize("client", ["aiokafka", "confluent"])
+def test_the_consumers_stop_ends_the_start_up_wait_of_a_with_block(
+    monkeypatch: pytest.MonkeyPatch, client: str
+) -> None:
+    """``async with consumer:`` (``with`` for confluent-kafka) starts before any ``run(stop)``:
+    its topic check waited for Kafka whatever stop came (``inbox run`` ignored SIGTERM for as
+    long as Kafka was away). The event given as ``stop=`` ends that wait too."""
+    asked: list[str] = []
+    joined: list[object] = []
+    stops: list[Any] = []
+
+    def no_kafka(*args: Any) -> bool:
+        if asked:
+            raise AssertionError("asked Kafka again after the stop was set")
+        asked.append("asked")
+        stops[0].set()
+        raise PublishError("Kafka unreachable")
+
+    async def no_kafka_async(self: Any, topic: str) -> bool:
+        return no_kafka()
+
+    settings = InboxSettings(consumer="c", registry=EventRegistry())
+    kafka = KafkaSettings(bootstrap="127.0.0.1:9")
+    if client == "aiokafka":
+        from outboxkit.kafka.aiokafka_sender import AiokafkaRecordSender
+
+        monkeypatch.setattr(AiokafkaRecordSender, "topic_exists", no_kafka_async)
+        monkeypatch.setattr(AiokafkaGroupConsumer, "subscribe", lambda *a: joined.append(a))
+
+        async def scenario_async() -> int:
+            engine = create_async_engine("postgresql+psycopg://u@127.0.0.1:1/db")
+            stop = asyncio.Event()
+            stops.append(stop)
+            inbox = AsyncInbox(engine, _handler, settings)
+            consumer = AiokafkaInboxConsumer(inbox, kafka, group_id="g", topics=["t"], stop=stop)
+            try:
+                async with consumer as running:
+                    return await running.run()  # the consumer's stop, already set
+            finally:
+                await engine.dispose()
+
+        assert asyncio.run(asyncio.wait_for(scenario_async(), 30)) == 0
+    else:
+        import threading
+
+        import sqlalchemy as sa
+
+        from outboxkit.inbox import Inbox
+        from outboxkit.inbox.confluent import ConfluentInboxConsumer
+        from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+        from outboxkit.kafka.confluent_sender import ConfluentRecordSender
+
+        handed: list[object] = []
+
+        def no_kafka_sync(self: Any, topic: str, stop: Any = None) -> bool:
+            handed.append(stop)
+            return no_kafka()
+
+        monkeypatch.setattr(ConfluentRecordSender, "topic_exists", no_kafka_sync)
+        monkeypatch.setattr(ConfluentGroupConsumer, "subscribe", lambda *a: joined.append(a))
+        engine = sa.create_engine("postgresql+psycopg://u@127.0.0.1:1/db")
+        stop = threading.Event()
+        stops.append(stop)
+        sync = ConfluentInboxConsumer(
+            Inbox(engine, lambda *a: None, settings), kafka, group_id="g", topics=["t"], stop=stop
+        )
+        try:
+            with sync as running:
+                assert running.run() == 0
+        finally:
+            engine.dispose()
+        assert handed == [stop]  # its metadata read waits in slices that end at the stop
+    assert asked == ["asked"]
     assert joined == []

@@ -14,6 +14,8 @@ from outboxkit.cli import main
 from outboxkit.db import prompt_free
 from outboxkit.db.engines import engine_options
 from outboxkit.errors import ConfigurationError
+from outboxkit.inbox.delivery import InboxSettings
+from outboxkit.inbox.registry import EventRegistry
 from outboxkit.settings import KafkaClient, Mode, OnPublish, ParkedKeyPolicy, load_settings
 
 pytestmark = pytest.mark.unit
@@ -452,7 +454,15 @@ def test_inbox_run_makes_its_engine_through_the_seam_with_its_connect_args(
     monkeypatch.setattr(worker, f"{kind}_engine", maker)
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # the test process's own stay
     options = {"prepare_threshold": None}
-    args: tuple[Any, ...] = (SECRET_URL, None, None, None, {}, options)
+    inbox = InboxSettings(consumer="c", registry=EventRegistry())
+    args: tuple[Any, ...] = (
+        SECRET_URL,
+        None,
+        inbox,
+        None,
+        {"group_id": "g", "topics": []},
+        options,
+    )
 
     def run() -> None:
         if kind == "sync":
