@@ -15,6 +15,7 @@ until a restart. So a failed record drops the producer; the next gets a new prod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from aiokafka import AIOKafkaProducer
@@ -109,9 +110,10 @@ class AiokafkaRecordSender(AsyncRecordSender):
     async def _drop(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            # Dropped either way: the record's own error is the one to tell.
-            with contextlib.suppress(KafkaError):
-                await producer.stop()
+            # Dropped either way, within the sender's timeout: the record's own error is the
+            # one to tell (a failure here would take its place).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), self._timeout)
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None

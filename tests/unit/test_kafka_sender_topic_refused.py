@@ -103,6 +103,7 @@ def test_aiokafka_replaces_its_producer_after_a_refused_record_and_holds_the_top
         assert first.stopped  # it numbered the refused record: dropped
         with pytest.raises(PermanentPublishError, match=r"Write and Describe on 'p\.dlq'"):
             await sender.send("p.dlq", b"k", b"3", [])  # held: no new producer for it
+        assert sender._producer is None  # none made (a connection and a login each)
         assert second.sent == 0
         await sender.send("p.acks", b"k", b"4", [])  # another topic: a new producer
         assert second.sent == 1
@@ -130,3 +131,34 @@ def test_aiokafka_replaces_its_producer_after_any_failed_record() -> None:
         assert third.sent == 1
 
     asyncio.run(run())
+
+
+def test_aiokafka_drops_a_producer_whose_stop_fails_or_hangs() -> None:
+    """The record's own error is the one raised, whatever stopping the dropped producer does."""
+    pytest.importorskip("aiokafka")
+    from aiokafka.errors import KafkaTimeoutError
+
+    class StopFails(ScriptedProducer):
+        async def stop(self) -> None:
+            raise RuntimeError("stop failed")
+
+    class StopHangs(ScriptedProducer):
+        async def stop(self) -> None:
+            await asyncio.Event().wait()
+
+    sender = _aiokafka_sender(
+        [
+            StopFails([KafkaTimeoutError()]),
+            StopHangs([KafkaTimeoutError()]),
+            ScriptedProducer([None]),
+        ]
+    )
+    sender._timeout = 0.05
+
+    async def run() -> None:
+        for _ in range(2):
+            with pytest.raises(PublishError, match="KafkaTimeoutError"):
+                await sender.send("p.acks", b"k", b"1", [])
+        await sender.send("p.acks", b"k", b"1", [])
+
+    asyncio.run(asyncio.wait_for(run(), 10))
