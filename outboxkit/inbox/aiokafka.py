@@ -28,6 +28,8 @@ CLOSE_GRACE = 10.0
 class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
     """The async consumer: ``async with consumer: await consumer.run(stop_event)``."""
 
+    _stop_type, _stop_name = asyncio.Event, "asyncio.Event"
+
     _closing: asyncio.Future[None] | None = None
 
     def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:

@@ -21,6 +21,8 @@ from outboxkit.kafka import KafkaClients
 class ConfluentInboxConsumer(InboxConsumer[Inbox]):
     """The sync consumer: ``with consumer: consumer.run(stop_event)``."""
 
+    _stop_type, _stop_name = threading.Event, "threading.Event"
+
     def _clients(self, clients: KafkaClients, group_id: str, config: dict[str, Any]) -> Clients:
         return clients.group_consumer(group_id, config=config), clients.record_sender()
 

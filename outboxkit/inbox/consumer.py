@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from outboxkit.bounds import check_range
+from outboxkit.errors import ConfigurationError
 from outboxkit.inbox.deadletter import (
     DEAD_LETTER_MAX_BYTES,
     DEFAULT_DEAD_LETTER_TOPIC,
@@ -121,6 +122,8 @@ class InboxConsumer(Generic[InboxT]):
     """
 
     _stop: StopEvent | None = None  # the running run()'s: a back-off ends when it is set
+    _stop_type: type = object  # the event type its driver waits on (set by each adapter)
+    _stop_name = "threading.Event or asyncio.Event"
 
     def __init__(
         self,
@@ -154,6 +157,10 @@ class InboxConsumer(Generic[InboxT]):
             batch_max_ms=batch_max_ms,
         )
         check_dead_letter_topic(dead_letter)
+        if stop is not None and not isinstance(stop, self._stop_type):
+            raise ConfigurationError(  # never set as far as this consumer could see
+                f"stop= of {type(self).__name__} must be a {self._stop_name}"
+            )
         self.inbox: InboxT = inbox
         self.stop_event = stop
         self.group_id = group_id

@@ -225,7 +225,7 @@ async def _run_async(
     from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
     from outboxkit.inbox.middleware import AsyncInbox
     from outboxkit.inbox.startup import BACKOFF_INITIAL, BACKOFF_MAX
-    from outboxkit.relay.waiting import backoff_delay
+    from outboxkit.relay.waiting import backoff_delay, finished_unless
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -238,8 +238,16 @@ async def _run_async(
     try:
         while not stop.is_set():
             try:
-                async with AiokafkaInboxConsumer(inbox, kafka, stop=stop, **options) as running:
-                    await running.run(stop)
+                consumer = AiokafkaInboxConsumer(inbox, kafka, stop=stop, **options)
+                # A Kafka that never answers (packets dropped) holds a start for its request
+                # timeout, or for ever while the group has no coordinator: a stop ends it.
+                if not await finished_unless(asyncio.ensure_future(consumer.start()), stop):
+                    await consumer.close()  # again if the start's own failure path did: a no-op
+                    return
+                try:
+                    await consumer.run(stop)
+                finally:
+                    await consumer.close()
                 return
             except PublishError as exc:
                 if isinstance(exc, PermanentPublishError):

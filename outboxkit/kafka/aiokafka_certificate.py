@@ -114,4 +114,6 @@ class _ConnectionErrors(logging.Filter):
 
 
 # aiokafka.client logs each failed bootstrap or node connection here, with the error as an arg.
-logging.getLogger("aiokafka").addFilter(_ConnectionErrors())
+# First among the logger's filters: the credentials hint (``config``) rewrites a line naming the
+# alert (TLS 1.2 logs the SSLError itself) into text without its args.
+logging.getLogger("aiokafka").filters.insert(0, _ConnectionErrors())

@@ -24,13 +24,18 @@ from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.errors import (
     CorruptRecordException,
     GroupAuthorizationFailedError,
+    InconsistentGroupProtocolError,
+    InvalidGroupIdError,
+    InvalidSessionTimeoutError,
     KafkaError,
     TopicAuthorizationFailedError,
+    UnsupportedSaslMechanismError,
+    UnsupportedVersionError,
 )
 from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from outboxkit.errors import ConfigurationError, PublishError
+from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
@@ -97,6 +102,14 @@ def _check_options(config: Mapping[str, Any]) -> None:
 
 # A missing ACL (granted later without a restart), said with what to grant.
 _REFUSED = (TopicAuthorizationFailedError, GroupAuthorizationFailedError)
+# A join the broker refuses for the consumer's own settings: waiting cannot fix it.
+_SETTINGS_REFUSED = (
+    InvalidSessionTimeoutError,
+    InvalidGroupIdError,
+    InconsistentGroupProtocolError,
+    UnsupportedVersionError,
+    UnsupportedSaslMechanismError,
+)
 
 _OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 
@@ -163,7 +176,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
                 refused = isinstance(exc, _REFUSED)
                 hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
                 text = watch.explained(f"Kafka consumer could not start: {exc}{hint}")
-                raise PublishError(text, refused=refused) from exc
+                permanent = isinstance(exc, _SETTINGS_REFUSED)
+                error = PermanentPublishError if permanent else PublishError
+                raise error(text, refused=refused) from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
         try:
