@@ -72,16 +72,9 @@ def test_an_async_back_off_ends_once_the_stop_event_is_set(
     assert any("trying again in 3600 s" in m for m in caplog.messages)
 
 
-@pytest.mark.parametrize("client", ["aiokafka", "confluent"])
-def test_a_stop_while_the_start_up_check_waits_for_kafka_ends_run_without_joining(
-    monkeypatch: pytest.MonkeyPatch, client: str
-) -> None:
-    """The topic check asks until Kafka answers. Before, a stop set meanwhile was not seen: the
-    sync run() went on asking, and once the async sleep ended at a stop it asked in a busy loop
-    (thousands of warnings a second), neither returning."""
-    asked: list[str] = []
-    joined: list[object] = []
-    stops: list[Any] = []  # the run's stop event: set once Kafka was asked (and did not answer)
+def _kafka_away(asked: list[str], stops: list[Any]) -> tuple[Any, Any]:
+    """The topic question, sync and async: Kafka does not answer, and the stop event is set
+    meanwhile; asked again after that is a failure."""
 
     def no_kafka(*args: Any) -> bool:
         if asked:
@@ -92,6 +85,21 @@ def test_a_stop_while_the_start_up_check_waits_for_kafka_ends_run_without_joinin
 
     async def no_kafka_async(self: Any, topic: str) -> bool:
         return no_kafka()
+
+    return no_kafka, no_kafka_async
+
+
+@pytest.mark.parametrize("client", ["aiokafka", "confluent"])
+def test_a_stop_while_the_start_up_check_waits_for_kafka_ends_run_without_joining(
+    monkeypatch: pytest.MonkeyPatch, client: str
+) -> None:
+    """The topic check asks until Kafka answers. Before, a stop set meanwhile was not seen: the
+    sync run() went on asking, and once the async sleep ended at a stop it asked in a busy loop
+    (thousands of warnings a second), neither returning."""
+    asked: list[str] = []
+    joined: list[object] = []
+    stops: list[Any] = []  # the run's stop event: set once Kafka was asked (and did not answer)
+    no_kafka, no_kafka_async = _kafka_away(asked, stops)
 
     if client == "aiokafka":
         from outboxkit.kafka.aiokafka_sender import AiokafkaRecordSender
@@ -156,16 +164,7 @@ def test_the_consumers_stop_ends_the_start_up_wait_of_a_with_block(
     asked: list[str] = []
     joined: list[object] = []
     stops: list[Any] = []
-
-    def no_kafka(*args: Any) -> bool:
-        if asked:
-            raise AssertionError("asked Kafka again after the stop was set")
-        asked.append("asked")
-        stops[0].set()
-        raise PublishError("Kafka unreachable")
-
-    async def no_kafka_async(self: Any, topic: str) -> bool:
-        return no_kafka()
+    no_kafka, no_kafka_async = _kafka_away(asked, stops)
 
     settings = InboxSettings(consumer="c", registry=EventRegistry())
     kafka = KafkaSettings(bootstrap="127.0.0.1:9")
