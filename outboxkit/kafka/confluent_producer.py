@@ -33,7 +33,7 @@ from outboxkit.kafka.api import (
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.confluent_build import create, in_slices
-from outboxkit.kafka.errors import ErrorKind, classify, with_acl_hint
+from outboxkit.kafka.errors import TOPIC_WRITE_HINT, ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
 
 _new = tuple.__new__
@@ -239,8 +239,8 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             return None
         return RecordError(
             "TOPIC_AUTHORIZATION_FAILED",
-            f"topic {topic!r}: the relay's Kafka principal may not write to it (grant it Write"
-            " on the topic)",
+            f"topic {topic!r}: the relay's Kafka principal may not write to it"
+            f" ({TOPIC_WRITE_HINT})",
         )
 
     def _admin_client(self) -> ConfluentAdmin:

@@ -107,6 +107,18 @@ def with_credentials_hint(text: str) -> str:
     return f"{text} ({CREDENTIALS_HINT})"
 
 
+_TOPIC_WRITE_DENIED = ("TOPIC_AUTHORIZATION_FAILED", "TopicAuthorizationFailed")
+TOPIC_WRITE_HINT = "grant it Write on the topic"
+
+
+def with_topic_write_hint(text: str) -> str:
+    """``text``, naming the missing ACL when it reports a record refused by its topic (the
+    broker's error says only "authorization failed")."""
+    if TOPIC_WRITE_HINT in text or not any(name in text for name in _TOPIC_WRITE_DENIED):
+        return text
+    return f"{text} (the relay's Kafka principal may not write to the topic: {TOPIC_WRITE_HINT})"
+
+
 def with_acl_hint(text: str) -> str:
     """``text``, naming the missing ACL when it reports a refused transactional.id."""
     lowered = text.lower()

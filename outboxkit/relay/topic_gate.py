@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from outboxkit.kafka.api import RecordError, TransactionalProducer
+from outboxkit.kafka.errors import with_topic_write_hint
 from outboxkit.relay.broker_limits import BrokerLimits
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
@@ -132,6 +133,7 @@ class TopicGate:
         return claim
 
     async def park(self, term: LeaseTerm, conn: Conn, record: OutboxRecord, why: str) -> None:
+        why = with_topic_write_hint(why)  # a record refused at send (at least once) says it too
         await self._store.park(conn, term, record.id, why)
         self._metrics.parked.labels(self._label).inc()
         logger.warning(

@@ -32,7 +32,7 @@ from outboxkit import Message, Outbox
 from outboxkit.devstack import KafkaServer
 from outboxkit.devstack.aio import run_coroutine
 from outboxkit.kafka import KafkaClients
-from outboxkit.kafka.errors import TRANSACTIONAL_ID_ACL_HINT
+from outboxkit.kafka.errors import TOPIC_WRITE_HINT, TRANSACTIONAL_ID_ACL_HINT
 from outboxkit.relay.checkpoint import CHECKPOINT_TOPIC_CONFIG
 from outboxkit.settings import KafkaSettings
 from tests.fault.test_secured_kafka import OUTBOXKIT, ROOT, Processes
@@ -270,6 +270,7 @@ def _parked_behind_its_key(
     states = relay.states()
     reason = states[blocked_ids[0]][1] or ""
     assert "AUTHORIZATION" in reason.upper(), reason
+    assert TOPIC_WRITE_HINT in reason, reason  # both modes say what to grant
     assert f"parked row {blocked_ids[0]} (topic {blocked})" in processes.output()
     assert [states[i][0] for i in blocked_ids[1:]] == ["pending"] * (len(blocked_ids) - 1), states
 
