@@ -81,47 +81,17 @@ class TopicGate:
         """The claim without rows that cannot become records (those are parked): rows of
         topics that cannot take records, rows the reader found defective, and rows without a
         key for a compacted topic. Nothing when the relay stops while Kafka is asked."""
-        try:
-            return await self._sendable(term, conn, producer, claim)
+        topics = {r.topic for r in claim}
+        try:  # no question at all once every topic of the claim is known and read
+            known = topics <= self._known_topics
+            problems = {} if known else await self._problems(term, producer, topics)
+            # Until it is read (a failed read is tried again later), rows of the topic go
+            # unchecked; one due to be read again (``REFRESH_AFTER``) keeps its last read.
+            unlearned = self.limits.unlearned(topics - problems.keys())
+            if unlearned:
+                await self._asked(self.limits.learn_all(producer, unlearned, term.check))
         except _Stopping:
             return []  # nothing sent, nothing parked: the rows stay pending
-
-    async def _asked(self, question: Awaitable[T]) -> T:
-        task = asyncio.ensure_future(question)
-        if not await finished_unless(task, self._stop):
-            raise _Stopping
-        return task.result()
-
-    async def _sendable(
-        self,
-        term: LeaseTerm,
-        conn: Conn,
-        producer: TransactionalProducer,
-        claim: list[OutboxRecord],
-    ) -> list[OutboxRecord]:
-        # Each topic is checked once per claim (and known-good topics not at all), not per row.
-        problems: dict[str, RecordError] = {}
-        topics = {r.topic for r in claim}
-        new = topics - self._known_topics - {self._checkpoint_topic}
-        if new:  # what the producer asks beyond metadata: in one request, under one wait
-            logger.debug("shard %s: asking Kafka about topic(s) %s", self.shard, sorted(new))
-            await self._asked(producer.ask_ahead(new))
-            term.check()
-        for topic in topics - self._known_topics:
-            if topic == self._checkpoint_topic:
-                problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)
-                continue
-            problem = await self._asked(producer.topic_problem(topic))
-            term.check()
-            if problem is None:
-                self._known_topics.add(topic)
-            else:
-                problems[topic] = problem
-        # Until it is read (a failed read is tried again later), rows of the topic go unchecked;
-        # one due to be read again (``REFRESH_AFTER``) keeps its last read meanwhile.
-        unlearned = self.limits.unlearned(topics - problems.keys())
-        if unlearned:
-            await self._asked(self.limits.learn_all(producer, unlearned, term.check))
         defects = self._store.defects
         keyless = self.limits.keyless_refused(topics)
         if (
@@ -131,6 +101,36 @@ class TopicGate:
         ):
             return await self._park_unsendable(term, conn, claim, problems, keyless)
         return claim
+
+    async def _asked(self, question: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(question)
+        if not await finished_unless(task, self._stop):
+            raise _Stopping
+        return task.result()
+
+    async def _problems(
+        self, term: LeaseTerm, producer: TransactionalProducer, topics: set[str]
+    ) -> dict[str, RecordError]:
+        """Why each topic not known yet cannot take records (each is checked once per claim,
+        and known-good topics not at all, not per row)."""
+        problems: dict[str, RecordError] = {}
+        unknown = topics - self._known_topics
+        new = unknown - {self._checkpoint_topic}
+        if new:  # what the producer asks beyond metadata: in one request, under one wait
+            logger.debug("shard %s: asking Kafka about topic(s) %s", self.shard, sorted(new))
+            await self._asked(producer.ask_ahead(new))
+            term.check()
+        for topic in unknown:
+            if topic == self._checkpoint_topic:
+                problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)
+                continue
+            problem = await self._asked(producer.topic_problem(topic))
+            term.check()
+            if problem is None:
+                self._known_topics.add(topic)
+            else:
+                problems[topic] = problem
+        return problems
 
     async def park(self, term: LeaseTerm, conn: Conn, record: OutboxRecord, why: str) -> None:
         why = with_topic_write_hint(why)  # a record refused at send (at least once) says it too
