@@ -8,155 +8,33 @@ log, dead-letter topic. Two more run it with only one Kafka client library impor
 
 from __future__ import annotations
 
-import functools
 import json
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
+from tests.fault.inbox_workers import OUTBOXKIT, Worker
 from tests.integration.inbox_support import (
-    EFFECT_DDL,
     effects,
     fetch,
     inbox_row,
     produce,
     produce_event,
 )
-from tests.support.blocking import env_without
 from tests.support.env import service_env
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 
-ROOT = Path(__file__).resolve().parents[2]
 TopicFactory = Callable[..., str]
-OUTBOXKIT = str(Path(sys.executable).parent / "outboxkit")  # the console script
 CANCEL = [OUTBOXKIT, "inbox", "cancel", "--consumer", "billing"]
-
-
-class Worker:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
-        self.proc = proc
-        self.log = log
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def wait_exit(self, timeout: float = 90) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(f"worker did not exit; log:\n{self.output()}") from exc
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("confluent", id="sync+confluent"),
-        pytest.param("aiokafka", id="async+aiokafka"),
-    ]
-)
-def adapter(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def spawner(
-    outboxkit_db_url: str,
-    outboxkit_kafka_bootstrap: str,
-    tmp_path: Path,
-) -> Iterator[Callable[..., Worker]]:
-    with psycopg.connect(outboxkit_db_url) as conn:
-        conn.execute(EFFECT_DDL)
-    workers: list[Worker] = []
-
-    def start(
-        topic: str,
-        *,
-        group: str,
-        fault: str | None = None,
-        extra_env: dict[str, str] | None = None,
-        args: tuple[str, ...] = (),
-        driver: str,
-        client: str | None,
-        without: str | None = None,
-    ) -> Worker:
-        """``driver`` picks the handlers (sync or async); ``client`` the --adapter, if any."""
-        env = service_env(
-            outboxkit_db_url,
-            outboxkit_kafka_bootstrap,
-            OUTBOXKIT_CONSUMER_NAME="billing",
-            OUTBOXKIT_CONSUMER_GROUP=group,
-            OUTBOXKIT_CONSUMER_TOPICS=topic,
-            OUTBOXKIT_CONSUMER_DEAD_LETTER_CHECK="warn",
-            PYTHONPATH=str(ROOT),
-            **(extra_env or {}),
-        )
-        if fault:
-            env["OUTBOXKIT_FAULT"] = fault
-        if without is not None:
-            env = env_without(without, base=env)
-        registry = "SYNC" if driver == "confluent" else "ASYNC"
-        log = tmp_path / f"worker-{len(workers)}.log"
-        command = [
-            OUTBOXKIT,
-            "inbox",
-            "run",
-            "--registry",
-            f"tests.fault.consumer_app:{registry}",
-            *(("--adapter", client) if client else ()),
-            *_fast_session(driver),
-            *args,
-        ]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
-        worker = Worker(proc, log)
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop()
-
-
-@pytest.fixture
-def spawn(adapter: str, spawner: Callable[..., Worker]) -> Callable[..., Worker]:
-    return functools.partial(spawner, driver=adapter, client=adapter)
-
-
-def _fast_session(adapter: str) -> tuple[str, ...]:
-    """A killed member is evicted after 6 s instead of the default 45 s."""
-    if adapter == "confluent":
-        return (
-            "--kafka-option",
-            "session.timeout.ms=6000",
-            "--kafka-option",
-            "heartbeat.interval.ms=1000",
-        )
-    return (
-        "--kafka-option",
-        "session_timeout_ms=6000",
-        "--kafka-option",
-        "heartbeat_interval_ms=1000",
-    )
 
 
 def _row(db_url: str, event_id: str) -> dict[str, Any]:
