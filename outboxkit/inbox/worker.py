@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from outboxkit import db
-from outboxkit.db.engines import async_engine, sync_engine
+from outboxkit.db.engines import async_engine, session_name, sync_engine
 from outboxkit.errors import (
     ConfigurationError,
     PermanentPublishError,
@@ -158,7 +158,10 @@ def run(config: Settings | None = None) -> None:
     }
     if not _started(config):
         return
-    connect_args = config.database.connect_options()
+    connect_args = {
+        **session_name(url, f"outboxkit-inbox-{settings.consumer}"),
+        **config.database.connect_options(),
+    }
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
         _run_sync(url, handler, settings, kafka, options, connect_args)
     else:

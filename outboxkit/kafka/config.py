@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.kafka.aiokafka_log import limit_aiokafka_log
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.kafka.librdkafka_log import LibrdkafkaLog
 from outboxkit.settings import KafkaSettings
@@ -302,8 +303,10 @@ def aiokafka_options(
     caller's ``options`` (which may not set what the typed settings decide), then
     ``overrides``. ``properties`` are librdkafka names, which aiokafka does not read: said in a
     warning (names only, once per process and set of names), as a silently ignored setting
-    would be a trap; a SASL mechanism named there is refused (it would be a wrong login)."""
+    would be a trap; a SASL mechanism named there is refused (it would be a wrong login).
+    aiokafka's own log lines are rate-limited from here on (:mod:`.aiokafka_log`)."""
     _refuse_owned(options or {}, OWNED_OPTIONS, _OPTIONS)
+    limit_aiokafka_log()
     mechanism = property_mechanism(settings.properties)
     if mechanism is not None:
         raise ConfigurationError(

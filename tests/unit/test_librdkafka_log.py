@@ -254,7 +254,7 @@ def test_the_groups_are_bounded_and_a_dropped_group_shows_its_count(
         f"FAIL [{PRODUCER}] d",
         f"FAIL [{PRODUCER}] a (3 similar lines suppressed over 5 s)",
     ]
-    assert len(log._groups) == 2
+    assert len(log._limit) == 2
     log.log(logging.ERROR, FORMAT, "FAIL", PRODUCER, "b")  # forgotten: shown again
     assert lines.messages[-1] == f"FAIL [{PRODUCER}] b"
 

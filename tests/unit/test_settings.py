@@ -389,6 +389,8 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     from outboxkit.inbox import worker
 
     handed: dict[str, object] = {}
+    for variable in ("PGSERVICE", "PGAPPNAME"):  # either would name the sessions instead
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(worker, "_started", lambda config: True)
     monkeypatch.setattr(
         worker,
@@ -407,11 +409,11 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     )
     assert code == 0, out
     assert handed["config"] == {"sasl.oauthbearer.client.secret": "hunter2", "fetch.min.bytes": 7}
-    monkeypatch.delenv("PGSERVICE", raising=False)  # a service file may give it instead
     no_prompt = prompt_free(SECRET_URL)  # libpq never asks the terminal for a key's pass phrase
     assert no_prompt  # (this libpq knows sslpassword)
-    # psycopg's own prepared statements by default; the engine adds the no-prompt option
-    assert handed["connect_args"] == {}
+    # psycopg's own prepared statements by default, the sessions named after the consumer; the
+    # engine adds the no-prompt option
+    assert handed["connect_args"] == {"application_name": "outboxkit-inbox-c"}
     assert engine_options(SECRET_URL, {}) == no_prompt
     code, out = _invoke(
         "inbox",
@@ -423,7 +425,10 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
         },
     )
     assert code == 0, out
-    assert handed["connect_args"] == {"prepare_threshold": None}
+    assert handed["connect_args"] == {
+        "application_name": "outboxkit-inbox-c",
+        "prepare_threshold": None,
+    }
     assert engine_options(SECRET_URL, {"prepare_threshold": None}) == {
         **no_prompt,
         "prepare_threshold": None,

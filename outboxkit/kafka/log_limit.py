@@ -1,0 +1,129 @@
+"""Repeated log lines of a Kafka client, counted instead of shown.
+
+Both clients log every failed attempt of their reconnect loops: a broker that is away, or that
+refuses the TLS handshake or the login, gives librdkafka about twenty near-identical lines a
+second and aiokafka about fifty, for as long as the outage lasts. :class:`RepeatLimit` decides
+which lines of such a burst are shown: the first of a group at once; the repeats within a window
+are counted, and the first one after it is shown with their number. A line after a quiet window
+is a new incident: the last one's count is shown, then the line as a first one. There is no timer
+thread: a count shows with the group's next line, or when the group is dropped to keep the state
+bounded. The librdkafka ``logger`` (``librdkafka_log.py``) and the aiokafka logging filter
+(``aiokafka_log.py``) each decide with one.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+#: How long the repeats of a shown line are only counted.
+WINDOW_SECONDS = 60.0
+#: The most groups one limit remembers; the least recently seen is dropped first.
+MAX_GROUPS = 128
+
+Line = TypeVar("Line")
+
+# What varies between the lines of one failure, and is not worth a line of its own.
+_VARYING = (
+    (re.compile(r"\b\d+ms\b"), "…ms"),  # "(after 3ms in state APIVERSION_QUERY"
+    # librdkafka's own repeat count, present on some lines of a failure and not on others.
+    (re.compile(r",? ?\b\d+ identical error\(s\) suppressed"), ""),
+    # A broker by its role, then by its node id: "ssl://host:9093/bootstrap", "host:9092/1".
+    (re.compile(r"((?:://)?[\w.\-\[\]:]+:\d+)/(?:\d+|bootstrap)\b"), r"\1/…"),
+    # The address tried, one of those the broker's (named) host resolves to.
+    (re.compile(r"\bipv[46]#\S+"), "ipv…#…"),
+)
+
+
+def normalised(text: str) -> str:
+    """``text`` as the key of its group: what varies within one failure replaced."""
+    for pattern, replacement in _VARYING:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def suppressed_note(suppressed: int, seconds: float) -> str:
+    """What a shown line says of the lines of its group that were not shown."""
+    lines = "line" if suppressed == 1 else "lines"
+    return f"({suppressed} similar {lines} suppressed over {max(1, round(seconds))} s)"
+
+
+@dataclass(frozen=True)
+class Shown(Generic[Line]):
+    """A line to show: ``suppressed`` lines of its group before it were not (0: none)."""
+
+    key: Hashable
+    line: Line
+    suppressed: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Group(Generic[Line]):
+    started: float  # when the group's last shown line was logged
+    seen: float  # when the group's last line came, shown or not
+    last: Line
+    suppressed: int = 0
+
+
+class RepeatLimit(Generic[Line]):
+    """Which lines of each group to show. Thread-safe: clients log from their own threads."""
+
+    def __init__(
+        self,
+        *,
+        window: float | None = None,
+        max_groups: int = MAX_GROUPS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window = WINDOW_SECONDS if window is None else window
+        self._max_groups = max(1, max_groups)
+        self._clock = clock
+        self._groups: OrderedDict[Hashable, _Group[Line]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many groups it remembers."""
+        return len(self._groups)
+
+    def admit(self, key: Hashable, line: Line) -> list[Shown[Line]]:
+        """What to show for ``line`` of group ``key`` (perhaps nothing, perhaps earlier lines
+        with their counts), the group's state updated."""
+        with self._lock:
+            return self._admit(key, line)
+
+    def _admit(self, key: Hashable, line: Line) -> list[Shown[Line]]:
+        now = self._clock()
+        group = self._groups.get(key)
+        if group is None:
+            shown = [Shown(key, line)]
+            self._groups[key] = _Group(now, now, line)
+            while len(self._groups) > self._max_groups:
+                old_key, old = self._groups.popitem(last=False)
+                if old.suppressed:  # its count would be lost: its last line shows it
+                    shown.append(_pending(old_key, old))
+            return shown
+        self._groups.move_to_end(key)
+        if now - group.seen >= self.window:
+            # Quiet for a whole window: a new incident. The last one's count, over its own span,
+            # then this line as a first line (not one more repeat of a burst long over).
+            shown = [_pending(key, group)] if group.suppressed else []
+            shown.append(Shown(key, line))
+        elif now - group.started < self.window:
+            group.suppressed += 1
+            group.seen, group.last = now, line
+            return []
+        else:
+            shown = [Shown(key, line, group.suppressed, now - group.started)]
+        group.started, group.seen, group.last, group.suppressed = now, now, line, 0
+        return shown
+
+
+def _pending(key: Hashable, group: _Group[Line]) -> Shown[Line]:
+    """A group's last line, not shown when it came, with the count of the others not shown."""
+    return Shown(key, group.last, group.suppressed - 1, group.seen - group.started)

@@ -1,0 +1,161 @@
+"""``outboxkit inbox run`` recovers by itself from a broker outage, a PostgreSQL restart and
+terminated database sessions, with both clients: every event's effect happens once, every
+inbox row ends ``succeeded`` (an outage never counts against a record), the process never
+exits, and an outage does not flood the log."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from outboxkit.devstack import DevStack
+from tests.fault.inbox_workers import Worker
+from tests.integration.inbox_support import fetch, headers_for, payload, produce
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.fault
+
+TopicFactory = Callable[..., str]
+OUTAGE_SECONDS = 8.0
+# Offsets are committed every second: an outage right after a batch leaves its offsets
+# uncommitted, so the records come again after it and must be recognised as duplicates.
+FAST = {"OUTBOXKIT_CONSUMER_OFFSET_COMMIT_INTERVAL": "1"}
+
+
+def _events(bootstrap: str, topic: str, prefix: str, count: int) -> list[str]:
+    """``count`` events on partition 0, in one go; their event ids."""
+    ids = [f"{prefix}-{n}-{uuid.uuid4().hex[:6]}" for n in range(count)]
+    produce(bootstrap, topic, [(b"k", payload(e, n), headers_for(e)) for n, e in enumerate(ids)])
+    return ids
+
+
+def _effect_counts(db_url: str) -> Counter[str]:
+    return Counter(row[0] for row in fetch(db_url, "SELECT event_id FROM public.effect"))
+
+
+def _states(db_url: str) -> Counter[str]:
+    rows = fetch(
+        db_url,
+        "SELECT state, count(*) FROM outboxkit.inbox_message WHERE consumer = 'billing'"
+        " GROUP BY state",
+    )
+    return Counter(dict(rows))
+
+
+def _all_applied(db_url: str, ids: list[str]) -> bool:
+    try:
+        return set(_effect_counts(db_url)) >= set(ids)
+    except psycopg.OperationalError:  # PostgreSQL still coming back
+        return False
+
+
+def _assert_each_once(db_url: str, ids: list[str], worker: Worker) -> None:
+    counts = _effect_counts(db_url)
+    assert set(counts) == set(ids), worker.output()
+    assert set(counts.values()) == {1}, [e for e, n in counts.items() if n > 1]
+    assert _states(db_url) == Counter({"succeeded": len(ids)}), worker.output()
+    assert worker.running(), worker.output()  # recovered by itself, never exited
+    assert "Traceback" not in worker.output(tail=1_000_000), worker.output()
+
+
+def _lines_between(worker: Worker, start: int, end: int) -> list[str]:
+    return worker.log.read_bytes()[start:end].decode(errors="replace").splitlines()
+
+
+def test_inbox_run_rides_out_a_broker_outage(
+    spawn: Callable[..., Worker],
+    outboxkit_stack: DevStack,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    if outboxkit_stack.kafka is None:
+        pytest.skip("external Kafka: cannot stop it")
+    topic = outboxkit_topic()
+    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
+    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20)
+    wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
+    ids += _events(outboxkit_kafka_bootstrap, topic, "racing", 200)  # the stop lands mid-way
+    wait_for(lambda: _effect_counts(outboxkit_db_url).total() > 20, what="the consumer busy")
+    outboxkit_stack.kafka.stop()
+    before = worker.log.stat().st_size
+    try:
+        time.sleep(OUTAGE_SECONDS)  # the outage itself (the scenario, not a synchronisation)
+        assert worker.running(), worker.output()
+        during = _lines_between(worker, before, worker.log.stat().st_size)
+    finally:
+        outboxkit_stack.kafka.start()
+    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20)
+    wait_for(
+        lambda: _all_applied(outboxkit_db_url, ids),
+        timeout=180,
+        what="the consumer catches up after the broker is back",
+    )
+    _assert_each_once(outboxkit_db_url, ids, worker)
+    # What an operator's log gets while the broker is away: a few lines a second at most.
+    assert len(during) <= 5 * OUTAGE_SECONDS, "\n".join(during[-40:])
+
+
+def test_inbox_run_rides_out_a_postgres_restart(
+    spawn: Callable[..., Worker],
+    outboxkit_stack: DevStack,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    if outboxkit_stack.postgres is None:
+        pytest.skip("external PostgreSQL: cannot stop it")
+    topic = outboxkit_topic()
+    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
+    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20)
+    wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
+    outboxkit_stack.postgres.stop()
+    before = worker.log.stat().st_size
+    try:
+        ids += _events(outboxkit_kafka_bootstrap, topic, "during", 20)
+        time.sleep(OUTAGE_SECONDS)  # the outage itself (the scenario, not a synchronisation)
+        assert worker.running(), worker.output()
+        during = _lines_between(worker, before, worker.log.stat().st_size)
+    finally:
+        outboxkit_stack.postgres.start()
+    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20)
+    wait_for(
+        lambda: _all_applied(outboxkit_db_url, ids),
+        timeout=180,
+        what="the consumer catches up after PostgreSQL is back",
+    )
+    _assert_each_once(outboxkit_db_url, ids, worker)
+    assert during, "the consumer did not notice the database was away"
+    assert len(during) <= 5 * OUTAGE_SECONDS, "\n".join(during[-40:])
+
+
+def test_inbox_run_rides_out_terminated_sessions(
+    spawn: Callable[..., Worker],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    topic = outboxkit_topic()
+    ids = _events(outboxkit_kafka_bootstrap, topic, "backlog", 2000)
+    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
+    wait_for(lambda: _effect_counts(outboxkit_db_url).total() > 0, what="the consumer busy")
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-inbox-%%'"
+        ).fetchall()
+    # The consumer's sessions carry its name (the claims' and the handlers' pool).
+    assert set(ended) == {("outboxkit-inbox-billing", True)}, ended
+    assert _effect_counts(outboxkit_db_url).total() < len(ids), "the backlog was already done"
+    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20)
+    wait_for(
+        lambda: _all_applied(outboxkit_db_url, ids),
+        timeout=180,
+        what="the consumer recovers from its terminated sessions",
+    )
+    _assert_each_once(outboxkit_db_url, ids, worker)
