@@ -9,12 +9,7 @@ until someone types). An application's own engine stays the application's to mak
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
-
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-from pydantic import SecretStr
 
 from outboxkit.db.connect import Url, prompt_free, sqlalchemy_url
 
@@ -26,21 +21,6 @@ if TYPE_CHECKING:
 def engine_options(url: Url, connect_args: dict[str, Any] | None) -> dict[str, Any]:
     """The ``connect_args`` an engine of ours passes psycopg: the caller's win."""
     return {**prompt_free(url), **(connect_args or {})}
-
-
-def session_name(url: Url, name: str) -> dict[str, str]:
-    """``application_name`` for the sessions of one of our processes, so an operator finds them
-    in ``pg_stat_activity``; nothing when the URL, a service file or ``PGAPPNAME`` names them
-    (an option of ours would override theirs)."""
-    try:
-        params = conninfo_to_dict(url.get_secret_value() if isinstance(url, SecretStr) else url)
-    except (psycopg.Error, ValueError, TypeError):  # the connection attempt reports it
-        return {}
-    if params.get("application_name") or params.get("service"):
-        return {}
-    if os.environ.get("PGAPPNAME") or os.environ.get("PGSERVICE"):
-        return {}
-    return {"application_name": name}
 
 
 def sync_engine(url: Url, *, connect_args: dict[str, Any] | None = None, **options: Any) -> Engine:

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from outboxkit.db.availability import database_unavailable
 from outboxkit.inbox.acks import Acknowledger
@@ -53,6 +53,7 @@ from outboxkit.inbox.steps import (
 )
 from outboxkit.inbox.topic_check import check_topics
 from outboxkit.kafka.api import ConsumedRecord, TopicPartition
+from outboxkit.log_limit import LimitedLines, normalised
 
 if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
@@ -110,6 +111,7 @@ class ConsumerLoop:
         topic, bound = options.acks_topic, options.max_unexpected_errors
         self.acks = None if topic is None else Acknowledger(core.settings.consumer, topic, bound)
         self.rejoin = Rejoin()  # replaces a client that keeps refusing seeks
+        self.outage_log = LimitedLines(logger, clock=clock)  # lines repeated while the DB is away
         self.purger = Purger(
             core.statements.schema,
             options.retention,
@@ -194,7 +196,9 @@ class ConsumerLoop:
             plan = deliver_batch(self.core, envs, self.revoked.__contains__, self._dead_letter)
             result = yield from plan
         except Exception as exc:  # deliver them one by one: each counts its own errors
-            logger.warning("batch of %d failed (%s); one by one", len(envs), error_text(exc))
+            text = error_text(exc)
+            kind = ("batch", normalised(text)) if database_unavailable(exc) else None
+            self._say(logging.WARNING, kind, "batch of %d failed (%s); one by one", len(envs), text)
             self.buffer.extendleft(reversed(records))
             self.single = len(records)
             self._count_rerun("one_by_one", 1)
@@ -340,8 +344,12 @@ class ConsumerLoop:
         detail = self.core.settings.error_detail
         text = error_text(exc, detail=detail)
         where = (env.topic, env.partition, env.offset)
-        logger.error("processing %s/%d/%d failed: %s", *where, text, exc_info=detail)
-        if database_unavailable(exc):
+        away = database_unavailable(exc)
+        kind = ("processing", normalised(text)) if away else None
+        self._say(
+            logging.ERROR, kind, "processing %s/%d/%d failed: %s", *where, text, exc_info=detail
+        )
+        if away:
             count = 0  # the database is away: not this record's fault, never given up for it
         else:
             count = self.failures[where] = self.failures.get(where, 0) + 1
@@ -357,6 +365,16 @@ class ConsumerLoop:
 
     def _revoked(self) -> bool:
         return bool(self.revoked)
+
+    def _say(
+        self, level: int, kind: tuple[str, str] | None, msg: str, *args: Any, **kw: Any
+    ) -> None:
+        """Log a line; one of a ``kind`` (the database away) through the outage's rate limit:
+        every held partition retries each second for as long as the outage lasts."""
+        if kind is None:
+            logger.log(level, msg, *args, **kw)
+        else:
+            self.outage_log.log(level, kind, msg, *args, **kw)
 
     def _dead_letter(
         self, env: Envelope, event_id: str, error: str, attempts: int

@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from outboxkit import db
-from outboxkit.db.engines import async_engine, session_name, sync_engine
+from outboxkit.db.engines import async_engine, sync_engine
 from outboxkit.errors import (
     ConfigurationError,
     PermanentPublishError,
@@ -158,8 +158,10 @@ def run(config: Settings | None = None) -> None:
     }
     if not _started(config):
         return
+    # Its sessions show as outboxkit-inbox-<consumer> in pg_stat_activity, unless the URL, a
+    # service file or PGAPPNAME names them (libpq's rule for a fallback name).
     connect_args = {
-        **session_name(url, f"outboxkit-inbox-{settings.consumer}"),
+        "fallback_application_name": f"outboxkit-inbox-{settings.consumer}",
         **config.database.connect_options(),
     }
     if resolve_client(kafka) is KafkaClient.CONFLUENT:

@@ -3,7 +3,7 @@
 confluent-kafka hands each librdkafka line to the ``logger`` property as ``logger.log(level,
 "%s [%s] %s", facility, client_name, line)``; :class:`LibrdkafkaLog` is that object. It groups
 lines by level, facility, client and the line with its varying parts normalised, and shows what
-:class:`~outboxkit.kafka.log_limit.RepeatLimit` lets through: the first of a burst at once, the
+:class:`~outboxkit.log_limit.RepeatLimit` lets through: the first of a burst at once, the
 repeats counted (``log_limit.py`` says how). DEBUG lines (librdkafka's ``debug`` property) were
 asked for: they pass unlimited.
 """
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.kafka.log_limit import (
+from outboxkit.log_limit import (
     MAX_GROUPS,
     WINDOW_SECONDS,
     RepeatLimit,

@@ -22,15 +22,21 @@ pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
 OUTAGE_SECONDS = 8.0
+# What an operator's log may get in the 8 s: the first lines of each kind, not one per attempt
+# (aiokafka alone logged 474 lines; a consumer one line a second per partition held for a retry).
+MAX_OUTAGE_LINES = 20
 # Offsets are committed every second: an outage right after a batch leaves its offsets
 # uncommitted, so the records come again after it and must be recognised as duplicates.
 FAST = {"OUTBOXKIT_CONSUMER_OFFSET_COMMIT_INTERVAL": "1"}
 
 
-def _events(bootstrap: str, topic: str, prefix: str, count: int) -> list[str]:
-    """``count`` events on partition 0, in one go; their event ids."""
+def _events(bootstrap: str, topic: str, prefix: str, count: int, partitions: int = 1) -> list[str]:
+    """``count`` events spread over ``partitions``, in one go each; their event ids."""
     ids = [f"{prefix}-{n}-{uuid.uuid4().hex[:6]}" for n in range(count)]
-    produce(bootstrap, topic, [(b"k", payload(e, n), headers_for(e)) for n, e in enumerate(ids)])
+    for partition in range(partitions):
+        mine = list(enumerate(ids))[partition::partitions]
+        messages = [(b"k", payload(e, n), headers_for(e)) for n, e in mine]
+        produce(bootstrap, topic, messages, partition=partition)
     return ids
 
 
@@ -82,8 +88,8 @@ def test_inbox_run_rides_out_a_broker_outage(
     wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
     ids += _events(outboxkit_kafka_bootstrap, topic, "racing", 200)  # the stop lands mid-way
     wait_for(lambda: _effect_counts(outboxkit_db_url).total() > 20, what="the consumer busy")
+    before = worker.log.stat().st_size  # the lines of the stop itself count too
     outboxkit_stack.kafka.stop()
-    before = worker.log.stat().st_size
     try:
         time.sleep(OUTAGE_SECONDS)  # the outage itself (the scenario, not a synchronisation)
         assert worker.running(), worker.output()
@@ -97,8 +103,7 @@ def test_inbox_run_rides_out_a_broker_outage(
         what="the consumer catches up after the broker is back",
     )
     _assert_each_once(outboxkit_db_url, ids, worker)
-    # What an operator's log gets while the broker is away: a few lines a second at most.
-    assert len(during) <= 5 * OUTAGE_SECONDS, "\n".join(during[-40:])
+    assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
 
 
 def test_inbox_run_rides_out_a_postgres_restart(
@@ -110,20 +115,20 @@ def test_inbox_run_rides_out_a_postgres_restart(
 ) -> None:
     if outboxkit_stack.postgres is None:
         pytest.skip("external PostgreSQL: cannot stop it")
-    topic = outboxkit_topic()
+    topic = outboxkit_topic(partitions=4)  # four partitions held for a retry at once
     worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
-    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20)
+    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20, partitions=4)
     wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
+    before = worker.log.stat().st_size  # the lines of the stop itself count too
     outboxkit_stack.postgres.stop()
-    before = worker.log.stat().st_size
     try:
-        ids += _events(outboxkit_kafka_bootstrap, topic, "during", 20)
+        ids += _events(outboxkit_kafka_bootstrap, topic, "during", 20, partitions=4)
         time.sleep(OUTAGE_SECONDS)  # the outage itself (the scenario, not a synchronisation)
         assert worker.running(), worker.output()
         during = _lines_between(worker, before, worker.log.stat().st_size)
     finally:
         outboxkit_stack.postgres.start()
-    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20)
+    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20, partitions=4)
     wait_for(
         lambda: _all_applied(outboxkit_db_url, ids),
         timeout=180,
@@ -131,7 +136,7 @@ def test_inbox_run_rides_out_a_postgres_restart(
     )
     _assert_each_once(outboxkit_db_url, ids, worker)
     assert during, "the consumer did not notice the database was away"
-    assert len(during) <= 5 * OUTAGE_SECONDS, "\n".join(during[-40:])
+    assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
 
 
 def test_inbox_run_rides_out_terminated_sessions(
@@ -141,7 +146,7 @@ def test_inbox_run_rides_out_terminated_sessions(
     outboxkit_topic: TopicFactory,
 ) -> None:
     topic = outboxkit_topic()
-    ids = _events(outboxkit_kafka_bootstrap, topic, "backlog", 2000)
+    ids = _events(outboxkit_kafka_bootstrap, topic, "backlog", 3000)
     worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
     wait_for(lambda: _effect_counts(outboxkit_db_url).total() > 0, what="the consumer busy")
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:

@@ -3,15 +3,18 @@ second (the process-level case: ``tests/fault/test_inbox_recovery.py``)."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import random
 import uuid
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from outboxkit.kafka.aiokafka_log import AiokafkaLogLimit, limit_aiokafka_log
+from outboxkit.kafka.aiokafka_log import _SHARED, AiokafkaLogLimit, limit_aiokafka_log
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.log_limit import RepeatLimit
+from outboxkit.log_limit import RepeatLimit
 from outboxkit.settings import KafkaSettings
 
 pytestmark = pytest.mark.unit
@@ -148,19 +151,56 @@ def test_a_line_that_cannot_be_formatted_still_shows(loggers: Loggers) -> None:
     assert all(loggers.limit.filter(bad) for _ in range(3))  # getMessage() raises: not grouped
 
 
+def test_a_cluster_named_in_any_order_is_one_kind_of_line(loggers: Loggers) -> None:
+    """aiokafka shuffles the broker ids before each metadata update (every 100 ms while the
+    brokers are away): 720 orders of six brokers must not be 720 kinds."""
+    ids = [1, 2, 3, 4, 5, 6]
+    for n in range(720):
+        random.Random(n).shuffle(ids)
+        loggers.client.error("Unable to update metadata from %s", list(ids))
+    assert len(loggers.lines.records) == 1
+
+
+def test_a_line_kept_back_keeps_nothing_of_its_traceback_alive(loggers: Loggers) -> None:
+    class Buffer:
+        pass
+
+    def fail(buffer: Buffer) -> None:
+        raise ConnectionError("reset")
+
+    kept: list[weakref.ref[Buffer]] = []
+    for _ in range(2):  # the first shown, the second kept back until its count is shown
+        buffer = Buffer()
+        kept.append(weakref.ref(buffer))
+        try:
+            fail(buffer)
+        except ConnectionError:
+            loggers.client.exception("Failed fetch messages from %s", 1)
+        del buffer
+    gc.collect()
+    # The shown line is the handlers' to keep (this test's, pytest's log capture); the one kept
+    # back, whose count is still to be shown, holds no reference into its traceback.
+    assert kept[1]() is None
+
+
 def test_installed_on_every_aiokafka_logger_once_and_last() -> None:
-    name = f"aiokafka.test-{uuid.uuid4().hex[:6]}.late"
-    late = logging.getLogger(name)  # a module imported after the first client was built
+    base = f"aiokafka.test-{uuid.uuid4().hex[:6]}"
+    fetcher = logging.getLogger(f"{base}.fetcher")  # there when the first client is built
+    aiokafka_options(KafkaSettings(bootstrap="127.0.0.1:9"))
+    assert fetcher.filters[-1:] == [_SHARED]
+    after = logging.Filter()  # e.g. RefusedFetchFilter, added when its module is imported
+    fetcher.addFilter(after)
+    late = logging.getLogger(f"{base}.late")  # a module imported after the first client
     first = logging.Filter()
     late.addFilter(first)
     try:
-        aiokafka_options(KafkaSettings(bootstrap="127.0.0.1:9"))
+        aiokafka_options(KafkaSettings(bootstrap="127.0.0.1:9"))  # the next client's options
         limit_aiokafka_log()
-        for found in (logging.getLogger("aiokafka"), late):
+        for found in (logging.getLogger("aiokafka"), late, fetcher):
             limits = [f for f in found.filters if isinstance(f, AiokafkaLogLimit)]
             assert len(limits) == 1
             assert found.filters[-1] is limits[0]
         assert late.filters[0] is first
     finally:
-        for f in list(late.filters):
-            late.removeFilter(f)
+        late.removeFilter(first)
+        fetcher.removeFilter(after)

@@ -5,6 +5,7 @@ and the retention timer (the real-stack counterpart is tests/integration/test_in
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -204,6 +205,34 @@ def test_a_database_outage_never_counts_against_the_record(make: Any) -> None:
         kinds.append(outcome.kind)
     assert kinds == [OutcomeKind.RETRY] * attempts + [OutcomeKind.SUCCEEDED]
     assert "record_rejection" not in script.names()
+
+
+def test_an_outage_is_logged_once_a_minute_not_at_every_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every held partition retries each second while PostgreSQL is away: the first line is
+    logged, then one a minute with the count of those not logged; any other error every time."""
+    loop, now = _loop(max_unexpected_errors=1000)
+    errors: list[Exception] = [_refused() for _ in range(40)] + [RuntimeError("bug")] * 3
+    script = _polling([[_record(5)] for _ in errors])
+
+    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
+        yield from ()
+        raise errors.pop(0)
+
+    loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
+    with caplog.at_level(logging.ERROR, logger="outboxkit.inbox.consumer"):
+        for _ in range(43):
+            now[0] += 2  # past the retry hold: 40 retries of the database away over 80 s
+            outcome = drive_sync(loop.poll_once(), script)
+            assert outcome is not None
+            assert outcome.kind is OutcomeKind.RETRY
+    lines = [r.getMessage() for r in caplog.records if r.name == "outboxkit.inbox.consumer"]
+    assert len(lines) == 2 + 3, lines
+    assert lines[0].startswith("processing orders/0/5 failed: OperationalError")
+    assert lines[1].startswith("processing orders/0/5 failed: OperationalError")
+    assert lines[1].endswith("(29 similar lines suppressed over 60 s)")  # 30 came in the window
+    assert all("RuntimeError: bug" in line for line in lines[2:])
 
 
 def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:

@@ -389,8 +389,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     from outboxkit.inbox import worker
 
     handed: dict[str, object] = {}
-    for variable in ("PGSERVICE", "PGAPPNAME"):  # either would name the sessions instead
-        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("PGSERVICE", raising=False)  # a service file may give sslpassword instead
     monkeypatch.setattr(worker, "_started", lambda config: True)
     monkeypatch.setattr(
         worker,
@@ -413,7 +412,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     assert no_prompt  # (this libpq knows sslpassword)
     # psycopg's own prepared statements by default, the sessions named after the consumer; the
     # engine adds the no-prompt option
-    assert handed["connect_args"] == {"application_name": "outboxkit-inbox-c"}
+    assert handed["connect_args"] == {"fallback_application_name": "outboxkit-inbox-c"}
     assert engine_options(SECRET_URL, {}) == no_prompt
     code, out = _invoke(
         "inbox",
@@ -426,7 +425,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     )
     assert code == 0, out
     assert handed["connect_args"] == {
-        "application_name": "outboxkit-inbox-c",
+        "fallback_application_name": "outboxkit-inbox-c",
         "prepare_threshold": None,
     }
     assert engine_options(SECRET_URL, {"prepare_threshold": None}) == {

@@ -1,25 +1,28 @@
-"""Repeated log lines of a Kafka client, counted instead of shown.
+"""Repeated log lines, counted instead of shown.
 
-Both clients log every failed attempt of their reconnect loops: a broker that is away, or that
-refuses the TLS handshake or the login, gives librdkafka about twenty near-identical lines a
-second and aiokafka about fifty, for as long as the outage lasts. :class:`RepeatLimit` decides
+Both Kafka clients log every failed attempt of their reconnect loops: a broker that is away, or
+that refuses the TLS handshake or the login, gives librdkafka about twenty near-identical lines a
+second and aiokafka about sixty, for as long as the outage lasts; a consumer whose database is
+away logs each held record's retry, once a second per partition. :class:`RepeatLimit` decides
 which lines of such a burst are shown: the first of a group at once; the repeats within a window
 are counted, and the first one after it is shown with their number. A line after a quiet window
 is a new incident: the last one's count is shown, then the line as a first one. There is no timer
 thread: a count shows with the group's next line, or when the group is dropped to keep the state
-bounded. The librdkafka ``logger`` (``librdkafka_log.py``) and the aiokafka logging filter
-(``aiokafka_log.py``) each decide with one.
+bounded. The librdkafka ``logger`` (``kafka/librdkafka_log.py``), the aiokafka logging filter
+(``kafka/aiokafka_log.py``) and :class:`LimitedLines` (the consumer's own lines) each decide
+with one.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 #: How long the repeats of a shown line are only counted.
 WINDOW_SECONDS = 60.0
@@ -127,3 +130,36 @@ class RepeatLimit(Generic[Line]):
 def _pending(key: Hashable, group: _Group[Line]) -> Shown[Line]:
     """A group's last line, not shown when it came, with the count of the others not shown."""
     return Shown(key, group.last, group.suppressed - 1, group.seen - group.started)
+
+
+class LimitedLines:
+    """Lines of one of our loggers that repeat while a failure lasts (a consumer's retries while
+    its database is away), through one :class:`RepeatLimit`. The caller names each line's kind:
+    lines of one kind are counted together whatever their arguments (the record's place)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        window: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self._limit: RepeatLimit[tuple[str, tuple[Any, ...]]] = RepeatLimit(
+            window=window, clock=clock
+        )
+
+    def log(self, level: int, kind: Hashable, msg: str, *args: Any, **kwargs: Any) -> None:
+        """``logger.log(level, msg, *args, **kwargs)`` if the limit shows it (``kwargs``, e.g.
+        ``exc_info``, only with this line, not with an earlier one shown later with its count)."""
+        if not self.logger.isEnabledFor(level):
+            return
+        line = (msg, args)
+        for shown in self._limit.admit((level, kind), line):
+            text, line_args = shown.line
+            extra = kwargs if shown.line is line else {}
+            if shown.suppressed > 0:
+                note = suppressed_note(shown.suppressed, shown.seconds)
+                self.logger.log(level, text + " %s", *line_args, note, **extra)
+            else:
+                self.logger.log(level, text, *line_args, **extra)
