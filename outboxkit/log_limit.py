@@ -100,6 +100,14 @@ class RepeatLimit(Generic[Line]):
         with self._lock:
             return self._admit(key, line)
 
+    def drain(self) -> list[Shown[Line]]:
+        """The failure is over: the last line of each group with lines not yet counted, with
+        their count; every group forgotten, so the next line is a first one again."""
+        with self._lock:
+            pending = [_pending(key, g) for key, g in self._groups.items() if g.suppressed]
+            self._groups.clear()
+            return pending
+
     def _admit(self, key: Hashable, line: Line) -> list[Shown[Line]]:
         now = self._clock()
         group = self._groups.get(key)
@@ -132,6 +140,9 @@ def _pending(key: Hashable, group: _Group[Line]) -> Shown[Line]:
     return Shown(key, group.last, group.suppressed - 1, group.seen - group.started)
 
 
+_Said = tuple[int, str, tuple[Any, ...]]  # a line of LimitedLines: level, format, arguments
+
+
 class LimitedLines:
     """Lines of one of our loggers that repeat while a failure lasts (a consumer's retries while
     its database is away), through one :class:`RepeatLimit`. The caller names each line's kind:
@@ -145,21 +156,40 @@ class LimitedLines:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.logger = logger
-        self._limit: RepeatLimit[tuple[str, tuple[Any, ...]]] = RepeatLimit(
-            window=window, clock=clock
-        )
+        self._clock = clock
+        self._limit: RepeatLimit[_Said] = RepeatLimit(window=window, clock=clock)
+        self._since: float | None = None  # when the failure's first line came
 
-    def log(self, level: int, kind: Hashable, msg: str, *args: Any, **kwargs: Any) -> None:
+    def log(
+        self, level: int, kind: Hashable, msg: str, *args: Any, stacklevel: int = 1, **kwargs: Any
+    ) -> None:
         """``logger.log(level, msg, *args, **kwargs)`` if the limit shows it (``kwargs``, e.g.
-        ``exc_info``, only with this line, not with an earlier one shown later with its count)."""
+        ``exc_info``, only with this line, not with an earlier one shown later with its count);
+        ``stacklevel`` as ``logger.log``'s, counted from the caller of this method."""
+        if self._since is None:
+            self._since = self._clock()
         if not self.logger.isEnabledFor(level):
             return
-        line = (msg, args)
+        line = (level, msg, args)
         for shown in self._limit.admit((level, kind), line):
-            text, line_args = shown.line
-            extra = kwargs if shown.line is line else {}
-            if shown.suppressed > 0:
-                note = suppressed_note(shown.suppressed, shown.seconds)
-                self.logger.log(level, text + " %s", *line_args, note, **extra)
-            else:
-                self.logger.log(level, text, *line_args, **extra)
+            # the record's caller: this method's (+2: _show, then this method)
+            self._show(shown, kwargs if shown.line is line else {}, stacklevel + 2)
+
+    def end(self, level: int, msg: str) -> None:
+        """The failure is over (cheap when there was none): the counts still pending are
+        logged, then ``msg`` with the failure's duration in seconds as its one argument; the
+        next line is a first one again."""
+        if self._since is None:
+            return
+        seconds, self._since = self._clock() - self._since, None
+        for shown in self._limit.drain():
+            self._show(shown, {}, 3)
+        self.logger.log(level, msg, seconds, stacklevel=2)
+
+    def _show(self, shown: Shown[_Said], kwargs: dict[str, Any], stacklevel: int) -> None:
+        level, text, args = shown.line
+        if shown.suppressed > 0:
+            note = suppressed_note(shown.suppressed, shown.seconds)
+            self.logger.log(level, text + " %s", *args, note, stacklevel=stacklevel, **kwargs)
+        else:
+            self.logger.log(level, text, *args, stacklevel=stacklevel, **kwargs)

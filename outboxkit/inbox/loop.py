@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
 
 logger = logging.getLogger("outboxkit.inbox.consumer")
+DATABASE_BACK = "the database answers again after %.0f s; processing goes on"
 
 # An unexpected error around a delivery (database down, a value the database refuses, a bug):
 # the partition is held and the delivery retried after this long, at most
@@ -195,6 +196,7 @@ class ConsumerLoop:
         try:
             plan = deliver_batch(self.core, envs, self.revoked.__contains__, self._dead_letter)
             result = yield from plan
+            self.outage_log.end(logging.WARNING, DATABASE_BACK)
         except Exception as exc:  # deliver them one by one: each counts its own errors
             text = error_text(exc)
             kind = ("batch", normalised(text)) if database_unavailable(exc) else None
@@ -290,6 +292,7 @@ class ConsumerLoop:
         try:
             outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
             self.failures.pop((*tp, env.offset), None)
+            self.outage_log.end(logging.WARNING, DATABASE_BACK)
         except Exception as exc:
             outcome = yield from self._unexpected(env, exc)
         finally:
@@ -344,8 +347,8 @@ class ConsumerLoop:
         detail = self.core.settings.error_detail
         text = error_text(exc, detail=detail)
         where = (env.topic, env.partition, env.offset)
-        away = database_unavailable(exc)
-        kind = ("processing", normalised(text)) if away else None
+        away = database_unavailable(exc)  # of a kind by its short text: no values, no SQL
+        kind = ("processing", normalised(error_text(exc))) if away else None
         self._say(
             logging.ERROR, kind, "processing %s/%d/%d failed: %s", *where, text, exc_info=detail
         )
@@ -372,9 +375,9 @@ class ConsumerLoop:
         """Log a line; one of a ``kind`` (the database away) through the outage's rate limit:
         every held partition retries each second for as long as the outage lasts."""
         if kind is None:
-            logger.log(level, msg, *args, **kw)
+            logger.log(level, msg, *args, stacklevel=2, **kw)
         else:
-            self.outage_log.log(level, kind, msg, *args, **kw)
+            self.outage_log.log(level, kind, msg, *args, stacklevel=2, **kw)
 
     def _dead_letter(
         self, env: Envelope, event_id: str, error: str, attempts: int

@@ -69,6 +69,8 @@ def _key(record: logging.LogRecord) -> tuple[object, ...]:
 def _arg(value: object) -> str:
     if isinstance(value, list | tuple | set | frozenset):
         return "[" + ", ".join(sorted(normalised(str(item)) for item in value)) + "]"
+    if isinstance(value, BaseException):  # two errors without a message are still two kinds
+        return f"{type(value).__name__}: {normalised(str(value))}"
     return normalised(str(value))
 
 

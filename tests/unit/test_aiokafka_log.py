@@ -140,6 +140,12 @@ def test_a_dropped_group_shows_its_count_once(clock: Clock) -> None:
         loggers.close()
 
 
+def test_errors_without_a_message_are_told_apart_by_their_type(loggers: Loggers) -> None:
+    for error in (TimeoutError(), ConnectionResetError(), TimeoutError()):
+        loggers.client.error("Failed fetch messages from %s: %s", 1, error)
+    assert len(loggers.lines.records) == 2
+
+
 def test_debug_lines_pass_unlimited(loggers: Loggers) -> None:
     for _ in range(50):
         loggers.client.debug("Sending request %s", "MetadataRequest")

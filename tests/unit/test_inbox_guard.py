@@ -211,28 +211,41 @@ def test_an_outage_is_logged_once_a_minute_not_at_every_retry(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Every held partition retries each second while PostgreSQL is away: the first line is
-    logged, then one a minute with the count of those not logged; any other error every time."""
+    logged, then one a minute with the count of those not logged, and its end with what was
+    still uncounted; any other error every time."""
     loop, now = _loop(max_unexpected_errors=1000)
-    errors: list[Exception] = [_refused() for _ in range(40)] + [RuntimeError("bug")] * 3
+    errors: list[Exception | None] = [_refused() for _ in range(40)]
+    errors += [None]  # PostgreSQL is back: the record runs
+    errors += [RuntimeError("bug")] * 3
     script = _polling([[_record(5)] for _ in errors])
 
     def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
         yield from ()
-        raise errors.pop(0)
+        error = errors.pop(0)
+        if error is not None:
+            raise error
+        return Outcome(OutcomeKind.SUCCEEDED, "e5")
 
     loop.core.deliver = deliver  # type: ignore[method-assign,assignment]
-    with caplog.at_level(logging.ERROR, logger="outboxkit.inbox.consumer"):
-        for _ in range(43):
+    with caplog.at_level(logging.INFO, logger="outboxkit.inbox.consumer"):
+        for _ in range(len(errors)):
             now[0] += 2  # past the retry hold: 40 retries of the database away over 80 s
-            outcome = drive_sync(loop.poll_once(), script)
-            assert outcome is not None
-            assert outcome.kind is OutcomeKind.RETRY
-    lines = [r.getMessage() for r in caplog.records if r.name == "outboxkit.inbox.consumer"]
-    assert len(lines) == 2 + 3, lines
-    assert lines[0].startswith("processing orders/0/5 failed: OperationalError")
-    assert lines[1].startswith("processing orders/0/5 failed: OperationalError")
-    assert lines[1].endswith("(29 similar lines suppressed over 60 s)")  # 30 came in the window
-    assert all("RuntimeError: bug" in line for line in lines[2:])
+            assert drive_sync(loop.poll_once(), script) is not None
+    lines = [
+        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "outboxkit.inbox.consumer"
+    ]
+    refused = "processing orders/0/5 failed: OperationalError"
+    assert [level for level, _ in lines] == [logging.ERROR] * 3 + [logging.WARNING] + [
+        logging.ERROR
+    ] * 3, lines
+    assert all(text.startswith(refused) for _, text in lines[:3])
+    assert lines[1][1].endswith("(29 similar lines suppressed over 60 s)")  # 30 in the window
+    assert lines[2][1].endswith("(8 similar lines suppressed over 18 s)")  # 9 after that
+    assert lines[3][1] == "the database answers again after 80 s; processing goes on"
+    assert all("RuntimeError: bug" in text for _, text in lines[4:])
+    made = [r for r in caplog.records if r.getMessage().startswith("processing")]
+    # Where a line is made, not the helpers that log it (the count at the end: where it ends).
+    assert [r.funcName for r in made] == ["_unexpected"] * 2 + ["poll_once"] + ["_unexpected"] * 3
 
 
 def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:

@@ -1,0 +1,71 @@
+"""LimitedLines: a failure's repeated lines, and its end (the consumer's database-away lines;
+the loop's use is in test_inbox_guard.py)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+
+from outboxkit.log_limit import LimitedLines
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lines(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == name]
+
+
+def test_the_end_of_a_failure_shows_what_was_not_counted_yet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name, clock = f"outboxkit.test-{uuid.uuid4().hex[:6]}", Clock()
+    lines = LimitedLines(logging.getLogger(name), clock=clock)
+    with caplog.at_level(logging.INFO, logger=name):
+        lines.end(logging.INFO, "over after %.0f s")  # no failure: nothing to say
+        for n in range(5):
+            lines.log(logging.ERROR, "away", "record %d failed: %s", n, "refused")
+            clock.now += 1
+        lines.log(logging.WARNING, "batch", "batch of %d failed", 3)
+        lines.end(logging.INFO, "over after %.0f s")
+        lines.log(logging.ERROR, "away", "record %d failed: %s", 9, "refused")  # a new failure
+    assert _lines(caplog, name) == [
+        "record 0 failed: refused",
+        "batch of 3 failed",
+        "record 4 failed: refused (3 similar lines suppressed over 4 s)",
+        "over after 5 s",
+        "record 9 failed: refused",
+    ]
+
+
+def test_exc_info_goes_with_its_own_line_only(caplog: pytest.LogCaptureFixture) -> None:
+    name, clock = f"outboxkit.test-{uuid.uuid4().hex[:6]}", Clock()
+    lines = LimitedLines(logging.getLogger(name), clock=clock)
+    with caplog.at_level(logging.INFO, logger=name):
+        for _ in range(2):
+            try:
+                raise ConnectionError("reset")
+            except ConnectionError:
+                lines.log(logging.ERROR, "away", "failed", exc_info=True)
+        lines.end(logging.INFO, "over after %.0f s")
+    shown = [r for r in caplog.records if r.name == name]
+    assert [r.exc_info is not None for r in shown] == [True, False, False]
+
+
+def test_a_line_names_the_function_that_logged_it(caplog: pytest.LogCaptureFixture) -> None:
+    name = f"outboxkit.test-{uuid.uuid4().hex[:6]}"
+    lines = LimitedLines(logging.getLogger(name), clock=Clock())
+    with caplog.at_level(logging.INFO, logger=name):
+        lines.log(logging.ERROR, "away", "failed")
+        lines.end(logging.INFO, "over after %.0f s")
+    functions = [r.funcName for r in caplog.records if r.name == name]
+    assert functions == ["test_a_line_names_the_function_that_logged_it"] * 2
