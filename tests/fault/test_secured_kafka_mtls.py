@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
+from outboxkit import log_limit
 from outboxkit.devstack import KafkaServer
 from outboxkit.errors import PublishError
-from outboxkit.kafka import librdkafka_log
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
 from outboxkit.kafka.aiokafka_producer import AiokafkaTransactionalProducer
@@ -251,7 +251,7 @@ def test_a_refused_clients_librdkafka_lines_are_rate_limited(
     as long as the client runs. A consumer's client logs the first at once, then, after each
     window (2 s here, 60 s by default), one with the number of those it did not show."""
     window = 2.0
-    monkeypatch.setattr(librdkafka_log, "WINDOW_SECONDS", window)
+    monkeypatch.setattr(log_limit, "WINDOW_SECONDS", window)  # what a new client's limit takes
     settings = (
         mtls_kafka.mtls()
         .kafka_settings()
