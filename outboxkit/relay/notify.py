@@ -5,14 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 
 import psycopg
 from pydantic import SecretStr
 
 from outboxkit import db
+from outboxkit.log_limit import LimitedLines, normalised
+from outboxkit.relay.waiting import backoff_delay
 
 logger = logging.getLogger("outboxkit.relay.notify")
+#: Reconnecting waits 1 s, then twice as long after each failure, up to 30 s: polling finds
+#: every row meanwhile, and a server that is away is not asked every second.
+RECONNECT_INITIAL, RECONNECT_MAX = 1.0, 30.0
 
 
 async def listen_forever(
@@ -26,6 +32,7 @@ async def listen_forever(
     Writers notify ``notify_channel(schema)`` with the shard number as payload; ``on_notify``
     gets that shard, or None for "maybe any shard".
     """
+    said, failures, rng = LimitedLines(logger), 0, random.Random()
     while not stop.is_set():
         try:
             async with (
@@ -37,15 +44,20 @@ async def listen_forever(
                 contextlib.aclosing(conn.notifies()) as notifications,
             ):
                 await db.execute_async(conn, db.query("relay", "listen", schema))
+                failures = 0
+                said.end(logging.INFO, "listen connection back after %.0f s")
                 on_notify(None)  # anything committed while we were not listening
                 async for notification in notifications:
                     on_notify(_shard(notification.payload))
                     if stop.is_set():
                         break
         except (psycopg.Error, OSError) as exc:
-            logger.info("listen connection lost (%s); polling meanwhile", exc)
+            failures += 1
+            kind = normalised(f"{type(exc).__name__}: {exc}")
+            said.log(logging.INFO, kind, "listen connection lost (%s); polling meanwhile", exc)
+            delay = backoff_delay(failures, RECONNECT_INITIAL, RECONNECT_MAX, rng)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+                await asyncio.wait_for(stop.wait(), timeout=delay)
 
 
 def _shard(payload: str) -> int | None:
