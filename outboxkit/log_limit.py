@@ -159,6 +159,8 @@ class LimitedLines:
         self._clock = clock
         self._limit: RepeatLimit[_Said] = RepeatLimit(window=window, clock=clock)
         self._since: float | None = None  # when the failure's first line came
+        self._last = 0.0  # when its last line came
+        self._answered: float | None = None  # the first success since then
 
     def log(
         self, level: int, kind: Hashable, msg: str, *args: Any, stacklevel: int = 1, **kwargs: Any
@@ -166,8 +168,10 @@ class LimitedLines:
         """``logger.log(level, msg, *args, **kwargs)`` if the limit shows it (``kwargs``, e.g.
         ``exc_info``, only with this line, not with an earlier one shown later with its count);
         ``stacklevel`` as ``logger.log``'s, counted from the caller of this method."""
+        now = self._clock()
         if self._since is None:
-            self._since = self._clock()
+            self._since = now
+        self._last, self._answered = now, None
         if not self.logger.isEnabledFor(level):
             return
         line = (level, msg, args)
@@ -175,13 +179,22 @@ class LimitedLines:
             # the record's caller: this method's (+2: _show, then this method)
             self._show(shown, kwargs if shown.line is line else {}, stacklevel + 2)
 
-    def end(self, level: int, msg: str) -> None:
-        """The failure is over (cheap when there was none): the counts still pending are
-        logged, then ``msg`` with the failure's duration in seconds as its one argument; the
-        next line is a first one again."""
-        if self._since is None:
+    def answered(self) -> None:
+        """What failed worked again (cheap when nothing failed): see :meth:`end`."""
+        if self._since is not None and self._answered is None:
+            self._answered = self._clock()
+
+    def end(self, level: int, msg: str, *, quiet: float = 0.0) -> None:
+        """The failure is over if it worked again and no line of it came for ``quiet`` seconds
+        (a failure that comes and goes is one, not an end and a first line each time); cheap
+        when there was none. Then the counts still pending are logged, and ``msg`` with the
+        failure's duration in seconds (to the first success) as its one argument; the next
+        line is a first one again."""
+        if self._since is None or self._answered is None:
             return
-        seconds, self._since = self._clock() - self._since, None
+        if self._clock() - self._last < quiet:
+            return
+        seconds, self._since = self._answered - self._since, None
         for shown in self._limit.drain():
             self._show(shown, {}, 3)
         self.logger.log(level, msg, seconds, stacklevel=2)

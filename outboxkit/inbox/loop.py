@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("outboxkit.inbox.consumer")
 DATABASE_BACK = "the database answers again after %.0f s; processing goes on"
+# An outage ends in the log once a record ran and no database-away line came for this long: an
+# overloaded server refusing connections now and then is one outage, not many.
+OUTAGE_QUIET_SECONDS = 5.0
 
 # An unexpected error around a delivery (database down, a value the database refuses, a bug):
 # the partition is held and the delivery retried after this long, at most
@@ -196,7 +199,7 @@ class ConsumerLoop:
         try:
             plan = deliver_batch(self.core, envs, self.revoked.__contains__, self._dead_letter)
             result = yield from plan
-            self.outage_log.end(logging.WARNING, DATABASE_BACK)
+            self.outage_log.answered()
         except Exception as exc:  # deliver them one by one: each counts its own errors
             text = error_text(exc)
             kind = ("batch", normalised(text)) if database_unavailable(exc) else None
@@ -250,6 +253,7 @@ class ConsumerLoop:
         refusing the seek back); commit offsets; purge. ``False``: no client to poll yet."""
         if not (yield from self.start()) or not (yield from self.rejoin.ready(self)):
             return False
+        self.outage_log.end(logging.WARNING, DATABASE_BACK, quiet=OUTAGE_QUIET_SECONDS)
         if self.acks is not None:
             yield from self._gone_acks()
         yield from end_gone(self.gate.take_gone(), self.core.statements, self.options.acks_topic)
@@ -292,7 +296,7 @@ class ConsumerLoop:
         try:
             outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
             self.failures.pop((*tp, env.offset), None)
-            self.outage_log.end(logging.WARNING, DATABASE_BACK)
+            self.outage_log.answered()
         except Exception as exc:
             outcome = yield from self._unexpected(env, exc)
         finally:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 
 import psycopg
@@ -33,6 +34,7 @@ async def listen_forever(
     gets that shard, or None for "maybe any shard".
     """
     said, failures, rng = LimitedLines(logger), 0, random.Random()
+    connected: float | None = None  # when the last LISTEN succeeded
     while not stop.is_set():
         try:
             async with (
@@ -44,14 +46,18 @@ async def listen_forever(
                 contextlib.aclosing(conn.notifies()) as notifications,
             ):
                 await db.execute_async(conn, db.query("relay", "listen", schema))
-                failures = 0
-                said.end(logging.INFO, "listen connection back after %.0f s")
+                connected = time.monotonic()
                 on_notify(None)  # anything committed while we were not listening
                 async for notification in notifications:
                     on_notify(_shard(notification.payload))
                     if stop.is_set():
                         break
         except (psycopg.Error, OSError) as exc:
+            # A connection that stayed up a while starts the back-off again; one dropped at once
+            # (a proxy, an idle timeout) keeps it growing, as a failure to connect does.
+            if connected is not None and time.monotonic() - connected >= RECONNECT_MAX:
+                failures = 0
+            connected = None
             failures += 1
             kind = normalised(f"{type(exc).__name__}: {exc}")
             said.log(logging.INFO, kind, "listen connection lost (%s); polling meanwhile", exc)

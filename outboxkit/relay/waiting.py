@@ -9,8 +9,10 @@ from typing import Any
 
 
 def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
-    """Bounded exponential back-off with full jitter in [base/2, base]."""
-    base = min(maximum, initial * (2 ** max(0, attempt - 1)))
+    """Bounded exponential back-off with full jitter in [base/2, base]. The exponent is capped:
+    after a thousand failures in a row (hours of an outage) ``2 ** attempt`` would no longer
+    fit a float, and the loop that waits would die of an OverflowError."""
+    base = min(maximum, initial * (2 ** min(max(0, attempt - 1), 60)))
     return rng.uniform(base / 2, base)
 
 

@@ -137,7 +137,11 @@ def test_inbox_run_rides_out_a_postgres_restart(
     _assert_each_once(outboxkit_db_url, ids, worker)
     assert during, "the consumer did not notice the database was away"
     assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
-    assert "the database answers again after" in worker.output(), worker.output()  # its end
+    wait_for(
+        lambda: "the database answers again after" in worker.output(),
+        timeout=30,
+        what="the outage's end in the log, 5 s after its last line",
+    )
 
 
 def test_inbox_run_rides_out_terminated_sessions(

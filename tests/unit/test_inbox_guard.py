@@ -235,17 +235,20 @@ def test_an_outage_is_logged_once_a_minute_not_at_every_retry(
         (r.levelno, r.getMessage()) for r in caplog.records if r.name == "outboxkit.inbox.consumer"
     ]
     refused = "processing orders/0/5 failed: OperationalError"
-    assert [level for level, _ in lines] == [logging.ERROR] * 3 + [logging.WARNING] + [
-        logging.ERROR
-    ] * 3, lines
-    assert all(text.startswith(refused) for _, text in lines[:3])
+    error, warning = logging.ERROR, logging.WARNING
+    # The outage ends in the log at the first poll 5 s after its last line (t=1080): t=1086.
+    assert [level for level, _ in lines] == [error] * 4 + [warning] + [error] * 2, lines
+    assert all(text.startswith(refused) for _, text in lines[:2])
     assert lines[1][1].endswith("(29 similar lines suppressed over 60 s)")  # 30 in the window
-    assert lines[2][1].endswith("(8 similar lines suppressed over 18 s)")  # 9 after that
-    assert lines[3][1] == "the database answers again after 80 s; processing goes on"
-    assert all("RuntimeError: bug" in text for _, text in lines[4:])
+    assert "RuntimeError: bug" in lines[2][1]  # t=1084: not the database, logged at once
+    assert lines[3][1].startswith(refused)
+    assert lines[3][1].endswith("(8 similar lines suppressed over 18 s)")  # 9 after the window
+    assert lines[4][1] == "the database answers again after 80 s; processing goes on"
+    assert all("RuntimeError: bug" in text for _, text in lines[5:])
     made = [r for r in caplog.records if r.getMessage().startswith("processing")]
     # Where a line is made, not the helpers that log it (the count at the end: where it ends).
-    assert [r.funcName for r in made] == ["_unexpected"] * 2 + ["poll_once"] + ["_unexpected"] * 3
+    functions = [r.funcName for r in made]
+    assert functions == ["_unexpected"] * 3 + ["_housekeeping"] + ["_unexpected"] * 2
 
 
 def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:

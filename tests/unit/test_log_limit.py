@@ -36,6 +36,8 @@ def test_the_end_of_a_failure_shows_what_was_not_counted_yet(
             lines.log(logging.ERROR, "away", "record %d failed: %s", n, "refused")
             clock.now += 1
         lines.log(logging.WARNING, "batch", "batch of %d failed", 3)
+        lines.end(logging.INFO, "over after %.0f s")  # nothing worked again yet: not over
+        lines.answered()
         lines.end(logging.INFO, "over after %.0f s")
         lines.log(logging.ERROR, "away", "record %d failed: %s", 9, "refused")  # a new failure
     assert _lines(caplog, name) == [
@@ -56,6 +58,7 @@ def test_exc_info_goes_with_its_own_line_only(caplog: pytest.LogCaptureFixture) 
                 raise ConnectionError("reset")
             except ConnectionError:
                 lines.log(logging.ERROR, "away", "failed", exc_info=True)
+        lines.answered()
         lines.end(logging.INFO, "over after %.0f s")
     shown = [r for r in caplog.records if r.name == name]
     assert [r.exc_info is not None for r in shown] == [True, False, False]
@@ -66,6 +69,30 @@ def test_a_line_names_the_function_that_logged_it(caplog: pytest.LogCaptureFixtu
     lines = LimitedLines(logging.getLogger(name), clock=Clock())
     with caplog.at_level(logging.INFO, logger=name):
         lines.log(logging.ERROR, "away", "failed")
+        lines.answered()
         lines.end(logging.INFO, "over after %.0f s")
     functions = [r.funcName for r in caplog.records if r.name == name]
     assert functions == ["test_a_line_names_the_function_that_logged_it"] * 2
+
+
+def test_a_failure_that_comes_and_goes_ends_once_it_stays_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An overloaded server refusing a connection now and then: one failure, not an end line
+    and a first line each time; it ends once nothing failed for ``quiet`` seconds."""
+    name, clock = f"outboxkit.test-{uuid.uuid4().hex[:6]}", Clock()
+    lines = LimitedLines(logging.getLogger(name), clock=clock)
+    with caplog.at_level(logging.INFO, logger=name):
+        for _ in range(10):  # fails, works, fails, works ... a second apart
+            lines.log(logging.ERROR, "away", "too many connections")
+            clock.now += 0.5
+            lines.answered()
+            lines.end(logging.INFO, "over after %.0f s", quiet=5.0)
+            clock.now += 0.5
+        clock.now += 5.0  # the last failure was 5.5 s ago, the first success after it 5 s ago
+        lines.end(logging.INFO, "over after %.0f s", quiet=5.0)
+    assert _lines(caplog, name) == [
+        "too many connections",
+        "too many connections (8 similar lines suppressed over 9 s)",
+        "over after 10 s",  # from the first line to the first success after the last one
+    ]

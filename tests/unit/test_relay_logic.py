@@ -552,3 +552,9 @@ def test_a_failure_around_a_deferred_claim_surfaces_and_leaves_no_task_behind(fa
     assert "claim" in timeline.events
     assert "mark" not in timeline.events  # no mark after a failure: reconciled instead
     assert publisher.stats.transactions == (1 if fails == "claim" else 0)
+
+
+def test_the_back_off_survives_hours_of_failures() -> None:
+    """A loop retrying every 30 s for 9 hours counts 1,080 failures: the delay stays capped."""
+    rng = random.Random(1)
+    assert all(15.0 <= backoff_delay(n, 1.0, 30.0, rng) <= 30.0 for n in (1025, 5000, 10**6))
