@@ -69,6 +69,15 @@ def _assert_each_once(db_url: str, ids: list[str], worker: Worker) -> None:
     assert "Traceback" not in worker.output(tail=1_000_000), worker.output()
 
 
+def _caught_up(
+    db_url: str, bootstrap: str, topic: str, ids: list[str], worker: Worker, partitions: int = 1
+) -> None:
+    """Events sent after the fault are applied too, and every event's effect happened once."""
+    ids += _events(bootstrap, topic, "after", 20, partitions)
+    wait_for(lambda: _all_applied(db_url, ids), timeout=180, what="the consumer caught up")
+    _assert_each_once(db_url, ids, worker)
+
+
 def _lines_between(worker: Worker, start: int, end: int) -> list[str]:
     return worker.log.read_bytes()[start:end].decode(errors="replace").splitlines()
 
@@ -96,13 +105,7 @@ def test_inbox_run_rides_out_a_broker_outage(
         during = _lines_between(worker, before, worker.log.stat().st_size)
     finally:
         outboxkit_stack.kafka.start()
-    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20)
-    wait_for(
-        lambda: _all_applied(outboxkit_db_url, ids),
-        timeout=180,
-        what="the consumer catches up after the broker is back",
-    )
-    _assert_each_once(outboxkit_db_url, ids, worker)
+    _caught_up(outboxkit_db_url, outboxkit_kafka_bootstrap, topic, ids, worker)
     assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
 
 
@@ -128,13 +131,7 @@ def test_inbox_run_rides_out_a_postgres_restart(
         during = _lines_between(worker, before, worker.log.stat().st_size)
     finally:
         outboxkit_stack.postgres.start()
-    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20, partitions=4)
-    wait_for(
-        lambda: _all_applied(outboxkit_db_url, ids),
-        timeout=180,
-        what="the consumer catches up after PostgreSQL is back",
-    )
-    _assert_each_once(outboxkit_db_url, ids, worker)
+    _caught_up(outboxkit_db_url, outboxkit_kafka_bootstrap, topic, ids, worker, partitions=4)
     assert during, "the consumer did not notice the database was away"
     assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
     wait_for(
@@ -162,10 +159,4 @@ def test_inbox_run_rides_out_terminated_sessions(
     # The consumer's sessions carry its name (the claims' and the handlers' pool).
     assert set(ended) == {("outboxkit-inbox-billing", True)}, ended
     assert _effect_counts(outboxkit_db_url).total() < len(ids), "the backlog was already done"
-    ids += _events(outboxkit_kafka_bootstrap, topic, "after", 20)
-    wait_for(
-        lambda: _all_applied(outboxkit_db_url, ids),
-        timeout=180,
-        what="the consumer recovers from its terminated sessions",
-    )
-    _assert_each_once(outboxkit_db_url, ids, worker)
+    _caught_up(outboxkit_db_url, outboxkit_kafka_bootstrap, topic, ids, worker)

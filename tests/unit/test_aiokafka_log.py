@@ -16,31 +16,12 @@ from outboxkit.kafka.aiokafka_log import _SHARED, AiokafkaLogLimit, limit_aiokaf
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.log_limit import RepeatLimit
 from outboxkit.settings import KafkaSettings
+from tests.support.clock import Clock
+from tests.support.log_records import Lines
 
 pytestmark = pytest.mark.unit
 
 REFUSED = "Unable connect to node with id %s: %s"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    @property
-    def messages(self) -> list[str]:
-        return [f"{r.name}: {r.getMessage()}" for r in self.records]
 
 
 class Loggers:
@@ -61,6 +42,10 @@ class Loggers:
         self.client.removeHandler(self.lines)
         for found in (self.client, self.fetcher):
             found.removeFilter(self.limit)
+
+
+def _named(loggers: Loggers) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in loggers.lines.records]
 
 
 @pytest.fixture
@@ -86,13 +71,13 @@ def test_an_outage_shows_each_kind_of_line_once_a_window_with_the_count(
         clock.now = 1000.0 + n / 10
         loggers.client.error(REFUSED, 1, refused())
         loggers.fetcher.error("Failed fetch messages from %s: %s", 1, "NodeNotReadyError")
-    assert loggers.lines.messages == [
+    assert _named(loggers) == [
         f"{loggers.client.name}: Unable connect to node with id 1: {refused()}",
         f"{loggers.fetcher.name}: Failed fetch messages from 1: NodeNotReadyError",
     ]
     clock.now = 1060.5  # past the window: the next line shows, with what was not shown
     loggers.client.error(REFUSED, 1, refused())
-    assert loggers.lines.messages[-1] == (
+    assert _named(loggers)[-1] == (
         f"{loggers.client.name}: Unable connect to node with id 1: {refused()}"
         " (599 similar lines suppressed over 60 s)"
     )

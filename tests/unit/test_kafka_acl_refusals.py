@@ -15,16 +15,9 @@ from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka import acl
 from outboxkit.kafka.acl import NOTICE_INTERVAL, REFUSAL_PAUSE, ProducerIdRefusal, RefusalNotice
 from outboxkit.settings import KafkaSettings
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_refusal_is_said_once_per_interval_and_each_kind_once(

@@ -13,16 +13,9 @@ import pytest
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.acl import REFUSAL_PAUSE, TopicRefusal, publish_failure
 from outboxkit.settings import KafkaSettings
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_refused_topic_names_the_acl_and_other_failures_are_unchanged() -> None:

@@ -15,6 +15,8 @@ import pytest
 from outboxkit.kafka.config import CLIENT_CERTIFICATE_HINT, LIBRDKAFKA_LOGGER, confluent_config
 from outboxkit.kafka.librdkafka_log import WINDOW_SECONDS, LibrdkafkaLog, normalised
 from outboxkit.settings import KafkaSettings
+from tests.support.clock import Clock
+from tests.support.log_records import Lines
 
 pytestmark = pytest.mark.unit
 
@@ -39,27 +41,6 @@ def refused(ms: int, identical: int, address: str = "ipv4#127.0.0.1:9093") -> st
 
 def refused_tail(identical: int) -> str:
     return f"Connect failed (after 0ms in state CONNECT, {identical} identical error(s) suppressed)"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    @property
-    def messages(self) -> list[str]:
-        return [r.getMessage() for r in self.records]
 
 
 @pytest.fixture

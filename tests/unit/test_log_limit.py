@@ -9,16 +9,9 @@ import uuid
 import pytest
 
 from outboxkit.log_limit import LimitedLines
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _lines(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
