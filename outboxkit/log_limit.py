@@ -7,10 +7,11 @@ away logs each held record's retry, once a second per partition. :class:`RepeatL
 which lines of such a burst are shown: the first of a group at once; the repeats within a window
 are counted, and the first one after it is shown with their number. A line after a quiet window
 is a new incident: the last one's count is shown, then the line as a first one. There is no timer
-thread: a count shows with the group's next line, or when the group is dropped to keep the state
-bounded. The librdkafka ``logger`` (``kafka/librdkafka_log.py``), the aiokafka logging filter
-(``kafka/aiokafka_log.py``) and :class:`LimitedLines` (the consumer's own lines) each decide
-with one.
+thread: a count shows with the group's next line, when the group is dropped to keep the state
+bounded, or (:class:`LimitedLines`) when its caller says the failure is over. The librdkafka
+``logger`` (``kafka/librdkafka_log.py``), the aiokafka logging filter (``kafka/aiokafka_log.py``)
+and :class:`LimitedLines` (the consumer's and the relay listener's own lines) each decide with
+one.
 """
 
 from __future__ import annotations
@@ -144,9 +145,10 @@ _Said = tuple[int, str, tuple[Any, ...]]  # a line of LimitedLines: level, forma
 
 
 class LimitedLines:
-    """Lines of one of our loggers that repeat while a failure lasts (a consumer's retries while
-    its database is away), through one :class:`RepeatLimit`. The caller names each line's kind:
-    lines of one kind are counted together whatever their arguments (the record's place)."""
+    """Lines of one of our loggers that repeat while a failure lasts (a consumer's retries, the
+    relay listener's reconnects, while the database is away), through one :class:`RepeatLimit`.
+    The caller names each line's kind: lines of one kind are counted together whatever their
+    arguments (the record's place). One instance per loop: it is not meant for threads."""
 
     def __init__(
         self,

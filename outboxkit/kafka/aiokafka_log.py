@@ -100,7 +100,7 @@ _lock = threading.Lock()
 def limit_aiokafka_log() -> None:
     """Install the shared filter on every aiokafka logger there is (last among each one's
     filters, so it counts the lines as the others left them). Idempotent; called whenever an
-    aiokafka client's options are built, when aiokafka's modules are imported."""
+    aiokafka client's options are built, by when the modules that log have been imported."""
     with _lock:
         manager = logging.Logger.manager
         names = [_ROOT] + [n for n in list(manager.loggerDict) if n.startswith(_ROOT + ".")]
