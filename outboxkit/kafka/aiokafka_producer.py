@@ -15,6 +15,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from outboxkit.errors import ProducerFencedError, PublishError
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
+from outboxkit.kafka.aiokafka_metadata import partitions_for
 from outboxkit.kafka.api import (
     NOT_SENT,
     Delivery,
@@ -303,7 +304,7 @@ async def _topic_partitions(
 ) -> tuple[list[int], list[int], dict[bytes | None, int]] | RecordError:
     """A topic's partitions as aiokafka's ``send()`` lists them, and an empty key cache."""
     try:
-        every = list(await producer.partitions_for(topic))
+        every = list(await partitions_for(producer, topic))  # Kafka away: retriable
     except KafkaError as exc:
         return _refused(exc, "send failed")
     available = list(producer.client.cluster.available_partitions_for_topic(topic))

@@ -30,6 +30,7 @@ from aiokafka.errors import (
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.acl import ProducerIdRefusal, TopicRefusal, publish_failure
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
+from outboxkit.kafka.aiokafka_metadata import partitions_for
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
@@ -71,9 +72,19 @@ class AiokafkaRecordSender(AsyncRecordSender):
         self._refused_topics.check(topic)
         watch = CertificateWatch(self._settings)
         try:
-            with watch:
-                producer = await self._get()
-                await producer.send_and_wait(topic, value, key=key, headers=list(headers))
+            # aiokafka retries a record to a known topic for as long as Kafka is away: bounded
+            # here, or a dead letter would hold its partition (and a stop) until Kafka is back.
+            async with asyncio.timeout(self._timeout):
+                with watch:
+                    producer = await self._get()
+                    await partitions_for(producer, topic)  # Kafka away: retriable
+                    await producer.send_and_wait(topic, value, key=key, headers=list(headers))
+        except TimeoutError as exc:
+            await self._drop()  # the record may still be in it: at least once, as documented
+            text = f"not acknowledged within {self._timeout:g} s"
+            raise PublishError(
+                watch.explained(publish_failure(topic, "KafkaTimeoutError", text))
+            ) from exc
         except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
             raise self._refusal.refused(topic, f"{type(exc).__name__}: {exc}") from exc
         except KafkaError as exc:

@@ -378,7 +378,7 @@ class BatchPublisher:
         if permanent:
             # A broker may reject a whole request for one bad record: find it one row at a time.
             self._isolate_remaining = len(sent)
-            logger.info("shard %s: permanent error in a batch; isolating rows", self.shard)
+            logger.info("shard %s: %s; isolating rows", self.shard, permanent[0][1])
             return Outcome.RETRY_NOW
         first_error = failed[0][1]
         await self._store.record_failure(conn, term, sent, str(first_error))

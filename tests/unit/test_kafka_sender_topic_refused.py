@@ -6,6 +6,7 @@ tests/fault/test_kafka_acls_consumer.py)."""
 from __future__ import annotations
 
 import asyncio
+import types
 from typing import Any
 
 import pytest
@@ -47,6 +48,13 @@ def test_a_refused_topic_holds_for_the_pause_and_only_that_topic() -> None:
     refusal.check("p.dlq")
 
 
+class _EveryTopicKnown:
+    """A producer's cluster metadata that holds every topic (one partition each)."""
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0}
+
+
 class ScriptedProducer:
     """``send_and_wait`` raises the next of ``failures`` (``None``: delivered)."""
 
@@ -54,6 +62,10 @@ class ScriptedProducer:
         self.failures = failures
         self.sent = 0
         self.stopped = False
+        self.client = types.SimpleNamespace(cluster=_EveryTopicKnown())
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
 
     async def send_and_wait(self, topic: str, value: Any, **kwargs: Any) -> None:
         self.sent += 1

@@ -1,0 +1,113 @@
+"""A broker outage is never a verdict on a topic. The relay's producer, asked to send to a topic
+it holds no metadata for while Kafka is away (the second of a shard's producers, or any producer
+after a restart), fails the send as retriable; so does the consumers' dead-letter and
+acknowledgement sender. aiokafka raised ``UnknownTopicOrPartitionError`` for both, which the
+relay took for a missing topic (it isolated the claim row by row, and a row sent alone with that
+error could be parked: a good row, parked because of an outage) and the sender for a permanent
+refusal (an acknowledgement given up without a retry)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from outboxkit.devstack import DevStack
+from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.kafka import KafkaClients
+from outboxkit.kafka.api import ProduceRequest, RecordError, TransactionalProducer
+from outboxkit.kafka.errors import ErrorKind
+from outboxkit.settings import KafkaClient, KafkaSettings
+from tests.relay_support import KAFKA_CLIENTS
+
+pytestmark = pytest.mark.fault
+
+TopicFactory = Callable[..., str]
+TIMEOUT = 4  # the clients' timeout, seconds
+
+
+async def _send_errors(
+    producer: TransactionalProducer, request: ProduceRequest
+) -> list[RecordError]:
+    """The send's record errors; a send that failed whole (retriable by its type) as one."""
+    try:
+        deliveries = await producer.send([request])
+    except PublishError as exc:
+        return [RecordError("PublishError", str(exc))]  # PublishError: retriable
+    return [d.error for d in deliveries if d.error is not None]
+
+
+@pytest.fixture(params=KAFKA_CLIENTS)
+async def producer(
+    request: pytest.FixtureRequest, outboxkit_kafka_bootstrap: str
+) -> AsyncIterator[TransactionalProducer]:
+    settings = KafkaSettings(
+        bootstrap=outboxkit_kafka_bootstrap, client=KafkaClient(str(request.param))
+    )
+    made = KafkaClients(settings, timeout=TIMEOUT).transactional_producer("outboxkit-test-away")
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+async def test_a_send_to_an_unseen_topic_while_kafka_is_away_is_retriable(
+    outboxkit_stack: DevStack, outboxkit_topic: TopicFactory, producer: TransactionalProducer
+) -> None:
+    if outboxkit_stack.kafka is None:
+        pytest.skip("external Kafka: cannot stop it")
+    await producer.start()
+    topic = outboxkit_topic()  # made after the start: the producer has no metadata for it
+    await producer.begin()
+    outboxkit_stack.kafka.stop()
+    try:
+        errors = await _send_errors(producer, ProduceRequest(topic, b"k", b"v"))
+    finally:
+        outboxkit_stack.kafka.start()
+    assert errors, "a delivery while the broker is stopped"
+    assert all(e.kind is ErrorKind.RETRIABLE for e in errors), errors
+
+
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
+async def test_a_dead_letter_while_kafka_is_away_fails_in_time_and_retriably(
+    outboxkit_stack: DevStack,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    client: str,
+) -> None:
+    """To a topic the sender's producer knows (aiokafka waited for Kafka to come back, holding
+    the partition and a stop) and to one it has not seen yet (aiokafka: a permanent refusal)."""
+    if outboxkit_stack.kafka is None:
+        pytest.skip("external Kafka: cannot stop it")
+    settings = KafkaSettings(bootstrap=outboxkit_kafka_bootstrap, client=KafkaClient(client))
+    clients = KafkaClients(settings, timeout=TIMEOUT)
+    known = outboxkit_topic()
+    failures: list[BaseException] = []
+    if client == "aiokafka":
+        sender = clients.async_record_sender()
+        try:
+            await sender.send(known, b"k", b"v", [])  # its producer started, knowing the topic
+            unseen = outboxkit_topic()
+            outboxkit_stack.kafka.stop()
+            for topic in (known, unseen):
+                with pytest.raises(PublishError) as raised:
+                    await asyncio.wait_for(sender.send(topic, b"k", b"v", []), 4 * TIMEOUT)
+                failures.append(raised.value)
+        finally:
+            outboxkit_stack.kafka.start()
+            await sender.close()
+    else:
+        sync_sender = clients.record_sender()
+        try:
+            sync_sender.send(known, b"k", b"v", [])
+            unseen = outboxkit_topic()
+            outboxkit_stack.kafka.stop()
+            for topic in (known, unseen):
+                with pytest.raises(PublishError) as raised:
+                    sync_sender.send(topic, b"k", b"v", [])
+                failures.append(raised.value)
+        finally:
+            outboxkit_stack.kafka.start()
+            sync_sender.close()
+    assert not any(isinstance(f, PermanentPublishError) for f in failures), failures
