@@ -1,35 +1,36 @@
 """A topic's partitions from aiokafka, telling a missing topic from a broker that is away.
 
-aiokafka raises ``UnknownTopicOrPartitionError`` for a topic its metadata lacks both when the
-cluster's answer did not list it and when no answer came at all within the request timeout
-(Kafka away). Only the first is a verdict on the topic: the relay parks such a topic's rows,
+aiokafka raises ``UnknownTopicOrPartitionError`` for a topic its metadata lacks when its wait
+for that topic runs out, whether the cluster said the topic does not exist or Kafka did not
+answer at all. Only the first is a verdict on the topic: the relay parks such a topic's rows,
 and the dead-letter and acknowledgement sender gives such a record up at once. Taken as a
-verdict, a broker outage parked good rows (a relay producer that had not sent to the topic yet,
-e.g. the second of a shard's producers) and gave acknowledgements up without a retry.
+verdict, a broker outage made the relay isolate good rows one by one (parking any sent alone)
+and gave acknowledgements up without a retry. So the cluster is asked once more, for all its
+topics, as the relay's topic check does: no answer is a retriable ``KafkaTimeoutError``.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
 
 
-async def partitions_for(producer: AIOKafkaProducer, topic: str) -> set[int]:
-    """``producer.partitions_for(topic)``, but ``KafkaTimeoutError`` (retriable) when no
-    metadata answer came while it waited; ``UnknownTopicOrPartitionError`` only when one did."""
-    cluster = producer.client.cluster
-    if cluster.partitions_for_topic(topic) is not None:  # known: aiokafka answers at once
-        return set(await producer.partitions_for(topic))
-    answers: list[object] = []
-    heard = answers.append
-    cluster.add_listener(heard)  # called on each metadata answer, not on a failed request
+async def partitions_for(producer: AIOKafkaProducer, topic: str, seconds: float) -> set[int]:
+    """``producer.partitions_for(topic)``; ``UnknownTopicOrPartitionError`` only when the
+    cluster's own list of topics lacks it, ``KafkaTimeoutError`` when that list cannot be had
+    within ``seconds`` or names the topic after all (it is retried)."""
     try:
         return set(await producer.partitions_for(topic))
-    except UnknownTopicOrPartitionError as exc:
-        if answers:
+    except UnknownTopicOrPartitionError as unknown:
+        try:
+            cluster = await asyncio.wait_for(producer.client.fetch_all_metadata(), seconds)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise KafkaTimeoutError(
+                f"metadata of topic {topic!r} unavailable: Kafka did not answer ({why})"
+            ) from unknown
+        if topic not in cluster.topics():
             raise
-        raise KafkaTimeoutError(
-            f"metadata of topic {topic!r} unavailable: Kafka did not answer in time"
-        ) from exc
-    finally:
-        cluster.remove_listener(heard)
+        raise KafkaTimeoutError(f"metadata of topic {topic!r} not there yet") from unknown

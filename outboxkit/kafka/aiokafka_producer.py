@@ -241,7 +241,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             if size <= self._max_request_size:
                 known = topics.get(topic)
                 if known is None:
-                    known = topics[topic] = await _topic_partitions(producer, topic)
+                    known = topics[topic] = await _topic_partitions(producer, topic, self._timeout)
                 if not isinstance(known, RecordError):
                     if partition is None:
                         every, available, by_key = known
@@ -300,11 +300,11 @@ _UNBATCHABLE = RecordError("KafkaError", "the record could not be added to a bat
 
 
 async def _topic_partitions(
-    producer: AIOKafkaProducer, topic: str
+    producer: AIOKafkaProducer, topic: str, seconds: float
 ) -> tuple[list[int], list[int], dict[bytes | None, int]] | RecordError:
     """A topic's partitions as aiokafka's ``send()`` lists them, and an empty key cache."""
     try:
-        every = list(await partitions_for(producer, topic))  # Kafka away: retriable
+        every = list(await partitions_for(producer, topic, seconds))  # Kafka away: retriable
     except KafkaError as exc:
         return _refused(exc, "send failed")
     available = list(producer.client.cluster.available_partitions_for_topic(topic))

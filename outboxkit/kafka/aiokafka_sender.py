@@ -71,24 +71,28 @@ class AiokafkaRecordSender(AsyncRecordSender):
         self._refusal.check(topic)
         self._refused_topics.check(topic)
         watch = CertificateWatch(self._settings)
+        handed = False  # whether the record reached the producer
         try:
-            # aiokafka retries a record to a known topic for as long as Kafka is away: bounded
-            # here, or a dead letter would hold its partition (and a stop) until Kafka is back.
-            async with asyncio.timeout(self._timeout):
-                with watch:
-                    producer = await self._get()
-                    await partitions_for(producer, topic)  # Kafka away: retriable
-                    await producer.send_and_wait(topic, value, key=key, headers=list(headers))
-        except TimeoutError as exc:
-            await self._drop()  # the record may still be in it: at least once, as documented
-            text = f"not acknowledged within {self._timeout:g} s"
-            raise PublishError(
-                watch.explained(publish_failure(topic, "KafkaTimeoutError", text))
-            ) from exc
+            with watch:
+                producer = await self._get()
+                await partitions_for(producer, topic, self._timeout)  # Kafka away: retriable
+                handed = True
+                try:
+                    # aiokafka retries a record for as long as Kafka is away: bounded here, or
+                    # a dead letter would hold its partition (and a stop) until Kafka is back.
+                    async with asyncio.timeout(self._timeout):
+                        await producer.send_and_wait(topic, value, key=key, headers=list(headers))
+                except TimeoutError as exc:
+                    # The producer is kept: the record stays queued and goes once Kafka is back
+                    # (dropping it would wait for that: aiokafka's stop() flushes first).
+                    text = f"not acknowledged within {self._timeout:g} s"
+                    failure = publish_failure(topic, "KafkaTimeoutError", text)
+                    raise PublishError(watch.explained(failure)) from exc
         except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
             raise self._refusal.refused(topic, f"{type(exc).__name__}: {exc}") from exc
         except KafkaError as exc:
-            await self._drop()  # its sequence numbers may be ahead of the broker's now
+            if handed:
+                await self._drop()  # its sequence numbers may be ahead of the broker's now
             name = type(exc).__name__
             text = watch.explained(publish_failure(topic, name, str(exc)))
             if isinstance(exc, TopicAuthorizationFailedError):

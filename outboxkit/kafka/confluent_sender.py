@@ -24,6 +24,9 @@ from outboxkit.kafka.confluent_producer import kafka_error_in
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
+_TIMED_OUT = KafkaError._MSG_TIMED_OUT
+_ABSENT = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
 
 def _error(topic: str, name: str, text: str) -> PublishError:
     cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
@@ -96,10 +99,24 @@ class ConfluentRecordSender(RecordSender):
         if pending:  # a SystemError: confluent-kafka's way of saying the producer died
             first = pending[0]
             raise self._failed(topic, first, fatal=isinstance(first, SystemError)) from first
+        timed_out = not outcome or (outcome[0] is not None and outcome[0].code() == _TIMED_OUT)
+        if timed_out and self._missing(topic):
+            raise _error(topic, "UNKNOWN_TOPIC_OR_PART", f"topic {topic!r} does not exist")
         if not outcome:
             raise PublishError(f"publish to {topic!r} failed: not acknowledged in time")
         if outcome[0] is not None:
             raise self._failed(topic, outcome[0])
+
+    def _missing(self, topic: str) -> bool:
+        """Whether the cluster says ``topic`` does not exist: librdkafka times a record to a
+        missing topic out as it does one while Kafka is away (unless topic creation is on), and
+        only the first is given up for good (a missing acks topic: not tried five times)."""
+        try:
+            metadata = self._get().list_topics(topic, timeout=self._timeout)
+        except KafkaException:
+            return False  # no answer: Kafka away, retried
+        found = metadata.topics.get(topic)
+        return found is not None and found.error is not None and found.error.code() in _ABSENT
 
     def _failed(
         self,

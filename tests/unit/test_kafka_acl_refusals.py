@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import types
 from typing import Any
 
 import pytest
@@ -70,6 +71,7 @@ class ScriptedProducer:
         self.on_produce, self.delivery = on_produce, delivery
         self.produced = 0
         self._callback: Any = None
+        self.listing: int | bool | None = False  # list_topics: no answer (False), found, error
 
     def produce(self, topic: str, value: Any, **kwargs: Any) -> None:
         if self.on_produce is not None:
@@ -81,6 +83,15 @@ class ScriptedProducer:
         if self._callback is not None:
             self._callback(self.delivery, None)
         return 0
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        """The cluster's answer about ``topic``: ``self.listing`` (an error code, or None: it
+        exists), or no answer (Kafka away) while it is False."""
+        kafka = _confluent()
+        if self.listing is False:
+            raise kafka.KafkaException(kafka.KafkaError(kafka.KafkaError._TRANSPORT))
+        error = None if self.listing is None else kafka.KafkaError(self.listing)
+        return types.SimpleNamespace(topics={topic: types.SimpleNamespace(error=error)})
 
 
 def _sender(monkeypatch: pytest.MonkeyPatch, producers: list[ScriptedProducer]) -> Any:
@@ -211,6 +222,22 @@ def test_a_non_fatal_error_keeps_the_producer(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(PublishError, match="_MSG_TIMED_OUT"):
             sender.send("acks", b"k", b"v", [])
     assert flush_fails.produced == 2
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_timed_out_record_is_refused_for_good_only_for_a_topic_the_cluster_lacks(
+    monkeypatch: pytest.MonkeyPatch, exists: bool
+) -> None:
+    """librdkafka times a record to a missing topic out like one while Kafka is away."""
+    kafka = _confluent()
+    timed_out = kafka.KafkaError(kafka.KafkaError._MSG_TIMED_OUT, "Message timed out")
+    producer = ScriptedProducer(None, timed_out)
+    producer.listing = None if exists else kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+    sender = _sender(monkeypatch, [producer])
+    with pytest.raises(PublishError) as raised:
+        sender.send("acks", b"k", b"v", [])
+    assert isinstance(raised.value, PermanentPublishError) is not exists
+    assert ("does not exist" in str(raised.value)) is not exists
 
 
 def test_aiokafka_keeps_a_record_the_client_refused_itself_out_of_an_acl_refusal() -> None:

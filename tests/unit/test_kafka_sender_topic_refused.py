@@ -6,7 +6,6 @@ tests/fault/test_kafka_acls_consumer.py)."""
 from __future__ import annotations
 
 import asyncio
-import types
 from typing import Any
 
 import pytest
@@ -48,13 +47,6 @@ def test_a_refused_topic_holds_for_the_pause_and_only_that_topic() -> None:
     refusal.check("p.dlq")
 
 
-class _EveryTopicKnown:
-    """A producer's cluster metadata that holds every topic (one partition each)."""
-
-    def partitions_for_topic(self, topic: str) -> set[int]:
-        return {0}
-
-
 class ScriptedProducer:
     """``send_and_wait`` raises the next of ``failures`` (``None``: delivered)."""
 
@@ -62,7 +54,6 @@ class ScriptedProducer:
         self.failures = failures
         self.sent = 0
         self.stopped = False
-        self.client = types.SimpleNamespace(cluster=_EveryTopicKnown())
 
     async def partitions_for(self, topic: str) -> set[int]:
         return {0}
