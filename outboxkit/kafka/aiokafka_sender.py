@@ -24,6 +24,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     KafkaError,
+    KafkaTimeoutError,
     TopicAuthorizationFailedError,
 )
 
@@ -83,8 +84,7 @@ class AiokafkaRecordSender(AsyncRecordSender):
                     async with asyncio.timeout(self._timeout):
                         await producer.send_and_wait(topic, value, key=key, headers=list(headers))
                 except TimeoutError as exc:
-                    # The producer is kept: the record stays queued and goes once Kafka is back
-                    # (dropping it would wait for that: aiokafka's stop() flushes first).
+                    await self._drop()  # the record given up, as librdkafka's timeout does
                     text = f"not acknowledged within {self._timeout:g} s"
                     failure = publish_failure(topic, "KafkaTimeoutError", text)
                     raise PublishError(watch.explained(failure)) from exc
@@ -128,9 +128,23 @@ class AiokafkaRecordSender(AsyncRecordSender):
             # Dropped either way, within the sender's timeout: the record's own error is the
             # one to tell (a failure here would take its place).
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), self._timeout)
+                await _stopped(producer, self._timeout)
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await producer.stop()
+            with contextlib.suppress(TimeoutError):  # a request in flight outlived its timeout
+                await _stopped(producer, self._timeout)
+
+
+async def _stopped(producer: AIOKafkaProducer, seconds: float) -> None:
+    """Stop ``producer`` without waiting for Kafka. Its ``stop()`` first waits for every record
+    still queued, and an idempotent producer retries a record for as long as Kafka is away: a
+    sender dropped or closed during an outage hung until Kafka came back (and a stop cut short
+    left its connections retrying). A record still queued here was given up by its ``send``
+    (timed out, as librdkafka's message timeout gives one up) or was never awaited: it fails."""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is not None:
+        accumulator.fail_all(KafkaTimeoutError("the producer was stopped"))
+    # A request in flight ends within the request timeout (``seconds``), then the rest stops.
+    await asyncio.wait_for(producer.stop(), 2 * seconds)
