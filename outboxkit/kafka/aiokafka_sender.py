@@ -24,7 +24,6 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     KafkaError,
-    KafkaTimeoutError,
     TopicAuthorizationFailedError,
 )
 
@@ -83,8 +82,12 @@ class AiokafkaRecordSender(AsyncRecordSender):
                     # a dead letter would hold its partition (and a stop) until Kafka is back.
                     async with asyncio.timeout(self._timeout):
                         await producer.send_and_wait(topic, value, key=key, headers=list(headers))
-                except TimeoutError as exc:
-                    await self._drop()  # the record given up, as librdkafka's timeout does
+                except (TimeoutError, asyncio.CancelledError) as exc:
+                    # Given up (as librdkafka's message timeout gives a record up), or the
+                    # caller stopped waiting: the producer goes without delivering it.
+                    await self._drop(abandon=True)
+                    if not isinstance(exc, TimeoutError):
+                        raise
                     text = f"not acknowledged within {self._timeout:g} s"
                     failure = publish_failure(topic, "KafkaTimeoutError", text)
                     raise PublishError(watch.explained(failure)) from exc
@@ -122,29 +125,36 @@ class AiokafkaRecordSender(AsyncRecordSender):
         finally:
             await client.close()
 
-    async def _drop(self) -> None:
+    async def _drop(self, *, abandon: bool = False) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             # Dropped either way, within the sender's timeout: the record's own error is the
             # one to tell (a failure here would take its place).
             with contextlib.suppress(Exception):
-                await _stopped(producer, self._timeout)
+                if abandon:
+                    await _abandoned(producer, self._timeout)
+                else:
+                    await asyncio.wait_for(producer.stop(), self._timeout)
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            with contextlib.suppress(TimeoutError):  # a request in flight outlived its timeout
-                await _stopped(producer, self._timeout)
+            await producer.stop()  # nothing left queued: a record not delivered abandons it
 
 
-async def _stopped(producer: AIOKafkaProducer, seconds: float) -> None:
-    """Stop ``producer`` without waiting for Kafka. Its ``stop()`` first waits for every record
-    still queued, and an idempotent producer retries a record for as long as Kafka is away: a
-    sender dropped or closed during an outage hung until Kafka came back (and a stop cut short
-    left its connections retrying). A record still queued here was given up by its ``send``
-    (timed out, as librdkafka's message timeout gives one up) or was never awaited: it fails."""
-    accumulator = getattr(producer, "_message_accumulator", None)
-    if accumulator is not None:
-        accumulator.fail_all(KafkaTimeoutError("the producer was stopped"))
-    # A request in flight ends within the request timeout (``seconds``), then the rest stops.
-    await asyncio.wait_for(producer.stop(), 2 * seconds)
+async def _abandoned(producer: AIOKafkaProducer, seconds: float) -> None:
+    """Close ``producer`` without delivering the record it holds. Its ``stop()`` first waits for
+    every queued record, which an idempotent producer retries for as long as Kafka is away, and
+    a stop cut short cannot be run again (its sender and connections kept retrying). So its
+    sender task is cancelled, which lets the requests in flight end (at most ``seconds`` are
+    waited for), and its client is closed, which ends them if they have not."""
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    try:
+        if isinstance(task, asyncio.Task) and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=seconds)
+    finally:
+        try:
+            await asyncio.wait_for(producer.client.close(), seconds)
+        finally:
+            producer._closed = True  # closed: a stop() of it is a no-op, no "unclosed" warning

@@ -9,7 +9,9 @@ refusal (an acknowledgement given up without a retry)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -70,6 +72,14 @@ async def test_a_send_to_an_unseen_topic_while_kafka_is_away_is_retriable(
     assert all(e.kind is ErrorKind.RETRIABLE for e in errors), errors
 
 
+async def _no_task_left_but(ours: set[asyncio.Task[Any]]) -> None:
+    """Every task started since ``ours`` has ended (within the clients' timeout)."""
+    deadline = time.monotonic() + TIMEOUT
+    while left := asyncio.all_tasks() - ours:
+        assert time.monotonic() < deadline, [t.get_coro() for t in left]
+        await asyncio.sleep(0.05)
+
+
 async def _sender_failures(
     clients: KafkaClients, stack: DevStack, first: str, then: str
 ) -> BaseException:
@@ -77,12 +87,17 @@ async def _sender_failures(
     ``then`` while Kafka is stopped (each client's sender, async or sync)."""
     assert stack.kafka is not None
     if clients.client is KafkaClient.AIOKAFKA:
+        ours = asyncio.all_tasks()
         sender = clients.async_record_sender()
         try:
             await sender.send(first, b"k", b"v", [])  # its producer started, knowing the topic
             stack.kafka.stop()
             with pytest.raises(PublishError) as raised:
-                await asyncio.wait_for(sender.send(then, b"k", b"v", []), 4 * TIMEOUT)
+                await asyncio.wait_for(sender.send(then, b"k", b"v", []), 3 * TIMEOUT)
+            # Closed while Kafka is still away: at once, and nothing of the producer left
+            # running (its stop() waited for the record; one cut short left it retrying).
+            await asyncio.wait_for(sender.close(), TIMEOUT)
+            await _no_task_left_but(ours)
         finally:
             stack.kafka.start()
             await sender.close()
