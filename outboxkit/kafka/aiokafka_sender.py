@@ -147,14 +147,23 @@ async def _abandoned(producer: AIOKafkaProducer, seconds: float) -> None:
     every queued record, which an idempotent producer retries for as long as Kafka is away, and
     a stop cut short cannot be run again (its sender and connections kept retrying). So its
     sender task is cancelled, which lets the requests in flight end (at most ``seconds`` are
-    waited for), and its client is closed, which ends them if they have not."""
-    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    waited for), and its client is closed, which ends them if they have not. A request that
+    then waits for a metadata update (after a connection timed out) would wait for ever, its
+    updater gone with the client: it is told the update failed, and gets ``seconds`` more."""
+    found = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    task = found if isinstance(found, asyncio.Task) and not found.done() else None
+    client = producer.client
     try:
-        if isinstance(task, asyncio.Task) and not task.done():
+        if task is not None:
             task.cancel()
             await asyncio.wait([task], timeout=seconds)
     finally:
         try:
-            await asyncio.wait_for(producer.client.close(), seconds)
+            await asyncio.wait_for(client.close(), seconds)
         finally:
             producer._closed = True  # closed: a stop() of it is a no-op, no "unclosed" warning
+            update = getattr(client, "_md_update_fut", None)
+            if isinstance(update, asyncio.Future) and not update.done():
+                update.set_result(False)
+    if task is not None and not task.done():
+        await asyncio.wait([task], timeout=seconds)

@@ -170,6 +170,47 @@ def test_aiokafka_gives_a_record_up_after_its_timeout_without_waiting_for_kafka(
     asyncio.run(asyncio.wait_for(run(), 10))
 
 
+def test_an_abandoned_aiokafka_producer_leaves_no_request_waiting_for_metadata() -> None:
+    """As aiokafka's sender does: cancelled, its routine awaits its requests in flight, and one
+    whose connection timed out waits for the metadata update that only the client's updater
+    (cancelled by ``client.close()``) completes. Without an answer both waited for ever."""
+    pytest.importorskip("aiokafka")
+    from outboxkit.kafka.aiokafka_sender import _abandoned
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        closed: list[bool] = []
+
+        async def close() -> None:
+            closed.append(True)  # cancels the updater: the update future stays pending
+
+        client = types.SimpleNamespace(_md_update_fut=loop.create_future(), close=close)
+
+        async def request() -> None:  # re-enqueued its batch, now waits for fresh metadata
+            await asyncio.shield(client._md_update_fut)
+
+        in_flight = asyncio.ensure_future(request())
+
+        async def routine() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await in_flight  # aiokafka's sender lets its requests end
+
+        producer = types.SimpleNamespace(
+            client=client,
+            _sender=types.SimpleNamespace(sender_task=asyncio.ensure_future(routine())),
+        )
+        await asyncio.sleep(0)  # the routine runs
+        await _abandoned(producer, 0.05)
+        assert closed == [True]
+        assert in_flight.done()
+        assert producer._sender.sender_task.done()
+        assert producer._closed
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
 def test_aiokafka_drops_a_producer_whose_stop_fails_or_hangs() -> None:
     """The record's own error is the one raised, whatever stopping the dropped producer does."""
     pytest.importorskip("aiokafka")
