@@ -27,7 +27,8 @@ async def partitions_for(producer: AIOKafkaProducer, topic: str, seconds: float)
         try:
             cluster = await asyncio.wait_for(producer.client.fetch_all_metadata(), seconds)
         except (KafkaError, TimeoutError, OSError) as exc:
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            # aiokafka's errors name their class in their text; the others do not
+            why = str(exc) if isinstance(exc, KafkaError) else f"{type(exc).__name__} {exc}"
             raise KafkaTimeoutError(
                 f"metadata of topic {topic!r} unavailable: Kafka did not answer ({why})"
             ) from unknown

@@ -24,6 +24,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     KafkaError,
+    KafkaTimeoutError,
     TopicAuthorizationFailedError,
 )
 
@@ -35,6 +36,9 @@ from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
+
+#: Seconds each step of closing a producer may take when a caller cancels its send.
+CANCEL_GRACE = 1.0
 
 
 class AiokafkaRecordSender(AsyncRecordSender):
@@ -58,9 +62,14 @@ class AiokafkaRecordSender(AsyncRecordSender):
                 )
             )
             try:
-                await producer.start()
-            except BaseException:
+                # Bounded: aiokafka asks for a producer id until it gets one (Kafka gone after
+                # the bootstrap, or brokers that cannot hand ids out).
+                await asyncio.wait_for(producer.start(), self._timeout)
+            except BaseException as exc:
                 await producer.stop()  # a failed start keeps its connections otherwise
+                if isinstance(exc, TimeoutError):
+                    why = f"producer start not done within {self._timeout:g} s"
+                    raise KafkaTimeoutError(why) from exc
                 raise
             self._producer = producer
         return self._producer
@@ -84,9 +93,11 @@ class AiokafkaRecordSender(AsyncRecordSender):
                         await producer.send_and_wait(topic, value, key=key, headers=list(headers))
                 except (TimeoutError, asyncio.CancelledError) as exc:
                     # Given up (as librdkafka's message timeout gives a record up), or the
-                    # caller stopped waiting: the producer goes without delivering it.
-                    await self._drop(abandon=True)
-                    if not isinstance(exc, TimeoutError):
+                    # caller stopped waiting: the producer goes without delivering it (for a
+                    # caller that stops, with a short bound: a stop must not wait for Kafka).
+                    timed_out = isinstance(exc, TimeoutError)
+                    await self._drop(abandon=True, within=None if timed_out else CANCEL_GRACE)
+                    if not timed_out:
                         raise
                     text = f"not acknowledged within {self._timeout:g} s"
                     failure = publish_failure(topic, "KafkaTimeoutError", text)
@@ -125,14 +136,14 @@ class AiokafkaRecordSender(AsyncRecordSender):
         finally:
             await client.close()
 
-    async def _drop(self, *, abandon: bool = False) -> None:
+    async def _drop(self, *, abandon: bool = False, within: float | None = None) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             # Dropped either way, within the sender's timeout: the record's own error is the
             # one to tell (a failure here would take its place).
             with contextlib.suppress(Exception):
                 if abandon:
-                    await _abandoned(producer, self._timeout)
+                    await _abandoned(producer, self._timeout if within is None else within)
                 else:
                     await asyncio.wait_for(producer.stop(), self._timeout)
 

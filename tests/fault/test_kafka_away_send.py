@@ -36,6 +36,8 @@ async def _send_errors(
     """The send's record errors; a send that failed whole (retriable by its type) as one."""
     try:
         deliveries = await producer.send([request])
+    except PermanentPublishError:
+        raise
     except PublishError as exc:
         return [RecordError("PublishError", str(exc))]  # PublishError: retriable
     return [d.error for d in deliveries if d.error is not None]
