@@ -32,7 +32,7 @@ from outboxkit.kafka.api import (
 )
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_admin import ConfluentAdmin
-from outboxkit.kafka.confluent_build import create, in_slices
+from outboxkit.kafka.confluent_build import HandleCalls, create, in_slices
 from outboxkit.kafka.errors import TOPIC_WRITE_HINT, ErrorKind, classify, with_acl_hint
 from outboxkit.settings import KafkaSettings
 
@@ -171,6 +171,8 @@ class ConfluentTransactionalProducer(TransactionalProducer):
         self.largest_record = _bytes_setting(self._config, "message.max.bytes", _MESSAGE_MAX_BYTES)
         self._settings = settings
         self._producer: Producer | None = None
+        self._calls = HandleCalls()  # the producer's calls in worker threads (one life, one)
+        self._initialised = False  # init_transactions returned (or not transactional)
         self._admin: ConfluentAdmin | None = None  # made at the first read, kept for the life
         self._asked: set[str] = set()  # the topics of the last ask_ahead, and its answers
         self._writable: dict[str, bool] = {}
@@ -188,14 +190,16 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             )
             if self.transactional:
                 # In slices: a stopping relay that gives up on it does not wait for its end.
-                await in_slices(self._p.init_transactions, self._timeout)
+                await in_slices(self._calls.bind(self._p.init_transactions), self._timeout)
+            self._initialised = True
         except (KafkaException, SystemError) as exc:
             raise_for(exc, "init_transactions failed")
 
     async def topic_problem(self, topic: str) -> RecordError | None:
         try:
             # In slices: a relay that stops meanwhile frees the thread within one.
-            metadata = await in_slices(partial(self._p.list_topics, topic), min(self._timeout, 10))
+            list_topics = self._calls.bind(partial(self._p.list_topics, topic))
+            metadata = await in_slices(list_topics, min(self._timeout, 10))
         except KafkaException as exc:
             problem = error_of(exc)
             if problem.kind is ErrorKind.PERMANENT:
@@ -294,7 +298,7 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                         raise PublishError(
                             "delivery not acknowledged in time (the producer's queue stayed full)"
                         ) from None
-                    await _serve(producer.poll, 0.05, results)
+                    await _serve(self._calls.bind(producer.poll), 0.05, results)
                 except KafkaException as exc:
                     error = kafka_error_in(exc)
                     if error is not None and error.fatal():
@@ -312,19 +316,19 @@ class ConfluentTransactionalProducer(TransactionalProducer):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PublishError("delivery not acknowledged in time")
-            await _serve(producer.flush, min(remaining, 1.0), results)
+            await _serve(self._calls.bind(producer.flush), min(remaining, 1.0), results)
         _raise_if_fenced(results)
         return [r for r in results if r is not None]
 
     async def commit(self) -> None:
         try:
-            await asyncio.to_thread(self._p.commit_transaction, self._timeout)
+            await asyncio.to_thread(self._calls.bind(self._p.commit_transaction), self._timeout)
         except (KafkaException, SystemError) as exc:
             raise_for(exc, "commit_transaction failed")
 
     async def abort(self) -> None:
         try:
-            await asyncio.to_thread(self._p.abort_transaction, self._timeout)
+            await asyncio.to_thread(self._calls.bind(self._p.abort_transaction), self._timeout)
         except (KafkaException, SystemError) as exc:
             raise_for(exc, "abort_transaction failed")
 
@@ -335,9 +339,15 @@ class ConfluentTransactionalProducer(TransactionalProducer):
                 # Never reused: pending messages of an abandoned life are purged, not sent later.
                 try:
                     producer.purge()
-                    await asyncio.to_thread(producer.flush, 0)
+                    await asyncio.to_thread(self._calls.bind(producer.flush), 0)
                 except (KafkaException, RuntimeError, SystemError):
                     pass
+                if not self._initialised:
+                    # Its init goes on in librdkafka; ended now, it cannot fence the producer
+                    # that replaces it (HandleCalls). Not a started one: confluent-kafka 2.16's
+                    # close() aborts an open transaction without a timeout (measured: still
+                    # waiting after 300 s with Kafka away).
+                    await self._calls.destroy(producer, self._timeout)
         finally:
             admin, self._admin = self._admin, None
             await close_admin_quietly(admin, self._timeout)

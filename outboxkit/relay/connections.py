@@ -63,9 +63,17 @@ class ProcessLeases:
         return cap is not None and len(self._held) >= cap
 
     async def acquire(
-        self, group: str, shard: int, holder: str, ttl: float, wake: asyncio.Event
+        self,
+        group: str,
+        shard: int,
+        holder: str,
+        ttl: float,
+        wake: asyncio.Event,
+        *,
+        level: int = logging.INFO,
     ) -> LeaseTerm | None:
-        """One attempt to take ``shard``'s lease, unless this process holds its maximum."""
+        """One attempt to take ``shard``'s lease, unless this process holds its maximum;
+        ``level``: that of the line saying it was taken (DEBUG while the shard keeps failing)."""
         async with self._acquiring:
             if self._at_capacity():
                 if not self._capped:
@@ -78,7 +86,7 @@ class ProcessLeases:
                     )
                 return None
             self._capped = False
-            term = await self.standby.acquire(group, shard, holder, ttl)
+            term = await self.standby.acquire(group, shard, holder, ttl, level=level)
             if term is None:
                 return None
             self._held[shard] = _Held(term, wake)
@@ -92,8 +100,9 @@ class ProcessLeases:
         if held is not None and held.term is term:
             await held.lost.wait()
 
-    async def release(self, term: LeaseTerm) -> None:
-        """Hand the shard over at once (token-conditional, so a newer holder is untouched)."""
+    async def release(self, term: LeaseTerm, *, level: int = logging.INFO) -> None:
+        """Hand the shard over at once (token-conditional, so a newer holder is untouched);
+        ``level``: that of the line saying so."""
         held = self._held.get(term.shard)
         if held is not None and held.term is term:
             del self._held[term.shard]
@@ -114,7 +123,7 @@ class ProcessLeases:
                 )
                 return
             if released and not was_lost:
-                logger.info("released lease of shard %s", term.shard)
+                logger.log(level, "released lease of shard %s", term.shard)
 
     async def _release(self, term: LeaseTerm) -> bool:
         async with self._lock:

@@ -1,7 +1,8 @@
 """Bounded outbox growth beyond published rows: the shard holder purges discarded rows (and,
 when configured, rows parked for longer than a long window) in small fenced batches.
 
-Published rows have their own retention (``retention_seconds``, every few poll intervals);
+Published rows have their own retention (``retention_seconds``, every few poll intervals:
+:meth:`Housekeeping.retain_published`);
 these rows are rare, so they are swept far less often
 (``housekeeping_interval``). Deleting a parked row gives up on it, like ``outbox discard``:
 same-key rows behind it then flow again. Shard 0's holder also parks pending rows of no shard
@@ -24,7 +25,8 @@ import psycopg
 from outboxkit import db
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.lease_loss import token_check_failed
-from outboxkit.settings import RelaySettings
+from outboxkit.relay.reader import ShardStore
+from outboxkit.settings import OnPublish, RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.housekeeping")
 
@@ -53,6 +55,7 @@ class Housekeeping:
         self._clock = clock
         self._due = clock()  # the first sweep runs at the first retention hook of a term
         self.passes = 0  # completed sweeps (tests wait on it)
+        self.retention_passes = 0  # completed retention passes of published rows (likewise)
         self.deleted = 0
 
     def windows(self) -> list[tuple[str, float]]:
@@ -93,6 +96,25 @@ class Housekeeping:
         self.passes += 1
         self.deleted += total
         return total
+
+    async def retain_published(
+        self, conn: Conn, term: LeaseTerm, store: ShardStore, stop: asyncio.Event
+    ) -> None:
+        """Published rows past ``retention_seconds``: small batches, each its own short
+        transaction (nothing to do when published rows are deleted at once)."""
+        keep = self._config.retention_seconds
+        if keep is None or self._config.on_publish is OnPublish.DELETE:
+            return
+        total = 0
+        while not stop.is_set():
+            deleted = await store.retention(conn, term, keep, self._config.retention_batch)
+            term.check()
+            total += deleted
+            if deleted < self._config.retention_batch:
+                break
+        self.retention_passes += 1
+        if total:
+            logger.info("shard %s: retention removed %d published row(s)", term.shard, total)
 
     async def _park_strays(
         self, conn: Conn, term: LeaseTerm, stop: asyncio.Event, now: datetime | None

@@ -132,6 +132,7 @@ class LeaseStore:
         ttl: float,
         *,
         now: datetime | None = None,
+        level: int = logging.INFO,
     ) -> LeaseTerm | None:
         sent_at, sent_wall = self._clock(), self._wall()
         row = await db.one_async(
@@ -143,7 +144,8 @@ class LeaseStore:
             return None
         term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock, wall=self._wall)
         term.extend(sent_at, sent_wall)
-        logger.info(
+        logger.log(
+            level,
             "acquired lease of shard %s (token %s)",
             shard,
             term.token,

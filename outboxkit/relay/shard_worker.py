@@ -37,6 +37,7 @@ from outboxkit.relay.lease_loss import LeaseLoss, blame_jump
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
+from outboxkit.relay.retry_log import SHOWN_IN_FULL, RetryLog
 from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
 from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
@@ -74,7 +75,6 @@ class ShardWorker:
         self.lease_lost_count = 0
         self.notifications = 0  # NOTIFY hints addressed to this shard (observability, tests)
         self.paused = False  # the group's pause flag as this worker last read it (tests wait)
-        self.retention_passes = 0  # completed retention passes (tests wait on it)
         self._producer_factory = producer_factory
         self._built = False  # whether this worker's producers ever started
         self._checkpoints = checkpoints
@@ -99,6 +99,7 @@ class ShardWorker:
         self._faults = faults
         self._rng = random.Random()
         self._label = str(shard)
+        self._retry_log = RetryLog(logger, shard)
         parked = metrics.parked.labels(self._label)
         self.housekeeping = Housekeeping(
             self.config, settings.schema_name, on_parked=lambda count: parked.inc(count)
@@ -119,7 +120,7 @@ class ShardWorker:
                 await self._leases.close()
 
     async def _run(self) -> None:
-        failures = 0  # failed sessions in a row, and terms lost before they published anything
+        failures = 0  # failed sessions, and terms lost unpublished, since a term published
         while not self.stop.is_set():
             published = self._publisher.stats.transactions
             delay = 0.0
@@ -133,6 +134,7 @@ class ShardWorker:
                     else exc.context.get("cause", LeaseLoss.UNKNOWN)
                 )
                 self.lease_lost_count += 1
+                self._retry_log.standby()
                 self._metrics.lease_lost.labels(self._label, cause).inc()
                 # A term that published: back to standby at once (a successor may be ready, or
                 # the lease free again). One lost before it published anything backs off like a
@@ -157,17 +159,12 @@ class ShardWorker:
                     # rotated) it is retried like any failure.
                     self.stop.set()
                     raise
-                failures += 1
-                if not isinstance(exc, psycopg.Error | OSError | PublishError | ConfigurationError):
+                failures = 1 if self._publisher.stats.transactions > published else failures + 1
+                expected = psycopg.Error | OSError | PublishError | ConfigurationError
+                if not isinstance(exc, expected) and self._retry_log.attempts < SHOWN_IN_FULL:
                     logger.exception("shard %s: unexpected error", self.shard)
                 delay = self._backoff(failures)
-                logger.warning(
-                    "shard %s: %s: %s; retrying in %.2fs",
-                    self.shard,
-                    type(exc).__name__,
-                    with_acl_hint(str(exc)),
-                    delay,
-                )
+                self._retry_log.retrying(type(exc).__name__, with_acl_hint(str(exc)), delay)
             finally:
                 self.active.clear()
                 self._metrics.lease_active.labels(self._label).set(0)
@@ -198,15 +195,21 @@ class ShardWorker:
             async with self._connect() as data_conn:
                 await self._active_term(term, data_conn)
         finally:
-            await self._leases.release(term)  # hand the shard over at once
+            await self._leases.release(term, level=self._retry_log.term_level)  # at once
 
     async def _wait_for_lease(self) -> LeaseTerm | None:
         while not self.stop.is_set():
             term = await self._leases.acquire(
-                self.config.group, self.shard, self.holder, self.config.lease_ttl, self.wake
+                self.config.group,
+                self.shard,
+                self.holder,
+                self.config.lease_ttl,
+                self.wake,
+                level=self._retry_log.term_level,
             )
             if term is not None:
                 return term
+            self._retry_log.standby()  # held elsewhere: this process's streak is over
             await wait_any([self.stop], self.config.poll_interval)
         return None
 
@@ -225,7 +228,9 @@ class ShardWorker:
         self.active.set()
         self._metrics.lease_active.labels(self._label).set(1)
         self._metrics.lease_token.labels(self._label).set(term.token)
-        logger.info("shard %s active with token %s", self.shard, term.token)
+        logger.log(
+            self._retry_log.term_level, "shard %s active with token %s", self.shard, term.token
+        )
         try:
             while not self.stop.is_set():
                 term.check()
@@ -258,6 +263,7 @@ class ShardWorker:
                 if time.monotonic() >= next_retention:  # idle or not: tables stay bounded
                     await publisher.settle_mark()
                     await self._retention(term, conn)
+                    self._retry_log.recovered(term.token)  # a whole pass: the term works
                     next_retention = time.monotonic() + self.config.poll_interval * 5
                 if not batch:
                     await wait_any([self.wake, self.stop], idle_wait)
@@ -275,6 +281,7 @@ class ShardWorker:
                     logger.warning("shard %s: publishing failed: %s", self.shard, exc)
                     outcome, prefetched = Outcome.RETRY_LATER, []
                 if outcome is Outcome.PUBLISHED:
+                    self._retry_log.recovered(term.token)
                     failures = 0
                     turn = (turn + 1) % len(producers)
                     continue
@@ -288,7 +295,12 @@ class ShardWorker:
             await publisher.settle_mark()
         finally:
             summary = publisher.stats.summary()
-            logger.info("shard %s term ended; publishing so far: %s", self.shard, summary)
+            logger.log(
+                self._retry_log.term_level,
+                "shard %s term ended; publishing so far: %s",
+                self.shard,
+                summary,
+            )
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer
@@ -376,19 +388,7 @@ class ShardWorker:
 
     async def _retention(self, term: LeaseTerm, conn: Conn) -> None:
         await self.housekeeping.run_if_due(conn, term, self.stop)
-        keep = self.config.retention_seconds
-        if keep is None or self.config.on_publish is OnPublish.DELETE:
-            return
-        total = 0
-        while not self.stop.is_set():  # small batches, each its own short transaction
-            deleted = await self._store.retention(conn, term, keep, self.config.retention_batch)
-            term.check()
-            total += deleted
-            if deleted < self.config.retention_batch:
-                break
-        self.retention_passes += 1
-        if total:
-            logger.info("shard %s: retention removed %d published row(s)", self.shard, total)
+        await self.housekeeping.retain_published(conn, term, self._store, self.stop)
 
     def describe(self) -> dict[str, object]:
         return {

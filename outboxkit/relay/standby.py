@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import psycopg
@@ -61,12 +62,14 @@ class StandbyConnection:
     def opened(self) -> int:
         return self._conn.opened
 
-    async def acquire(self, group: str, shard: int, holder: str, ttl: float) -> LeaseTerm | None:
+    async def acquire(
+        self, group: str, shard: int, holder: str, ttl: float, *, level: int = logging.INFO
+    ) -> LeaseTerm | None:
         """One attempt to take ``shard``'s lease; a connection error drops the connection."""
         async with self._lock:
             conn = await self._conn.get()
             try:
-                return await self._leases.acquire(conn, group, shard, holder, ttl)
+                return await self._leases.acquire(conn, group, shard, holder, ttl, level=level)
             except (psycopg.Error, OSError):
                 await self._conn.drop()
                 raise

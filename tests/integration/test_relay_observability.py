@@ -101,8 +101,10 @@ async def test_retention_removes_published_rows_in_small_batches(
     async with running_relay(kept) as relay:
         await wait_for_async(lambda: row_states(outboxkit_db_url) == {"published": 30})
         worker = relay.workers[0]
-        passes = worker.retention_passes
-        await wait_for_async(lambda: worker.retention_passes > passes, what="a retention pass")
+        passes = worker.housekeeping.retention_passes
+        await wait_for_async(
+            lambda: worker.housekeeping.retention_passes > passes, what="a retention pass"
+        )
         assert row_states(outboxkit_db_url) == {"published": 30}  # nothing is an hour old
     purge = relay_settings(
         outboxkit_db_url, outboxkit_kafka_bootstrap, retention_seconds=0, retention_batch=7

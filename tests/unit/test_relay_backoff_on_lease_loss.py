@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,7 +40,14 @@ class _LostAtOnce:
         self.reached = asyncio.Event()  # set at the ``enough``-th attempt
 
     async def acquire(
-        self, group: str, shard: int, holder: str, ttl: float, wake: asyncio.Event
+        self,
+        group: str,
+        shard: int,
+        holder: str,
+        ttl: float,
+        wake: asyncio.Event,
+        *,
+        level: int = logging.INFO,
     ) -> LeaseTerm:
         await asyncio.sleep(0)  # a real attempt is a round trip: the loop runs meanwhile
         self.attempts += 1
@@ -52,7 +60,7 @@ class _LostAtOnce:
     async def watch(self, term: LeaseTerm) -> None:
         await asyncio.Event().wait()  # the renewer: cancelled when the term ends
 
-    async def release(self, term: LeaseTerm) -> None:
+    async def release(self, term: LeaseTerm, *, level: int = logging.INFO) -> None:
         return None
 
     async def close(self) -> None:

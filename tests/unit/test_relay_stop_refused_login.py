@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from typing import Any
@@ -34,14 +35,21 @@ class _Leases:
         self.released: list[LeaseTerm] = []
 
     async def acquire(
-        self, group: str, shard: int, holder: str, ttl: float, wake: asyncio.Event
+        self,
+        group: str,
+        shard: int,
+        holder: str,
+        ttl: float,
+        wake: asyncio.Event,
+        *,
+        level: int = logging.INFO,
     ) -> LeaseTerm:
         return LeaseTerm(group, shard, holder, 7, ttl, time.monotonic() + ttl)
 
     async def watch(self, term: LeaseTerm) -> None:
         await asyncio.Event().wait()  # the renewer: cancelled when the term ends
 
-    async def release(self, term: LeaseTerm) -> None:
+    async def release(self, term: LeaseTerm, *, level: int = logging.INFO) -> None:
         self.released.append(term)
 
     async def close(self) -> None:
