@@ -79,11 +79,13 @@ def test_a_streak_shows_its_first_retries_then_one_line_a_minute_per_error(
 
 
 class _Leases:
-    """Every attempt succeeds; the level asked for each line is recorded."""
+    """Every attempt succeeds but the ``held_at``-th (another relay holds the shard then); the
+    level asked for each line is recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, held_at: int | None = None) -> None:
         self.acquired: list[int] = []
         self.released: list[int] = []
+        self._held_at = held_at
 
     async def acquire(
         self,
@@ -96,6 +98,8 @@ class _Leases:
         level: int = logging.INFO,
     ) -> LeaseTerm | None:
         self.acquired.append(level)
+        if len(self.acquired) == self._held_at:
+            return None
         return LeaseTerm(group, shard, holder, len(self.acquired), ttl, time.monotonic() + ttl)
 
     async def watch(self, term: LeaseTerm) -> None:
@@ -161,25 +165,6 @@ async def test_lease_lines_of_retries_are_debug_and_a_publishing_term_resets_the
     assert any(m.startswith(working) for m in messages)
 
 
-class _HeldElsewhereOnce(_Leases):
-    """The second attempt finds the lease held by another relay."""
-
-    async def acquire(
-        self,
-        group: str,
-        shard: int,
-        holder: str,
-        ttl: float,
-        wake: asyncio.Event,
-        *,
-        level: int = logging.INFO,
-    ) -> LeaseTerm | None:
-        self.acquired.append(level)
-        if len(self.acquired) == 2:
-            return None
-        return LeaseTerm(group, shard, holder, len(self.acquired), ttl, time.monotonic() + ttl)
-
-
 async def test_a_streak_ends_quietly_when_another_relay_holds_the_shard(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -194,7 +179,7 @@ async def test_a_streak_ends_quietly_when_another_relay_holds_the_shard(
     settings = load_settings(
         overrides={"database": {"url": "postgresql://relay@127.0.0.1:1/outbox"}}
     )
-    leases = _HeldElsewhereOnce()
+    leases = _Leases(held_at=2)
     worker: ShardWorker = shard_worker(settings, leases=leases)  # type: ignore[arg-type]
     worker._connect = contextlib.nullcontext  # type: ignore[method-assign,assignment]
 
