@@ -138,8 +138,9 @@ class HandleCalls:
     async def destroy(self, handle: Any, within: float) -> bool:
         """End ``handle`` (``close()``, confluent-kafka 2.13 and later; purge its messages
         first: it flushes without a timeout) once no call on it runs, waiting up to ``within``
-        seconds in a worker thread. False: not ended here (no ``close()``, or a call still ran);
-        the garbage collector ends it with its last reference, as before. ``close()`` itself
+        seconds in a worker thread. False: not known to be ended here (no ``close()``, a call
+        still ran, or ``close()`` raised, e.g. its warning made an error); the garbage collector
+        then ends it with its last reference, as before. ``close()`` itself
         is not bounded (a thread given up on would keep the process from exiting): call it only
         for a handle without an open transaction, which confluent-kafka 2.16 would abort
         without a timeout. Its abort of a producer still waiting for its id fails at once."""

@@ -49,6 +49,7 @@ class RetryLog:
         self._limit: RepeatLimit[_Line] = RepeatLimit(window=window, clock=clock)
         self._clock = clock
         self.attempts = 0  # failed attempts of the current streak (0: none)
+        self.worked = False  # recovered() since the last failure: its back-off starts afresh
         self._since = 0.0
 
     @property
@@ -62,6 +63,7 @@ class RetryLog:
         if not self.attempts:
             self._since = self._clock()
         self.attempts += 1
+        self.worked = False
         line = (error, text, delay)
         if self.attempts <= self._shown_in_full:
             self._show(Shown(None, line))
@@ -72,6 +74,7 @@ class RetryLog:
     def recovered(self, token: int) -> None:
         """The shard works again in the term of ``token`` (cheap when it never stopped): the
         counts still pending, then one line saying so."""
+        self.worked = True
         if not self.attempts:
             return
         attempts = self.attempts

@@ -116,11 +116,12 @@ class ShardWorker:
         try:
             await self._run()
         finally:
+            self._retry_log.standby()  # counts still pending are shown, not lost
             if self._owns_leases:
                 await self._leases.close()
 
     async def _run(self) -> None:
-        failures = 0  # failed sessions, and terms lost unpublished, since a term published
+        failures = 0  # failed sessions, and terms lost unpublished, since a term worked
         while not self.stop.is_set():
             published = self._publisher.stats.transactions
             delay = 0.0
@@ -159,7 +160,7 @@ class ShardWorker:
                     # rotated) it is retried like any failure.
                     self.stop.set()
                     raise
-                failures = 1 if self._publisher.stats.transactions > published else failures + 1
+                failures = 1 if self._retry_log.worked else failures + 1
                 expected = psycopg.Error | OSError | PublishError | ConfigurationError
                 if not isinstance(exc, expected) and self._retry_log.attempts < SHOWN_IN_FULL:
                     logger.exception("shard %s: unexpected error", self.shard)
@@ -295,12 +296,8 @@ class ShardWorker:
             await publisher.settle_mark()
         finally:
             summary = publisher.stats.summary()
-            logger.log(
-                self._retry_log.term_level,
-                "shard %s term ended; publishing so far: %s",
-                self.shard,
-                summary,
-            )
+            level = self._retry_log.term_level
+            logger.log(level, "shard %s term ended; publishing so far: %s", self.shard, summary)
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer
