@@ -21,6 +21,7 @@ from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import Admin, TopicInfo
 from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.errors import named
 from outboxkit.settings import KafkaSettings
 
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
@@ -72,7 +73,7 @@ class AiokafkaAdmin(Admin):
             except (KafkaError, TimeoutError, OSError) as exc:
                 code = getattr(exc, "errno", 0) if isinstance(exc, KafkaError) else 0
                 name = _UNAUTHORISED.get(code)
-                text = watch.explained(f"{what}: {type(exc).__name__}: {exc}")
+                text = watch.explained(f"{what}: {named(exc)}")
                 raise PublishError(text, error=name) from exc
 
     async def describe_topic(self, topic: str) -> TopicInfo | None:

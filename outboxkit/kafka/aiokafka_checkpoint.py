@@ -19,7 +19,7 @@ from outboxkit.errors import PublishError
 from outboxkit.kafka.aiokafka_admin import _UNAUTHORISED
 from outboxkit.kafka.api import CheckpointReader
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import not_read_to_end
+from outboxkit.kafka.errors import named, not_read_to_end
 from outboxkit.settings import KafkaSettings
 
 
@@ -61,9 +61,7 @@ class AiokafkaCheckpointReader(CheckpointReader):
         except (KafkaError, OSError) as exc:
             # The admin's names for the refusals; an OSError's errno is no Kafka error code.
             name = _UNAUTHORISED.get(exc.errno) if isinstance(exc, KafkaError) else None
-            raise PublishError(
-                f"reading {where} failed: {type(exc).__name__}: {exc}", error=name
-            ) from exc
+            raise PublishError(f"reading {where} failed: {named(exc)}", error=name) from exc
         finally:
             try:
                 await watermark.stop()

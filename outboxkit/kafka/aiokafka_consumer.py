@@ -41,6 +41,7 @@ from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
+from outboxkit.kafka.errors import named
 from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 
@@ -318,7 +319,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         try:
             await self._c.commit({TopicPartition(t, p): o for (t, p), o in offsets.items()})
         except KafkaError as exc:
-            raise PublishError(f"offset commit failed: {type(exc).__name__}: {exc}") from exc
+            raise PublishError(f"offset commit failed: {named(exc)}") from exc
 
     async def committed(self, partitions: list[TP], wait: float) -> dict[TP, int]:
         """Bounded by ``wait``: aiokafka retries a retriable error for ever. Every read is

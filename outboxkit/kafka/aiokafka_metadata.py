@@ -16,6 +16,8 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
 
+from outboxkit.kafka.errors import named
+
 
 async def partitions_for(producer: AIOKafkaProducer, topic: str, seconds: float) -> set[int]:
     """``producer.partitions_for(topic)``; ``UnknownTopicOrPartitionError`` only when the
@@ -27,8 +29,7 @@ async def partitions_for(producer: AIOKafkaProducer, topic: str, seconds: float)
         try:
             cluster = await asyncio.wait_for(producer.client.fetch_all_metadata(), seconds)
         except (KafkaError, TimeoutError, OSError) as exc:
-            # aiokafka's errors name their class in their text; the others do not
-            why = str(exc) if isinstance(exc, KafkaError) else f"{type(exc).__name__} {exc}"
+            why = named(exc)
             raise KafkaTimeoutError(
                 f"metadata of topic {topic!r} unavailable: Kafka did not answer ({why})"
             ) from unknown

@@ -27,7 +27,7 @@ from outboxkit.kafka.api import (
     read_topic_limits,
 )
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.kafka.errors import ErrorKind, classify, error_text, named
 from outboxkit.settings import KafkaSettings
 
 
@@ -39,8 +39,8 @@ def raise_for(exc: BaseException, what: str, watch: CertificateWatch | None = No
     """Raise the outboxkit error for a failed client call: fenced, or retriable (naming the
     client-certificate settings when ``watch`` saw the broker ask for a certificate)."""
     if classify(_name(exc)) is ErrorKind.FENCED:
-        raise ProducerFencedError(f"{what}: {_name(exc)}: {exc}") from exc
-    text = f"{what}: {_name(exc)}: {exc}"
+        raise ProducerFencedError(f"{what}: {named(exc)}") from exc
+    text = f"{what}: {named(exc)}"
     raise PublishError(watch.explained(text) if watch is not None else text) from exc
 
 
@@ -49,7 +49,7 @@ def _refused(exc: KafkaError, what: str) -> RecordError:
     record's error."""
     if classify(_name(exc)) is ErrorKind.FENCED:
         raise_for(exc, what)
-    return RecordError(_name(exc), str(exc))
+    return RecordError(_name(exc), error_text(exc) or "no detail")
 
 
 def _delivery_error(exc: KafkaError, keyless: bool) -> RecordError:
@@ -66,7 +66,7 @@ def _delivery_error(exc: KafkaError, keyless: bool) -> RecordError:
             " aiokafka does not name (INVALID_RECORD, as a compacted topic answers a record"
             " without a key, is the likely one)",
         )
-    return RecordError(_name(exc), str(exc))
+    return RecordError(_name(exc), error_text(exc) or "no detail")
 
 
 def _unusable(exc: AssertionError, what: str) -> PublishError:

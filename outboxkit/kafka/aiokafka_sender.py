@@ -34,7 +34,7 @@ from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_metadata import partitions_for
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.kafka.errors import ErrorKind, classify, error_text, named
 from outboxkit.settings import KafkaSettings
 
 #: Seconds each step of closing a producer may take when a caller cancels its send.
@@ -103,12 +103,12 @@ class AiokafkaRecordSender(AsyncRecordSender):
                     failure = publish_failure(topic, "KafkaTimeoutError", text)
                     raise PublishError(watch.explained(failure)) from exc
         except ClusterAuthorizationFailedError as exc:  # a missing ACL: no retry fixes it
-            raise self._refusal.refused(topic, f"{type(exc).__name__}: {exc}") from exc
+            raise self._refusal.refused(topic, named(exc)) from exc
         except KafkaError as exc:
             if handed:
                 await self._drop()  # its sequence numbers may be ahead of the broker's now
             name = type(exc).__name__
-            text = watch.explained(publish_failure(topic, name, str(exc)))
+            text = watch.explained(publish_failure(topic, name, error_text(exc) or "no detail"))
             if isinstance(exc, TopicAuthorizationFailedError):
                 raise self._refused_topics.refused(topic, text) from exc
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError
