@@ -7,7 +7,25 @@ family in one clause. A class's docstring is its default message. Driver errors 
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+
+def detail_of(exc: BaseException) -> str:
+    """What ``exc`` says, without its class name: shown beside the name, which aiokafka's errors
+    already put in their text (``KafkaTimeoutError: ...``, ``[Error 3] Name: ...``, or the bare
+    name), so it was shown twice. The broker's error number stays."""
+    text = str(exc)
+    found = re.match(rf"(\[Error -?\d+\] )?{re.escape(type(exc).__name__)}(?:: |\Z)", text)
+    if found is None:
+        return text
+    return ((found.group(1) or "") + text[found.end() :]).strip()
+
+
+def named(exc: BaseException) -> str:
+    """``Name: text`` of ``exc``, its class name once (see :func:`detail_of`)."""
+    text = detail_of(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class OutboxkitError(Exception):

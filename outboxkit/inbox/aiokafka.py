@@ -12,6 +12,7 @@ import logging
 from types import TracebackType
 from typing import Any
 
+from outboxkit.errors import named
 from outboxkit.inbox.consumer import Clients, InboxConsumer, check_poll_timeout, stopped_by
 from outboxkit.inbox.middleware import AsyncInbox
 from outboxkit.inbox.outcome import Outcome
@@ -89,7 +90,7 @@ class AiokafkaInboxConsumer(InboxConsumer[AsyncInbox]):
             finished = closing.done() and not closing.cancelled()
             error = closing.exception() if finished else None
             if error is not None:  # the cancellation is raised; the close's error is logged
-                logger.warning("closing the consumer failed: %s: %s", type(error).__name__, error)
+                logger.warning("closing the consumer failed: %s", named(error))
             raise
 
     async def _close(self) -> None:

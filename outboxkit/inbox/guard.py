@@ -15,7 +15,7 @@ import re
 
 import psycopg
 
-from outboxkit.errors import DecodeError
+from outboxkit.errors import DecodeError, detail_of, named
 from outboxkit.wire import HEADER_EVENT_ID, HEADER_LIMITS, header_problem
 
 EXCERPT_CHARS = 200  # how much attacker-controlled text a stored reason may quote
@@ -134,7 +134,7 @@ def message(exc: BaseException) -> str:
 
 def _error_text(exc: BaseException, detail: bool) -> str:
     if detail:
-        return bounded(f"{type(exc).__name__}: {exc}", 4000)
+        return bounded(named(exc), 4000)
     orig = getattr(exc, "orig", None)
     if hasattr(exc, "statement") and hasattr(exc, "params"):
         # A server's error (with a SQLSTATE) and the driver's own (a lost connection) quote
@@ -148,7 +148,7 @@ def _error_text(exc: BaseException, detail: bool) -> str:
     if isinstance(orig, BaseException):
         exc = orig
     sqlstate = getattr(exc, "sqlstate", None)
-    lines = str(exc).strip().splitlines()
+    lines = detail_of(exc).strip().splitlines()  # a Kafka client's error names its class too
     first = lines[0] if lines else ""
     if sqlstate is None:
         return bounded(f"{type(exc).__name__}: {first}")

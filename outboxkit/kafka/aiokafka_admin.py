@@ -17,11 +17,10 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
-from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.errors import PermanentPublishError, PublishError, named
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import Admin, TopicInfo
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import named
 from outboxkit.settings import KafkaSettings
 
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION

@@ -15,11 +15,11 @@ import asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from outboxkit.errors import PublishError
+from outboxkit.errors import PublishError, named
 from outboxkit.kafka.aiokafka_admin import _UNAUTHORISED
 from outboxkit.kafka.api import CheckpointReader
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import named, not_read_to_end
+from outboxkit.kafka.errors import not_read_to_end
 from outboxkit.settings import KafkaSettings
 
 

@@ -35,13 +35,12 @@ from aiokafka.errors import (
 from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError
+from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError, named
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
-from outboxkit.kafka.errors import named
 from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 

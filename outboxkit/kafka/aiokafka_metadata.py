@@ -16,7 +16,7 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
 
-from outboxkit.kafka.errors import named
+from outboxkit.errors import named
 
 
 async def partitions_for(producer: AIOKafkaProducer, topic: str, seconds: float) -> set[int]:

@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaError, TopicAuthorizationFailedError, UnknownEr
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from outboxkit.errors import ProducerFencedError, PublishError
+from outboxkit.errors import ProducerFencedError, PublishError, detail_of, named
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_metadata import partitions_for
@@ -27,7 +27,7 @@ from outboxkit.kafka.api import (
     read_topic_limits,
 )
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import ErrorKind, classify, error_text, named
+from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
 
@@ -49,7 +49,7 @@ def _refused(exc: KafkaError, what: str) -> RecordError:
     record's error."""
     if classify(_name(exc)) is ErrorKind.FENCED:
         raise_for(exc, what)
-    return RecordError(_name(exc), error_text(exc) or "no detail")
+    return RecordError(_name(exc), detail_of(exc) or "no detail")
 
 
 def _delivery_error(exc: KafkaError, keyless: bool) -> RecordError:
@@ -66,7 +66,7 @@ def _delivery_error(exc: KafkaError, keyless: bool) -> RecordError:
             " aiokafka does not name (INVALID_RECORD, as a compacted topic answers a record"
             " without a key, is the likely one)",
         )
-    return RecordError(_name(exc), error_text(exc) or "no detail")
+    return RecordError(_name(exc), detail_of(exc) or "no detail")
 
 
 def _unusable(exc: AssertionError, what: str) -> PublishError:

@@ -28,13 +28,13 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.errors import PermanentPublishError, PublishError, detail_of, named
 from outboxkit.kafka.acl import ProducerIdRefusal, TopicRefusal, publish_failure
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_metadata import partitions_for
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import ErrorKind, classify, error_text, named
+from outboxkit.kafka.errors import ErrorKind, classify
 from outboxkit.settings import KafkaSettings
 
 #: Seconds each step of closing a producer may take when a caller cancels its send.
@@ -108,7 +108,7 @@ class AiokafkaRecordSender(AsyncRecordSender):
             if handed:
                 await self._drop()  # its sequence numbers may be ahead of the broker's now
             name = type(exc).__name__
-            text = watch.explained(publish_failure(topic, name, error_text(exc) or "no detail"))
+            text = watch.explained(publish_failure(topic, name, detail_of(exc) or "no detail"))
             if isinstance(exc, TopicAuthorizationFailedError):
                 raise self._refused_topics.refused(topic, text) from exc
             cls = PermanentPublishError if classify(name) is ErrorKind.PERMANENT else PublishError

@@ -7,7 +7,6 @@ producer owns the transactional.id: we are a zombie) or *retriable* (back off, k
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 
 from outboxkit.errors import PublishError
@@ -128,23 +127,6 @@ def with_acl_hint(text: str) -> str:
     ):
         return text
     return f"{text} ({TRANSACTIONAL_ID_ACL_HINT})"
-
-
-def error_text(exc: BaseException) -> str:
-    """What ``exc`` says, without its class name: shown beside the name, which aiokafka's errors
-    already put in their text (``KafkaTimeoutError: ...``, ``[Error 3] Name: ...``, or the bare
-    name), so it was shown twice. The broker's error number stays."""
-    text = str(exc)
-    found = re.match(rf"(\[Error -?\d+\] )?{re.escape(type(exc).__name__)}(?:: |$)", text)
-    if found is None:
-        return text
-    return ((found.group(1) or "") + text[found.end() :]).strip()
-
-
-def named(exc: BaseException) -> str:
-    """``Name: text`` of ``exc``, its class name once (see :func:`error_text`)."""
-    text = error_text(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def not_read_to_end(where: str, position: int, end: int | None) -> PublishError:

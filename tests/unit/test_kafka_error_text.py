@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outboxkit.kafka.errors import error_text, named
+from outboxkit.errors import detail_of, named
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +22,7 @@ def test_aiokafka_errors_are_named_once() -> None:
         (errors.NotLeaderForPartitionError(), "[Error 6]"),
     ]
     for exc, text in cases:
-        assert error_text(exc) == text, exc
+        assert detail_of(exc) == text, exc
         name = type(exc).__name__
         assert named(exc) == (f"{name}: {text}" if text else name)
         assert named(exc).count(name) == 1
@@ -32,5 +32,17 @@ def test_other_errors_keep_their_text() -> None:
     assert named(TimeoutError()) == "TimeoutError"
     assert named(OSError("connection refused")) == "OSError: connection refused"
     # a text that only mentions another error's name is not cut
-    assert error_text(ValueError("KafkaTimeoutError: x")) == "KafkaTimeoutError: x"
-    assert error_text(ValueError("ValueErrors: many")) == "ValueErrors: many"
+    assert detail_of(ValueError("KafkaTimeoutError: x")) == "KafkaTimeoutError: x"
+    assert detail_of(ValueError("ValueErrors: many")) == "ValueErrors: many"
+    assert detail_of(ValueError("ValueError\n")) == "ValueError\n"  # only the whole text
+
+
+def test_a_consumer_records_a_kafka_error_with_its_name_once() -> None:
+    """The inbox's own error text (a close that failed, a rejoin) reads aiokafka's errors too."""
+    errors = pytest.importorskip("aiokafka.errors")
+    from outboxkit.inbox.guard import error_text
+
+    refused = errors.KafkaConnectionError("Unable to bootstrap from [x]")
+    assert error_text(refused) == "KafkaConnectionError: Unable to bootstrap from [x]"
+    assert error_text(refused, detail=True) == "KafkaConnectionError: Unable to bootstrap from [x]"
+    assert error_text(ValueError("bad")) == "ValueError: bad"

@@ -293,7 +293,7 @@ async def test_aiokafka_names_the_topic_a_transaction_was_refused_for() -> None:
 
     denied = _write_refused(_Aio())
     assert denied == {"ckpt"}
-    bare = Delivery(error=RecordError("InvalidTxnState", "[Error 48] InvalidTxnState"))
+    bare = Delivery(error=RecordError("InvalidTxnState", "[Error 48]"))
     other = _explained(bare, "orders", denied)
     own = _explained(bare, "ckpt", denied)
     assert other is not None

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
     "reason",
     [
         "TOPIC_AUTHORIZATION_FAILED: Broker: Topic authorization failed",
-        "TopicAuthorizationFailedError: [Error 29] TopicAuthorizationFailedError",
+        "TopicAuthorizationFailedError: [Error 29]",
     ],
 )
 def test_a_refused_topic_names_the_acl_once(reason: str) -> None:
