@@ -35,9 +35,11 @@ from aiokafka.errors import (
 from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError, named
+from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
+from outboxkit.kafka.aiokafka_stop import DEFAULT_REQUEST_TIMEOUT_MS, stop_consumer
+from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
@@ -172,7 +174,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
                 await consumer.start()
             except KafkaError as exc:
                 self._consumer, self._listener.closed = None, True
-                await consumer.stop()
+                await stop_consumer(consumer)
                 refused = isinstance(exc, _REFUSED)
                 hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
                 text = watch.explained(f"Kafka consumer could not start: {exc}{hint}")
@@ -315,10 +317,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
     async def commit(self, offsets: dict[TP, int]) -> None:
         if not offsets:
             return
-        try:
-            await self._c.commit({TopicPartition(t, p): o for (t, p), o in offsets.items()})
-        except KafkaError as exc:
-            raise PublishError(f"offset commit failed: {named(exc)}") from exc
+        timeout = int(self._options.get("request_timeout_ms", DEFAULT_REQUEST_TIMEOUT_MS))
+        given = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+        await commit_offsets(self._c, given, timeout)
 
     async def committed(self, partitions: list[TP], wait: float) -> dict[TP, int]:
         """Bounded by ``wait``: aiokafka retries a retriable error for ever. Every read is
@@ -345,7 +346,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         if self._listener is not None:
             self._listener.closed = True
         if consumer is not None:
-            stopping = asyncio.ensure_future(consumer.stop())
+            stopping = asyncio.ensure_future(stop_consumer(consumer))
             stopping.add_done_callback(_stopped)
             await asyncio.shield(stopping)
 
