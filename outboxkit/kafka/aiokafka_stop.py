@@ -10,7 +10,8 @@ during an outage exited with status 1, a traceback and an unclosed producer.
 
 aiokafka's ``commit()`` waits for a group coordinator for as long as there is none: during an
 outage a commit (the one a close makes too) held the consumer, and a stop, until Kafka came
-back. librdkafka fails such a commit at once (``_WAIT_COORD``); so does :func:`commit`.
+back. :func:`commit` gives up once no coordinator has been known for a while, or at the request
+timeout.
 """
 
 from __future__ import annotations
@@ -28,25 +29,28 @@ logger = logging.getLogger("outboxkit.kafka.consumer")
 
 #: aiokafka's own default for ``request_timeout_ms``: a commit's bound unless one is set.
 DEFAULT_REQUEST_TIMEOUT_MS = 40_000
-#: How often a waiting commit looks whether aiokafka still knows a coordinator.
+#: How often a waiting commit looks whether aiokafka still knows a coordinator, and how long
+#: it may know none before the commit fails.
 COORDINATOR_CHECK_SECONDS = 0.1
+COORDINATOR_GRACE_SECONDS = 2.0
 
 
 async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
     """``consumer.stop()``; should it raise a cancellation that is not this task's, the rest
-    of the stop (the fetches still pending, the client) is done here."""
+    of the stop (its fetches, its client) is done here."""
     try:
         await consumer.stop()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
             raise  # our own cancellation
-        logger.info("consumer stop: a fetch cancelled in its retry back-off; closing the client")
+        logger.info("consumer stop: one of aiokafka's tasks was cancelled; closing the client")
         fetcher: Any = getattr(consumer, "_fetcher", None)
-        pending = [t for t in getattr(fetcher, "_pending_tasks", ()) if not t.done()]
-        for fetch in pending:
+        tasks = [getattr(fetcher, "_fetch_task", None), *getattr(fetcher, "_pending_tasks", ())]
+        running = [t for t in tasks if isinstance(t, asyncio.Future) and not t.done()]
+        for fetch in running:
             fetch.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         client: Any = getattr(consumer, "_client", None)
         if client is not None:
             await client.close()
@@ -57,29 +61,52 @@ def _coordinator_unknown(consumer: AIOKafkaConsumer) -> bool:
     return coordinator is not None and getattr(coordinator, "coordinator_id", 0) is None
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _orphans_retrieved() -> None:
+    """aiokafka sends a commit's request in a shielded task of its own: once the commit is
+    cancelled, nothing would read that task's failure, which asyncio then reports as an ERROR
+    with a traceback ("exception was never retrieved")."""
+    for task in asyncio.all_tasks():
+        if getattr(task.get_coro(), "__qualname__", "") == "GroupCoordinator._do_commit_offsets":
+            task.add_done_callback(_retrieve)
+
+
 async def commit(
     consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int], request_timeout_ms: int
 ) -> None:
-    """``offsets`` committed; a :class:`PublishError` once no group coordinator is known (Kafka
-    away: aiokafka forgets the coordinator at the first failed request; the offsets stay
-    pending, a redelivery is recognised), or after the request timeout."""
+    """``offsets`` committed; a :class:`PublishError` once no group coordinator has been known
+    for :data:`COORDINATOR_GRACE_SECONDS` (Kafka away: aiokafka forgets the coordinator at the
+    first failed request, and finds a moved one again well within that), or at the request
+    timeout. The offsets stay pending; a redelivery is recognised."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + request_timeout_ms / 1000
+    unknown_since: float | None = None
     task = asyncio.ensure_future(consumer.commit(offsets))
     try:
         while not task.done():
-            if _coordinator_unknown(consumer):
+            now = loop.time()
+            if not _coordinator_unknown(consumer):
+                unknown_since = None
+            elif unknown_since is None:
+                unknown_since = now
+            elif now - unknown_since >= COORDINATOR_GRACE_SECONDS:
                 raise PublishError("offset commit failed: no group coordinator (Kafka away?)")
-            left = deadline - loop.time()
-            if left <= 0:
+            if now >= deadline:
                 raise PublishError(
                     f"offset commit failed: not answered within {request_timeout_ms / 1000:g} s"
                 )
-            await asyncio.wait([task], timeout=min(left, COORDINATOR_CHECK_SECONDS))
+            await asyncio.wait([task], timeout=min(deadline - now, COORDINATOR_CHECK_SECONDS))
     finally:
         if not task.done():
             task.cancel()
+            _orphans_retrieved()
             await asyncio.wait([task])  # its clean-up; our own cancellation still propagates
+        elif not task.cancelled():
+            task.exception()  # read, should our own cancellation come with it
     try:
         task.result()
     except KafkaError as exc:
