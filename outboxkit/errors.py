@@ -106,6 +106,15 @@ class PermanentPublishError(PublishError):
     retriable = False
 
 
+class SendStoppedError(PublishError):
+    """The consumer was stopped while a dead letter or an acknowledgement waited for Kafka:
+    the send was given up after its first second, and the event it was for is left unsettled
+    (its record comes again after a restart, and the send is made then)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"publish to {topic!r} given up: the consumer is stopping")
+
+
 class DecodeError(OutboxkitError):
     """A Kafka message could not be decoded into an event."""
 

@@ -26,7 +26,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.errors import PermanentPublishError, PublishError, SendStoppedError
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.steps import Plan, Publish
@@ -121,6 +121,8 @@ class Acknowledger:
         where = (env.topic, env.partition, env.offset)
         try:
             yield Publish(self.topic, *record)
+        except SendStoppedError:  # held, not counted: a stop is not the record's failure
+            return HeldAck(outcome.event_id, record)
         except PublishError as exc:
             self.failing = True
             count = self.failures.pop(where, 0) + 1  # counted again: the newest, kept longest
@@ -187,6 +189,10 @@ def publish_gone(
             return
         except PermanentPublishError as exc:
             _gave_up(consumer, event_id, where, f"after {failed + 1} failed publish(es)", exc)
+            return
+        except SendStoppedError as exc:  # no later try: the rest of the round is given up too
+            budget.left, budget.last = 0, exc
+            _gave_up(consumer, event_id, where, "as the consumer stops", exc)
             return
         except PublishError as exc:
             failed, budget.left, budget.last = failed + 1, budget.left - 1, exc

@@ -7,10 +7,11 @@ dead-letter reader deduplicates by the ``event-id`` header it carries.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.steps import Publish
 from outboxkit.settings.models import topic_template_problem
 
 HEADER_DLQ_EVENT_ID = "dlq-event-id"
@@ -89,6 +90,14 @@ def dead_letter_headers(
             break
         fits += 1
     return kept[:fits] + ours
+
+
+def dead_letter_record(
+    setting: DeadLetterTopic, env: Envelope, max_bytes: int, **ours: Any
+) -> Publish:
+    """The dead letter of ``env`` (``ours``: :func:`dead_letter_headers`' keywords)."""
+    headers = dead_letter_headers(env, max_bytes=max_bytes, **ours)
+    return Publish(dead_letter_topic(setting, env.topic), env.key, env.value, headers)
 
 
 def missing_topic(name: str) -> str:

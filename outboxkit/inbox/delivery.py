@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.bounds import check_range, keep
-from outboxkit.errors import DecodeError, LeaseLostError
+from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
@@ -221,7 +221,7 @@ class InboxCore:
         if claim.attempts > settings.policy.max_attempts:
             return (
                 yield from self._dead(
-                    run, f"attempts exhausted; last error: {claim.previous_error}"
+                    run, f"attempts exhausted; last error: {claim.previous_error}", own=False
                 )
             )
         try:
@@ -321,7 +321,7 @@ class InboxCore:
         delay = policy.delay(claim.attempts)
         return Outcome(OutcomeKind.RETRY, event_id, claim.attempts, error, delay)
 
-    def _dead(self, run: ClaimedRun, error: str) -> Plan[Outcome]:
+    def _dead(self, run: ClaimedRun, error: str, own: bool = True) -> Plan[Outcome]:
         # Dead-letter record first, then the row: a crash in between repeats the record
         # (at-least-once, carrying the event id) rather than losing it. A cancelled or
         # taken-over event gets no dead letter (checked by renewing the lease by token).
@@ -333,6 +333,10 @@ class InboxCore:
         if publish is not None:
             try:
                 yield publish
+            except SendStoppedError:  # not settled: the record comes again after a restart
+                if own:  # the handler's error, kept for the dead letter the next start sends
+                    yield self.statements.record_failure(event_id, claim.token, error)
+                raise
             except Exception as exc:
                 # Retrying would hold the partition forever (missing topic, no ACL, too
                 # large): the event ends dead, and says why it has no dead-letter record.

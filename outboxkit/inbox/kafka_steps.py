@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from outboxkit.errors import SendStoppedError
 from outboxkit.inbox.steps import (
     CloseConsumer,
     CloseSender,
@@ -26,6 +27,7 @@ from outboxkit.inbox.steps import (
     TopicExists,
 )
 from outboxkit.kafka.api import (
+    SEND_GRACE_SECONDS,
     AsyncGroupConsumer,
     AsyncRecordSender,
     GroupConsumer,
@@ -43,7 +45,8 @@ def kafka_steps(
     """The Kafka steps over the client seam: the same calls for both clients (the async
     client's coroutines are awaited by ``drive_async``). A ``Sleep`` ends early once the event
     ``stop()`` returns is set (a stop must not wait out a back-off): a ``threading.Event`` for
-    the sync client, an ``asyncio.Event`` for the async one."""
+    the sync client, an ``asyncio.Event`` for the async one. So does a ``Publish`` (a dead
+    letter, an acknowledgement) still waiting for Kafka after its first second."""
     return {
         Subscribe: lambda s: consumer.subscribe(s.topics, s.on_assign, s.on_revoke),
         Poll: lambda s: consumer.poll(s.timeout, s.max_records),
@@ -52,12 +55,50 @@ def kafka_steps(
         Seek: lambda s: consumer.seek(s.partition, s.offset),
         Pause: lambda s: consumer.pause(s.partitions),
         Resume: lambda s: consumer.resume(s.partitions),
-        Publish: lambda s: sender.send(s.topic, s.key, s.value, s.headers),
+        Publish: _publisher(sender, stop),
         TopicExists: _topic_question(sender, stop),
         Sleep: _sleeper(consumer, stop),
         CloseConsumer: lambda s: consumer.close(),
         CloseSender: lambda s: sender.close(),
     }
+
+
+def _publisher(
+    sender: RecordSender | AsyncRecordSender, stop: Callable[[], StopEvent | None]
+) -> Callable[[Publish], Any]:
+    if isinstance(sender, AsyncRecordSender):
+        return lambda s: _send_async(sender.send(s.topic, s.key, s.value, s.headers), s, stop())
+
+    def publish(step: Publish) -> None:
+        event = stop()
+        given = event if isinstance(event, threading.Event) else None
+        sender.send(step.topic, step.key, step.value, step.headers, given)
+
+    return publish
+
+
+async def _send_async(send: Awaitable[None], step: Publish, event: StopEvent | None) -> None:
+    """``send``, ended (the sender closes its producer when cancelled) once ``event`` is set
+    and the send waited ``SEND_GRACE_SECONDS``: a Kafka that answers, as at a clean shutdown,
+    gets its record; one that does not holds a stop that long, not for the sender's timeout."""
+    task = asyncio.ensure_future(send)
+    try:
+        await asyncio.wait([task], timeout=SEND_GRACE_SECONDS)
+        if not task.done() and isinstance(event, asyncio.Event):
+            stopped = asyncio.ensure_future(event.wait())
+            try:
+                await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+            if not task.done():
+                raise SendStoppedError(step.topic)
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])  # the sender's clean-up; our cancellation propagates
+            if not task.cancelled():
+                task.exception()  # read: the clean-up's own failure is not ours to raise
 
 
 def _topic_question(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.db.availability import database_unavailable
+from outboxkit.errors import SendStoppedError
 from outboxkit.inbox.acks import Acknowledger
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
@@ -29,8 +30,7 @@ from outboxkit.inbox.deadletter import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DeadLetterCheck,
     DeadLetterTopic,
-    dead_letter_headers,
-    dead_letter_topic,
+    dead_letter_record,
 )
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
@@ -200,6 +200,10 @@ class ConsumerLoop:
             plan = deliver_batch(self.core, envs, self.revoked.__contains__, self._dead_letter)
             result = yield from plan
             self.outage_log.answered()
+        except SendStoppedError as exc:  # nothing settled: delivered again after a restart
+            logger.info("batch of %d: %s; its records come again at the next start", len(envs), exc)
+            self.buffer.extendleft(reversed(records))
+            return []
         except Exception as exc:  # deliver them one by one: each counts its own errors
             text = error_text(exc)
             kind = ("batch", normalised(text)) if database_unavailable(exc) else None
@@ -297,6 +301,10 @@ class ConsumerLoop:
             outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
             self.failures.pop((*tp, env.offset), None)
             self.outage_log.answered()
+        except SendStoppedError as exc:  # nothing settled: delivered again after a restart
+            logger.info("%s/%d/%d: %s; it comes again at the next start", *tp, env.offset, exc)
+            self.buffer.appendleft(record)
+            return None
         except Exception as exc:
             outcome = yield from self._unexpected(env, exc)
         finally:
@@ -376,8 +384,7 @@ class ConsumerLoop:
     def _say(
         self, level: int, kind: tuple[str, str] | None, msg: str, *args: Any, **kw: Any
     ) -> None:
-        """Log a line; one of a ``kind`` (the database away) through the outage's rate limit:
-        every held partition retries each second for as long as the outage lasts."""
+        """Log a line; a ``kind`` (the database away: retried each second) is rate-limited."""
         if kind is None:
             logger.log(level, msg, *args, stacklevel=2, **kw)
         else:
@@ -386,15 +393,8 @@ class ConsumerLoop:
     def _dead_letter(
         self, env: Envelope, event_id: str, error: str, attempts: int
     ) -> Publish | None:
-        if self.options.dead_letter is None:
+        options, consumer = self.options, self.core.settings.consumer
+        if options.dead_letter is None:
             return None
-        headers = dead_letter_headers(
-            env,
-            consumer=self.core.settings.consumer,
-            event_id=event_id,
-            error=error,
-            attempts=attempts,
-            max_bytes=self.options.dead_letter_max_bytes,
-        )
-        topic = dead_letter_topic(self.options.dead_letter, env.topic)
-        return Publish(topic, env.key, env.value, headers)
+        ours = {"consumer": consumer, "event_id": event_id, "error": error, "attempts": attempts}
+        return dead_letter_record(options.dead_letter, env, options.dead_letter_max_bytes, **ours)

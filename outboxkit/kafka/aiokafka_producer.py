@@ -23,11 +23,10 @@ from outboxkit.kafka.api import (
     RecordError,
     TopicLimits,
     TransactionalProducer,
-    close_admin_quietly,
-    read_topic_limits,
 )
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.kafka.producer_admin import close_admin_quietly, read_topic_limits
 from outboxkit.settings import KafkaSettings
 
 

@@ -8,7 +8,6 @@ outboxkit errors: ``PublishError`` (retriable), ``PermanentPublishError``, ``Pro
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -21,6 +20,14 @@ from outboxkit.kafka.errors import ErrorKind, classify
 
 TopicPartition = tuple[str, int]
 Headers = Sequence[tuple[str, bytes | None]]
+Stop = threading.Event | None  # a sync caller's stop: set, its waits end after their slice
+
+#: One wait of a blocking Kafka call cut into slices: a stop (or a caller that gave up) ends it
+#: after the slice it comes in (see ``confluent_build.in_slices``).
+SLICE_SECONDS = 1.0
+#: How long a send waits before a stop may end it: a cold producer's start (connection, TLS,
+#: login, producer id) fits in it, so the last records of a clean shutdown still go.
+SEND_GRACE_SECONDS = 5.0
 
 
 class ProduceRequest(NamedTuple):
@@ -112,30 +119,6 @@ LIMIT_NAMES = ("max.message.bytes", "cleanup.policy")
 # The names an admin gives (``PublishError.context["error"]``) to a configuration it may not
 # read: a missing ACL, which stays until someone grants it.
 UNAUTHORISED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"})
-
-
-async def read_topic_limits(admin: Admin, topic: str) -> TopicLimits:
-    """A topic's :class:`TopicLimits` (one request); ``PublishError`` when its configuration
-    cannot be read (no DescribeConfigs permission: see ``UNAUTHORISED``; a timeout)."""
-    found = await admin.topic_configs(topic, LIMIT_NAMES)
-    size = found.get("max.message.bytes")
-    try:
-        limit = int(size) if size is not None else None
-    except ValueError:
-        limit = None
-    return TopicLimits(limit, found.get("cleanup.policy"))
-
-
-async def close_admin_quietly(admin: Admin | None, seconds: float) -> None:
-    """Close a producer's admin (its topic-limit reads): its failure must not stop the close."""
-    if admin is None:
-        return
-    try:
-        await asyncio.wait_for(admin.close(), seconds)
-    except Exception as exc:
-        logging.getLogger("outboxkit.kafka").debug(
-            "closing the admin client of a producer failed: %r", exc
-        )
 
 
 @dataclass(frozen=True)
@@ -271,16 +254,22 @@ class RecordSender(ABC):
     """An idempotent, non-transactional producer for dead letters and acknowledgements (sync).
 
     ``send`` returns once the broker acknowledged the record, or raises ``PublishError``
-    (``PermanentPublishError`` when retrying cannot help: too large, no topic, not authorised).
+    (``PermanentPublishError`` when retrying cannot help: too large, no topic, not authorised;
+    ``SendStoppedError``: ``stop`` set, after ``SEND_GRACE_SECONDS``).
     """
 
     @abstractmethod
     def send(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        stop: Stop = None,
     ) -> None: ...
 
     @abstractmethod
-    def topic_exists(self, topic: str, stop: threading.Event | None = None) -> bool:
+    def topic_exists(self, topic: str, stop: Stop = None) -> bool:
         """Whether the cluster knows the topic (start-up check); ``stop`` set: waits end."""
 
     @abstractmethod

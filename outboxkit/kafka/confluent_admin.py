@@ -19,9 +19,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from outboxkit.errors import PermanentPublishError, PublishError
-from outboxkit.kafka.api import Admin, TopicInfo
+from outboxkit.kafka.api import SLICE_SECONDS, Admin, TopicInfo
 from outboxkit.kafka.config import confluent_config
-from outboxkit.kafka.confluent_build import SLICE_SECONDS, create, in_slices
+from outboxkit.kafka.confluent_build import create, in_slices
 from outboxkit.settings import KafkaSettings
 
 _MISSING = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_ID"})

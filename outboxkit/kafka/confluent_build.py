@@ -20,13 +20,12 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
+from outboxkit.kafka.api import SLICE_SECONDS
 from outboxkit.kafka.config import refused_configuration
 
 Client = TypeVar("Client")
 Result = TypeVar("Result")
 
-#: The longest a blocking call runs on after its caller gave up on it (see :func:`in_slices`).
-SLICE_SECONDS = 1.0
 # A slice run out (a metadata request with no broker to ask answers _TRANSPORT at its timeout).
 _TIMED_OUT = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT})
 

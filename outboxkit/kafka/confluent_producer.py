@@ -27,13 +27,12 @@ from outboxkit.kafka.api import (
     RecordError,
     TopicLimits,
     TransactionalProducer,
-    close_admin_quietly,
-    read_topic_limits,
 )
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_admin import ConfluentAdmin
 from outboxkit.kafka.confluent_build import HandleCalls, create, in_slices
 from outboxkit.kafka.errors import TOPIC_WRITE_HINT, ErrorKind, classify, with_acl_hint
+from outboxkit.kafka.producer_admin import close_admin_quietly, read_topic_limits
 from outboxkit.settings import KafkaSettings
 
 _new = tuple.__new__

@@ -9,15 +9,17 @@ a producer is dropped, so a record after the ACL was granted goes through withou
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from outboxkit.errors import PermanentPublishError, PublishError
+from outboxkit.errors import PermanentPublishError, PublishError, SendStoppedError
 from outboxkit.kafka.acl import ProducerIdRefusal, publish_failure
-from outboxkit.kafka.api import Headers, RecordSender
+from outboxkit.kafka.api import SEND_GRACE_SECONDS, SLICE_SECONDS, Headers, RecordSender
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create, sliced
 from outboxkit.kafka.confluent_producer import kafka_error_in
@@ -64,17 +66,33 @@ class ConfluentRecordSender(RecordSender):
             )
         return self._producer
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        stop: threading.Event | None = None,
+    ) -> None:
         """One record. A producer found dead when the record is handed to it is dropped and the
         record given once to a new one: only then is it known that nothing of it was sent (a
-        record whose own delivery failed fatally may have been written, and is not sent again)."""
+        record whose own delivery failed fatally may have been written, and is not sent again).
+        Its waits go in slices: ``stop`` set, the send ends after the slice it comes in, once it
+        has waited ``SEND_GRACE_SECONDS`` (a clean shutdown's records still go)."""
         self._refusal.check(topic)
         try:
-            self._send(topic, key, value, headers)
+            self._send(topic, key, value, headers, stop)
         except _DiedBefore:
-            self._send(topic, key, value, headers)
+            self._send(topic, key, value, headers, stop)
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+    def _send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        stop: threading.Event | None,
+    ) -> None:
         producer = self._get()
         outcome: list[KafkaError | None] = []
         pending: list[BaseException] = []
@@ -93,27 +111,52 @@ class ConfluentRecordSender(RecordSender):
             fatal = isinstance(exc, SystemError)
             raise self._failed(topic, exc, before=True, fatal=fatal) from exc
         try:
-            producer.flush(self._timeout)
+            self._flush(producer, topic, stop, outcome)
         except (KafkaException, SystemError) as exc:
             pending.append(exc)
         if pending:  # a SystemError: confluent-kafka's way of saying the producer died
             first = pending[0]
             raise self._failed(topic, first, fatal=isinstance(first, SystemError)) from first
         timed_out = not outcome or (outcome[0] is not None and outcome[0].code() == _TIMED_OUT)
-        if timed_out and self._missing(topic):
+        if timed_out and self._missing(topic, stop):
             raise _error(topic, "UNKNOWN_TOPIC_OR_PART", f"topic {topic!r} does not exist")
         if not outcome:
             raise PublishError(f"publish to {topic!r} failed: not acknowledged in time")
         if outcome[0] is not None:
             raise self._failed(topic, outcome[0])
 
-    def _missing(self, topic: str) -> bool:
+    def _flush(
+        self, producer: Producer, topic: str, stop: threading.Event | None, outcome: list[Any]
+    ) -> None:
+        """Wait for the record's delivery report (``outcome``; at most the timeout, in slices).
+        Stopped: the producer is dropped with its record purged (neither its close nor the next
+        record waits for a delivery Kafka may never answer)."""
+        began = time.monotonic()
+        while not outcome:
+            left = began + self._timeout - time.monotonic()
+            if left <= 0 or producer.flush(min(SLICE_SECONDS, left)) == 0 or outcome:
+                return
+            if (
+                stop is not None
+                and stop.is_set()
+                and time.monotonic() - began >= SEND_GRACE_SECONDS
+            ):
+                self._producer = None
+                with contextlib.suppress(KafkaException, SystemError):
+                    producer.purge()
+                    producer.flush(0)  # the purge's delivery report
+                raise SendStoppedError(topic)
+
+    def _missing(self, topic: str, stop: threading.Event | None = None) -> bool:
         """Whether the cluster says ``topic`` does not exist: librdkafka times a record to a
         missing topic out as it does one while Kafka is away (unless topic creation is on), and
         only the first is given up for good (a missing acks topic: not tried five times)."""
         try:
-            metadata = self._get().list_topics(topic, timeout=self._timeout)
+            ask = partial(self._get().list_topics, topic)
+            metadata = sliced(ask, self._timeout, stop if stop is not None else threading.Event())
         except KafkaException:
+            if stop is not None and stop.is_set():
+                raise SendStoppedError(topic) from None
             return False  # no answer: Kafka away, retried
         found = metadata.topics.get(topic)
         return found is not None and found.error is not None and found.error.code() in _ABSENT

@@ -2,6 +2,7 @@
 
 What it does depends on the order id's prefix, so one worker can mix behaviours:
 ``slow-`` sleeps ``APP_SLOW_SECONDS`` on the first attempt (checking its lease), ``fail-`` always
+raises, ``held-`` waits until the file ``APP_RELEASE_FILE`` exists (checking its lease), then
 raises, ``wait-`` blocks until its lease is lost (cancel), ``pay-`` charges the fake payment
 server at ``APP_PAYMENT_URL`` with the idempotency key. Every handler writes one effect row.
 """
@@ -47,6 +48,14 @@ def _params(event: Any, ctx: HandlerContext) -> dict[str, Any]:
     }
 
 
+def _held(event: Any, ctx: HandlerContext) -> bool:
+    """Whether a ``held-`` event's handler still waits for the test to release it."""
+    if not event.order_id.startswith("held-"):
+        return False
+    ctx.check()
+    return not os.path.exists(os.environ["APP_RELEASE_FILE"])
+
+
 def _slow_seconds(event: Any, ctx: HandlerContext) -> float:
     if event.order_id.startswith("slow-") and ctx.attempt == 1:
         return float(os.environ.get("APP_SLOW_SECONDS", "20"))
@@ -66,6 +75,10 @@ def handle(event: Any, ctx: HandlerContext, session: Session) -> None:
     while time.monotonic() < deadline:
         ctx.check()  # raises LeaseLostError once the lease is gone
         time.sleep(0.1)
+    while _held(event, ctx):
+        time.sleep(0.05)
+    if event.order_id.startswith("held-"):
+        raise RuntimeError("payment provider gave up")
 
 
 @ASYNC.handler(PaymentRequested)
@@ -79,3 +92,7 @@ async def handle_async(event: Any, ctx: HandlerContext, session: AsyncSession) -
     while time.monotonic() < deadline:
         ctx.check()
         await asyncio.sleep(0.1)
+    while _held(event, ctx):  # noqa: ASYNC110 (the test's signal is a file)
+        await asyncio.sleep(0.05)
+    if event.order_id.startswith("held-"):
+        raise RuntimeError("payment provider gave up")
