@@ -333,10 +333,10 @@ class InboxCore:
         if publish is not None:
             try:
                 yield publish
-            except SendStoppedError:  # not settled: the record comes again after a restart
-                if own:  # the handler's error, kept for the dead letter the next start sends
+            except SendStoppedError:  # the consumer stops: held, delivered again at the next start
+                if own:  # the handler's error, kept for the dead letter sent then
                     yield self.statements.record_failure(event_id, claim.token, error)
-                raise
+                return Outcome(OutcomeKind.RETRY, event_id, claim.attempts, error)
             except Exception as exc:
                 # Retrying would hold the partition forever (missing topic, no ACL, too
                 # large): the event ends dead, and says why it has no dead-letter record.

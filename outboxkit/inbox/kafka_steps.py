@@ -46,7 +46,7 @@ def kafka_steps(
     client's coroutines are awaited by ``drive_async``). A ``Sleep`` ends early once the event
     ``stop()`` returns is set (a stop must not wait out a back-off): a ``threading.Event`` for
     the sync client, an ``asyncio.Event`` for the async one. So does a ``Publish`` (a dead
-    letter, an acknowledgement) still waiting for Kafka after its first second."""
+    letter, an acknowledgement) still waiting for Kafka after ``SEND_GRACE_SECONDS``."""
     return {
         Subscribe: lambda s: consumer.subscribe(s.topics, s.on_assign, s.on_revoke),
         Poll: lambda s: consumer.poll(s.timeout, s.max_records),
@@ -66,13 +66,42 @@ def kafka_steps(
 def _publisher(
     sender: RecordSender | AsyncRecordSender, stop: Callable[[], StopEvent | None]
 ) -> Callable[[Publish], Any]:
+    """Once a send was ended by a stop, the next ones fail at once while the stop lasts: the
+    other partitions' acknowledgements and dead letters of the batch wait for no grace each."""
+    ended: list[bool] = []
+
+    def stopped(event: StopEvent | None) -> bool:
+        if event is None or not event.is_set():
+            ended.clear()
+            return False
+        return bool(ended)
+
     if isinstance(sender, AsyncRecordSender):
-        return lambda s: _send_async(sender.send(s.topic, s.key, s.value, s.headers), s, stop())
+
+        async def publish_async(step: Publish) -> None:
+            event = stop()
+            if stopped(event):
+                raise SendStoppedError(step.topic)
+            try:
+                await _send_async(
+                    sender.send(step.topic, step.key, step.value, step.headers), step, event
+                )
+            except SendStoppedError:
+                ended.append(True)
+                raise
+
+        return publish_async
 
     def publish(step: Publish) -> None:
         event = stop()
+        if stopped(event):
+            raise SendStoppedError(step.topic)
         given = event if isinstance(event, threading.Event) else None
-        sender.send(step.topic, step.key, step.value, step.headers, given)
+        try:
+            sender.send(step.topic, step.key, step.value, step.headers, given)
+        except SendStoppedError:
+            ended.append(True)
+            raise
 
     return publish
 

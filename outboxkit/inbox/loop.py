@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.db.availability import database_unavailable
-from outboxkit.errors import SendStoppedError
 from outboxkit.inbox.acks import Acknowledger
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
@@ -200,10 +199,6 @@ class ConsumerLoop:
             plan = deliver_batch(self.core, envs, self.revoked.__contains__, self._dead_letter)
             result = yield from plan
             self.outage_log.answered()
-        except SendStoppedError as exc:  # nothing settled: delivered again after a restart
-            logger.info("batch of %d: %s; its records come again at the next start", len(envs), exc)
-            self.buffer.extendleft(reversed(records))
-            return []
         except Exception as exc:  # deliver them one by one: each counts its own errors
             text = error_text(exc)
             kind = ("batch", normalised(text)) if database_unavailable(exc) else None
@@ -301,10 +296,6 @@ class ConsumerLoop:
             outcome = yield from self.core.deliver(env, self._revoked, self._dead_letter)
             self.failures.pop((*tp, env.offset), None)
             self.outage_log.answered()
-        except SendStoppedError as exc:  # nothing settled: delivered again after a restart
-            logger.info("%s/%d/%d: %s; it comes again at the next start", *tp, env.offset, exc)
-            self.buffer.appendleft(record)
-            return None
         except Exception as exc:
             outcome = yield from self._unexpected(env, exc)
         finally:

@@ -1,6 +1,6 @@
-"""A stop while a dead letter waits for Kafka: the send is given up after its first slice, and
-the event is left unsettled (not ``dead`` without its dead letter): its record is delivered
-again after a restart, and the dead letter is published then."""
+"""A stop while a dead letter or an acknowledgement waits for Kafka: the send is given up after
+its grace, and the record is held (not ``dead`` without its dead letter): it is delivered again
+at the next start, and the dead letter is published then."""
 
 from __future__ import annotations
 
@@ -15,16 +15,15 @@ import pytest
 from outboxkit.errors import SendStoppedError
 from outboxkit.inbox import Envelope, OutcomeKind
 from outboxkit.inbox import kafka_steps as steps_module
-from outboxkit.inbox import loop as loop_module
 from outboxkit.inbox.acks import Acknowledger, GoneBudget, HeldAck, publish_gone
 from outboxkit.inbox.kafka_steps import kafka_steps
 from outboxkit.inbox.outcome import Outcome
-from outboxkit.inbox.steps import Plan, Poll, Publish, Step, Subscribe, drive_sync
+from outboxkit.inbox.steps import Publish, Step, drive_sync
 from outboxkit.kafka import confluent_sender
-from outboxkit.kafka.api import AsyncRecordSender, Headers
+from outboxkit.kafka.api import AsyncRecordSender, Headers, RecordSender
 from outboxkit.kafka.confluent_sender import ConfluentRecordSender
 from outboxkit.settings import KafkaSettings
-from tests.unit.test_inbox_core import ONE, Script, _core, _db, _env, _loop, _record
+from tests.unit.test_inbox_core import ONE, Script, _core, _db, _env
 
 pytestmark = pytest.mark.unit
 
@@ -39,64 +38,63 @@ def _db_stopping_the_send(step: Step) -> Any:
     return _db((7, 3, "earlier"))(step)
 
 
-def test_a_stopped_dead_letter_leaves_the_event_unsettled() -> None:
+def test_a_stopped_dead_letter_holds_the_event_with_the_handlers_error() -> None:
     script = Script(_db_stopping_the_send)
-    with pytest.raises(SendStoppedError):
-        drive_sync(_core().deliver(_env(), dead_letter=_stopped_letter), script)
+    outcome = drive_sync(_core(max_attempts=3).deliver(_env(), dead_letter=_stopped_letter), script)
+    assert outcome.kind is OutcomeKind.RETRY  # held: its offset stays, it comes again
     names = script.names()
-    assert "Publish" in names
-    assert "finish" not in names  # not marked dead: the next start publishes the dead letter
+    assert names.index("Publish") < names.index("record_failure")  # the error, for next time
+    assert "finish" not in names  # not dead without its dead letter
+    failure = script.steps[names.index("record_failure")]
+    assert "handler failed" in failure.params["error"]  # type: ignore[attr-defined]
 
 
-def _loop_whose_delivery_is_stopped(batch: int) -> Any:
-    loop = _loop()
-    loop.options = type(loop.options)(topics=["orders"], batch_max_records=batch)
-
-    def deliver(env: Envelope, *args: Any) -> Plan[Outcome]:
-        yield from ()
-        raise SendStoppedError("orders.dlq")
-
-    loop.core.deliver = deliver  # type: ignore[assignment]
-    return loop
+def test_a_stopped_dead_letter_of_a_takeover_keeps_the_error_on_its_row() -> None:
+    """Exhausted when taken over (the handler is not run): the row's error is already there."""
+    script = Script(_db_stopping_the_send)
+    outcome = drive_sync(_core(max_attempts=2).deliver(_env(), dead_letter=_stopped_letter), script)
+    assert outcome.kind is OutcomeKind.RETRY
+    assert "record_failure" not in script.names()
+    assert "finish" not in script.names()
 
 
-def _answer(step: Step) -> Any:
-    if isinstance(step, Subscribe):
-        step.on_assign([("orders", 0)])
-        return None
-    if isinstance(step, Poll):
-        return [_record(0, 5)]
-    return ONE
+class _SyncSender(RecordSender):
+    """A sender whose sends the stop ends, counting them."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.sends += 1
+        if stop is not None and stop.is_set():
+            raise SendStoppedError(topic)
+
+    def topic_exists(self, topic: str, stop: threading.Event | None = None) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
 
 
-def test_a_stopped_delivery_goes_back_to_the_buffer_uncounted(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    loop = _loop_whose_delivery_is_stopped(batch=1)
-    assert drive_sync(loop.poll_once(), Script(_answer)) is None
-    assert [r.offset for r in loop.buffer] == [5]  # delivered again, not settled
-    assert loop.failures == {}  # not an error of the record's
-    assert "failed" not in caplog.text
-
-
-def test_a_stopped_batch_goes_back_to_the_buffer_as_it_was(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def stopped_batch(*args: Any) -> Plan[Any]:
-        yield from ()
-        raise SendStoppedError("orders.dlq")
-
-    monkeypatch.setattr(loop_module, "deliver_batch", stopped_batch)
-    polls = iter([[_record(0, 5), _record(0, 6)]])
-
-    def answer(step: Step) -> Any:
-        return next(polls, []) if isinstance(step, Poll) else _answer(step)
-
-    loop = _loop()
-    assert drive_sync(loop.poll_batch(), Script(answer)) == []
-    assert [r.offset for r in loop.buffer] == [5, 6]
-    assert loop.single == 0  # not "one by one": nothing failed
-    assert "failed" not in caplog.text
+def test_after_a_stopped_send_the_next_ones_fail_at_once_while_the_stop_lasts() -> None:
+    sender, stop = _SyncSender(), threading.Event()
+    publish = kafka_steps(object(), sender, lambda: stop)[Publish]  # type: ignore[arg-type]
+    step = Publish("orders.dlq", b"k", b"v", [])
+    stop.set()
+    for _ in range(3):
+        with pytest.raises(SendStoppedError):
+            publish(step)
+    assert sender.sends == 1  # one grace, not one per partition's record
+    stop.clear()  # an embedded consumer run again
+    publish(step)
+    assert sender.sends == 2
 
 
 class _Sender(AsyncRecordSender):
