@@ -108,8 +108,9 @@ class PermanentPublishError(PublishError):
 
 class SendStoppedError(PublishError):
     """The consumer was stopped while a dead letter or an acknowledgement waited for Kafka:
-    the send was given up after ``SEND_GRACE_SECONDS``, and the record it was for is held (it
-    comes again at the next start, and the send is made then)."""
+    the send was given up after ``SEND_GRACE_SECONDS`` (the next ones at once while the stop
+    lasts). A dead letter's or an acknowledgement's record is held: it comes again at the next
+    start, and the send is made then."""
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"publish to {topic!r} given up: the consumer is stopping")

@@ -49,6 +49,7 @@ from outboxkit.inbox.steps import (
     StartLease,
     Step,
 )
+from outboxkit.inbox.stopped import held_for_next_start
 from outboxkit.inbox.store import Claim, InboxStatements
 from outboxkit.schema import DEFAULT_SCHEMA, InboxState, check_consumer_name, check_owner
 from outboxkit.settings.models import CENTURY, DAY
@@ -333,10 +334,8 @@ class InboxCore:
         if publish is not None:
             try:
                 yield publish
-            except SendStoppedError:  # the consumer stops: held, delivered again at the next start
-                if own:  # the handler's error, kept for the dead letter sent then
-                    yield self.statements.record_failure(event_id, claim.token, error)
-                return Outcome(OutcomeKind.RETRY, event_id, claim.attempts, error)
+            except SendStoppedError as exc:  # the consumer stops: held for its next start
+                return (yield from held_for_next_start(self, run, error, own, exc))
             except Exception as exc:
                 # Retrying would hold the partition forever (missing topic, no ACL, too
                 # large): the event ends dead, and says why it has no dead-letter record.

@@ -23,7 +23,7 @@ from outboxkit.kafka import confluent_sender
 from outboxkit.kafka.api import AsyncRecordSender, Headers, RecordSender
 from outboxkit.kafka.confluent_sender import ConfluentRecordSender
 from outboxkit.settings import KafkaSettings
-from tests.unit.test_inbox_core import ONE, Script, _core, _db, _env
+from tests.unit.test_inbox_core import NONE, ONE, Script, _core, _db, _env, _name
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +42,7 @@ def test_a_stopped_dead_letter_holds_the_event_with_the_handlers_error() -> None
     script = Script(_db_stopping_the_send)
     outcome = drive_sync(_core(max_attempts=3).deliver(_env(), dead_letter=_stopped_letter), script)
     assert outcome.kind is OutcomeKind.RETRY  # held: its offset stays, it comes again
+    assert outcome.retry_in > 0  # a consumer polled on after its stop is not spun
     names = script.names()
     assert names.index("Publish") < names.index("record_failure")  # the error, for next time
     assert "finish" not in names  # not dead without its dead letter
@@ -55,6 +56,18 @@ def test_a_stopped_dead_letter_of_a_takeover_keeps_the_error_on_its_row() -> Non
     outcome = drive_sync(_core(max_attempts=2).deliver(_env(), dead_letter=_stopped_letter), script)
     assert outcome.kind is OutcomeKind.RETRY
     assert "record_failure" not in script.names()
+    assert "finish" not in script.names()
+
+
+def test_a_stopped_dead_letter_of_a_row_cancelled_meanwhile_is_a_lost_lease() -> None:
+    def answer(step: Step) -> Any:
+        if _name(step) == "record_failure":
+            return NONE  # the row is not ours any more (cancelled during the wait)
+        return _db_stopping_the_send(step)
+
+    script = Script(answer)
+    outcome = drive_sync(_core(max_attempts=3).deliver(_env(), dead_letter=_stopped_letter), script)
+    assert outcome.kind is OutcomeKind.LEASE_LOST
     assert "finish" not in script.names()
 
 
