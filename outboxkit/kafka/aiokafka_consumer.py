@@ -14,6 +14,7 @@ comes out with a ``header_error`` (the inbox rejects it), the rest as usual, in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -118,6 +119,15 @@ _OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 _CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
 
 
+def _value_refused(when: str, exc: Exception) -> ConfigurationError:
+    """An option's value aiokafka refuses (``request_timeout_ms="abc"`` only fails in
+    ``start()``): a typed error at start-up, not a traceback on every restart."""
+    return ConfigurationError(
+        f"the Kafka consumer (aiokafka) cannot be {when}: an option's value is not accepted"
+        f" ({type(exc).__name__}; values not shown; {CONSUMER_OPTIONS_HINT})"
+    )
+
+
 def _decompress(codec: int, data: bytes) -> bytes:
     decode = _CODECS.get(codec)
     if decode is None:
@@ -163,15 +173,17 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         try:
             consumer = self._consumer = AIOKafkaConsumer(**self._options)
         except (TypeError, ValueError) as exc:  # its message may quote a value
-            raise ConfigurationError(
-                "the Kafka consumer (aiokafka) cannot be created: an option's value is not"
-                f" accepted ({type(exc).__name__}; values not shown; {CONSUMER_OPTIONS_HINT})"
-            ) from None
+            raise _value_refused("created", exc) from None
         self._listener = _Listener(self, on_assign, on_revoke)
         consumer.subscribe(topics, listener=self._listener)
         with CertificateWatch(self._settings) as watch:
             try:
                 await consumer.start()
+            except (TypeError, ValueError) as exc:  # a value aiokafka takes, then computes with
+                self._consumer, self._listener.closed = None, True
+                with contextlib.suppress(Exception):
+                    await stop_consumer(consumer)
+                raise _value_refused("started", exc) from None
             except KafkaError as exc:
                 self._consumer, self._listener.closed = None, True
                 await stop_consumer(consumer)

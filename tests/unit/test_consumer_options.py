@@ -83,6 +83,27 @@ def test_aiokafka_refuses_a_value_it_cannot_take_when_it_subscribes() -> None:
     assert "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS" in str(caught.value)
 
 
+def test_aiokafka_refuses_a_value_it_takes_but_cannot_start_with(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """aiokafka takes ``request_timeout_ms="..."`` when built and fails in ``start()`` with a
+    ``TypeError`` (a traceback at every restart, its client left unclosed)."""
+    pytest.importorskip("aiokafka")
+    from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
+
+    settings = KafkaSettings(bootstrap=UNREACHABLE, client="aiokafka")
+    consumer = AiokafkaGroupConsumer(settings, "g", config={"request_timeout_ms": SECRET})
+
+    async def subscribe() -> None:
+        await consumer.subscribe(["t"], lambda tps: None, lambda tps: {})
+
+    with pytest.raises(ConfigurationError) as caught:
+        asyncio.run(subscribe())
+    assert "cannot be started: an option's value is not accepted" in str(caught.value)
+    assert SECRET not in str(caught.value)
+    assert not [w for w in recwarn if "Unclosed" in str(w.message)]
+
+
 @pytest.mark.parametrize("template", ["{topic}.{x}", "{0}", "{topic"])
 def test_a_consumer_with_an_unusable_dead_letter_template_is_not_built(template: str) -> None:
     pytest.importorskip("confluent_kafka")
