@@ -67,20 +67,27 @@ def test_aiokafka_refuses_an_option_it_does_not_take_when_built() -> None:
     assert SECRET not in str(caught.value)
 
 
-def test_aiokafka_refuses_a_value_it_cannot_take_when_it_subscribes() -> None:
+def _aiokafka_subscribe_refused(config: dict[str, Any]) -> str:
+    """The text of the ConfigurationError an aiokafka consumer built with ``config`` raises
+    when it subscribes."""
     pytest.importorskip("aiokafka")
     from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
 
     settings = KafkaSettings(bootstrap=UNREACHABLE, client="aiokafka")
-    consumer = AiokafkaGroupConsumer(settings, "g", config={"max_poll_records": SECRET})
+    consumer = AiokafkaGroupConsumer(settings, "g", config=config)
 
     async def subscribe() -> None:
         await consumer.subscribe(["t"], lambda tps: None, lambda tps: {})
 
     with pytest.raises(ConfigurationError) as caught:
         asyncio.run(subscribe())
-    assert SECRET not in str(caught.value)
-    assert "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS" in str(caught.value)
+    return str(caught.value)
+
+
+def test_aiokafka_refuses_a_value_it_cannot_take_when_it_subscribes() -> None:
+    text = _aiokafka_subscribe_refused({"max_poll_records": SECRET})
+    assert SECRET not in text
+    assert "OUTBOXKIT_CONSUMER_KAFKA_OPTIONS" in text
 
 
 def test_aiokafka_refuses_a_value_it_takes_but_cannot_start_with(
@@ -88,19 +95,9 @@ def test_aiokafka_refuses_a_value_it_takes_but_cannot_start_with(
 ) -> None:
     """aiokafka takes ``request_timeout_ms="..."`` when built and fails in ``start()`` with a
     ``TypeError`` (a traceback at every restart, its client left unclosed)."""
-    pytest.importorskip("aiokafka")
-    from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
-
-    settings = KafkaSettings(bootstrap=UNREACHABLE, client="aiokafka")
-    consumer = AiokafkaGroupConsumer(settings, "g", config={"request_timeout_ms": SECRET})
-
-    async def subscribe() -> None:
-        await consumer.subscribe(["t"], lambda tps: None, lambda tps: {})
-
-    with pytest.raises(ConfigurationError) as caught:
-        asyncio.run(subscribe())
-    assert "cannot be started: an option's value is not accepted" in str(caught.value)
-    assert SECRET not in str(caught.value)
+    text = _aiokafka_subscribe_refused({"request_timeout_ms": SECRET})
+    assert "cannot be started: an option's value is not accepted" in text
+    assert SECRET not in text
     assert not [w for w in recwarn if "Unclosed" in str(w.message)]
 
 
