@@ -8,7 +8,9 @@ Usage: ``db.one(conn, db.query("relay", "shard_count", schema))``.
 from __future__ import annotations
 
 from outboxkit.db import migrator
+from outboxkit.db.abandon import STATEMENT_GRACE_SECONDS, OpenConnections, StopWatchdog
 from outboxkit.db.connect import (
+    CONNECT_TIMEOUT_SECONDS,
     Url,
     checked_url,
     connect,
@@ -16,10 +18,10 @@ from outboxkit.db.connect import (
     connection_async,
     prompt_free,
     redact,
-    sqlalchemy_url,
     url_problem,
 )
 from outboxkit.db.copy import can_copy, can_copy_async, copy_rows, copy_rows_async
+from outboxkit.db.engines import sqlalchemy_url
 from outboxkit.db.execute import (
     AsyncTarget,
     Result,
@@ -43,9 +45,13 @@ from outboxkit.db.savepoint import (
 )
 
 __all__ = [
+    "CONNECT_TIMEOUT_SECONDS",
+    "STATEMENT_GRACE_SECONDS",
     "AsyncTarget",
+    "OpenConnections",
     "Query",
     "Result",
+    "StopWatchdog",
     "SyncTarget",
     "Url",
     "can_copy",

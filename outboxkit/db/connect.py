@@ -30,7 +30,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import SecretStr
 
+from outboxkit.db.abandon import OpenConnections
 from outboxkit.errors import ConfigurationError
+
+#: Our long-running processes' bound on opening a connection (libpq's ``connect_timeout``): a
+#: server that accepts the TCP connection and then never answers (frozen, overloaded) would
+#: otherwise hold the start for ever.
+CONNECT_TIMEOUT_SECONDS = 10
 
 Url = str | SecretStr
 
@@ -333,13 +339,21 @@ def _unreadable(exc: ValueError) -> ConfigurationError:
     )
 
 
-def connect(url: Url, *, autocommit: bool = True, **options: Any) -> psycopg.Connection[Any]:
-    """A psycopg connection of our own (autocommit by default: every statement its own tx)."""
+def connect(
+    url: Url, *, autocommit: bool = True, track: OpenConnections | None = None, **options: Any
+) -> psycopg.Connection[Any]:
+    """A psycopg connection of our own (autocommit by default: every statement its own tx);
+    ``track``: where a stopping process finds it (:mod:`outboxkit.db.abandon`)."""
     plain = checked_url(url)
     options = _options(url, options)
     error: Exception
     try:
-        return psycopg.connect(plain, autocommit=autocommit, **options)
+        if track is not None:
+            track.check_new()
+        conn = psycopg.connect(plain, autocommit=autocommit, **options)
+        if track is not None:
+            track.track(conn)
+        return conn
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
     except ValueError as exc:
@@ -348,14 +362,19 @@ def connect(url: Url, *, autocommit: bool = True, **options: Any) -> psycopg.Con
 
 
 async def connect_async(
-    url: Url, *, autocommit: bool = True, **options: Any
+    url: Url, *, autocommit: bool = True, track: OpenConnections | None = None, **options: Any
 ) -> psycopg.AsyncConnection[Any]:
     """:func:`connect` for asyncio."""
     plain = checked_url(url)
     options = _options(url, options)
     error: Exception
     try:
-        return await psycopg.AsyncConnection.connect(plain, autocommit=autocommit, **options)
+        if track is not None:
+            track.check_new()
+        conn = await psycopg.AsyncConnection.connect(plain, autocommit=autocommit, **options)
+        if track is not None:
+            track.track(conn)
+        return conn
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
     except ValueError as exc:
@@ -365,36 +384,15 @@ async def connect_async(
 
 @contextlib.asynccontextmanager
 async def connection_async(
-    url: Url, *, autocommit: bool = True, **options: Any
+    url: Url, *, autocommit: bool = True, track: OpenConnections | None = None, **options: Any
 ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """:func:`connect_async` for an ``async with`` block that closes the connection whatever
     ends it. psycopg's own ``async with`` first commits or rolls back, an await: a task cancelled
     there (a shutdown cancels a task that is already unwinding) skips the close and leaves the
     connection open until the garbage collector finds it. ``close()`` never waits, so nothing
     can interrupt it; an open transaction ends with the connection (rolled back)."""
-    conn = await connect_async(url, autocommit=autocommit, **options)
+    conn = await connect_async(url, autocommit=autocommit, track=track, **options)
     try:
         yield conn
     finally:
         await conn.close()
-
-
-def sqlalchemy_url(url: Url, *, driver: str = "psycopg") -> str:
-    """libpq URL to the SQLAlchemy form (``postgresql+psycopg://``); one SQLAlchemy cannot
-    parse is a :class:`ConfigurationError` here, not its own error quoting the text."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    plain = checked_url(url)
-    scheme, _, rest = plain.partition("://")
-    if scheme in ("postgres", "postgresql"):
-        plain = f"postgresql+{driver}://{rest}"
-    try:
-        make_url(plain)
-        return plain
-    except (ArgumentError, ValueError, TypeError):  # e.g. a keyword/value string, two hosts
-        pass
-    raise ConfigurationError(  # outside the except block: no context holding the text
-        f"{INVALID_URL}: SQLAlchemy cannot parse it (a postgresql:// URL is needed, with one"
-        " host; its text is not shown)"
-    )

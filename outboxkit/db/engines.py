@@ -11,11 +11,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from outboxkit.db.connect import Url, prompt_free, sqlalchemy_url
+from outboxkit.db.abandon import OpenConnections
+from outboxkit.db.connect import INVALID_URL, Url, checked_url, prompt_free
+from outboxkit.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+def sqlalchemy_url(url: Url, *, driver: str = "psycopg") -> str:
+    """libpq URL to the SQLAlchemy form (``postgresql+psycopg://``); one SQLAlchemy cannot
+    parse is a :class:`ConfigurationError` here, not its own error quoting the text."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    plain = checked_url(url)
+    scheme, _, rest = plain.partition("://")
+    if scheme in ("postgres", "postgresql"):
+        plain = f"postgresql+{driver}://{rest}"
+    try:
+        make_url(plain)
+        return plain
+    except (ArgumentError, ValueError, TypeError):  # e.g. a keyword/value string, two hosts
+        pass
+    raise ConfigurationError(  # outside the except block: no context holding the text
+        f"{INVALID_URL}: SQLAlchemy cannot parse it (a postgresql:// URL is needed, with one"
+        " host; its text is not shown)"
+    )
 
 
 def engine_options(url: Url, connect_args: dict[str, Any] | None) -> dict[str, Any]:
@@ -23,22 +46,54 @@ def engine_options(url: Url, connect_args: dict[str, Any] | None) -> dict[str, A
     return {**prompt_free(url), **(connect_args or {})}
 
 
-def sync_engine(url: Url, *, connect_args: dict[str, Any] | None = None, **options: Any) -> Engine:
+def sync_engine(
+    url: Url,
+    *,
+    connect_args: dict[str, Any] | None = None,
+    track: OpenConnections | None = None,
+    **options: Any,
+) -> Engine:
     """A SQLAlchemy engine over psycopg for ``url`` (a libpq URL); ``options`` go to
-    :func:`sqlalchemy.create_engine` (pool size and the like)."""
+    :func:`sqlalchemy.create_engine` (pool size and the like); ``track``: where a stopping
+    process finds the engine's connections (:mod:`outboxkit.db.abandon`)."""
     from sqlalchemy import create_engine
 
-    return create_engine(
+    engine = create_engine(
         sqlalchemy_url(url), connect_args=engine_options(url, connect_args), **options
     )
+    if track is not None:
+        _track_pool(engine, track)
+    return engine
 
 
 def async_engine(
-    url: Url, *, connect_args: dict[str, Any] | None = None, **options: Any
+    url: Url,
+    *,
+    connect_args: dict[str, Any] | None = None,
+    track: OpenConnections | None = None,
+    **options: Any,
 ) -> AsyncEngine:
     """:func:`sync_engine` for asyncio."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    return create_async_engine(
+    engine = create_async_engine(
         sqlalchemy_url(url), connect_args=engine_options(url, connect_args), **options
     )
+    if track is not None:
+        _track_pool(engine.sync_engine, track)
+    return engine
+
+
+def _track_pool(engine: Engine, track: OpenConnections) -> None:
+    """Every connection the engine's pool opens, tracked (psycopg's own, not the adapter), and
+    none opened once the process refuses new ones."""
+    from sqlalchemy import event
+
+    def opening(*_: Any) -> None:
+        track.check_new()
+
+    def opened(_: Any, record: Any) -> None:
+        track.track(record.driver_connection)
+
+    event.listen(engine, "do_connect", opening)
+    event.listen(engine, "connect", opened)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -84,6 +86,7 @@ class PostgresServer(ManagedServer):
         self.bindir = find_bindir()
         self._os_user = service_user()
         self._service: ServiceProcess | None = None
+        self._frozen: list[int] = []
 
     @property
     def url(self) -> str:
@@ -183,6 +186,27 @@ class PostgresServer(ManagedServer):
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
 
+    def freeze(self) -> None:
+        """SIGSTOP the server and every process it started: it still accepts TCP connections
+        and answers nothing on them, as a server behind a partition that sends no reset does
+        (a fault for tests; :meth:`thaw` ends it). Each backend leaves the server's process
+        group, so each is stopped by its own pid."""
+        if self._service is None or self._service.pid is None:
+            raise DevStackError("PostgreSQL is not running")
+        postmaster = self._service.pid
+        os.kill(postmaster, signal.SIGSTOP)  # first: no new backend from now on
+        self._frozen = [postmaster, *_children(postmaster)]
+        for pid in self._frozen[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Continue what :meth:`freeze` stopped."""
+        frozen, self._frozen = self._frozen, []
+        for pid in reversed(frozen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def _ready(self) -> bool:
         url = self.url_for("postgres", sslmode="verify-full") if self.tls else self.url
         with psycopg.connect(url, connect_timeout=2) as conn:
@@ -211,6 +235,21 @@ class PostgresServer(ManagedServer):
                 dir_token=self._dir_token,
             )
         self._service.start()
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
 
 
 def database_url_with(url: str, database: str) -> str:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from outboxkit.db.abandon import STATEMENT_GRACE_SECONDS
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.steps import Plan, Sleep, Sql, TableExecutor, drive_async, drive_sync
 from outboxkit.inbox.store import InboxStatements
@@ -134,9 +135,12 @@ class LeaseThread(_Keeper):
             logger.exception("lease keeper stopped")
 
     def close(self) -> None:
+        """Waits for the thread, at most the statement grace: one still opening a connection
+        to a server that does not answer ends by itself at its connect timeout (a daemon, it
+        renews nothing more once closed)."""
         self._closed.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(STATEMENT_GRACE_SECONDS)
 
 
 def _never() -> bool:

@@ -37,12 +37,25 @@ def wait_until_ready(
     stop: threading.Event,
 ) -> bool:
     """True once the inbox schema is current and ``kafka_check`` passed; False if stopped."""
+    connections = db.OpenConnections()  # a stop the database does not answer still ends
+    with db.StopWatchdog(connections, stop.is_set):
+        return _wait(config, kafka_check, stop, connections)
+
+
+def _wait(
+    config: Settings,
+    kafka_check: Callable[[], Coroutine[Any, Any, None]],
+    stop: threading.Event,
+    connections: db.OpenConnections,
+) -> bool:
+    """:func:`wait_until_ready`'s loop, its connections tracked."""
     url = config.database_url
     rng = random.Random()
     attempt = 0
     while not stop.is_set():
         try:
-            with db.connect(url, connect_timeout=10) as conn:
+            timeout = db.CONNECT_TIMEOUT_SECONDS
+            with db.connect(url, connect_timeout=timeout, track=connections) as conn:
                 migrator.require_current(conn, config.schema_name)
             asyncio.run(kafka_check())
             return True

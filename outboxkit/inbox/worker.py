@@ -18,7 +18,7 @@ import random
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outboxkit import db
 from outboxkit.db.engines import async_engine, sync_engine
@@ -41,6 +41,9 @@ from outboxkit.settings import (
     Settings,
     load_settings,
 )
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.middleware import AsyncInbox
 
 logger = logging.getLogger("outboxkit.inbox.worker")
 
@@ -162,6 +165,7 @@ def run(config: Settings | None = None) -> None:
     # service file or PGAPPNAME names them (libpq's rule for a fallback name).
     connect_args = {
         "fallback_application_name": f"outboxkit-inbox-{settings.consumer}",
+        "connect_timeout": db.CONNECT_TIMEOUT_SECONDS,
         **config.database.connect_options(),
     }
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
@@ -210,13 +214,17 @@ def _run_sync(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     _starting(settings, options)
-    engine = sync_engine(url, connect_args=connect_args)
+    connections = db.OpenConnections()
+    engine = sync_engine(url, connect_args=connect_args, track=connections)
     inbox = Inbox(engine, handler, settings) if handler else Inbox(engine, settings)
-    try:
-        with ConfluentInboxConsumer(inbox, kafka, stop=stop, **options) as running:
-            running.run(stop)
-    finally:
-        engine.dispose()
+    # A stop the database does not answer still ends, the close included (outboxkit.db.abandon).
+    with db.StopWatchdog(connections, stop.is_set):
+        try:
+            with ConfluentInboxConsumer(inbox, kafka, stop=stop, **options) as running:
+                running.run(stop)
+        finally:
+            stop.set()
+            engine.dispose()
 
 
 async def _run_async(
@@ -227,45 +235,57 @@ async def _run_async(
     options: Any,
     connect_args: dict[str, Any],
 ) -> None:
-    from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
     from outboxkit.inbox.middleware import AsyncInbox
-    from outboxkit.inbox.startup import BACKOFF_INITIAL, BACKOFF_MAX
-    from outboxkit.relay.waiting import backoff_delay, finished_unless
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     _starting(settings, options)
-    engine = async_engine(url, connect_args=connect_args)
+    connections = db.OpenConnections()
+    engine = async_engine(url, connect_args=connect_args, track=connections)
     inbox = AsyncInbox(engine, handler, settings) if handler else AsyncInbox(engine, settings)
+    # A stop the database does not answer still ends, the close included (outboxkit.db.abandon).
+    with db.StopWatchdog(connections, stop.is_set):
+        try:
+            await _consume_async(inbox, kafka, options, stop)
+        finally:
+            stop.set()
+            await engine.dispose()
+
+
+async def _consume_async(
+    inbox: AsyncInbox, kafka: KafkaSettings, options: Any, stop: asyncio.Event
+) -> None:
+    """Run the aiokafka consumer until ``stop``, starting it again while Kafka is away."""
+    from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+    from outboxkit.inbox.startup import BACKOFF_INITIAL, BACKOFF_MAX
+    from outboxkit.relay.waiting import backoff_delay, finished_unless
+
     rng, attempt = random.Random(), 0
-    try:
-        while not stop.is_set():
-            try:
-                consumer = AiokafkaInboxConsumer(inbox, kafka, stop=stop, **options)
-                # A Kafka that never answers (packets dropped) holds a start for its request
-                # timeout, or for ever while the group has no coordinator: a stop ends it.
-                if not await finished_unless(asyncio.ensure_future(consumer.start()), stop):
-                    await consumer.close()  # again if the start's own failure path did: a no-op
-                    return
-                try:
-                    await consumer.run(stop)
-                finally:
-                    await consumer.close()
+    while not stop.is_set():
+        try:
+            consumer = AiokafkaInboxConsumer(inbox, kafka, stop=stop, **options)
+            # A Kafka that never answers (packets dropped) holds a start for its request
+            # timeout, or for ever while the group has no coordinator: a stop ends it.
+            if not await finished_unless(asyncio.ensure_future(consumer.start()), stop):
+                await consumer.close()  # again if the start's own failure path did: a no-op
                 return
-            except PublishError as exc:
-                if isinstance(exc, PermanentPublishError):
-                    raise
-                # Kafka away, a login or an ACL refused at the start (confluent-kafka's librdkafka
-                # waits on its own): ending the process would crash-loop it under a supervisor.
-                attempt += 1
-                delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX, rng)
-                logger.warning("%s; retrying in %.1fs", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-    finally:
-        await engine.dispose()
+            try:
+                await consumer.run(stop)
+            finally:
+                await consumer.close()
+            return
+        except PublishError as exc:
+            if isinstance(exc, PermanentPublishError):
+                raise
+            # Kafka away, a login or an ACL refused at the start (confluent-kafka's librdkafka
+            # waits on its own): ending the process would crash-loop it under a supervisor.
+            attempt += 1
+            delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX, rng)
+            logger.warning("%s; retrying in %.1fs", exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
 
 
 if __name__ == "__main__":  # the alias of ``outboxkit inbox run``

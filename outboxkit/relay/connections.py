@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from outboxkit import db
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.standby import LazyConnection, StandbyConnection
 from outboxkit.settings import Settings
@@ -35,15 +36,25 @@ class _Held:
 class ProcessLeases:
     """Lease attempts, renewals and releases of every shard worker of one process."""
 
-    def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        leases: LeaseStore | None = None,
+        connections: db.OpenConnections | None = None,
+    ) -> None:
         self._config = settings.relay
         self._leases = leases or LeaseStore(settings.schema_name)
-        self.standby = StandbyConnection(settings, self._leases)
+        # Every connection of the process, so a stop that the database does not answer ends.
+        self.connections = db.OpenConnections() if connections is None else connections
+        self.standby = StandbyConnection(settings, self._leases, self.connections)
         self._held: dict[int, _Held] = {}
         self._acquiring = asyncio.Lock()  # the cap check and the attempt, as one step
         self._lock = asyncio.Lock()  # the lease connection: one statement at a time
         self._conn = LazyConnection(
-            settings.database_url, "outboxkit-relay-leases", **settings.database.connect_options()
+            settings.database_url,
+            "outboxkit-relay-leases",
+            self.connections,
+            **settings.database.connect_options(),
         )
         self._renewer: asyncio.Task[None] | None = None
         self._capped = False  # the "at its maximum" line is logged once per episode

@@ -27,6 +27,7 @@ async def listen_forever(
     schema: str,
     on_notify: Callable[[int | None], None],
     stop: asyncio.Event,
+    track: db.OpenConnections | None = None,
 ) -> None:
     """Keep a LISTEN connection; reconnect after errors (missed hints are found by polling).
 
@@ -39,7 +40,7 @@ async def listen_forever(
         try:
             async with (
                 db.connection_async(
-                    database_url, application_name="outboxkit-relay-listen"
+                    database_url, application_name="outboxkit-relay-listen", track=track
                 ) as conn,
                 # Closed on leaving, not later by asyncio's finalizer: until then it holds the
                 # connection's lock, and a cancellation could find the exit waiting for it.

@@ -88,12 +88,19 @@ class Relay:
         self.workers: dict[int, ShardWorker] = {}
         self.leases: ProcessLeases | None = None  # set when the workers start
         self.ready = asyncio.Event()
+        # Every connection of the process: a stop that the database does not answer still
+        # ends, as statements still waiting STATEMENT_GRACE_SECONDS after it are ended.
+        self.connections = db.OpenConnections()
         self.startup_waits = 0  # start-up attempts that found PostgreSQL or Kafka unavailable
 
     def _check_schema(self) -> int:
         """Schema check and shard count, on one connection of our own (blocking)."""
         schema = self.settings.schema_name
-        with db.connect(self.database_url, connect_timeout=10) as conn:
+        with db.connect(
+            self.database_url,
+            connect_timeout=db.CONNECT_TIMEOUT_SECONDS,
+            track=self.connections,
+        ) as conn:
             migrator.require_current(conn, schema)
             row = db.one(conn, db.query("relay", "shard_count", schema))
         assert row is not None
@@ -172,9 +179,10 @@ class Relay:
         if self.config.metrics_port is not None:
             server = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         try:
-            started = await self._start_up()
-            if started is not None:
-                await self._run(*started)
+            with db.StopWatchdog(self.connections, self.stop.is_set):
+                started = await self._start_up()
+                if started is not None:
+                    await self._run(*started)
         finally:
             if server is not None:
                 server.shutdown()
@@ -183,7 +191,7 @@ class Relay:
     async def _run(self, shards: list[int], checkpoints: CheckpointTopic | None) -> None:
         factory = make_producer_factory(self.settings, self.kafka)
         # Two connections for the leases of every shard of this process (attempts; renewals).
-        leases = ProcessLeases(self.settings)
+        leases = ProcessLeases(self.settings, connections=self.connections)
         self.leases = leases
         for shard in shards:
             self.workers[shard] = ShardWorker(
@@ -221,6 +229,7 @@ class Relay:
                     connect_options=self.settings.database.connect_options(),
                     # A lease outlives a missed sample or two; past this, holders may be gone.
                     stale_after=max(self.config.lease_ttl, 3 * every),
+                    track=leases.connections,
                 )
             )
         ]
@@ -228,7 +237,11 @@ class Relay:
             helpers.append(
                 asyncio.create_task(
                     listen_forever(
-                        self.database_url, self.settings.schema_name, self._wake, self.stop
+                        self.database_url,
+                        self.settings.schema_name,
+                        self._wake,
+                        self.stop,
+                        track=leases.connections,
                     )
                 )
             )

@@ -20,12 +20,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
-from outboxkit.errors import (
-    ConfigurationError,
-    LeaseLostError,
-    ProducerFencedError,
-    PublishError,
-)
+from outboxkit.errors import ConfigurationError, LeaseLostError, ProducerFencedError, PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.kafka.errors import with_acl_hint
@@ -160,6 +155,9 @@ class ShardWorker:
                     # rotated) it is retried like any failure.
                     self.stop.set()
                     raise
+                if self.stop.is_set() and isinstance(exc, psycopg.Error | OSError):
+                    logger.info("shard %s stopped: %s: %s", self.shard, type(exc).__name__, exc)
+                    continue  # a statement the stop ended (outboxkit.db.abandon): no retry
                 failures = 1 if self._retry_log.worked else failures + 1
                 expected = psycopg.Error | OSError | PublishError | ConfigurationError
                 if not isinstance(exc, expected) and self._retry_log.attempts < SHOWN_IN_FULL:
@@ -182,7 +180,8 @@ class ShardWorker:
         return db.connection_async(
             self._database_url,
             application_name=f"outboxkit-relay-{self.shard}",
-            connect_timeout=10,
+            connect_timeout=db.CONNECT_TIMEOUT_SECONDS,
+            track=self._leases.connections,
             **self._connect_options,
         )
 

@@ -26,9 +26,16 @@ Conn = psycopg.AsyncConnection[Any]
 class LazyConnection:
     """One autocommit connection of ours, (re)opened on demand once it closed or broke."""
 
-    def __init__(self, url: db.Url, application_name: str, **options: Any) -> None:
+    def __init__(
+        self,
+        url: db.Url,
+        application_name: str,
+        track: db.OpenConnections | None = None,
+        **options: Any,
+    ) -> None:
         self._url = url
         self._name = application_name
+        self._track = track
         self._options = options
         self._conn: Conn | None = None
         self.opened = 0  # connections opened so far (observability, tests)
@@ -36,7 +43,11 @@ class LazyConnection:
     async def get(self) -> Conn:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = await db.connect_async(
-                self._url, application_name=self._name, connect_timeout=10, **self._options
+                self._url,
+                application_name=self._name,
+                connect_timeout=db.CONNECT_TIMEOUT_SECONDS,
+                track=self._track,
+                **self._options,
             )
             self.opened += 1
         return self._conn
@@ -51,10 +62,18 @@ class LazyConnection:
 class StandbyConnection:
     """Serialised lease attempts on one lazily (re)opened autocommit connection."""
 
-    def __init__(self, settings: Settings, leases: LeaseStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        leases: LeaseStore | None = None,
+        track: db.OpenConnections | None = None,
+    ) -> None:
         self._leases = leases or LeaseStore(settings.schema_name)
         self._conn = LazyConnection(
-            settings.database_url, "outboxkit-relay-standby", **settings.database.connect_options()
+            settings.database_url,
+            "outboxkit-relay-standby",
+            track,
+            **settings.database.connect_options(),
         )
         self._lock = asyncio.Lock()
 

@@ -80,6 +80,7 @@ async def sample_forever(
     connect_options: dict[str, Any] | None = None,
     stale_after: float | None = None,
     now: datetime | None = None,
+    track: db.OpenConnections | None = None,
 ) -> None:
     """Holders, parked rows and the pause flag every ``every`` seconds, the backlogs ``holder``
     counts (see the module) as :func:`backlog_delay` allows, until ``stop``. ``stale_after``:
@@ -103,7 +104,10 @@ async def sample_forever(
         full_since = None  # while a full count runs: when it began
         try:
             async with db.connection_async(
-                url, application_name="outboxkit-relay-sample", **(connect_options or {})
+                url,
+                application_name="outboxkit-relay-sample",
+                track=track,
+                **(connect_options or {}),
             ) as conn:
                 urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():

@@ -3,7 +3,8 @@
 What it does depends on the order id's prefix, so one worker can mix behaviours:
 ``slow-`` sleeps ``APP_SLOW_SECONDS`` on the first attempt (checking its lease), ``fail-`` always
 raises, ``held-`` waits until the file ``APP_RELEASE_FILE`` exists (checking its lease), then
-raises, ``wait-`` blocks until its lease is lost (cancel), ``pay-`` charges the fake payment
+raises, ``paused-`` does the same but returns (it creates ``APP_RELEASE_FILE`` + ``.returned``
+first), ``wait-`` blocks until its lease is lost (cancel), ``pay-`` charges the fake payment
 server at ``APP_PAYMENT_URL`` with the idempotency key. Every handler writes one effect row.
 """
 
@@ -49,11 +50,18 @@ def _params(event: Any, ctx: HandlerContext) -> dict[str, Any]:
 
 
 def _held(event: Any, ctx: HandlerContext) -> bool:
-    """Whether a ``held-`` event's handler still waits for the test to release it."""
-    if not event.order_id.startswith("held-"):
+    """Whether a ``held-`` or ``paused-`` event's handler still waits for the test to release
+    it; a released ``paused-`` one says it is returning."""
+    if not event.order_id.startswith(("held-", "paused-")):
         return False
     ctx.check()
-    return not os.path.exists(os.environ["APP_RELEASE_FILE"])
+    release = os.environ["APP_RELEASE_FILE"]
+    if not os.path.exists(release):
+        return True
+    if event.order_id.startswith("paused-"):
+        with open(release + ".returned", "w"):
+            pass
+    return False
 
 
 def _slow_seconds(event: Any, ctx: HandlerContext) -> float:

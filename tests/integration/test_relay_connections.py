@@ -181,3 +181,18 @@ async def test_a_broken_lease_connection_is_reopened_and_no_lease_lost(
         )
         assert _held(relay) == 4
         assert [w.lease_lost_count for w in relay.workers.values()] == [0, 0, 0, 0]
+
+
+async def test_every_connection_of_the_process_is_where_a_stop_finds_it(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    """A stop the database does not answer ends the statements of every connection the
+    relay has open (``outboxkit.db.abandon``): each of them is tracked, in one place."""
+    async with _holding_four(outboxkit_db_url, outboxkit_kafka_bootstrap) as relay:
+        await wait_for_async(
+            lambda: (
+                (server := sum(_relay_connections(outboxkit_db_url).values())) >= 6
+                and len(relay.connections) == server
+            ),
+            what="the server's count of the relay's connections and the tracked ones agreeing",
+        )

@@ -412,7 +412,10 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     assert no_prompt  # (this libpq knows sslpassword)
     # psycopg's own prepared statements by default, the sessions named after the consumer; the
     # engine adds the no-prompt option
-    assert handed["connect_args"] == {"fallback_application_name": "outboxkit-inbox-c"}
+    assert handed["connect_args"] == {
+        "fallback_application_name": "outboxkit-inbox-c",
+        "connect_timeout": 10,
+    }
     assert engine_options(SECRET_URL, {}) == no_prompt
     code, out = _invoke(
         "inbox",
@@ -426,6 +429,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     assert code == 0, out
     assert handed["connect_args"] == {
         "fallback_application_name": "outboxkit-inbox-c",
+        "connect_timeout": 10,
         "prepare_threshold": None,
     }
     assert engine_options(SECRET_URL, {"prepare_threshold": None}) == {

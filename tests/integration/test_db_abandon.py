@@ -1,0 +1,170 @@
+"""Statements a stopping process ends (``outboxkit.db.abandon``), on a real server.
+
+A statement in flight stands in for one a frozen server never answers: ``pg_sleep``. Its wait
+must end at once once abandoned, idle connections must stay usable, and no new connection may
+open once the process refuses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from outboxkit import db
+from outboxkit.db.engines import async_engine, sync_engine
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+# The backend notices the closed connection while it sleeps, so it does not outlive the test.
+SLEEP = "SET client_connection_check_interval = '100ms'; SELECT pg_sleep(30)"
+ENDED_WITHIN = 5.0  # seconds; the sleep itself lasts 30
+
+
+def _sleeping(db_url: str, application_name: str) -> bool:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND state = 'active' AND query LIKE %s",
+            (application_name, "%pg_sleep%"),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _in_thread(work: Any) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_a_statement_in_flight_ends_at_once_and_an_idle_connection_stays(
+    outboxkit_db_url: str,
+) -> None:
+    connections = db.OpenConnections()
+    busy = db.connect(outboxkit_db_url, application_name="abandon-busy")
+    idle = db.connect(outboxkit_db_url, application_name="abandon-idle")
+    connections.track(busy)
+    connections.track(idle)
+    try:
+        thread, errors = _in_thread(lambda: busy.execute(SLEEP))
+        wait_for(lambda: _sleeping(outboxkit_db_url, "abandon-busy"), what="the sleep running")
+        began = time.monotonic()
+        assert connections.abandon_busy() == 1
+        thread.join(ENDED_WITHIN)
+        assert not thread.is_alive(), "the statement still waits"
+        assert time.monotonic() - began < ENDED_WITHIN
+        assert [type(e) for e in errors] == [psycopg.OperationalError], errors
+        assert busy.broken
+        assert idle.execute("SELECT 1").fetchone() == (1,)
+        assert len(connections) == 1  # the abandoned one is no longer tracked
+    finally:
+        busy.close()
+        idle.close()
+        connections.close()
+
+
+def test_a_closed_connection_is_dropped_and_its_descriptor_number_is_not_touched(
+    outboxkit_db_url: str,
+) -> None:
+    connections = db.OpenConnections()
+    conn = db.connect(outboxkit_db_url)
+    connections.track(conn)
+    conn.close()
+    # The next socket may well get the number back: it must not be shut down.
+    left, right = socket.socketpair()
+    try:
+        assert len(connections) == 0
+        assert connections.abandon_busy() == 0
+        left.sendall(b"x")
+        assert right.recv(1) == b"x"
+    finally:
+        left.close()
+        right.close()
+        connections.close()
+
+
+async def test_an_async_statement_in_flight_ends_at_once(outboxkit_db_url: str) -> None:
+    connections = db.OpenConnections()
+    async with db.connection_async(
+        outboxkit_db_url, application_name="abandon-async", track=connections
+    ) as conn:
+        sleeping = asyncio.ensure_future(conn.execute(SLEEP))
+        while not await asyncio.to_thread(_sleeping, outboxkit_db_url, "abandon-async"):
+            assert not sleeping.done(), sleeping
+        assert connections.abandon_busy() == 1
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(sleeping, ENDED_WITHIN)
+    connections.close()
+
+
+async def test_no_new_connection_once_refused(outboxkit_db_url: str) -> None:
+    connections = db.OpenConnections()
+    connections.refusing = True
+    with pytest.raises(psycopg.OperationalError, match="the process is stopping"):
+        await db.connect_async(outboxkit_db_url, track=connections)
+    engine = sync_engine(outboxkit_db_url, track=connections)
+    aengine = async_engine(outboxkit_db_url, track=connections)
+    try:
+        with pytest.raises(sa.exc.OperationalError, match="the process is stopping"):
+            engine.connect()
+        with pytest.raises(sa.exc.OperationalError, match="the process is stopping"):
+            await aengine.connect()
+    finally:
+        engine.dispose()
+        await aengine.dispose()
+
+
+async def test_engines_track_what_their_pools_open(outboxkit_db_url: str) -> None:
+    connections = db.OpenConnections()
+    engine = sync_engine(outboxkit_db_url, track=connections)
+    aengine = async_engine(outboxkit_db_url, track=connections)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        async with aengine.connect() as aconn:
+            await aconn.execute(sa.text("SELECT 1"))
+        assert len(connections) == 2  # pooled, still open
+    finally:
+        engine.dispose()
+        await aengine.dispose()
+    assert len(connections) == 0
+    connections.close()
+
+
+def test_the_watchdog_ends_statements_only_after_the_stop_and_its_grace(
+    outboxkit_db_url: str,
+) -> None:
+    connections = db.OpenConnections()
+    stop = threading.Event()
+    conn = db.connect(outboxkit_db_url, application_name="abandon-watched")
+    connections.track(conn)
+    with db.StopWatchdog(connections, stop.is_set, grace=0.5, tick=0.05) as watchdog:
+        thread, errors = _in_thread(lambda: conn.execute(SLEEP))
+        wait_for(lambda: _sleeping(outboxkit_db_url, "abandon-watched"), what="the sleep")
+        thread.join(1.0)  # no stop yet: nothing is ended
+        assert thread.is_alive()
+        assert watchdog.abandoned == 0
+        stopped = time.monotonic()
+        stop.set()
+        thread.join(ENDED_WITHIN)
+        assert not thread.is_alive(), "the statement still waits after the grace"
+        assert time.monotonic() - stopped >= 0.5
+        assert [type(e) for e in errors] == [psycopg.OperationalError]
+        assert watchdog.abandoned == 1
+        assert connections.refusing
+    conn.close()
