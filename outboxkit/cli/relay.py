@@ -183,7 +183,7 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
 
 def _connect(settings: Settings) -> psycopg.Connection[Any]:
     try:
-        return db.connect(settings.database_url, connect_timeout=db.CONNECT_TIMEOUT_SECONDS)
+        return db.connect(settings.database_url, **db.connect_timeout(settings.database_url))
     except (ConfigurationError, psycopg.Error) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -8,9 +8,15 @@ Usage: ``db.one(conn, db.query("relay", "shard_count", schema))``.
 from __future__ import annotations
 
 from outboxkit.db import migrator
-from outboxkit.db.abandon import STATEMENT_GRACE_SECONDS, OpenConnections, StopWatchdog
-from outboxkit.db.connect import (
+from outboxkit.db.abandon import (
     CONNECT_TIMEOUT_SECONDS,
+    STATEMENT_GRACE_SECONDS,
+    OpenConnections,
+    StopWatchdog,
+    answers,
+    connect_timeout,
+)
+from outboxkit.db.connect import (
     Url,
     checked_url,
     connect,
@@ -54,11 +60,13 @@ __all__ = [
     "StopWatchdog",
     "SyncTarget",
     "Url",
+    "answers",
     "can_copy",
     "can_copy_async",
     "checked_url",
     "connect",
     "connect_async",
+    "connect_timeout",
     "connection_async",
     "copy_rows",
     "copy_rows_async",

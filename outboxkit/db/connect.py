@@ -33,11 +33,6 @@ from pydantic import SecretStr
 from outboxkit.db.abandon import OpenConnections
 from outboxkit.errors import ConfigurationError
 
-#: Our long-running processes' bound on opening a connection (libpq's ``connect_timeout``): a
-#: server that accepts the TCP connection and then never answers (frozen, overloaded) would
-#: otherwise hold the start for ever.
-CONNECT_TIMEOUT_SECONDS = 10
-
 Url = str | SecretStr
 
 _KEYWORD_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)

@@ -38,7 +38,8 @@ def wait_until_ready(
 ) -> bool:
     """True once the inbox schema is current and ``kafka_check`` passed; False if stopped."""
     connections = db.OpenConnections()  # a stop the database does not answer still ends
-    with db.StopWatchdog(connections, stop.is_set):
+    answers = db.answers(config.database_url, **config.database.connect_options())
+    with db.StopWatchdog(connections, stop.is_set, answers):
         return _wait(config, kafka_check, stop, connections)
 
 
@@ -54,8 +55,7 @@ def _wait(
     attempt = 0
     while not stop.is_set():
         try:
-            timeout = db.CONNECT_TIMEOUT_SECONDS
-            with db.connect(url, connect_timeout=timeout, track=connections) as conn:
+            with db.connect(url, track=connections, **db.connect_timeout(url)) as conn:
                 migrator.require_current(conn, config.schema_name)
             asyncio.run(kafka_check())
             return True

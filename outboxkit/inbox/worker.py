@@ -165,7 +165,7 @@ def run(config: Settings | None = None) -> None:
     # service file or PGAPPNAME names them (libpq's rule for a fallback name).
     connect_args = {
         "fallback_application_name": f"outboxkit-inbox-{settings.consumer}",
-        "connect_timeout": db.CONNECT_TIMEOUT_SECONDS,
+        **db.connect_timeout(url),
         **config.database.connect_options(),
     }
     if resolve_client(kafka) is KafkaClient.CONFLUENT:
@@ -218,7 +218,7 @@ def _run_sync(
     engine = sync_engine(url, connect_args=connect_args, track=connections)
     inbox = Inbox(engine, handler, settings) if handler else Inbox(engine, settings)
     # A stop the database does not answer still ends, the close included (outboxkit.db.abandon).
-    with db.StopWatchdog(connections, stop.is_set):
+    with db.StopWatchdog(connections, stop.is_set, db.answers(url, **connect_args)):
         try:
             with ConfluentInboxConsumer(inbox, kafka, stop=stop, **options) as running:
                 running.run(stop)
@@ -246,7 +246,7 @@ async def _run_async(
     engine = async_engine(url, connect_args=connect_args, track=connections)
     inbox = AsyncInbox(engine, handler, settings) if handler else AsyncInbox(engine, settings)
     # A stop the database does not answer still ends, the close included (outboxkit.db.abandon).
-    with db.StopWatchdog(connections, stop.is_set):
+    with db.StopWatchdog(connections, stop.is_set, db.answers(url, **connect_args)):
         try:
             await _consume_async(inbox, kafka, options, stop)
         finally:

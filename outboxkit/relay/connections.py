@@ -14,16 +14,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import psycopg
 
 from outboxkit import db
+from outboxkit.log_limit import LimitedLines, normalised
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.standby import LazyConnection, StandbyConnection
 from outboxkit.settings import Settings
 
 logger = logging.getLogger("outboxkit.relay.connections")
+T = TypeVar("T")
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Its outcome read, so a task given up is never reported as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass
@@ -46,6 +56,7 @@ class ProcessLeases:
         self._leases = leases or LeaseStore(settings.schema_name)
         # Every connection of the process, so a stop that the database does not answer ends.
         self.connections = db.OpenConnections() if connections is None else connections
+        self._owns_connections = connections is None  # then close() lets go of them
         self.standby = StandbyConnection(settings, self._leases, self.connections)
         self._held: dict[int, _Held] = {}
         self._acquiring = asyncio.Lock()  # the cap check and the attempt, as one step
@@ -58,6 +69,7 @@ class ProcessLeases:
         )
         self._renewer: asyncio.Task[None] | None = None
         self._capped = False  # the "at its maximum" line is logged once per episode
+        self._said = LimitedLines(logger)  # the renewer's failures
         self.renewals = 0  # renewal statements sent (tests)
 
     @property
@@ -123,9 +135,7 @@ class ProcessLeases:
             try:
                 # Bounded: a release hung on a dead socket (a failover) must not hold the lease
                 # connection's lock, or no lease of this process would be renewed meanwhile.
-                released = await asyncio.wait_for(
-                    self._release(term), self._config.lease_renew_interval
-                )
+                released = await self._bounded(self._release(term))
             except TimeoutError:
                 async with self._lock:
                     await self._conn.drop()
@@ -135,6 +145,27 @@ class ProcessLeases:
                 return
             if released and not was_lost:
                 logger.log(level, "released lease of shard %s", term.shard)
+
+    async def _bounded(self, statements: Coroutine[Any, Any, T]) -> T:
+        """``statements`` on the lease connection, or ``TimeoutError`` once they waited a renewal
+        interval. A statement still waiting has its socket shut, so it ends at once: cancelling
+        it would make psycopg ask the same server to cancel it and wait up to 10 s more (with
+        the lock held). Anything else still waiting (the lock, a connect) is cancelled."""
+        interval = self._config.lease_renew_interval
+        task = asyncio.ensure_future(statements)
+        task.add_done_callback(_retrieved)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=interval)
+            if done:
+                return task.result()
+            if self._conn.shut():  # its wait ends at once
+                await asyncio.wait({task}, timeout=interval)
+        finally:
+            if not task.done():
+                task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, psycopg.Error, OSError):
+            await task
+        raise TimeoutError(f"no answer within {interval:g} s")
 
     async def _release(self, term: LeaseTerm) -> bool:
         async with self._lock:
@@ -155,7 +186,7 @@ class ProcessLeases:
                 continue
             try:
                 # A hung statement must not outlive the interval: drop it and reconnect.
-                lost = await asyncio.wait_for(self._renew([h.term for h in held]), interval)
+                lost = await self._bounded(self._renew([h.term for h in held]))
             except Exception as exc:  # the renewer must outlive any error
                 for each in held:  # terms the failed pass still marked lost (lease.renew_many)
                     if each.term.lost_reason is not None:
@@ -164,14 +195,18 @@ class ProcessLeases:
                 async with self._lock:
                     await self._conn.drop()
                 delay = min(interval / 2, 1.0)
-                logger.warning(
-                    "lease renewal of %d shard(s) errored: %s: %s; retrying in %.1fs",
+                error = f"{type(exc).__name__}: {exc}"
+                self._said.log(  # while the database is away: once a minute, with a count
+                    logging.WARNING,
+                    normalised(error),
+                    "lease renewal of %d shard(s) errored: %s; retrying in %.1fs",
                     len(held),
-                    type(exc).__name__,
-                    exc,
+                    error,
                     delay,
                 )
                 continue
+            self._said.answered()
+            self._said.end(logging.WARNING, "lease renewals answered again after %.1f s")
             for each in held:
                 if each.term in lost:
                     logger.warning("lease renewal of shard %s failed", each.term.shard)
@@ -198,3 +233,5 @@ class ProcessLeases:
         async with self._lock:
             await self._conn.drop()
         await self.standby.close()
+        if self._owns_connections:
+            self.connections.close()

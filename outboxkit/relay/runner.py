@@ -98,7 +98,7 @@ class Relay:
         schema = self.settings.schema_name
         with db.connect(
             self.database_url,
-            connect_timeout=db.CONNECT_TIMEOUT_SECONDS,
+            **db.connect_timeout(self.database_url),
             track=self.connections,
         ) as conn:
             migrator.require_current(conn, schema)
@@ -179,7 +179,8 @@ class Relay:
         if self.config.metrics_port is not None:
             server = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         try:
-            with db.StopWatchdog(self.connections, self.stop.is_set):
+            answers = db.answers(self.database_url, **self.settings.database.connect_options())
+            with db.StopWatchdog(self.connections, self.stop.is_set, answers):
                 started = await self._start_up()
                 if started is not None:
                     await self._run(*started)

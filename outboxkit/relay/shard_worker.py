@@ -155,7 +155,7 @@ class ShardWorker:
                     # rotated) it is retried like any failure.
                     self.stop.set()
                     raise
-                if self.stop.is_set() and isinstance(exc, psycopg.Error | OSError):
+                if self.stop.is_set() and isinstance(exc, psycopg.OperationalError | OSError):
                     logger.info("shard %s stopped: %s: %s", self.shard, type(exc).__name__, exc)
                     continue  # a statement the stop ended (outboxkit.db.abandon): no retry
                 failures = 1 if self._retry_log.worked else failures + 1
@@ -180,7 +180,7 @@ class ShardWorker:
         return db.connection_async(
             self._database_url,
             application_name=f"outboxkit-relay-{self.shard}",
-            connect_timeout=db.CONNECT_TIMEOUT_SECONDS,
+            **db.connect_timeout(self._database_url),
             track=self._leases.connections,
             **self._connect_options,
         )

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
+from outboxkit.db.abandon import shut
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.settings import Settings
 
@@ -45,12 +46,16 @@ class LazyConnection:
             self._conn = await db.connect_async(
                 self._url,
                 application_name=self._name,
-                connect_timeout=db.CONNECT_TIMEOUT_SECONDS,
+                **db.connect_timeout(self._url),
                 track=self._track,
                 **self._options,
             )
             self.opened += 1
         return self._conn
+
+    def shut(self) -> bool:
+        """End the statement waiting on the connection, if any (:func:`db.abandon.shut`)."""
+        return self._conn is not None and shut(self._conn)
 
     async def drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -2,7 +2,9 @@
 frozen, so TCP connections are accepted and nothing is answered on them, as behind a network
 partition that sends no reset.
 
-The statements in flight get the stop's grace (``outboxkit.db.STATEMENT_GRACE_SECONDS``), then
+The lease renewal gives up at its interval, its socket shut rather than the statement cancelled
+(before: psycopg asked the frozen server to cancel it, and a renewal took 10 s). The statements
+in flight at the SIGTERM get the stop's grace (``outboxkit.db.STATEMENT_GRACE_SECONDS``), then
 their connections are closed and no new one is opened: the relay ends with status 0, without a
 traceback. Before, it waited for as long as the server stayed frozen. Once the server answers
 again, a new relay publishes the rest: every row exactly once, in order.
@@ -36,6 +38,7 @@ TopicFactory = Callable[..., str]
 BACKLOG = 3000
 # Seconds: the 5 s grace, the lease's release (bounded by its renewal interval) and the close.
 STOPPED_WITHIN = 20.0
+RENEWAL_GAVE_UP = "errored: TimeoutError: no answer within 1 s"
 
 
 def test_sigterm_while_postgres_does_not_answer_ends_the_relay(
@@ -61,6 +64,8 @@ def test_sigterm_while_postgres_does_not_answer_ends_the_relay(
     )
     outboxkit_stack.postgres.freeze()
     try:
+        # Its lease renewal gives up at the renewal interval (1 s here), its socket shut.
+        wait_for(lambda: RENEWAL_GAVE_UP in relay.log(), what="a renewal giving up")
         began = time.monotonic()
         relay.signal(signal.SIGTERM)
         code = relay.wait_exit(timeout=120)
@@ -72,6 +77,8 @@ def test_sigterm_while_postgres_does_not_answer_ends_the_relay(
     assert took < STOPPED_WITHIN, f"{took:.1f} s\n{log}"
     assert "Traceback" not in log, log
     assert "still waiting for PostgreSQL" in log, log
+    # No statement was cancelled (psycopg would ask the frozen server to cancel it, and wait).
+    assert "query cancellation" not in log, log
     successor = RelayProcess(
         outboxkit_db_url,
         outboxkit_kafka_bootstrap,
