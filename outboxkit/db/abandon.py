@@ -77,22 +77,29 @@ def shut(conn: Any) -> bool:
 
 
 def answers(url: Any, **options: Any) -> Callable[[], bool]:
-    """The :class:`StopWatchdog`'s question: does the server at ``url`` answer a new connection
-    within :data:`PROBE_SECONDS`? A refusal (too many clients, a password) is an answer: it is
-    there. Only silence is not."""
+    """The :class:`StopWatchdog`'s question: does the server at ``url`` answer a statement on a
+    new connection within :data:`PROBE_SECONDS`? Asked from a thread of its own, which a silent
+    server may hold (a daemon: the process is stopping). A refusal is no answer either: a
+    server that cannot take one more connection now will not end a stuck statement."""
     from outboxkit.db.connect import connect  # connect imports this module
+    from outboxkit.db.execute import execute
+    from outboxkit.db.queries import query
 
     options = {**options, "connect_timeout": PROBE_SECONDS}
+    probe = query("relay", "probe", "public")  # names no table: any schema
+
+    def ask_in_thread(answered: threading.Event) -> None:
+        with contextlib.suppress(Exception):  # any failure is no answer
+            with connect(url, **options) as conn:
+                execute(conn, probe)
+            answered.set()
 
     def ask() -> bool:
-        started = time.monotonic()
-        try:
-            connect(url, **options).close()
-        except (psycopg.Error, OSError):
-            return time.monotonic() - started < PROBE_SECONDS * 0.9
-        except Exception:  # anything else is no proof of silence: the stop waits, as before
-            logger.exception("asking PostgreSQL whether it answers failed")
-        return True
+        answered = threading.Event()
+        threading.Thread(
+            target=ask_in_thread, args=(answered,), name="outboxkit-stop-probe", daemon=True
+        ).start()
+        return answered.wait(PROBE_SECONDS)
 
     return ask
 
@@ -258,36 +265,41 @@ class StopWatchdog:
         since: float | None = None  # when the stop was first seen
         ask_after = 0.0  # when the server may be asked again
         while not self._done.wait(self._tick):
-            now = time.monotonic()
-            self.connections.observe(now)
-            if since is None:
-                since = now if self._stopped() else None
-                continue
-            if self.connections.refusing:
-                self.abandoned += self.connections.abandon_busy()
-                continue
-            stuck = self.connections.stuck(now, since, self._grace)
-            if not stuck or now < ask_after:
-                continue
-            if self._answers():
-                if not self.waited:
-                    logger.info(
-                        "stopping: %d statement(s) in flight for over %g s; PostgreSQL answers,"
-                        " so they are waited for",
-                        stuck,
-                        self._grace,
-                    )
-                self.waited += 1
-                ask_after = time.monotonic() + self._grace
-                continue
-            self.connections.refusing = True
-            ended = self.connections.abandon_busy()
-            self.abandoned += ended
-            logger.warning(
-                "stopping: %d statement(s) still waiting for PostgreSQL %g s after the stop, and"
-                " it does not answer a new connection; their connections are closed (the server"
-                " rolls back what it has not committed; their work is done again after the next"
-                " start)",
-                ended,
-                self._grace,
-            )
+            try:
+                since, ask_after = self._check(since, ask_after)
+            except Exception:  # the watchdog must outlive any error, or a stop could hang
+                logger.exception("stop watchdog")
+
+    def _check(self, since: float | None, ask_after: float) -> tuple[float | None, float]:
+        """One tick -> (when the stop was first seen, when the server may be asked again)."""
+        now = time.monotonic()
+        self.connections.observe(now)
+        if since is None:
+            return (time.monotonic() if self._stopped() else None), ask_after
+        if self.connections.refusing:
+            self.abandoned += self.connections.abandon_busy()
+            return since, ask_after
+        stuck = self.connections.stuck(now, since, self._grace)
+        if not stuck or now < ask_after:
+            return since, ask_after
+        if self._answers():
+            if not self.waited:
+                logger.info(
+                    "stopping: %d statement(s) in flight for over %g s; PostgreSQL answers,"
+                    " so they are waited for",
+                    stuck,
+                    self._grace,
+                )
+            self.waited += 1
+            return since, time.monotonic() + self._grace
+        self.connections.refusing = True
+        ended = self.connections.abandon_busy()
+        self.abandoned += ended
+        logger.warning(
+            "stopping: %d statement(s) still waiting for PostgreSQL %g s after the stop, and it"
+            " does not answer a new connection; their connections are closed (the server rolls"
+            " back what it has not committed; their work is done again after the next start)",
+            ended,
+            self._grace,
+        )
+        return since, ask_after

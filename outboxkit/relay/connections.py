@@ -150,22 +150,38 @@ class ProcessLeases:
         """``statements`` on the lease connection, or ``TimeoutError`` once they waited a renewal
         interval. A statement still waiting has its socket shut, so it ends at once: cancelling
         it would make psycopg ask the same server to cancel it and wait up to 10 s more (with
-        the lock held). Anything else still waiting (the lock, a connect) is cancelled."""
+        the lock held). Anything else still waiting (the lock, a connect) is cancelled. The
+        server may still run a statement it had received (a renewal of our own lease: benign)."""
         interval = self._config.lease_renew_interval
         task = asyncio.ensure_future(statements)
         task.add_done_callback(_retrieved)
+        shut = False
         try:
-            done, _ = await asyncio.wait({task}, timeout=interval)
-            if done:
-                return task.result()
-            if self._conn.shut():  # its wait ends at once
-                await asyncio.wait({task}, timeout=interval)
-        finally:
+            await asyncio.wait({task}, timeout=interval)
             if not task.done():
+                shut = self._shut()  # a statement waiting ends at once
+                await asyncio.wait({task}, timeout=interval)
+        except asyncio.CancelledError:  # ours: the statement is shut, not cancelled
+            if not task.done() and not self._shut():
                 task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, psycopg.Error, OSError):
-            await task
-        raise TimeoutError(f"no answer within {interval:g} s")
+            raise
+        if not task.done():
+            task.cancel()  # still waiting for the lock or a connect: nothing sent to shut
+            await asyncio.wait({task})  # raises our own cancellation, not the task's
+        if task.cancelled():
+            raise TimeoutError(f"no answer within {interval:g} s")
+        try:
+            return task.result()
+        except (psycopg.OperationalError, OSError) as exc:
+            if shut:
+                raise TimeoutError(f"no answer within {interval:g} s") from exc
+            raise
+
+    def _shut(self) -> bool:
+        try:
+            return self._conn.shut()
+        except OSError:  # out of descriptors: the task is cancelled instead
+            return False
 
     async def _release(self, term: LeaseTerm) -> bool:
         async with self._lock:

@@ -7,12 +7,15 @@ Relays run in-process, two processes' worth; the group is paused, so no Kafka pr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
+from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.runner import Relay
 from tests.relay_support import relay_settings, running_relay, set_shard_count
@@ -196,3 +199,56 @@ async def test_every_connection_of_the_process_is_where_a_stop_finds_it(
             ),
             what="the server's count of the relay's connections and the tracked ones agreeing",
         )
+
+
+def _lease_connection_sleeps(db_url: str) -> bool:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+            " 'outboxkit-relay-leases' AND state = 'active' AND query LIKE '%pg_sleep%'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def _sleep_on_lease_connection(leases: ProcessLeases) -> None:
+    conn = await leases._conn.get()
+    await conn.execute("SET client_connection_check_interval = '100ms'; SELECT pg_sleep(30)")
+
+
+async def test_a_lease_statement_that_does_not_answer_is_shut_not_cancelled(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal or release that waited its interval ends at once (psycopg's cancel would ask
+    the server and wait up to 10 s more, with the lease connection's lock held)."""
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, lease_ttl=1.5)
+    leases = ProcessLeases(settings)
+    try:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"no answer within 0\.5 s"):
+            await leases._bounded(_sleep_on_lease_connection(leases))
+        assert time.monotonic() - began < 3.0  # the interval, then the shut statement's end
+        assert "query cancellation" not in caplog.text
+        conn = await leases._conn.get()  # broken: a new one
+        assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+    finally:
+        await leases.close()
+
+
+async def test_a_cancelled_caller_of_a_bounded_lease_statement_is_cancelled(
+    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+) -> None:
+    settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap, lease_ttl=30.0)
+    leases = ProcessLeases(settings)
+    try:
+        caller = asyncio.ensure_future(leases._bounded(_sleep_on_lease_connection(leases)))
+        await wait_for_async(
+            lambda: _lease_connection_sleeps(outboxkit_db_url), what="the statement running"
+        )
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(caller, 5.0)
+        # the statement was shut, not cancelled: the lock is free again at once
+        await asyncio.wait_for(leases._lock.acquire(), 5.0)
+        leases._lock.release()
+    finally:
+        await leases.close()

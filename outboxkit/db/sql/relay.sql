@@ -4,6 +4,11 @@
 -- name: shard_count
 SELECT shard_count FROM {schema}.outbox_setting;
 
+-- name: probe
+-- A stopping process (the relay, `inbox run`) asks whether the server answers at all: a
+-- statement, not only a login, which a pooler such as PgBouncer answers by itself.
+SELECT 1;
+
 -- name: lease_acquire
 -- Take the lease when it is free, expired (by the database clock) or already ours (a restart of
 -- our own session). A fresh token every time; nextval only grows. The "now" parameter is NULL in
