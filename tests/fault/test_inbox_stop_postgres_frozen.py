@@ -22,7 +22,7 @@ import pytest
 
 from outboxkit.devstack import DevStack
 from tests.fault.inbox_workers import Worker
-from tests.integration.inbox_support import fetch, produce_event
+from tests.integration.inbox_support import effects, inbox_row, produce_event
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
@@ -31,18 +31,12 @@ TopicFactory = Callable[..., str]
 # Seconds: the 5 s grace and the 2 s question to the server (measured 7.2-7.4 s), then
 # (confluent-kafka) up to 5 s for the lease thread, which may be opening a connection.
 STOPPED_WITHIN = 20.0
+CONSUMER = "billing"  # the name tests/fault/conftest.py's workers run under
 
 
 def _state(db_url: str, event_id: str) -> str | None:
-    rows = fetch(
-        db_url, "SELECT state FROM outboxkit.inbox_message WHERE event_id = %s", (event_id,)
-    )
-    return rows[0][0] if rows else None
-
-
-def _effects(db_url: str, event_id: str) -> int:
-    rows = fetch(db_url, "SELECT count(*) FROM public.effect WHERE event_id = %s", (event_id,))
-    return int(rows[0][0])
+    row = inbox_row(db_url, CONSUMER, event_id)
+    return None if row is None else str(row["state"])
 
 
 def test_sigterm_while_postgres_does_not_answer_ends_the_consumer(
@@ -84,4 +78,4 @@ def test_sigterm_while_postgres_does_not_answer_ends_the_consumer(
     assert _state(outboxkit_db_url, event) == "processing"
     again = spawn(topic, **options)
     wait_for(lambda: _state(outboxkit_db_url, event) == "succeeded", what="the event applied")
-    assert _effects(outboxkit_db_url, event) == 1, again.output()
+    assert len(effects(outboxkit_db_url, event)) == 1, again.output()

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from outboxkit import db
 from outboxkit.db.abandon import shut
 from outboxkit.db.engines import async_engine, sync_engine
+from tests.support.activity import statement_running
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -30,13 +31,7 @@ ENDED_WITHIN = 5.0  # seconds; the sleep itself lasts 30
 
 
 def _sleeping(db_url: str, application_name: str) -> bool:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            " AND state = 'active' AND query LIKE %s",
-            (application_name, "%pg_sleep%"),
-        ).fetchone()
-    return bool(row and row[0])
+    return statement_running(db_url, application_name, "pg_sleep")
 
 
 async def _until_sleeping(db_url: str, application_name: str, sleeping: Any) -> None:

@@ -19,6 +19,7 @@ from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.runner import Relay
 from tests.relay_support import relay_settings, running_relay, set_shard_count
+from tests.support.activity import statement_running
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
@@ -202,12 +203,7 @@ async def test_every_connection_of_the_process_is_where_a_stop_finds_it(
 
 
 def _lease_connection_sleeps(db_url: str) -> bool:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
-            " 'outboxkit-relay-leases' AND state = 'active' AND query LIKE '%pg_sleep%'"
-        ).fetchone()
-    return bool(row and row[0])
+    return statement_running(db_url, "outboxkit-relay-leases", "pg_sleep")
 
 
 async def _sleep_on_lease_connection(leases: ProcessLeases) -> None:
