@@ -212,6 +212,7 @@ def test_a_non_fatal_error_keeps_the_producer(monkeypatch: pytest.MonkeyPatch) -
     timed_out = kafka.KafkaError(kafka.KafkaError._MSG_TIMED_OUT, "Message timed out")
     producer = ScriptedProducer(None, timed_out)
     flush_fails = FlushRaises(None, kafka.KafkaException(timed_out))
+    producer.listing = flush_fails.listing = None  # the topic exists: no wait for an answer
     sender = _sender(monkeypatch, [producer])
     for _ in range(2):
         with pytest.raises(PublishError, match="_MSG_TIMED_OUT"):
