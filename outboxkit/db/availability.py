@@ -1,10 +1,13 @@
-"""Is an error the database being away, rather than something wrong with the work?
+"""Is an error the database's state, rather than something wrong with the work?
 
 A consumer counts failures against the record it was processing and gives the record up after a
 few; an outage must not count, or a valid record is given up when PostgreSQL returns between two
-attempts. Connection failures (no SQLSTATE, or class 08), server shutdowns (57P01-57P03),
-too many connections (53300), an invalidated connection and a pool timeout are the database's
-state; everything else (a value refused, a constraint, a bug) is the record's.
+attempts. The database's state, whatever the record: a connection that failed (no SQLSTATE, or
+class 08), a server shutting down, starting up or dropping the database (57P01-57P05), too many
+connections (53300), an invalidated connection, a pool timeout; and a server that answers but
+takes no writes: read-only (25006: a hot standby after a failover, or
+``default_transaction_read_only``), out of disk space (53100) or failing its I/O (58030).
+Everything else (a value refused, a constraint, a bug, out of memory) is the record's.
 """
 
 from __future__ import annotations
@@ -12,18 +15,23 @@ from __future__ import annotations
 import psycopg
 import sqlalchemy as sa
 
-_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# Answered by a server in a state no record brought about, whatever the error's class.
+_SERVER_STATES = frozenset(
+    {"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05", "58030"}
+)
 
 
 def database_unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` says the database could not be reached or went away."""
+    """True when ``exc`` says the database could not be reached, went away, or takes no
+    writes."""
     if getattr(exc, "connection_invalidated", False) or isinstance(exc, sa.exc.TimeoutError):
         return True
     orig = getattr(exc, "orig", None)
     driver = orig if isinstance(orig, BaseException) else exc
-    if not isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError):
+    if not isinstance(driver, psycopg.Error):
         return False
     sqlstate = getattr(driver, "sqlstate", None)
     if sqlstate is None:
-        return True  # libpq failed before the server answered: refused, reset, timed out
-    return str(sqlstate).startswith("08") or sqlstate in _UNAVAILABLE_STATES
+        # libpq failed before the server answered: refused, reset, timed out
+        return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)
+    return str(sqlstate).startswith("08") or sqlstate in _SERVER_STATES

@@ -8,6 +8,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -207,9 +208,27 @@ class PostgresServer(ManagedServer):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
 
+    @contextlib.contextmanager
+    def read_only(self) -> Iterator[None]:
+        """The server keeps answering but takes no writes, as an old primary demoted to a hot
+        standby by a failover does (a fault for tests): ``default_transaction_read_only`` for
+        every session, the open ones included (a reload), until the block ends."""
+        with psycopg.connect(self._admin_url(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            conn.execute("SELECT pg_reload_conf()")
+        try:
+            yield
+        finally:
+            with psycopg.connect(self._admin_url(), autocommit=True) as conn:
+                conn.execute("SET default_transaction_read_only = off")
+                conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+                conn.execute("SELECT pg_reload_conf()")
+
+    def _admin_url(self) -> str:
+        return self.url_for("postgres", sslmode="verify-full") if self.tls else self.url
+
     def _ready(self) -> bool:
-        url = self.url_for("postgres", sslmode="verify-full") if self.tls else self.url
-        with psycopg.connect(url, connect_timeout=2) as conn:
+        with psycopg.connect(self._admin_url(), connect_timeout=2) as conn:
             conn.execute("SELECT 1")
             if self.tls:  # the certificate's user: a member of the owner of every object
                 conn.execute(

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from outboxkit.inbox.metrics import InboxMetrics
 
 logger = logging.getLogger("outboxkit.inbox.consumer")
-DATABASE_BACK = "the database answers again after %.0f s; processing goes on"
+DATABASE_BACK = "the database works again after %.0f s; processing goes on"
 # An outage ends in the log once a record ran and no database-away line came for this long: an
 # overloaded server refusing connections now and then is one outage, not many.
 OUTAGE_QUIET_SECONDS = 5.0

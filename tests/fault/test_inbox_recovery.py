@@ -1,7 +1,7 @@
-"""``outboxkit inbox run`` recovers by itself from a broker outage, a PostgreSQL restart and
-terminated database sessions, with both clients: every event's effect happens once, every
-inbox row ends ``succeeded`` (an outage never counts against a record), the process never
-exits, and an outage does not flood the log."""
+"""``outboxkit inbox run`` recovers by itself from a broker outage, a PostgreSQL restart, a
+read-only PostgreSQL and terminated database sessions, with both clients: every event's effect
+happens once, every inbox row ends ``succeeded`` (an outage never counts against a record), the
+process never exits, and an outage does not flood the log."""
 
 from __future__ import annotations
 
@@ -135,7 +135,44 @@ def test_inbox_run_rides_out_a_postgres_restart(
     assert during, "the consumer did not notice the database was away"
     assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
     wait_for(
-        lambda: "the database answers again after" in worker.output(),
+        lambda: "the database works again after" in worker.output(),
+        timeout=30,
+        what="the outage's end in the log, 5 s after its last line",
+    )
+
+
+def test_inbox_run_rides_out_a_read_only_database(
+    spawn: Callable[..., Worker],
+    outboxkit_stack: DevStack,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """A server that answers but takes no writes (an old primary after a failover, a full
+    disk) is the database's state too: no record is given up for it (it used to be after three
+    failures: rejected and dead, its effect never applied) and its lines are rate-limited."""
+    if outboxkit_stack.postgres is None:
+        pytest.skip("external PostgreSQL: cannot make it read-only")
+    topic = outboxkit_topic(partitions=4)
+    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
+    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20, partitions=4)
+    wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
+    before = worker.log.stat().st_size
+    with outboxkit_stack.postgres.read_only():
+        ids += _events(outboxkit_kafka_bootstrap, topic, "during", 20, partitions=4)
+        wait_for(
+            lambda: "read-only transaction" in worker.output(),
+            what="the consumer refused a write",
+        )
+        time.sleep(OUTAGE_SECONDS)  # the outage itself (the scenario, not a synchronisation)
+        assert worker.running(), worker.output()
+        during = _lines_between(worker, before, worker.log.stat().st_size)
+    _caught_up(outboxkit_db_url, outboxkit_kafka_bootstrap, topic, ids, worker, partitions=4)
+    assert not any("giving" in line for line in during), "\n".join(during)
+    assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
+    assert not fetch(outboxkit_db_url, "SELECT reason FROM outboxkit.inbox_rejection")
+    wait_for(
+        lambda: "the database works again after" in worker.output(),
         timeout=30,
         what="the outage's end in the log, 5 s after its last line",
     )

@@ -243,7 +243,7 @@ def test_an_outage_is_logged_once_a_minute_not_at_every_retry(
     assert "RuntimeError: bug" in lines[2][1]  # t=1084: not the database, logged at once
     assert lines[3][1].startswith(refused)
     assert lines[3][1].endswith("(8 similar lines suppressed over 18 s)")  # 9 after the window
-    assert lines[4][1] == "the database answers again after 80 s; processing goes on"
+    assert lines[4][1] == "the database works again after 80 s; processing goes on"
     assert all("RuntimeError: bug" in text for _, text in lines[5:])
     made = [r for r in caplog.records if r.getMessage().startswith("processing")]
     # Where a line is made, not the helpers that log it (the count at the end: where it ends).
@@ -260,6 +260,27 @@ def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
     assert not database_unavailable(
         sqlalchemy.exc.DataError("SELECT", {}, psycopg.errors.CharacterNotInRepertoire("x"))
     )
+    assert not database_unavailable(psycopg.errors.OutOfMemory("a value may bring it about"))
+    assert not database_unavailable(psycopg.ProgrammingError("no SQLSTATE: the client refused"))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"),
+        psycopg.errors.DiskFull("could not extend file"),
+        psycopg.errors.IoError("could not read block"),
+        psycopg.errors.DatabaseDropped("the database was dropped"),
+        psycopg.errors.IdleSessionTimeout("idle-session timeout"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_server_that_takes_no_writes_is_the_databases_state(error: psycopg.Error) -> None:
+    """Whatever the error's class (read-only is an InternalError): no record brought it about."""
+    from outboxkit.db.availability import database_unavailable
+
+    assert database_unavailable(error)
+    assert database_unavailable(sqlalchemy.exc.InternalError("INSERT", {}, error))
 
 
 def test_a_refused_dead_letter_ends_the_event_dead_with_the_reason() -> None:
