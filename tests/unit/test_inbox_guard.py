@@ -261,6 +261,7 @@ def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
         sqlalchemy.exc.DataError("SELECT", {}, psycopg.errors.CharacterNotInRepertoire("x"))
     )
     assert not database_unavailable(psycopg.errors.OutOfMemory("a value may bring it about"))
+    assert not database_unavailable(psycopg.errors.ProgramLimitExceeded("index row too large"))
     assert not database_unavailable(psycopg.ProgrammingError("no SQLSTATE: the client refused"))
 
 
@@ -272,10 +273,16 @@ def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
         psycopg.errors.IoError("could not read block"),
         psycopg.errors.DatabaseDropped("the database was dropped"),
         psycopg.errors.IdleSessionTimeout("idle-session timeout"),
+        psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+        psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
+        psycopg.errors.DeadlockDetected("deadlock detected"),
+        psycopg.errors.SerializationFailure("could not serialize access"),
     ],
     ids=lambda error: type(error).__name__,
 )
-def test_a_server_that_takes_no_writes_is_the_databases_state(error: psycopg.Error) -> None:
+def test_a_server_that_takes_no_writes_or_is_busy_is_the_databases_state(
+    error: psycopg.Error,
+) -> None:
     """Whatever the error's class (read-only is an InternalError): no record brought it about."""
     from outboxkit.db.availability import database_unavailable
 
