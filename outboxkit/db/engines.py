@@ -4,11 +4,14 @@
 Each one gets what our own psycopg connections get (:func:`~outboxkit.db.connect.connect`): the
 URL checked and turned into SQLAlchemy's form without quoting it in an error, and the option that
 keeps libpq from prompting for an encrypted client key's pass phrase (a prompt blocks the process
-until someone types). An application's own engine stays the application's to make.
+until someone types). And a pooled connection the server ended while it sat idle is replaced at
+checkout instead of failing the first statement after a quiet spell (:func:`ended_while_idle`).
+An application's own engine stays the application's to make.
 """
 
 from __future__ import annotations
 
+import select
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.db.abandon import OpenConnections
@@ -61,6 +64,7 @@ def sync_engine(
     engine = create_engine(
         sqlalchemy_url(url), connect_args=engine_options(url, connect_args), **options
     )
+    _replace_ended(engine)
     if track is not None:
         _track_pool(engine, track)
     return engine
@@ -79,6 +83,7 @@ def async_engine(
     engine = create_async_engine(
         sqlalchemy_url(url), connect_args=engine_options(url, connect_args), **options
     )
+    _replace_ended(engine.sync_engine)
     if track is not None:
         _track_pool(engine.sync_engine, track)
     return engine
@@ -97,3 +102,36 @@ def _track_pool(engine: Engine, track: OpenConnections) -> None:
 
     event.listen(engine, "do_connect", opening)
     event.listen(engine, "connect", opened)
+
+
+def ended_while_idle(conn: Any) -> bool:
+    """Whether the server ended ``conn`` (a psycopg connection, sync or async) while it sat
+    idle: an idle connection has nothing to read unless the server said goodbye (an
+    ``idle_session_timeout``, a restart, a terminated backend) or hung up. No round trip: a
+    zero-timeout poll of its socket, so it costs nothing on a busy consumer's every checkout
+    (where a ping would cost one round trip each). A connection a middlebox dropped without a
+    word is not seen. Something else to read (a notice) also counts: replaced, it costs one
+    connect."""
+    try:
+        fd = conn.pgconn.socket
+    except Exception:  # closed, or broken already
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _replace_ended(engine: Engine) -> None:
+    """A pooled connection :func:`ended_while_idle` is replaced at checkout (SQLAlchemy opens
+    another in its place): the first statement after a quiet spell would otherwise fail on it,
+    failing a consumer's batch, logging it and running its records again one by one."""
+    from sqlalchemy import event, exc
+
+    def checkout(_dbapi: Any, record: Any, _proxy: Any) -> None:
+        if ended_while_idle(record.driver_connection):
+            raise exc.DisconnectionError("ended by the server while idle in the pool")
+
+    event.listen(engine, "checkout", checkout)
