@@ -5,12 +5,12 @@ few; an outage must not count, or a valid record is given up when PostgreSQL ret
 attempts. The database's state, whatever the record: a connection that failed (no SQLSTATE, or
 class 08), a server shutting down, starting up or dropping the database (57P01-57P05), too many
 connections (53300), an invalidated connection, a pool timeout; and a server that answers but
-takes no writes: read-only (25006: a hot standby after a failover, or
-``default_transaction_read_only``), out of disk space (53100) or failing its I/O (58030); and
-a busy one: a statement timed out or cancelled (57014: a ``statement_timeout`` an overloaded
-server runs into), a lock not available in time (55P03), a deadlock or a serialization failure
-(40P01, 40001). Everything else (a value refused, a value too large for an index, a constraint,
-a bug, out of memory) is the record's.
+takes no writes: read-only (25006: a replica, or ``default_transaction_read_only``) or out of
+disk space (53100); and a busy one: a statement timed out or cancelled (57014: a
+``statement_timeout`` an overloaded server runs into), a lock not available in time (55P03), a
+deadlock or a serialization failure (40P01, 40001). Everything else (a value refused, a value
+too large for an index, a constraint, an I/O error, which may be one bad block's, a bug, out of
+memory) is the record's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 # Answered by a server in a state no record brought about, whatever the error's class.
 _SERVER_STATES = frozenset(
-    {"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05", "58030"}
+    {"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05"}
     | {"57014", "55P03", "40P01", "40001"}  # busy: retried, as a transaction that lost a race
 )
 

@@ -210,21 +210,22 @@ class PostgresServer(ManagedServer):
 
     @contextlib.contextmanager
     def read_only(self) -> Iterator[None]:
-        """The server keeps answering but takes no writes, as an old primary demoted to a hot
-        standby by a failover does (a fault for tests): ``default_transaction_read_only`` for
-        every session, the open ones included (a reload), until the block ends."""
-        with psycopg.connect(self._admin_url(), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
-            conn.execute("SELECT pg_reload_conf()")
+        """The server keeps answering but takes no writes, as a replica does (a fault for
+        tests): ``default_transaction_read_only`` for every session, the open ones included (a
+        reload), until the block ends. Undone however the block ends, the set-up included."""
         try:
+            with psycopg.connect(self._admin_url(), autocommit=True, connect_timeout=10) as conn:
+                conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+                conn.execute("SELECT pg_reload_conf()")
             yield
         finally:
-            with psycopg.connect(self._admin_url(), autocommit=True) as conn:
+            with psycopg.connect(self._admin_url(), autocommit=True, connect_timeout=10) as conn:
                 conn.execute("SET default_transaction_read_only = off")
                 conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
                 conn.execute("SELECT pg_reload_conf()")
 
     def _admin_url(self) -> str:
+        """The superuser's URL for the server's own checks (over TLS: verified)."""
         return self.url_for("postgres", sslmode="verify-full") if self.tls else self.url
 
     def _ready(self) -> bool:

@@ -262,6 +262,7 @@ def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
     )
     assert not database_unavailable(psycopg.errors.OutOfMemory("a value may bring it about"))
     assert not database_unavailable(psycopg.errors.ProgramLimitExceeded("index row too large"))
+    assert not database_unavailable(psycopg.errors.IoError("could not read block 7: one row's"))
     assert not database_unavailable(psycopg.ProgrammingError("no SQLSTATE: the client refused"))
 
 
@@ -270,7 +271,6 @@ def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
     [
         psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"),
         psycopg.errors.DiskFull("could not extend file"),
-        psycopg.errors.IoError("could not read block"),
         psycopg.errors.DatabaseDropped("the database was dropped"),
         psycopg.errors.IdleSessionTimeout("idle-session timeout"),
         psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
