@@ -107,11 +107,11 @@ def _track_pool(engine: Engine, track: OpenConnections) -> None:
 def ended_while_idle(conn: Any) -> bool:
     """Whether the server ended ``conn`` (a psycopg connection, sync or async) while it sat
     idle: an idle connection has nothing to read unless the server said goodbye (an
-    ``idle_session_timeout``, a restart, a terminated backend) or hung up. No round trip: a
-    zero-timeout poll of its socket, so it costs nothing on a busy consumer's every checkout
-    (where a ping would cost one round trip each). A connection a middlebox dropped without a
-    word is not seen. Something else to read (a notice) also counts: replaced, it costs one
-    connect."""
+    ``idle_session_timeout``, a restart, a terminated backend) or hung up. No I/O: a
+    zero-timeout poll of its socket, a few µs on a busy consumer's every checkout, where a ping
+    would cost a round trip each. A connection a middlebox dropped without a word is not seen.
+    Something else to read (a NOTIFY on a pooled connection that ran LISTEN) also counts:
+    replaced, it costs one connect."""
     try:
         fd = conn.pgconn.socket
     except Exception:  # closed, or broken already
@@ -124,14 +124,24 @@ def ended_while_idle(conn: Any) -> bool:
     return bool(readable)
 
 
+_POOLED = "outboxkit.pooled"  # in a connection record's info: back in the pool since last used
+
+
 def _replace_ended(engine: Engine) -> None:
     """A pooled connection :func:`ended_while_idle` is replaced at checkout (SQLAlchemy opens
     another in its place): the first statement after a quiet spell would otherwise fail on it,
-    failing a consumer's batch, logging it and running its records again one by one."""
+    failing a consumer's batch, logging it and running its records again one by one. Only a
+    connection that went back to the pool is looked at: one opened for this checkout is handed
+    out as it is (SQLAlchemy tries twice, then fails with an error that says nothing of the
+    database), and its first statement tells."""
     from sqlalchemy import event, exc
 
+    def checkin(_dbapi: Any, record: Any) -> None:
+        record.info[_POOLED] = True
+
     def checkout(_dbapi: Any, record: Any, _proxy: Any) -> None:
-        if ended_while_idle(record.driver_connection):
+        if record.info.pop(_POOLED, False) and ended_while_idle(record.driver_connection):
             raise exc.DisconnectionError("ended by the server while idle in the pool")
 
+    event.listen(engine, "checkin", checkin)
     event.listen(engine, "checkout", checkout)
