@@ -338,7 +338,9 @@ def connect(
     url: Url, *, autocommit: bool = True, track: OpenConnections | None = None, **options: Any
 ) -> psycopg.Connection[Any]:
     """A psycopg connection of our own (autocommit by default: every statement its own tx);
-    ``track``: where a stopping process finds it (:mod:`outboxkit.db.abandon`)."""
+    ``track``: where a stopping process finds it (:mod:`outboxkit.db.abandon`). Its explicit
+    transactions run at READ COMMITTED whatever the server's default (no round trip: BEGIN
+    says it): ours rely on each statement seeing what committed before it."""
     plain = checked_url(url)
     options = _options(url, options)
     error: Exception
@@ -346,6 +348,7 @@ def connect(
         if track is not None:
             track.check_new()
         conn = psycopg.connect(plain, autocommit=autocommit, **options)
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         if track is not None:
             track.track(conn)
         return conn
@@ -367,6 +370,7 @@ async def connect_async(
         if track is not None:
             track.check_new()
         conn = await psycopg.AsyncConnection.connect(plain, autocommit=autocommit, **options)
+        await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
         if track is not None:
             track.track(conn)
         return conn

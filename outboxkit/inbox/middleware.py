@@ -85,6 +85,16 @@ def _call(step: Call) -> Any:
     return step.fn(*step.args)
 
 
+# Set on each connection, not on the engine: an engine's own isolation_level execution option
+# (``engine.execution_options(isolation_level=...)``) wins over one set on an engine made from
+# it, so bookkeeping meant to commit at once did not commit, and nothing was ever claimed.
+AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}  # the claims, marks and renewals: one each
+# The handlers' transaction runs at READ COMMITTED whatever the engine's or the server's default.
+# At REPEATABLE READ or SERIALIZABLE a lease renewal of the event's row during the handler made
+# the token-conditional mark fail with a serialization failure (a handler outliving the renewal
+# interval never succeeded); on an AUTOCOMMIT engine each handler statement committed at once.
+HANDLER_ISOLATION = {"isolation_level": "READ COMMITTED"}
+
 _METHODS: dict[type[Step], str] = {
     HandlerSql: "handler_sql",
     CallHandler: "call_handler",
@@ -153,15 +163,19 @@ class _SyncSteps(_Steps):
         assert self.session is not None
         return db.run(self.session, step.query, step.params, binary=step.binary)
 
+    def _open(self) -> Session:
+        """The handler's session, its connection taken at READ COMMITTED (see
+        :data:`HANDLER_ISOLATION`); BEGIN goes with the first statement."""
+        self.session = session = HandlerSession(self.inbox.engine)
+        self.driver = driver_of(session.connection(execution_options=HANDLER_ISOLATION))
+        return session
+
     def call_handler(self, step: CallHandler) -> None:
-        self.session = HandlerSession(self.inbox.engine)
-        _returned(step.handler(step.event, step.ctx, self.session))
+        _returned(step.handler(step.event, step.ctx, self._open()))
 
     def open_handler(self, step: OpenHandler) -> None:
         self.close_handler(CloseHandler())
-        self.session = HandlerSession(self.inbox.engine)
-        self.session.begin()
-        self.driver = driver_of(self.session.connection())  # BEGIN goes with the 1st statement
+        self._open()
 
     def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
@@ -236,7 +250,6 @@ class _InboxDriver(Generic[EngineT, HandlerT]):
         fallback, self.settings = _split(handler, settings)
         self.engine: EngineT = engine
         self.core = InboxCore(self.settings, fallback, coroutines=self._coroutines)
-        self._autocommit: EngineT = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.lease = self._keeper(_Schedule(self.core.statements), self.run_sql)
 
     def run_sql(self, step: Sql) -> Any:
@@ -252,7 +265,8 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
     lease: LeaseThread
 
     def run_sql(self, step: Sql) -> db.Result:
-        with self._autocommit.connect() as conn:
+        with self.engine.connect() as conn:
+            conn.execution_options(**AUTOCOMMIT)
             return db.run(conn, step.query, step.params, binary=step.binary)
 
     def executor(self, extra: StepTable | None = None) -> _SyncSteps:
@@ -290,15 +304,19 @@ class _AsyncSteps(_Steps):
         assert self.session is not None
         return await db.run_async(self.session, step.query, step.params, binary=step.binary)
 
+    async def _open(self) -> AsyncSession:
+        """:meth:`_SyncSteps._open` for asyncio."""
+        self.session = session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
+        conn = await session.connection(execution_options=HANDLER_ISOLATION)
+        self.driver = driver_of(conn.sync_connection)
+        return session
+
     async def call_handler(self, step: CallHandler) -> None:
-        self.session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
-        await _awaited(step.handler(step.event, step.ctx, self.session))
+        await _awaited(step.handler(step.event, step.ctx, await self._open()))
 
     async def open_handler(self, step: OpenHandler) -> None:
         await self.close_handler(CloseHandler())
-        self.session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
-        await self.session.begin()
-        self.driver = driver_of((await self.session.connection()).sync_connection)
+        await self._open()
 
     async def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
@@ -360,7 +378,8 @@ class AsyncInbox(_InboxDriver[AsyncEngine, AsyncHandler]):
     lease: LeaseTask
 
     async def run_sql(self, step: Sql) -> db.Result:
-        async with self._autocommit.connect() as conn:
+        async with self.engine.connect() as conn:
+            await conn.execution_options(**AUTOCOMMIT)
             return await db.run_async(conn, step.query, step.params, binary=step.binary)
 
     def executor(self, extra: StepTable | None = None) -> _AsyncSteps:

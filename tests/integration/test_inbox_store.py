@@ -350,7 +350,17 @@ def test_a_handler_cannot_commit_its_own_session(engine: Engine, outboxkit_db_ur
     assert effects(outboxkit_db_url) == []
 
 
-def test_a_long_handler_keeps_its_lease_renewed(engine: Engine, outboxkit_db_url: str) -> None:
+@pytest.mark.parametrize("isolation", [None, "SERIALIZABLE"])
+def test_a_long_handler_keeps_its_lease_renewed(
+    engine: Engine, outboxkit_db_url: str, isolation: str | None
+) -> None:
+    """Also with an engine whose transactions are SERIALIZABLE (or REPEATABLE READ; a server's
+    default does the same): the handler's transaction still runs at READ COMMITTED, or the
+    renewals of its row made its mark fail with a serialization failure, every time. Set as
+    the engine's own option, the level also won over the autocommit of the claims: they never
+    committed, and the event was lost to its lease at the first renewal."""
+    if isolation is not None:
+        engine = engine.execution_options(isolation_level=isolation)
     seen: list[Any] = []
 
     def slow(event: Any, ctx: HandlerContext, session: Session) -> None:
@@ -431,6 +441,68 @@ def test_registry_handlers_are_dispatched_by_event_type(
 
     with pytest.raises(ConfigurationError, match="must not be async"):
         Inbox(engine, InboxSettings(consumer="billing", registry=registry))
+
+
+def test_on_an_autocommit_engine_a_failing_handler_still_writes_nothing(
+    sa_url: str, outboxkit_db_url: str
+) -> None:
+    """The handler's transaction is one transaction even on an engine made with
+    ``isolation_level="AUTOCOMMIT"``: each of its statements used to commit at once."""
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+
+    def half_done(event: Any, ctx: HandlerContext, session: Session) -> None:
+        _effect_handler(event, ctx, session)
+        raise RuntimeError("failed after its first write")
+
+    engine = create_engine(sa_url, isolation_level="AUTOCOMMIT")
+    settings = InboxSettings(consumer="billing", registry=REGISTRY)
+    inbox = Inbox(engine, half_done, settings)
+    event_id = str(uuid.uuid4())
+    try:
+        outcome = inbox.process(_env(event_id))
+    finally:
+        inbox.close()
+        engine.dispose()
+    assert outcome.kind is OutcomeKind.RETRY
+    assert effects(outboxkit_db_url) == []
+    assert _state_of(outboxkit_db_url, event_id) == "processing"
+
+
+async def test_a_long_async_handler_on_a_serializable_engine_succeeds(
+    sa_url: str, outboxkit_db_url: str
+) -> None:
+    """The async driver's handler transaction runs at READ COMMITTED too (see the sync test)."""
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+
+    async def slow(event: Any, ctx: HandlerContext, session: AsyncSession) -> None:
+        await session.execute(INSERT_EFFECT, _params(event, ctx))
+        renewed = _expiry(outboxkit_db_url, ctx.event_id)
+        while _expiry(outboxkit_db_url, ctx.event_id) == renewed:  # until a renewal commits
+            ctx.check()
+            await asyncio.sleep(0.05)
+
+    engine = create_async_engine(sa_url).execution_options(isolation_level="SERIALIZABLE")
+    settings = InboxSettings(consumer="billing", registry=REGISTRY, lease_seconds=1.5)
+    inbox = AsyncInbox(engine, slow, settings)
+    try:
+        outcome = await inbox.process(_env(str(uuid.uuid4())))
+    finally:
+        await inbox.close()
+        await engine.dispose()
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert len(effects(outboxkit_db_url)) == 1
+
+
+def _expiry(db_url: str, event_id: str) -> Any:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT lease_expires_at FROM outboxkit.inbox_message WHERE event_id = %s",
+            (event_id,),
+        ).fetchone()
+    assert row is not None, "the claim is not committed"
+    return row[0]
 
 
 def _state_of(db_url: str, event_id: str) -> str:
