@@ -8,21 +8,35 @@ left it aborted: either would take the other handlers' writes with it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import inspect
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from psycopg.pq import TransactionStatus
 from sqlalchemy import event as sa_event
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
 from outboxkit.errors import (
     BatchTransactionEndedError,
+    ConfigurationError,
     HandlerCommitError,
     HandlerTransactionAbortedError,
 )
 
 COMMIT_ALLOWED = "outboxkit.inbox.commit_allowed"
+
+# Levels are set on each connection the middleware takes, never on an engine made from yours:
+# an engine's own isolation_level option (``engine.execution_options(isolation_level=...)``)
+# wins over one set on an engine made from it, so bookkeeping meant to commit at once did not,
+# and nothing was ever claimed.
+AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}  # the claims, marks and renewals: one each
+# The handlers' transaction runs at READ COMMITTED whatever the engine's or the server's default.
+# At REPEATABLE READ or SERIALIZABLE a lease renewal of the event's row during the handler made
+# the token-conditional mark fail with a serialization failure (a handler outliving the renewal
+# interval never succeeded); on an AUTOCOMMIT engine each handler statement committed at once.
+HANDLER_ISOLATION = {"isolation_level": "READ COMMITTED"}
 
 
 class HandlerSession(Session):
@@ -85,3 +99,57 @@ def releasing(session: Session) -> Iterator[None]:
         yield
     finally:
         session.info[COMMIT_ALLOWED] = False
+
+
+def returned_nothing(value: Any) -> None:
+    """A sync handler returns None: a coroutine back means an async handler given to Inbox."""
+    if value is not None:
+        raise ConfigurationError("an Inbox handler must not return a value (async handler?)")
+
+
+def awaited(returned: Any) -> Awaitable[Any]:
+    """What an async handler returned, to await: anything else is a sync handler."""
+    if not inspect.isawaitable(returned):
+        raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
+    return returned
+
+
+def isolated(conn: Connection, options: dict[str, str]) -> Connection:
+    """``conn`` at the level ``options`` name. What an ``engine_connect`` listener of yours ran
+    on it (``SET application_name``, say) began a transaction, in which no level can be set:
+    it is committed first."""
+    if conn.in_transaction():
+        conn.commit()
+    conn.execution_options(**options)
+    return conn
+
+
+async def isolated_async(conn: AsyncConnection, options: dict[str, str]) -> AsyncConnection:
+    """:func:`isolated` for asyncio."""
+    if conn.in_transaction():
+        await conn.commit()
+    await conn.execution_options(**options)
+    return conn
+
+
+def handler_session(engine: Engine) -> tuple[HandlerSession, Connection]:
+    """A handler's session bound to a connection of its own at READ COMMITTED: every
+    transaction the session begins on it keeps the level, also after a handler's own rollback
+    (a session bound to the engine would take another connection, at the engine's level)."""
+    conn = engine.connect()
+    try:
+        return HandlerSession(bind=isolated(conn, HANDLER_ISOLATION)), conn
+    except BaseException:
+        conn.close()
+        raise
+
+
+async def handler_session_async(engine: AsyncEngine) -> tuple[AsyncSession, AsyncConnection]:
+    """:func:`handler_session` for asyncio."""
+    conn = await engine.connect()
+    try:
+        await isolated_async(conn, HANDLER_ISOLATION)
+        return AsyncSession(bind=conn, sync_session_class=HandlerSession), conn
+    except BaseException:
+        await conn.close()
+        raise

@@ -8,12 +8,11 @@ autocommit connection of its own, the ``succeeded`` mark in the handler's transa
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
-from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outboxkit import db
@@ -22,11 +21,17 @@ from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import DeadLetterStep, InboxCore, InboxSettings, Revoked
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.handler_session import (
+    AUTOCOMMIT,
     COMMIT_ALLOWED,
-    HandlerSession,
+    awaited,
     driver_of,
+    handler_session,
+    handler_session_async,
+    isolated,
+    isolated_async,
     pending,
     releasing,
+    returned_nothing,
     transaction_aborted,
     transaction_ended,
 )
@@ -85,16 +90,6 @@ def _call(step: Call) -> Any:
     return step.fn(*step.args)
 
 
-# Set on each connection, not on the engine: an engine's own isolation_level execution option
-# (``engine.execution_options(isolation_level=...)``) wins over one set on an engine made from
-# it, so bookkeeping meant to commit at once did not commit, and nothing was ever claimed.
-AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}  # the claims, marks and renewals: one each
-# The handlers' transaction runs at READ COMMITTED whatever the engine's or the server's default.
-# At REPEATABLE READ or SERIALIZABLE a lease renewal of the event's row during the handler made
-# the token-conditional mark fail with a serialization failure (a handler outliving the renewal
-# interval never succeeded); on an AUTOCOMMIT engine each handler statement committed at once.
-HANDLER_ISOLATION = {"isolation_level": "READ COMMITTED"}
-
 _METHODS: dict[type[Step], str] = {
     HandlerSql: "handler_sql",
     CallHandler: "call_handler",
@@ -148,15 +143,11 @@ class _Steps:
             self.keeper.schedule.end(lease)
 
 
-def _returned(value: Any) -> None:
-    if value is not None:
-        raise ConfigurationError("an Inbox handler must not return a value (async handler?)")
-
-
 class _SyncSteps(_Steps):
     def __init__(self, inbox: Inbox, extra: StepTable) -> None:
         self.inbox = inbox
         self.session: Session | None = None
+        self.conn: Connection | None = None  # the session's own (see handler_session)
         super().__init__(inbox.lease, inbox.run_sql, extra)
 
     def handler_sql(self, step: HandlerSql) -> db.Result:
@@ -164,25 +155,25 @@ class _SyncSteps(_Steps):
         return db.run(self.session, step.query, step.params, binary=step.binary)
 
     def _open(self) -> Session:
-        """The handler's session, its connection taken at READ COMMITTED (see
-        :data:`HANDLER_ISOLATION`); BEGIN goes with the first statement."""
-        self.session = session = HandlerSession(self.inbox.engine)
-        self.driver = driver_of(session.connection(execution_options=HANDLER_ISOLATION))
-        return session
+        """The handler's session on a connection of its own (:func:`handler_session`); BEGIN
+        goes with the first statement."""
+        self.session, self.conn = handler_session(self.inbox.engine)
+        self.driver = driver_of(self.conn)
+        return self.session
 
     def call_handler(self, step: CallHandler) -> None:
-        _returned(step.handler(step.event, step.ctx, self._open()))
+        returned_nothing(step.handler(step.event, step.ctx, self._open()))
 
     def open_handler(self, step: OpenHandler) -> None:
         self.close_handler(CloseHandler())
-        self._open()
+        self._open().begin()
 
     def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
         assert session is not None
         outer = session.get_transaction()
         try:
-            _returned(step.handler(*step.args, session))
+            returned_nothing(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
             session.flush()  # returns at once when nothing is pending (its own first test)
@@ -213,16 +204,19 @@ class _SyncSteps(_Steps):
             nested.commit()
 
     def commit_handler(self, step: CommitHandler) -> None:
-        session, self.session = self.session, None
+        session, self.session, conn, self.conn = self.session, None, self.conn, None
         assert session is not None
-        with session:
+        assert conn is not None
+        with conn, session:
             session.info[COMMIT_ALLOWED] = True
             session.commit()
 
     def close_handler(self, step: CloseHandler) -> None:
-        session, self.session = self.session, None
-        if session is not None:
-            session.close()  # rolls back what the handler wrote
+        session, self.session, conn, self.conn = self.session, None, self.conn, None
+        if conn is not None:
+            with conn:
+                if session is not None:
+                    session.close()  # rolls back what the handler wrote
 
     def end_delivery(self, step: EndDelivery) -> None:
         self.close_handler(CloseHandler())
@@ -266,8 +260,7 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
 
     def run_sql(self, step: Sql) -> db.Result:
         with self.engine.connect() as conn:
-            conn.execution_options(**AUTOCOMMIT)
-            return db.run(conn, step.query, step.params, binary=step.binary)
+            return db.run(isolated(conn, AUTOCOMMIT), step.query, step.params, binary=step.binary)
 
     def executor(self, extra: StepTable | None = None) -> _SyncSteps:
         """An executor of this inbox's steps (plus ``extra`` ones, e.g. a consumer's Kafka)."""
@@ -288,16 +281,11 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
         self.lease.close()
 
 
-def _awaited(returned: Any) -> Awaitable[Any]:
-    if not inspect.isawaitable(returned):
-        raise ConfigurationError("an AsyncInbox handler must be a coroutine function")
-    return returned
-
-
 class _AsyncSteps(_Steps):
     def __init__(self, inbox: AsyncInbox, extra: StepTable) -> None:
         self.inbox = inbox
         self.session: AsyncSession | None = None
+        self.conn: AsyncConnection | None = None
         super().__init__(inbox.lease, inbox.run_sql, extra)
 
     async def handler_sql(self, step: HandlerSql) -> db.Result:
@@ -306,24 +294,23 @@ class _AsyncSteps(_Steps):
 
     async def _open(self) -> AsyncSession:
         """:meth:`_SyncSteps._open` for asyncio."""
-        self.session = session = AsyncSession(self.inbox.engine, sync_session_class=HandlerSession)
-        conn = await session.connection(execution_options=HANDLER_ISOLATION)
-        self.driver = driver_of(conn.sync_connection)
-        return session
+        self.session, self.conn = await handler_session_async(self.inbox.engine)
+        self.driver = driver_of(self.conn.sync_connection)
+        return self.session
 
     async def call_handler(self, step: CallHandler) -> None:
-        await _awaited(step.handler(step.event, step.ctx, await self._open()))
+        await awaited(step.handler(step.event, step.ctx, await self._open()))
 
     async def open_handler(self, step: OpenHandler) -> None:
         await self.close_handler(CloseHandler())
-        await self._open()
+        await (await self._open()).begin()
 
     async def run_in_transaction(self, step: RunInTransaction) -> None:
         session = self.session
         assert session is not None
         outer = session.sync_session.get_transaction()
         try:
-            await _awaited(step.handler(*step.args, session))
+            await awaited(step.handler(*step.args, session))
             for ctx in step.contexts:
                 ctx.check()
             if pending(session.sync_session):
@@ -353,16 +340,24 @@ class _AsyncSteps(_Steps):
             await nested.commit()
 
     async def commit_handler(self, step: CommitHandler) -> None:
-        session, self.session = self.session, None
+        session, self.session, conn, self.conn = self.session, None, self.conn, None
         assert session is not None
-        async with session:
-            session.info[COMMIT_ALLOWED] = True
-            await session.commit()
+        assert conn is not None
+        try:  # (an AsyncConnection has no `async with` once started)
+            async with session:
+                session.info[COMMIT_ALLOWED] = True
+                await session.commit()
+        finally:
+            await conn.close()
 
     async def close_handler(self, step: CloseHandler) -> None:
-        session, self.session = self.session, None
-        if session is not None:
-            await session.close()
+        session, self.session, conn, self.conn = self.session, None, self.conn, None
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            if conn is not None:
+                await conn.close()
 
     async def end_delivery(self, step: EndDelivery) -> None:
         self.stop_lease()
@@ -379,7 +374,7 @@ class AsyncInbox(_InboxDriver[AsyncEngine, AsyncHandler]):
 
     async def run_sql(self, step: Sql) -> db.Result:
         async with self.engine.connect() as conn:
-            await conn.execution_options(**AUTOCOMMIT)
+            await isolated_async(conn, AUTOCOMMIT)
             return await db.run_async(conn, step.query, step.params, binary=step.binary)
 
     def executor(self, extra: StepTable | None = None) -> _AsyncSteps:

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -447,13 +447,16 @@ def test_on_an_autocommit_engine_a_failing_handler_still_writes_nothing(
     sa_url: str, outboxkit_db_url: str
 ) -> None:
     """The handler's transaction is one transaction even on an engine made with
-    ``isolation_level="AUTOCOMMIT"``: each of its statements used to commit at once."""
+    ``isolation_level="AUTOCOMMIT"``: each of its statements used to commit at once. Also after
+    the handler's own rollback, which begins its next transaction on the same connection."""
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
 
     def half_done(event: Any, ctx: HandlerContext, session: Session) -> None:
         _effect_handler(event, ctx, session)
-        raise RuntimeError("failed after its first write")
+        session.rollback()
+        _effect_handler(event, ctx, session)
+        raise RuntimeError("failed after its writes")
 
     engine = create_engine(sa_url, isolation_level="AUTOCOMMIT")
     settings = InboxSettings(consumer="billing", registry=REGISTRY)
@@ -478,9 +481,12 @@ async def test_a_long_async_handler_on_a_serializable_engine_succeeds(
 
     async def slow(event: Any, ctx: HandlerContext, session: AsyncSession) -> None:
         await session.execute(INSERT_EFFECT, _params(event, ctx))
-        renewed = _expiry(outboxkit_db_url, ctx.event_id)
+        await session.rollback()  # its next transaction: at READ COMMITTED too
+        await session.execute(INSERT_EFFECT, _params(event, ctx))
+        renewed, deadline = _expiry(outboxkit_db_url, ctx.event_id), time.monotonic() + 30
         while _expiry(outboxkit_db_url, ctx.event_id) == renewed:  # until a renewal commits
             ctx.check()
+            assert time.monotonic() < deadline, "no renewal in 30 s"
             await asyncio.sleep(0.05)
 
     engine = create_async_engine(sa_url).execution_options(isolation_level="SERIALIZABLE")
@@ -491,6 +497,28 @@ async def test_a_long_async_handler_on_a_serializable_engine_succeeds(
     finally:
         await inbox.close()
         await engine.dispose()
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert len(effects(outboxkit_db_url)) == 1
+
+
+def test_an_engine_whose_connect_listener_runs_sql_is_served(
+    sa_url: str, outboxkit_db_url: str
+) -> None:
+    """A listener of the application's (``SET application_name``) begins a transaction on each
+    connection it is handed: the middleware commits it before it sets its own level, which
+    cannot change inside a transaction."""
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    engine = create_engine(sa_url)
+    event.listen(
+        engine, "engine_connect", lambda conn: conn.exec_driver_sql("SET timezone = 'UTC'")
+    )
+    inbox = Inbox(engine, _effect_handler, InboxSettings(consumer="billing", registry=REGISTRY))
+    try:
+        outcome = inbox.process(_env(str(uuid.uuid4())))
+    finally:
+        inbox.close()
+        engine.dispose()
     assert outcome.kind is OutcomeKind.SUCCEEDED
     assert len(effects(outboxkit_db_url)) == 1
 
