@@ -114,6 +114,34 @@ def awaited(returned: Any) -> Awaitable[Any]:
     return returned
 
 
+# The session commits and rolls back the connection's transaction even if something else began
+# it (a handler running SQL on ``session.get_bind()`` before the session's first statement):
+# joined as a guest, its commit would commit nothing, and closing the connection would roll the
+# handler's writes and the mark back after the delivery counted as succeeded.
+_OWNED: dict[str, Any] = {"join_transaction_mode": "control_fully"}
+
+
+def _sync(conn: Connection | AsyncConnection | None) -> Connection | None:
+    return conn.sync_connection if isinstance(conn, AsyncConnection) else conn
+
+
+def still_on(conn: Connection | AsyncConnection | None, driver: Any) -> None:
+    """Raise unless ``conn`` still runs on ``driver``, the psycopg connection the handler's
+    run began on: SQLAlchemy opens a lost connection again at the engine's own level, where the
+    mark could commit on its own (autocommit) or fail on a renewal (serializable)."""
+    if driver_of(_sync(conn)) is not driver:
+        raise HandlerTransactionAbortedError(
+            "the handler's connection was lost and opened again: its transaction is gone"
+        )
+
+
+def committed(conn: Connection | AsyncConnection) -> None:
+    """Raise if ``conn`` still holds a transaction once the session committed (what the
+    delivery would otherwise count as succeeded would roll back when it is closed)."""
+    if conn.in_transaction():  # (an AsyncConnection's asks its sync connection: no await)
+        raise HandlerTransactionAbortedError("the handler's transaction did not commit")
+
+
 def isolated(conn: Connection, options: dict[str, str]) -> Connection:
     """``conn`` at the level ``options`` name. What an ``engine_connect`` listener of yours ran
     on it (``SET application_name``, say) began a transaction, in which no level can be set:
@@ -138,7 +166,8 @@ def handler_session(engine: Engine) -> tuple[HandlerSession, Connection]:
     (a session bound to the engine would take another connection, at the engine's level)."""
     conn = engine.connect()
     try:
-        return HandlerSession(bind=isolated(conn, HANDLER_ISOLATION)), conn
+        session = HandlerSession(bind=isolated(conn, HANDLER_ISOLATION), **_OWNED)
+        return session, conn
     except BaseException:
         conn.close()
         raise
@@ -149,7 +178,7 @@ async def handler_session_async(engine: AsyncEngine) -> tuple[AsyncSession, Asyn
     conn = await engine.connect()
     try:
         await isolated_async(conn, HANDLER_ISOLATION)
-        return AsyncSession(bind=conn, sync_session_class=HandlerSession), conn
+        return AsyncSession(bind=conn, sync_session_class=HandlerSession, **_OWNED), conn
     except BaseException:
         await conn.close()
         raise

@@ -24,6 +24,7 @@ from outboxkit.inbox.handler_session import (
     AUTOCOMMIT,
     COMMIT_ALLOWED,
     awaited,
+    committed,
     driver_of,
     handler_session,
     handler_session_async,
@@ -32,6 +33,7 @@ from outboxkit.inbox.handler_session import (
     pending,
     releasing,
     returned_nothing,
+    still_on,
     transaction_aborted,
     transaction_ended,
 )
@@ -152,6 +154,7 @@ class _SyncSteps(_Steps):
 
     def handler_sql(self, step: HandlerSql) -> db.Result:
         assert self.session is not None
+        still_on(self.conn, self.driver)
         return db.run(self.session, step.query, step.params, binary=step.binary)
 
     def _open(self) -> Session:
@@ -210,6 +213,7 @@ class _SyncSteps(_Steps):
         with conn, session:
             session.info[COMMIT_ALLOWED] = True
             session.commit()
+            committed(conn)
 
     def close_handler(self, step: CloseHandler) -> None:
         session, self.session, conn, self.conn = self.session, None, self.conn, None
@@ -290,6 +294,7 @@ class _AsyncSteps(_Steps):
 
     async def handler_sql(self, step: HandlerSql) -> db.Result:
         assert self.session is not None
+        still_on(self.conn, self.driver)
         return await db.run_async(self.session, step.query, step.params, binary=step.binary)
 
     async def _open(self) -> AsyncSession:
@@ -347,6 +352,7 @@ class _AsyncSteps(_Steps):
             async with session:
                 session.info[COMMIT_ALLOWED] = True
                 await session.commit()
+                committed(conn)
         finally:
             await conn.close()
 

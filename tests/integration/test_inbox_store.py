@@ -523,6 +523,29 @@ def test_an_engine_whose_connect_listener_runs_sql_is_served(
     assert len(effects(outboxkit_db_url)) == 1
 
 
+def test_a_handler_using_its_sessions_bind_first_still_commits(
+    engine: Engine, outboxkit_db_url: str
+) -> None:
+    """A handler may run SQL on ``session.get_bind()`` before its session's first statement: that
+    begins the connection's transaction, which the session must still commit (as a guest in
+    it, its commit committed nothing, and closing the connection rolled the handler's writes
+    and the mark back after the event counted as succeeded)."""
+
+    def via_bind(event: Any, ctx: HandlerContext, session: Session) -> None:
+        session.get_bind().execute(text("SELECT 1"))  # type: ignore[union-attr]
+        _effect_handler(event, ctx, session)
+
+    inbox = Inbox(engine, via_bind, InboxSettings(consumer="billing", registry=REGISTRY))
+    event_id = str(uuid.uuid4())
+    try:
+        outcome = inbox.process(_env(event_id))
+    finally:
+        inbox.close()
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert len(effects(outboxkit_db_url)) == 1
+    assert _state_of(outboxkit_db_url, event_id) == "succeeded"
+
+
 def _expiry(db_url: str, event_id: str) -> Any:
     with psycopg.connect(db_url) as conn:
         row = conn.execute(
