@@ -78,6 +78,26 @@ def _caught_up(
     _assert_each_once(db_url, ids, worker)
 
 
+def _consuming(
+    spawn: Callable[..., Worker], db_url: str, bootstrap: str, topics: TopicFactory
+) -> tuple[Worker, str, list[str]]:
+    """A consumer of a topic of four partitions (four held for a retry at once), its first
+    events applied: the worker, the topic and their ids."""
+    topic = topics(partitions=4)
+    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
+    ids = _events(bootstrap, topic, "before", 20, partitions=4)
+    wait_for(lambda: _all_applied(db_url, ids), what="the first events applied")
+    return worker, topic, ids
+
+
+def _outage_ended_in_log(worker: Worker) -> None:
+    wait_for(
+        lambda: "the database works again after" in worker.output(),
+        timeout=30,
+        what="the outage's end in the log, 5 s after its last line",
+    )
+
+
 def _lines_between(worker: Worker, start: int, end: int) -> list[str]:
     return worker.log.read_bytes()[start:end].decode(errors="replace").splitlines()
 
@@ -118,10 +138,9 @@ def test_inbox_run_rides_out_a_postgres_restart(
 ) -> None:
     if outboxkit_stack.postgres is None:
         pytest.skip("external PostgreSQL: cannot stop it")
-    topic = outboxkit_topic(partitions=4)  # four partitions held for a retry at once
-    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
-    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20, partitions=4)
-    wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
+    worker, topic, ids = _consuming(
+        spawn, outboxkit_db_url, outboxkit_kafka_bootstrap, outboxkit_topic
+    )
     before = worker.log.stat().st_size  # the lines of the stop itself count too
     outboxkit_stack.postgres.stop()
     try:
@@ -134,11 +153,7 @@ def test_inbox_run_rides_out_a_postgres_restart(
     _caught_up(outboxkit_db_url, outboxkit_kafka_bootstrap, topic, ids, worker, partitions=4)
     assert during, "the consumer did not notice the database was away"
     assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
-    wait_for(
-        lambda: "the database works again after" in worker.output(),
-        timeout=30,
-        what="the outage's end in the log, 5 s after its last line",
-    )
+    _outage_ended_in_log(worker)
 
 
 def test_inbox_run_rides_out_a_read_only_database(
@@ -148,15 +163,15 @@ def test_inbox_run_rides_out_a_read_only_database(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
-    """A server that answers but takes no writes (an old primary after a failover, a full
-    disk) is the database's state too: no record is given up for it (it used to be after three
-    failures: rejected and dead, its effect never applied) and its lines are rate-limited."""
+    """A server that answers but takes no writes (a replica, ``default_transaction_read_only``,
+    a full disk) is the database's state too: no record is given up for it (it used to be
+    after ``max_unexpected_errors`` refusals: rejected and dead, its effect never applied) and
+    its lines are rate-limited."""
     if outboxkit_stack.postgres is None:
         pytest.skip("external PostgreSQL: cannot make it read-only")
-    topic = outboxkit_topic(partitions=4)
-    worker = spawn(topic, group=f"g-{uuid.uuid4().hex[:8]}", extra_env=FAST)
-    ids = _events(outboxkit_kafka_bootstrap, topic, "before", 20, partitions=4)
-    wait_for(lambda: _all_applied(outboxkit_db_url, ids), what="the first events applied")
+    worker, topic, ids = _consuming(
+        spawn, outboxkit_db_url, outboxkit_kafka_bootstrap, outboxkit_topic
+    )
     before = worker.log.stat().st_size
     with outboxkit_stack.postgres.read_only():
         ids += _events(outboxkit_kafka_bootstrap, topic, "during", 20, partitions=4)
@@ -171,11 +186,7 @@ def test_inbox_run_rides_out_a_read_only_database(
     assert not any("giving" in line for line in during), "\n".join(during)
     assert len(during) <= MAX_OUTAGE_LINES, "\n".join(during[-40:])
     assert not fetch(outboxkit_db_url, "SELECT reason FROM outboxkit.inbox_rejection")
-    wait_for(
-        lambda: "the database works again after" in worker.output(),
-        timeout=30,
-        what="the outage's end in the log, 5 s after its last line",
-    )
+    _outage_ended_in_log(worker)
 
 
 def test_inbox_run_rides_out_terminated_sessions(
