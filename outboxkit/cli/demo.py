@@ -40,6 +40,7 @@ def _log_to(path: Path) -> None:
 def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> None:
     """Writers, two relays (the active one SIGKILLed midway), a consumer killed between its
     DB commit and its offset commit; then a verification table. Exits 1 if a check fails."""
+    from outboxkit.cli.options import resolve_or_exit
     from outboxkit.demo import DemoError, DemoOptions, Services, WritePlan, run_demo
     from outboxkit.devstack import DevStack
 
@@ -52,6 +53,7 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
         "Starting PostgreSQL and Kafka, unless OUTBOXKIT_* variables name running ones"
         " (a first run also fetches Kafka with Maven)..."
     )
+    database = resolve_or_exit(None, None, None)  # the [database] settings from the environment
     started = time.monotonic()
     plan = WritePlan(writers=writers, orders_per_writer=orders, seconds=seconds)
     with DevStack() as stack:
@@ -59,7 +61,11 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
         up += [f"{name} given by {variable}" for name, variable in stack.external.items()]
         click.echo(f"  {'; '.join(up)}")
         services = Services(
-            stack.database_url, stack.kafka_bootstrap, uuid.uuid4().hex[:8], log_dir
+            stack.database_url,
+            stack.kafka_bootstrap,
+            uuid.uuid4().hex[:8],
+            log_dir,
+            connect_options=database.connect_options,
         )
         try:
             result = run_demo(services, sys.stdout, DemoOptions(plan=plan))

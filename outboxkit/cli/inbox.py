@@ -41,7 +41,7 @@ def _engine(
     in one line: no traceback, no parameters, no password."""
     target = resolve_or_exit(config_path, database_url, schema)
     url = target.require_url()
-    engine = sync_engine(url)
+    engine = sync_engine(url, connect_args=target.connect_options)
     try:
         yield engine, target.schema
     except DBAPIError as exc:

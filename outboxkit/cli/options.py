@@ -10,7 +10,7 @@ settings' schema (a command that ran on the wrong schema), and ``--help`` shows 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
@@ -60,6 +60,8 @@ class Database:
 
     url: SecretStr | None
     schema: str
+    # psycopg's options from the ``[database]`` section (no prepared statements behind a pooler)
+    connect_options: dict[str, Any] = field(default_factory=dict)
 
     def require_url(self) -> SecretStr:
         """The URL; not set anywhere is a usage error (exit 2) naming every place it may be."""
@@ -76,10 +78,11 @@ def resolve(config_path: str | None, database_url: str | None, schema: str | Non
     settings = load_database_settings(
         config_path, overrides={"database": {"url": database_url}, "schema_name": schema}
     )
-    url = settings.database.url
+    url, options = settings.database.url, settings.database.connect_options()
     if url is None or not url.get_secret_value():
-        return Database(None, settings.schema_name)
-    return Database(settings.database_url, settings.schema_name)  # an ambiguous URL: refused
+        return Database(None, settings.schema_name, options)
+    # settings.database_url refuses an ambiguous URL
+    return Database(settings.database_url, settings.schema_name, options)
 
 
 def resolve_or_exit(

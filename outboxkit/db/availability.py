@@ -8,7 +8,8 @@ connections (53300), an invalidated connection, a pool timeout; and a server tha
 takes no writes: read-only (25006: a replica, or ``default_transaction_read_only``) or out of
 disk space (53100); and a busy one: a statement timed out or cancelled (57014: a
 ``statement_timeout`` an overloaded server runs into), a lock not available in time (55P03), a
-deadlock or a serialization failure (40P01, 40001). Everything else (a value refused, a value
+deadlock or a serialization failure (40P01, 40001); and a pooler that lost a prepared statement
+(26000, 42P05: below). Everything else (a value refused, a value
 too large for an index, a constraint, an I/O error, which may be one bad block's, a bug, out of
 memory) is the record's.
 """
@@ -18,11 +19,40 @@ from __future__ import annotations
 import psycopg
 import sqlalchemy as sa
 
-# Answered by a server in a state no record brought about, whatever the error's class.
-_SERVER_STATES = frozenset(
-    {"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05"}
-    | {"57014", "55P03", "40P01", "40001"}  # busy: retried, as a transaction that lost a race
+# psycopg prepares a statement it has run 5 times on a connection. A pooler that gives each
+# transaction whichever server connection is free (PgBouncer in transaction mode before 1.21,
+# or with max_prepared_statements = 0) then runs it where it was never prepared ("prepared
+# statement ... does not exist", 26000), or prepares a second one of the same name where
+# another client's is ("... already exists", 42P05). A setting's fault, never a record's.
+PREPARED_STATEMENT_LOST = frozenset({"26000", "42P05"})
+POOLER_HINT = (
+    "a connection pooler that does not keep prepared statements (PgBouncer in transaction"
+    " mode before 1.21, or max_prepared_statements = 0)? Set [database] prepared_statements"
+    " = false (OUTBOXKIT_DATABASE_PREPARED_STATEMENTS=false), and create your own engines"
+    " with connect_args={'prepare_threshold': None}"
 )
+
+# Answered by a server in a state no record brought about, whatever the error's class.
+_SERVER_STATES = (
+    frozenset({"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05"})
+    | {"57014", "55P03", "40P01", "40001"}  # busy: retried, as a transaction that lost a race
+    | PREPARED_STATEMENT_LOST
+)
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg error, bare or wrapped by SQLAlchemy."""
+    orig = getattr(exc, "orig", None)
+    driver = orig if isinstance(orig, BaseException) else exc
+    sqlstate = getattr(driver, "sqlstate", None) if isinstance(driver, psycopg.Error) else None
+    return None if sqlstate is None else str(sqlstate)
+
+
+def with_pooler_hint(text: str, exc: BaseException) -> str:
+    """``text``, with :data:`POOLER_HINT` when ``exc`` is a prepared statement a pooler lost."""
+    if sqlstate_of(exc) in PREPARED_STATEMENT_LOST and POOLER_HINT not in text:
+        return f"{text} ({POOLER_HINT})"
+    return text
 
 
 def database_unavailable(exc: BaseException) -> bool:

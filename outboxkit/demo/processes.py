@@ -11,12 +11,17 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from outboxkit.faults import FAULT_ENV
 from outboxkit.kafka import resolve_client
 from outboxkit.settings import KafkaClient, KafkaSettings
+
+# How the children reach the services, kept from this environment.
+_KEPT = ("OUTBOXKIT_KAFKA_", "OUTBOXKIT_DATABASE_")
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,9 @@ class Services:
     run_id: str
     log_dir: Path
     lease_ttl: float = 3.0
+    # psycopg's options for the demo's own connections (the settings' ``[database]`` section:
+    # no prepared statements behind a pooler that cannot keep them)
+    connect_options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def topic(self) -> str:
@@ -43,12 +51,13 @@ class Services:
         return f"demo-billing-{self.run_id}"
 
     def base_env(self) -> dict[str, str]:
-        """This environment with the demo's settings: Kafka's (client, security) are kept, any
-        other ``OUTBOXKIT_*`` (a fault point, relay tuning) would change the story."""
+        """This environment with the demo's settings: how the services are reached is kept
+        (``OUTBOXKIT_KAFKA_*``: client, security; ``OUTBOXKIT_DATABASE_*``: prepared statements),
+        any other ``OUTBOXKIT_*`` (a fault point, relay tuning) would change the story."""
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith("OUTBOXKIT_") or k.startswith("OUTBOXKIT_KAFKA_")
+            if not k.startswith("OUTBOXKIT_") or k.startswith(_KEPT)
         }
         return {
             **env,

@@ -36,8 +36,10 @@ class Sample:
 class Sampler:
     """One autocommit connection; a sample is one round trip."""
 
-    def __init__(self, database_url: str, topic: str, consumer: str, relay_group: str) -> None:
-        self._conn = db.connect(database_url)
+    def __init__(
+        self, database_url: str, topic: str, consumer: str, relay_group: str, **options: Any
+    ) -> None:
+        self._conn = db.connect(database_url, **options)
         self._query = db.query("demo", "progress", DEFAULT_SCHEMA)
         self._params = {"topic": topic, "consumer": consumer, "group": relay_group}
 

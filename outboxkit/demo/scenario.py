@@ -149,7 +149,8 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
     options = options or DemoOptions()
     started = time.monotonic()
     display = Display(out, started)
-    engine = sync_engine(services.database_url, pool_size=8)
+    connect = dict(services.connect_options)
+    engine = sync_engine(services.database_url, pool_size=8, connect_args=connect)
     children: list[DemoProcess] = []
     writers = Writers(engine, services.topic, options.plan)
     try:
@@ -157,7 +158,11 @@ def run_demo(services: Services, out: TextIO, options: DemoOptions | None = None
         db.migrator.upgrade(services.database_url)
         _create_topic(services.kafka_bootstrap, services.topic, partitions=PARTITIONS)
         sampler = Sampler(
-            services.database_url, services.topic, services.consumer, services.relay_group
+            services.database_url,
+            services.topic,
+            services.consumer,
+            services.relay_group,
+            **connect,
         )
         try:
             story = _start(services, options, display, sampler, children, engine)

@@ -71,7 +71,8 @@ class Writers:
     def join(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # not started: the demo failed before the writes
+                thread.join(max(0.0, deadline - time.monotonic()))
         return not self.alive
 
     @property

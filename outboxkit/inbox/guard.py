@@ -15,6 +15,7 @@ import re
 
 import psycopg
 
+from outboxkit.db.availability import with_pooler_hint
 from outboxkit.errors import DecodeError, detail_of, named
 from outboxkit.wire import HEADER_EVENT_ID, HEADER_LIMITS, header_problem
 
@@ -157,7 +158,7 @@ def _error_text(exc: BaseException, detail: bool) -> str:
         cut = (_VALUE_START if data_exception else _QUOTE).search(first)
         if cut is not None:
             first = f"{first[: cut.start()].rstrip()} (value hidden)".lstrip()
-    return bounded(f"{type(exc).__name__} (SQLSTATE {sqlstate}): {first}")
+    return bounded(with_pooler_hint(f"{type(exc).__name__} (SQLSTATE {sqlstate}): {first}", exc))
 
 
 def _unprintable(exc: BaseException, failure: Exception, detail: bool) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
+from outboxkit.db.availability import with_pooler_hint
 from outboxkit.errors import ConfigurationError, LeaseLostError, ProducerFencedError, PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import TransactionalProducer
@@ -163,7 +164,8 @@ class ShardWorker:
                 if not isinstance(exc, expected) and self._retry_log.attempts < SHOWN_IN_FULL:
                     logger.exception("shard %s: unexpected error", self.shard)
                 delay = self._backoff(failures)
-                self._retry_log.retrying(type(exc).__name__, with_acl_hint(str(exc)), delay)
+                text = with_pooler_hint(with_acl_hint(str(exc)), exc)
+                self._retry_log.retrying(type(exc).__name__, text, delay)
             finally:
                 self.active.clear()
                 self._metrics.lease_active.labels(self._label).set(0)

@@ -277,13 +277,16 @@ def test_a_refused_value_is_not_mistaken_for_an_outage() -> None:
         psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
         psycopg.errors.DeadlockDetected("deadlock detected"),
         psycopg.errors.SerializationFailure("could not serialize access"),
+        psycopg.errors.InvalidSqlStatementName('prepared statement "_pg3_0" does not exist'),
+        psycopg.errors.DuplicatePreparedStatement('prepared statement "_pg3_0" already exists'),
     ],
     ids=lambda error: type(error).__name__,
 )
 def test_a_server_that_takes_no_writes_or_is_busy_is_the_databases_state(
     error: psycopg.Error,
 ) -> None:
-    """Whatever the error's class (read-only is an InternalError): no record brought it about."""
+    """Whatever the error's class (read-only is an InternalError): no record brought it about
+    (a prepared statement a pooler lost: a setting did)."""
     from outboxkit.db.availability import database_unavailable
 
     assert database_unavailable(error)
@@ -442,3 +445,15 @@ def test_the_plain_header_shortcut_never_passes_what_the_check_refuses(
     ]:
         if _plain_headers(headers):
             check_headers(headers)
+
+
+def test_only_a_prepared_statement_the_pooler_lost_carries_the_pooler_hint() -> None:
+    from outboxkit.db.availability import POOLER_HINT, with_pooler_hint
+
+    lost = psycopg.errors.DuplicatePreparedStatement('prepared statement "_pg3_0" already exists')
+    wrapped = sqlalchemy.exc.ProgrammingError("INSERT", {}, lost)
+    assert with_pooler_hint("text", wrapped) == f"text ({POOLER_HINT})"
+    assert with_pooler_hint(f"text ({POOLER_HINT})", lost) == f"text ({POOLER_HINT})"  # once
+    assert with_pooler_hint("text", psycopg.errors.UniqueViolation("dup")) == "text"
+    assert with_pooler_hint("text", RuntimeError("bug")) == "text"
+    assert POOLER_HINT not in error_text(psycopg.errors.SerializationFailure("x"))
