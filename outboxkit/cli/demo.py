@@ -40,9 +40,20 @@ def _log_to(path: Path) -> None:
 def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> None:
     """Writers, two relays (the active one SIGKILLed midway), a consumer killed between its
     DB commit and its offset commit; then a verification table. Exits 1 if a check fails."""
-    from outboxkit.cli.options import resolve_or_exit
+    from pydantic import ValidationError
+
     from outboxkit.demo import DemoError, DemoOptions, Services, WritePlan, run_demo
     from outboxkit.devstack import DevStack
+    from outboxkit.settings import DatabaseSettings
+
+    try:  # OUTBOXKIT_DATABASE_PREPARED_STATEMENTS (handed on to its relays and consumer)
+        prepared = DatabaseSettings().prepared_statements
+    except ValidationError as exc:  # named, never quoted
+        named = "; ".join(
+            f"OUTBOXKIT_DATABASE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise click.ClickException(f"invalid settings: {named}") from None
 
     if log_dir is None:
         log_dir = Path(tempfile.mkdtemp(prefix="outboxkit-demo-"))
@@ -53,7 +64,6 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
         "Starting PostgreSQL and Kafka, unless OUTBOXKIT_* variables name running ones"
         " (a first run also fetches Kafka with Maven)..."
     )
-    database = resolve_or_exit(None, None, None)  # the [database] settings from the environment
     started = time.monotonic()
     plan = WritePlan(writers=writers, orders_per_writer=orders, seconds=seconds)
     with DevStack() as stack:
@@ -65,7 +75,7 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
             stack.kafka_bootstrap,
             uuid.uuid4().hex[:8],
             log_dir,
-            connect_options=database.connect_options,
+            prepared_statements=prepared,
         )
         try:
             result = run_demo(services, sys.stdout, DemoOptions(plan=plan))

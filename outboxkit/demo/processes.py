@@ -11,17 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from outboxkit.faults import FAULT_ENV
 from outboxkit.kafka import resolve_client
-from outboxkit.settings import KafkaClient, KafkaSettings
-
-# How the children reach the services, kept from this environment.
-_KEPT = ("OUTBOXKIT_KAFKA_", "OUTBOXKIT_DATABASE_")
+from outboxkit.settings import DatabaseSettings, KafkaClient, KafkaSettings
 
 
 @dataclass(frozen=True)
@@ -33,9 +29,13 @@ class Services:
     run_id: str
     log_dir: Path
     lease_ttl: float = 3.0
-    # psycopg's options for the demo's own connections (the settings' ``[database]`` section:
-    # no prepared statements behind a pooler that cannot keep them)
-    connect_options: Mapping[str, Any] = field(default_factory=dict)
+    # false behind a pooler that cannot keep them: for the demo's connections and its children's
+    prepared_statements: bool = True
+
+    @property
+    def connect_options(self) -> dict[str, Any]:
+        """psycopg's options for the demo's own connections."""
+        return DatabaseSettings(prepared_statements=self.prepared_statements).connect_options()
 
     @property
     def topic(self) -> str:
@@ -51,17 +51,17 @@ class Services:
         return f"demo-billing-{self.run_id}"
 
     def base_env(self) -> dict[str, str]:
-        """This environment with the demo's settings: how the services are reached is kept
-        (``OUTBOXKIT_KAFKA_*``: client, security; ``OUTBOXKIT_DATABASE_*``: prepared statements),
-        any other ``OUTBOXKIT_*`` (a fault point, relay tuning) would change the story."""
+        """This environment with the demo's settings: Kafka's (client, security) are kept, any
+        other ``OUTBOXKIT_*`` (a fault point, relay tuning) would change the story."""
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith("OUTBOXKIT_") or k.startswith(_KEPT)
+            if not k.startswith("OUTBOXKIT_") or k.startswith("OUTBOXKIT_KAFKA_")
         }
         return {
             **env,
             "OUTBOXKIT_DATABASE_URL": self.database_url,
+            "OUTBOXKIT_DATABASE_PREPARED_STATEMENTS": str(self.prepared_statements).lower(),
             "OUTBOXKIT_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "PYTHONUNBUFFERED": "1",
         }

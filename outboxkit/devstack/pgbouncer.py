@@ -2,17 +2,20 @@
 
 Transaction pooling is how PgBouncer is most often run in production, and the mode that keeps
 no session state: each transaction of a client may run on another server connection, so
-session settings, LISTEN and (before PgBouncer 1.21) prepared statements do not follow a
-client. The pool is kept smaller than the number of clients a test opens, so their
+session settings, LISTEN and prepared statements do not follow a client (PgBouncer keeps
+prepared statements from 1.21 on when ``max_prepared_statements`` is above 0: here it is 0, as
+before 1.21). The pool is kept smaller than the number of clients a test opens, so their
 transactions really do share server connections.
 
 The binary is found as PostgreSQL's are (``$OUTBOXKIT_PGBOUNCER``, ``PATH``, Debian's path), or
 fetched once from Debian's package archive with ``apt-get download`` and unpacked into the
-cache (``dpkg -x``: no root, nothing installed system-wide)."""
+cache (``dpkg -x``: no root, nothing installed system-wide). Run as another user (as root), the
+server gets a copy of its own."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,7 +58,35 @@ def find_pgbouncer() -> tuple[Path, dict[str, str]]:
     binary = root / "usr" / "sbin" / "pgbouncer"
     if not binary.exists():
         _unpack_debian_packages(root)
-    return binary, {"LD_LIBRARY_PATH": str(root / "usr" / "lib" / "x86_64-linux-gnu")}
+    libraries = ":".join(str(p) for p in sorted((root / "usr" / "lib").glob("*-linux-gnu")))
+    return binary, {"LD_LIBRARY_PATH": libraries}
+
+
+def _version(binary: Path, env: dict[str, str]) -> tuple[int, int]:
+    """``(major, minor)`` from ``pgbouncer --version`` ("PgBouncer 1.18.0")."""
+    shown = subprocess.run(
+        [str(binary), "--version"], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    found = re.search(r"PgBouncer (\d+)\.(\d+)", shown.stdout)
+    if found is None:
+        raise DevStackError(f"{binary} --version said {shown.stdout!r} {shown.stderr!r}")
+    return int(found[1]), int(found[2])
+
+
+def _private_copy(binary: Path, env: dict[str, str], into: Path) -> tuple[Path, dict[str, str]]:
+    """The binary and its unpacked libraries copied into ``into``: run as another user (as
+    root), it cannot reach them in root's own cache."""
+    copied = into / "bin" / binary.name
+    copied.parent.mkdir()
+    shutil.copy2(binary, copied)
+    if not env.get("LD_LIBRARY_PATH"):
+        return copied, env
+    libraries = into / "lib"
+    libraries.mkdir()
+    for folder in env["LD_LIBRARY_PATH"].split(":"):
+        for library in Path(folder).glob("*.so*"):
+            shutil.copy2(library, libraries / library.name, follow_symlinks=True)
+    return copied, {"LD_LIBRARY_PATH": str(libraries)}
 
 
 def _unpack_debian_packages(root: Path) -> None:
@@ -118,10 +149,10 @@ class PgBouncer(ManagedServer):
         credentials = parts.netloc.rpartition("@")[0]
         return parts._replace(netloc=f"{credentials}@127.0.0.1:{self.port}").geturl()
 
-    def _write_config(self) -> Path:
+    def _write_config(self, version: tuple[int, int]) -> Path:
         users = self.base_dir / "users.txt"
-        quoted = self._password.replace('"', '""')
-        write_private(users, f'"{self._user}" "{quoted}"\n')  # PgBouncer's own file format
+        user, password = (text.replace('"', '""') for text in (self._user, self._password))
+        write_private(users, f'"{user}" "{password}"\n')  # PgBouncer's own file format
         config = self.base_dir / "pgbouncer.ini"
         host, port = self._server
         config.write_text(
@@ -134,6 +165,9 @@ class PgBouncer(ManagedServer):
             "pool_mode = transaction\n"
             f"default_pool_size = {self.pool_size}\nmin_pool_size = 0\nreserve_pool_size = 0\n"
             "max_client_conn = 1000\n"
+            # 1.21 and later can keep prepared statements (on by default from 1.24): off, as
+            # in the PgBouncers this stands for
+            + ("max_prepared_statements = 0\n" if version >= (1, 21) else "")
         )
         chown_tree(self.base_dir, self._os_user)
         return config
@@ -146,7 +180,10 @@ class PgBouncer(ManagedServer):
     def start(self) -> None:
         if self._service is None:
             binary, env = find_pgbouncer()
-            config = self._write_config()
+            version = _version(binary, env)
+            if self._os_user is not None:
+                binary, env = _private_copy(binary, env, self.base_dir)
+            config = self._write_config(version)
             self._service = ServiceProcess(
                 "pgbouncer",
                 [str(binary), str(config)],
@@ -155,7 +192,8 @@ class PgBouncer(ManagedServer):
                 env={**os.environ, **env},
                 user=self._os_user,
                 start_timeout=30,
-                stop_signal=signal.SIGTERM,  # immediate shutdown: clients are cut off
+                # immediate shutdown, clients cut off (SIGTERM waits for them from 1.23 on)
+                stop_signal=signal.SIGQUIT if version >= (1, 23) else signal.SIGTERM,
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
             )

@@ -135,7 +135,7 @@ def message(exc: BaseException) -> str:
 
 def _error_text(exc: BaseException, detail: bool) -> str:
     if detail:
-        return bounded(named(exc), 4000)
+        return bounded(with_pooler_hint(named(exc), exc), 4000)
     orig = getattr(exc, "orig", None)
     if hasattr(exc, "statement") and hasattr(exc, "params"):
         # A server's error (with a SQLSTATE) and the driver's own (a lost connection) quote

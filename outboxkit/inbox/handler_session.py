@@ -23,7 +23,9 @@ from outboxkit.errors import (
     ConfigurationError,
     HandlerCommitError,
     HandlerTransactionAbortedError,
+    LeaseLostError,
 )
+from outboxkit.inbox.steps import RunInSavepoint, RunInTransaction
 
 COMMIT_ALLOWED = "outboxkit.inbox.commit_allowed"
 
@@ -63,6 +65,33 @@ def transaction_ended(
     return BatchTransactionEndedError(
         "a handler rolled back the batch's transaction; the batch runs again one by one"
     )
+
+
+def instead_of_failure(
+    exc: BaseException,
+    conn: Connection | AsyncConnection | None,
+    session: Session | AsyncSession,
+    outer: SessionTransaction | None,
+    step: RunInTransaction,
+) -> BatchTransactionEndedError | None:
+    """What a batch raises instead of a handler's failure ``exc``, when the batch's transaction
+    is gone with it and the batch runs again one by one: its connection was lost (broken, or
+    ended by the server: ``idle_in_transaction_session_timeout`` after an earlier handler's
+    long wait would otherwise count as the failure of the handler that ran next), or the
+    handler rolled back in its savepoint (:func:`transaction_ended`). Run alone, each event
+    then counts its own failures. A stop (not an ``Exception``) or a lost lease stays itself;
+    without a savepoint any other failure does too (the transaction is rolled back anyway)."""
+    if isinstance(exc, Exception) and not isinstance(exc, LeaseLostError):
+        sync = _sync(conn)
+        if sync is not None and sync.invalidated:
+            return BatchTransactionEndedError(
+                "the batch's connection was lost during a handler (broken, or ended by the"
+                " server); the batch runs again one by one"
+            )
+    if not isinstance(step, RunInSavepoint):
+        return None
+    sync_session = session.sync_session if isinstance(session, AsyncSession) else session
+    return transaction_ended(sync_session, outer)
 
 
 def driver_of(conn: Connection | None) -> Any:
@@ -129,7 +158,14 @@ def still_on(conn: Connection | AsyncConnection | None, driver: Any) -> None:
     """Raise unless ``conn`` still runs on ``driver``, the psycopg connection the handler's
     run began on: SQLAlchemy opens a lost connection again at the engine's own level, where the
     mark could commit on its own (autocommit) or fail on a renewal (serializable)."""
-    if driver_of(_sync(conn)) is not driver:
+    sync = _sync(conn)
+    if sync is not None and sync.invalidated:  # (reading its connection would raise
+        # SQLAlchemy's PendingRollbackError, which does not say what happened)
+        raise HandlerTransactionAbortedError(
+            "the handler's connection was lost (broken, or ended by the server: an"
+            " idle_in_transaction_session_timeout, say): its transaction is gone"
+        )
+    if driver_of(sync) is not driver:
         raise HandlerTransactionAbortedError(
             "the handler's connection was lost and opened again: its transaction is gone"
         )

@@ -28,6 +28,7 @@ from outboxkit.inbox.handler_session import (
     driver_of,
     handler_session,
     handler_session_async,
+    instead_of_failure,
     isolated,
     isolated_async,
     pending,
@@ -183,9 +184,8 @@ class _SyncSteps(_Steps):
         except BaseException as exc:
             # Without a savepoint the transaction is rolled back after any failure anyway (a
             # failed flush already did): the handler's own error is the one to report.
-            saved = isinstance(step, RunInSavepoint)
-            if saved and (ended := transaction_ended(session, outer)) is not None:
-                raise ended from exc
+            if (instead := instead_of_failure(exc, self.conn, session, outer, step)) is not None:
+                raise instead from exc
             raise
         if (ended := transaction_ended(session, outer)) is not None:
             raise ended
@@ -321,9 +321,8 @@ class _AsyncSteps(_Steps):
             if pending(session.sync_session):
                 await session.flush()
         except BaseException as exc:
-            saved = isinstance(step, RunInSavepoint)  # (as in the sync driver)
-            if saved and (ended := transaction_ended(session.sync_session, outer)) is not None:
-                raise ended from exc
+            if (instead := instead_of_failure(exc, self.conn, session, outer, step)) is not None:
+                raise instead from exc
             raise
         if (ended := transaction_ended(session.sync_session, outer)) is not None:
             raise ended

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import psycopg
 
 from outboxkit import db
+from outboxkit.db.availability import with_pooler_hint
 from outboxkit.errors import LeaseLostError
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ JUMP_SECONDS = 1.0
 
 def unreadable(error: Exception | None = None) -> str:
     """The reason when the lease row could not be read back (``error``: what stopped it)."""
-    detail = f": {type(error).__name__}: {error}" if error is not None else ""
+    detail = ""
+    if error is not None:
+        detail = f": {type(error).__name__}: {with_pooler_hint(str(error), error)}"
     return f"expired or taken over (the lease row could not be read{detail})"
 
 

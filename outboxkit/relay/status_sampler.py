@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import db
+from outboxkit.db.availability import with_pooler_hint
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.waiting import wait_any
 
@@ -140,7 +141,7 @@ async def sample_forever(
         except (psycopg.Error, OSError) as exc:
             if full_since is not None:
                 count_due = _next_count(every, full_since)
-            logger.info("status sampling failed: %s", exc)
+            logger.info("status sampling failed: %s", with_pooler_hint(str(exc), exc))
             await wait_any([stop], 2.0)
 
 
