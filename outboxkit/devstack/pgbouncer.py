@@ -59,7 +59,7 @@ def find_pgbouncer() -> tuple[Path, dict[str, str]]:
     if not binary.exists():
         _unpack_debian_packages(root)
     libraries = ":".join(str(p) for p in sorted((root / "usr" / "lib").glob("*-linux-gnu")))
-    return binary, {"LD_LIBRARY_PATH": libraries}
+    return binary, {"LD_LIBRARY_PATH": libraries} if libraries else {}
 
 
 def _version(binary: Path, env: dict[str, str]) -> tuple[int, int]:
@@ -181,7 +181,7 @@ class PgBouncer(ManagedServer):
         if self._service is None:
             binary, env = find_pgbouncer()
             version = _version(binary, env)
-            if self._os_user is not None:
+            if self._os_user is not None and env:  # unpacked into (root's) cache
                 binary, env = _private_copy(binary, env, self.base_dir)
             config = self._write_config(version)
             self._service = ServiceProcess(

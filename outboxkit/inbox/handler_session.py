@@ -79,19 +79,41 @@ def instead_of_failure(
     ended by the server: ``idle_in_transaction_session_timeout`` after an earlier handler's
     long wait would otherwise count as the failure of the handler that ran next), or the
     handler rolled back in its savepoint (:func:`transaction_ended`). Run alone, each event
-    then counts its own failures. A stop (not an ``Exception``) or a lost lease stays itself;
-    without a savepoint any other failure does too (the transaction is rolled back anyway)."""
-    if isinstance(exc, Exception) and not isinstance(exc, LeaseLostError):
-        sync = _sync(conn)
-        if sync is not None and sync.invalidated:
-            return BatchTransactionEndedError(
-                "the batch's connection was lost during a handler (broken, or ended by the"
-                " server); the batch runs again one by one"
-            )
+    then counts its own failures. A stop (not an ``Exception``) or a lost lease is never taken
+    for a lost connection; without a savepoint any other failure stays itself (the transaction
+    is rolled back anyway, and the handler's own error is the one to report)."""
+    ours = isinstance(exc, Exception) and not isinstance(exc, LeaseLostError)
+    if ours and (lost := _connection_lost(conn)) is not None:
+        return lost
     if not isinstance(step, RunInSavepoint):
         return None
     sync_session = session.sync_session if isinstance(session, AsyncSession) else session
     return transaction_ended(sync_session, outer)
+
+
+def _connection_lost(
+    conn: Connection | AsyncConnection | None,
+) -> BatchTransactionEndedError | None:
+    sync = _sync(conn)
+    if sync is None or not sync.invalidated:
+        return None
+    return BatchTransactionEndedError(
+        "the batch's connection was lost during a handler (broken, or ended by the server);"
+        " the batch runs again one by one"
+    )
+
+
+@contextlib.contextmanager
+def lost_ends_batch(conn: Connection | AsyncConnection | None) -> Iterator[None]:
+    """A savepoint's SAVEPOINT or RELEASE that failed with the connection: where a handler's
+    long wait shows first (the server ended the session meanwhile) in a batch run in
+    savepoints. The batch runs again one by one, as after a handler's failure with it."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, BatchTransactionEndedError) or (lost := _connection_lost(conn)) is None:
+            raise
+        raise lost from exc
 
 
 def driver_of(conn: Connection | None) -> Any:
@@ -121,11 +143,13 @@ def transaction_aborted(driver: Any) -> HandlerTransactionAbortedError | None:
 
 
 @contextlib.contextmanager
-def releasing(session: Session) -> Iterator[None]:
-    """Our own release of a handler's savepoint (SQLAlchemy calls it a commit) is allowed."""
+def releasing(session: Session, conn: Connection | AsyncConnection | None) -> Iterator[None]:
+    """Our own release of a handler's savepoint (SQLAlchemy calls it a commit) is allowed; one
+    that failed with the connection ends the batch (:func:`lost_ends_batch`)."""
     session.info[COMMIT_ALLOWED] = True
     try:
-        yield
+        with lost_ends_batch(conn):
+            yield
     finally:
         session.info[COMMIT_ALLOWED] = False
 

@@ -31,6 +31,7 @@ from outboxkit.inbox.handler_session import (
     instead_of_failure,
     isolated,
     isolated_async,
+    lost_ends_batch,
     pending,
     releasing,
     returned_nothing,
@@ -182,8 +183,6 @@ class _SyncSteps(_Steps):
                 ctx.check()
             session.flush()  # returns at once when nothing is pending (its own first test)
         except BaseException as exc:
-            # Without a savepoint the transaction is rolled back after any failure anyway (a
-            # failed flush already did): the handler's own error is the one to report.
             if (instead := instead_of_failure(exc, self.conn, session, outer, step)) is not None:
                 raise instead from exc
             raise
@@ -195,7 +194,8 @@ class _SyncSteps(_Steps):
     def run_in_savepoint(self, step: RunInSavepoint) -> None:
         session = self.session
         assert session is not None
-        nested = session.begin_nested()
+        with lost_ends_batch(self.conn):
+            nested = session.begin_nested()
         try:
             self.run_in_transaction(step)
         except BatchTransactionEndedError:
@@ -203,7 +203,7 @@ class _SyncSteps(_Steps):
         except BaseException:
             nested.rollback()  # this handler's writes only; the batch goes on
             raise
-        with releasing(session):
+        with releasing(session, self.conn):
             nested.commit()
 
     def commit_handler(self, step: CommitHandler) -> None:
@@ -332,7 +332,8 @@ class _AsyncSteps(_Steps):
     async def run_in_savepoint(self, step: RunInSavepoint) -> None:
         session = self.session
         assert session is not None
-        nested = await session.begin_nested()
+        with lost_ends_batch(self.conn):
+            nested = await session.begin_nested()
         try:
             await self.run_in_transaction(step)
         except BatchTransactionEndedError:
@@ -340,7 +341,7 @@ class _AsyncSteps(_Steps):
         except BaseException:
             await nested.rollback()
             raise
-        with releasing(session.sync_session):
+        with releasing(session.sync_session, self.conn):
             await nested.commit()
 
     async def commit_handler(self, step: CommitHandler) -> None:

@@ -2,8 +2,9 @@
 no statement running (``idle_in_transaction_session_timeout``, which operators often set): the
 batch's transaction is gone, so it runs again one by one and only the handler that waited pays
 for it. Before, the handler that ran next in the batch failed on the dead connection and was
-charged the attempt, and the rerun in savepoints broke off with SQLAlchemy's
-``PendingRollbackError``."""
+charged the attempt: in the batch's first run, or in its rerun in savepoints, where the wait
+shows first at the savepoint's release (which also broke off with SQLAlchemy's
+``PendingRollbackError``)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,37 @@ class IdleAfterWrite(Behaviour):
             time.sleep(IDLE_SECONDS)
 
 
+def _idle_timeout(db_url: str) -> None:
+    database = db_url.rsplit("/", 1)[1]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = '1s'").format(
+                sql.Identifier(database)
+            )
+        )
+
+
+def _ended(db_url: str, event_id: str) -> tuple[str, int, str | None]:
+    row = inbox_row(db_url, "billing", event_id)
+    assert row is not None
+    return row["state"], row["attempts"], row["last_error"]
+
+
+def _succeeded_once(db_url: str, event_ids: list[str]) -> None:
+    for event_id in event_ids:
+        assert _ended(db_url, event_id)[:2] == ("succeeded", 1), event_id
+        assert len(effects(db_url, event_id)) == 1
+
+
+def _paid_alone(db_url: str, idle: str, caplog: pytest.LogCaptureFixture) -> None:
+    state, attempts, error = _ended(db_url, idle)
+    assert (state, attempts) == ("dead", 2)
+    assert "IdleInTransactionSessionTimeout" in (error or "")
+    assert effects(db_url, idle) == []
+    assert "the batch's connection was lost during a handler" in caplog.text
+    assert "PendingRollbackError" not in caplog.text
+
+
 def test_a_handler_idle_past_the_servers_timeout_pays_for_it_alone(
     start: Start,  # noqa: F811
     outboxkit_db_url: str,
@@ -45,16 +77,10 @@ def test_a_handler_idle_past_the_servers_timeout_pays_for_it_alone(
     outboxkit_topic: TopicFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    database = outboxkit_db_url.rsplit("/", 1)[1]
-    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = '1s'").format(
-                sql.Identifier(database)
-            )
-        )
+    _idle_timeout(outboxkit_db_url)
     topic = outboxkit_topic()
     ids = [str(uuid.uuid4()) for _ in range(5)]
-    idle = ids[1]  # the handlers after it run in the same transaction, after its wait
+    idle = ids[0]  # the handlers after it run in the same transaction, after its wait
     for n, event_id in enumerate(ids):
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o-{n}", n + 1)
     harness = start(
@@ -64,17 +90,45 @@ def test_a_handler_idle_past_the_servers_timeout_pays_for_it_alone(
         consumer_options={"batch_max_records": 50},
     )
     harness.wait_outcomes(*ids)
-    row = inbox_row(outboxkit_db_url, "billing", idle)
-    assert row is not None
-    assert (row["state"], row["attempts"]) == ("dead", 2)
-    assert "IdleInTransactionSessionTimeout" in row["last_error"]
-    assert effects(outboxkit_db_url, idle) == []
-    for event_id in ids:
-        if event_id == idle:
-            continue
-        row = inbox_row(outboxkit_db_url, "billing", event_id)
-        assert row is not None
-        assert (row["state"], row["attempts"]) == ("succeeded", 1), event_id
-        assert len(effects(outboxkit_db_url, event_id)) == 1
-    assert "the batch's connection was lost during a handler" in caplog.text
-    assert "PendingRollbackError" not in caplog.text
+    _succeeded_once(outboxkit_db_url, ids[1:])
+    _paid_alone(outboxkit_db_url, idle, caplog)
+
+
+@dataclass
+class IdleAfterWriteOrFail(IdleAfterWrite):
+    """:class:`IdleAfterWrite`, and ``failing`` raises after its write, every attempt."""
+
+    failing: str = ""
+
+    def before_return(self, ctx: HandlerContext) -> None:
+        super().before_return(ctx)
+        if ctx.event_id == self.failing:
+            raise RuntimeError("boom")
+
+
+def test_an_idle_handler_in_the_batchs_run_in_savepoints_pays_for_it_alone(
+    start: Start,  # noqa: F811
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failing handler in one partition makes the batch run again in savepoints; in the other
+    partition the idle handler's wait then shows at its savepoint's release, and the handler
+    after it must not pay for it."""
+    _idle_timeout(outboxkit_db_url)
+    topic = outboxkit_topic(partitions=2)
+    failing, idle, after = (str(uuid.uuid4()) for _ in range(3))
+    produce_event(outboxkit_kafka_bootstrap, topic, failing, "o-failing", 1, partition=0)
+    produce_event(outboxkit_kafka_bootstrap, topic, idle, "o-idle", 2, partition=1)
+    produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 3, partition=1)
+    harness = start(
+        [topic],
+        IdleAfterWriteOrFail(fail_only=idle, failing=failing),
+        policy=RetryPolicy(max_attempts=2, initial_delay=0.1),
+        consumer_options={"batch_max_records": 50},
+    )
+    harness.wait_outcomes(failing, idle, after)
+    _succeeded_once(outboxkit_db_url, [after])
+    _paid_alone(outboxkit_db_url, idle, caplog)
+    assert _ended(outboxkit_db_url, failing)[:2] == ("dead", 2)
