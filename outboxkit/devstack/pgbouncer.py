@@ -79,11 +79,9 @@ def _private_copy(binary: Path, env: dict[str, str], into: Path) -> tuple[Path, 
     copied = into / "bin" / binary.name
     copied.parent.mkdir()
     shutil.copy2(binary, copied)
-    if not env.get("LD_LIBRARY_PATH"):
-        return copied, env
     libraries = into / "lib"
     libraries.mkdir()
-    for folder in env["LD_LIBRARY_PATH"].split(":"):
+    for folder in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         for library in Path(folder).glob("*.so*"):
             shutil.copy2(library, libraries / library.name, follow_symlinks=True)
     return copied, {"LD_LIBRARY_PATH": str(libraries)}
@@ -181,7 +179,7 @@ class PgBouncer(ManagedServer):
         if self._service is None:
             binary, env = find_pgbouncer()
             version = _version(binary, env)
-            if self._os_user is not None and env:  # unpacked into (root's) cache
+            if self._os_user is not None and cache_dir() in binary.parents:  # root's own
                 binary, env = _private_copy(binary, env, self.base_dir)
             config = self._write_config(version)
             self._service = ServiceProcess(

@@ -105,9 +105,10 @@ def _connection_lost(
 
 @contextlib.contextmanager
 def lost_ends_batch(conn: Connection | AsyncConnection | None) -> Iterator[None]:
-    """A savepoint's SAVEPOINT or RELEASE that failed with the connection: where a handler's
-    long wait shows first (the server ended the session meanwhile) in a batch run in
-    savepoints. The batch runs again one by one, as after a handler's failure with it."""
+    """A savepoint's RELEASE that failed with the connection: where a handler's long wait shows
+    first (the server ended the session meanwhile) in a batch run in savepoints. The batch runs
+    again one by one, as after a handler's failure with it (:func:`instead_of_failure`, which
+    also covers the SAVEPOINT: it goes with the handler's first statement)."""
     try:
         yield
     except Exception as exc:

@@ -31,7 +31,6 @@ from outboxkit.inbox.handler_session import (
     instead_of_failure,
     isolated,
     isolated_async,
-    lost_ends_batch,
     pending,
     releasing,
     returned_nothing,
@@ -194,8 +193,7 @@ class _SyncSteps(_Steps):
     def run_in_savepoint(self, step: RunInSavepoint) -> None:
         session = self.session
         assert session is not None
-        with lost_ends_batch(self.conn):
-            nested = session.begin_nested()
+        nested = session.begin_nested()  # its SAVEPOINT goes with the handler's first statement
         try:
             self.run_in_transaction(step)
         except BatchTransactionEndedError:
@@ -332,8 +330,7 @@ class _AsyncSteps(_Steps):
     async def run_in_savepoint(self, step: RunInSavepoint) -> None:
         session = self.session
         assert session is not None
-        with lost_ends_batch(self.conn):
-            nested = await session.begin_nested()
+        nested = await session.begin_nested()
         try:
             await self.run_in_transaction(step)
         except BatchTransactionEndedError:
