@@ -104,7 +104,7 @@ def _connection_lost(
 
 
 @contextlib.contextmanager
-def lost_ends_batch(conn: Connection | AsyncConnection | None) -> Iterator[None]:
+def _lost_ends_batch(conn: Connection | AsyncConnection | None) -> Iterator[None]:
     """A savepoint's RELEASE that failed with the connection: where a handler's long wait shows
     first (the server ended the session meanwhile) in a batch run in savepoints. The batch runs
     again one by one, as after a handler's failure with it (:func:`instead_of_failure`, which
@@ -146,10 +146,10 @@ def transaction_aborted(driver: Any) -> HandlerTransactionAbortedError | None:
 @contextlib.contextmanager
 def releasing(session: Session, conn: Connection | AsyncConnection | None) -> Iterator[None]:
     """Our own release of a handler's savepoint (SQLAlchemy calls it a commit) is allowed; one
-    that failed with the connection ends the batch (:func:`lost_ends_batch`)."""
+    that failed with the connection ends the batch (:func:`_lost_ends_batch`)."""
     session.info[COMMIT_ALLOWED] = True
     try:
-        with lost_ends_batch(conn):
+        with _lost_ends_batch(conn):
             yield
     finally:
         session.info[COMMIT_ALLOWED] = False
