@@ -40,20 +40,15 @@ def _log_to(path: Path) -> None:
 def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> None:
     """Writers, two relays (the active one SIGKILLed midway), a consumer killed between its
     DB commit and its offset commit; then a verification table. Exits 1 if a check fails."""
-    from pydantic import ValidationError
-
     from outboxkit.demo import DemoError, DemoOptions, Services, WritePlan, run_demo
     from outboxkit.devstack import DevStack
-    from outboxkit.settings import DatabaseSettings
+    from outboxkit.errors import ConfigurationError
+    from outboxkit.settings import load_database_settings
 
-    try:  # OUTBOXKIT_DATABASE_PREPARED_STATEMENTS (handed on to its relays and consumer)
-        prepared = DatabaseSettings().prepared_statements
-    except ValidationError as exc:  # named, never quoted
-        named = "; ".join(
-            f"OUTBOXKIT_DATABASE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise click.ClickException(f"invalid settings: {named}") from None
+    try:  # [database] prepared_statements, handed on to its relays and consumer
+        prepared = load_database_settings().database.prepared_statements
+    except ConfigurationError as exc:  # names the setting, never quotes its value
+        raise click.ClickException(str(exc)) from None
 
     if log_dir is None:
         log_dir = Path(tempfile.mkdtemp(prefix="outboxkit-demo-"))

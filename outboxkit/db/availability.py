@@ -40,11 +40,17 @@ _SERVER_STATES = (
 )
 
 
-def sqlstate_of(exc: BaseException) -> str | None:
-    """The SQLSTATE of a psycopg error, bare or wrapped by SQLAlchemy."""
+def _driver_error(exc: BaseException) -> psycopg.Error | None:
+    """The psycopg error, bare or wrapped by SQLAlchemy."""
     orig = getattr(exc, "orig", None)
     driver = orig if isinstance(orig, BaseException) else exc
-    sqlstate = getattr(driver, "sqlstate", None) if isinstance(driver, psycopg.Error) else None
+    return driver if isinstance(driver, psycopg.Error) else None
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg error, bare or wrapped by SQLAlchemy."""
+    driver = _driver_error(exc)
+    sqlstate = None if driver is None else driver.sqlstate
     return None if sqlstate is None else str(sqlstate)
 
 
@@ -60,11 +66,10 @@ def database_unavailable(exc: BaseException) -> bool:
     writes."""
     if getattr(exc, "connection_invalidated", False) or isinstance(exc, sa.exc.TimeoutError):
         return True
-    orig = getattr(exc, "orig", None)
-    driver = orig if isinstance(orig, BaseException) else exc
-    if not isinstance(driver, psycopg.Error):
+    driver = _driver_error(exc)
+    if driver is None:
         return False
-    sqlstate = getattr(driver, "sqlstate", None)
+    sqlstate = sqlstate_of(driver)
     if sqlstate is None:
         # libpq failed before the server answered: refused, reset, timed out
         return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)

@@ -35,7 +35,8 @@ class Services:
     @property
     def connect_options(self) -> dict[str, Any]:
         """psycopg's options for the demo's own connections."""
-        return DatabaseSettings(prepared_statements=self.prepared_statements).connect_options()
+        chosen = DatabaseSettings.model_construct(prepared_statements=self.prepared_statements)
+        return chosen.connect_options()  # (model_construct: no environment read)
 
     @property
     def topic(self) -> str:
