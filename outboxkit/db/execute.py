@@ -6,7 +6,10 @@ the driver connection SQLAlchemy holds, so a write costs no SQLAlchemy compilati
 driver runs the same ``:name`` text through SQLAlchemy. Errors keep the family of the target: a
 SQLAlchemy target gets SQLAlchemy exceptions (with bound parameters hidden, as they may hold
 payloads), a psycopg target gets psycopg's. A connection the error broke is invalidated, as
-SQLAlchemy does for its own statements, so the pool never hands it out again.
+SQLAlchemy does for its own statements, so the pool never hands it out again. Results come in
+PostgreSQL's binary format: a database's output settings (``DateStyle``, ``IntervalStyle``,
+``extra_float_digits``, ``bytea_output``) change how the server writes values as text, and
+psycopg parses a timestamp written as text only under ``DateStyle`` ISO.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _via_sqlalchemy(result: sa.CursorResult[Any]) -> Result:
 
 def _on_driver(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
     with driver.cursor(row_factory=tuple_row) as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, params, binary=True)
         return Result(cur.fetchall() if cur.description else [], cur.rowcount)
 
 
@@ -76,7 +79,7 @@ async def _on_driver_async(
     driver: psycopg.AsyncConnection[Any], sql: bytes, params: Mapping[str, Any]
 ) -> Result:
     async with driver.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(sql, params)
+        await cur.execute(sql, params, binary=True)
         return Result(await cur.fetchall() if cur.description else [], cur.rowcount)
 
 
