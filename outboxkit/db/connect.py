@@ -30,6 +30,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import SecretStr
 
+from outboxkit.db import own_transaction
 from outboxkit.db.abandon import OpenConnections
 from outboxkit.errors import ConfigurationError
 
@@ -338,9 +339,9 @@ def connect(
     url: Url, *, autocommit: bool = True, track: OpenConnections | None = None, **options: Any
 ) -> psycopg.Connection[Any]:
     """A psycopg connection of our own (autocommit by default: every statement its own tx);
-    ``track``: where a stopping process finds it (:mod:`outboxkit.db.abandon`). Its explicit
-    transactions run at READ COMMITTED whatever the server's default (no round trip: BEGIN
-    says it): ours rely on each statement seeing what committed before it."""
+    ``track``: where a stopping process finds it (:mod:`outboxkit.db.abandon`). Its statements
+    run at READ COMMITTED whatever the server's default (:mod:`outboxkit.db.own_transaction`):
+    ours rely on each statement seeing what committed before it."""
     plain = checked_url(url)
     options = _options(url, options)
     error: Exception
@@ -351,6 +352,7 @@ def connect(
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         if track is not None:
             track.track(conn)
+        own_transaction.read_default(conn)
         return conn
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)
@@ -373,6 +375,7 @@ async def connect_async(
         await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
         if track is not None:
             track.track(conn)
+        await own_transaction.read_default_async(conn)
         return conn
     except psycopg.Error as exc:
         error = _redacted(exc, url, options)

@@ -9,7 +9,8 @@ payloads), a psycopg target gets psycopg's. A connection the error broke is inva
 SQLAlchemy does for its own statements, so the pool never hands it out again. Results come in
 PostgreSQL's binary format: a database's output settings (``DateStyle``, ``IntervalStyle``,
 ``extra_float_digits``, ``bytea_output``) change how the server writes values as text, and
-psycopg parses a timestamp written as text only under ``DateStyle`` ISO.
+psycopg parses a timestamp written as text only under ``DateStyle`` ISO. A statement that is its
+own transaction runs at READ COMMITTED, and again if it lost a race (``own_transaction``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outboxkit.db import own_transaction
 from outboxkit.db.queries import Query
 
 SyncTarget = Session | Connection | psycopg.Connection[Any]
@@ -69,13 +71,13 @@ def _via_sqlalchemy(result: sa.CursorResult[Any]) -> Result:
     return Result(rows, result.rowcount)
 
 
-def _on_driver(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
+def _fetch(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
     with driver.cursor(row_factory=tuple_row) as cur:
         cur.execute(sql, params, binary=True)
         return Result(cur.fetchall() if cur.description else [], cur.rowcount)
 
 
-async def _on_driver_async(
+async def _fetch_async(
     driver: psycopg.AsyncConnection[Any], sql: bytes, params: Mapping[str, Any]
 ) -> Result:
     async with driver.cursor(row_factory=tuple_row) as cur:
@@ -83,8 +85,25 @@ async def _on_driver_async(
         return Result(await cur.fetchall() if cur.description else [], cur.rowcount)
 
 
+def _on_driver(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
+    if own_transaction.alone(driver):
+        return own_transaction.run_alone(driver, lambda: _fetch(driver, sql, params))
+    return _fetch(driver, sql, params)
+
+
+async def _on_driver_async(
+    driver: psycopg.AsyncConnection[Any], sql: bytes, params: Mapping[str, Any]
+) -> Result:
+    if own_transaction.alone(driver):
+        return await own_transaction.run_alone_async(
+            driver, lambda: _fetch_async(driver, sql, params)
+        )
+    return await _fetch_async(driver, sql, params)
+
+
 def run(target: SyncTarget, query: Query, params: Params = None, *, binary: bool = False) -> Result:
-    """Execute ``query`` on ``target``; a SQLAlchemy target begins its transaction if needed."""
+    """Execute ``query`` on ``target``; a SQLAlchemy target begins its transaction if needed.
+    ``binary``: the parameters too travel in the binary format (results always do)."""
     given = _checked(query, params)
     if isinstance(target, psycopg.Connection):
         return _on_driver(target, _sql(query, binary), given)

@@ -29,7 +29,7 @@ _MISTAKES = (
     (re.compile(r"%\(\w+\)[sbt]"), "a '%(x)s' placeholder (write :x)"),
 )
 
-AREAS = ("outbox", "relay", "inbox", "demo")
+AREAS = ("outbox", "relay", "inbox", "demo", "session")
 
 
 @dataclass(frozen=True)

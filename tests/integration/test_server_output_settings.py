@@ -2,8 +2,9 @@
 older or European installations have it): outboxkit reads its results in the binary format,
 which these settings do not touch. Before, psycopg's text loaders could not parse a timestamp
 written as ``06/12/2026 10:33:33 UTC``: ``relay status``, ``outbox parked``, ``inbox show`` and
-the inbox read-back API ended in a ``NotImplementedError`` traceback, and a relay that lost its
-lease raised it from its explanation of the loss instead of reporting the loss."""
+the inbox read-back API ended in a ``NotImplementedError`` traceback, a relay's status sampler
+(its metrics and /healthz) died at its first backlog count, and a relay that lost its lease
+raised it from its explanation of the loss instead of reporting the loss."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from outboxkit import db
 from outboxkit.inbox.readback import get_event, list_events
 from outboxkit.relay.lease import LeaseStore
 from outboxkit.relay.lease_loss import LeaseLoss
+from tests.integration.test_relay_status_sampler import _sampling, _series, _take_lease
 from tests.relay_support import cli_ok, insert_rows, set_shard_count
 
 pytestmark = pytest.mark.integration
@@ -103,3 +105,13 @@ async def test_relay_status_and_a_lost_lease_read_the_lease_row(odd_db_url: str)
         assert await leases.acquire(b, "default", 0, "B", 30, now=later) is not None
         assert not await leases.renew(a, first, now=later)
         assert first.lost_cause is LeaseLoss.TAKEN_OVER, first.lost_reason
+
+
+async def test_the_relays_status_sampler_counts_the_backlog(
+    odd_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _take_lease(odd_db_url, "me")  # the count reads its expiry
+    async with _sampling(odd_db_url, monkeypatch) as (reads, metrics):
+        await reads.until_count()
+        assert _series(metrics.backlog) == {"0": 10}
+        assert _series(metrics.oldest_pending).keys() == {"0"}

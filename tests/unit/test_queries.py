@@ -128,6 +128,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "purge_consumers": {"window_seconds", "now"},
     },
     "demo": {"progress": {"topic", "consumer", "group"}},
+    "session": {"default_isolation": set()},
 }  # fmt: skip
 
 _PSYCOPG_PLACEHOLDER = re.compile(rb"%\((\w+)\)([sb])")
@@ -164,8 +165,16 @@ def test_one_schema_per_load() -> None:
         assert '"outboxkit"' not in q.text
     # Every statement that names a table names it in the custom schema (LISTEN names a channel,
     # shards_lock_timeout only sets the lock timeout, pending_walk_only planner settings,
-    # notify_shards only notifies, probe asks whether the server answers).
-    no_table = {"listen", "shards_lock_timeout", "pending_walk_only", "notify_shards", "probe"}
+    # notify_shards only notifies, probe asks whether the server answers, default_isolation
+    # reads a setting).
+    no_table = {
+        "listen",
+        "shards_lock_timeout",
+        "pending_walk_only",
+        "notify_shards",
+        "probe",
+        "default_isolation",
+    }
     tables = [q for q in all_queries("custom_schema") if q.name not in no_table]
     assert all('"custom_schema".' in q.text for q in tables)
 
