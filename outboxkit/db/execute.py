@@ -86,19 +86,13 @@ async def _fetch_async(
 
 
 def _on_driver(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
-    if own_transaction.alone(driver):
-        return own_transaction.run_alone(driver, lambda: _fetch(driver, sql, params))
-    return _fetch(driver, sql, params)
+    return own_transaction.run(driver, lambda: _fetch(driver, sql, params))
 
 
 async def _on_driver_async(
     driver: psycopg.AsyncConnection[Any], sql: bytes, params: Mapping[str, Any]
 ) -> Result:
-    if own_transaction.alone(driver):
-        return await own_transaction.run_alone_async(
-            driver, lambda: _fetch_async(driver, sql, params)
-        )
-    return await _fetch_async(driver, sql, params)
+    return await own_transaction.run_async(driver, lambda: _fetch_async(driver, sql, params))
 
 
 def run(target: SyncTarget, query: Query, params: Params = None, *, binary: bool = False) -> Result:

@@ -13,10 +13,12 @@ another level (read once, when it is opened) runs each statement sent on its own
 explicit READ COMMITTED transaction (psycopg's ``BEGIN`` says the level): two round trips more,
 only there.
 
-A statement on its own that lost a race anyway (a deadlock, 40P01, at any level) rolled back
-whole, so it runs again: running it again is running it for the first time. A statement inside
-a caller's transaction never runs again here: that transaction is aborted, and it is its
-owner's to retry.
+A statement on its own that lost a race anyway (a deadlock, 40P01, at any level; a
+serialization failure, 40001, on a connection that is not ours, such as the consumer's
+bookkeeping on an AUTOCOMMIT connection of your engine) rolled back whole, so it runs again, up
+to three times: running it again is running it for the first time (a sequence value it took
+stays a gap). A statement inside a transaction never runs again here: that transaction is
+aborted, and it is its owner's to retry.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ LOST_RACE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetecte
 PAUSES = (0.0, 0.01, 0.05)
 
 _STRICTER: weakref.WeakSet[Any] = weakref.WeakSet()  # our connections with a stricter default
+_UNITS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()  # theirs
 _DEFAULT_LEVEL = query("session", "default_isolation", DEFAULT_SCHEMA)
 
 
@@ -53,7 +56,10 @@ def _note(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], row: Any
 
 
 def read_default(conn: psycopg.Connection[Any]) -> None:
-    """Read a new connection's default level (one round trip); a failure closes it."""
+    """Read a new autocommit connection's default level (one round trip; a connection in
+    transactions has its level in each BEGIN already); a failure closes it."""
+    if not conn.autocommit:
+        return
     try:
         _note(conn, conn.execute(_DEFAULT_LEVEL.psycopg).fetchone())
     except BaseException:
@@ -63,14 +69,18 @@ def read_default(conn: psycopg.Connection[Any]) -> None:
 
 async def read_default_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """:func:`read_default` for asyncio."""
+    if not conn.autocommit:
+        return
     try:
         _note(conn, await (await conn.execute(_DEFAULT_LEVEL.psycopg)).fetchone())
     except BaseException:
         await conn.close()
         raise
+    if conn in _STRICTER:
+        _UNITS[conn] = asyncio.Lock()
 
 
-def alone(driver: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+def _alone(driver: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """True when a statement sent now is its own transaction."""
     return driver.autocommit and driver.info.transaction_status == TransactionStatus.IDLE
 
@@ -80,15 +90,7 @@ def _lost(exc: psycopg.Error, pause: float) -> float:
     return pause * (0.5 + random.random())
 
 
-def run_alone(driver: psycopg.Connection[Any], fetch: Callable[[], T]) -> T:
-    """``fetch()``, a statement sent on its own (see :func:`alone`), as the module says."""
-
-    def attempt() -> T:
-        if driver not in _STRICTER:
-            return fetch()
-        with driver.transaction():
-            return fetch()
-
+def _again_if_lost(attempt: Callable[[], T]) -> T:
     for pause in PAUSES:
         try:
             return attempt()
@@ -97,20 +99,41 @@ def run_alone(driver: psycopg.Connection[Any], fetch: Callable[[], T]) -> T:
     return attempt()
 
 
-async def run_alone_async(
-    driver: psycopg.AsyncConnection[Any], fetch: Callable[[], Awaitable[T]]
-) -> T:
-    """:func:`run_alone` for asyncio."""
-
-    async def attempt() -> T:
-        if driver not in _STRICTER:
-            return await fetch()
-        async with driver.transaction():
-            return await fetch()
-
+async def _again_if_lost_async(attempt: Callable[[], Awaitable[T]]) -> T:
     for pause in PAUSES:
         try:
             return await attempt()
         except LOST_RACE as exc:
             await asyncio.sleep(_lost(exc, pause))
     return await attempt()
+
+
+def run(driver: psycopg.Connection[Any], fetch: Callable[[], T]) -> T:
+    """``fetch()``, a statement on ``driver``, as the module says. (Our sync connections are
+    each used by one thread at a time.)"""
+    if not _alone(driver):
+        return fetch()
+    if driver not in _STRICTER:
+        return _again_if_lost(fetch)
+
+    def in_transaction() -> T:
+        with driver.transaction():
+            return fetch()
+
+    return _again_if_lost(in_transaction)
+
+
+async def run_async(driver: psycopg.AsyncConnection[Any], fetch: Callable[[], Awaitable[T]]) -> T:
+    """:func:`run` for asyncio. On a connection with a stricter default, a statement's
+    BEGIN..COMMIT is one unit: another task's statement on the connection waits for it instead
+    of running inside it (the relay's park and its previous batch's mark share one)."""
+    unit = _UNITS.get(driver)
+    if unit is None:
+        return await (_again_if_lost_async(fetch) if _alone(driver) else fetch())
+
+    async def in_transaction() -> T:
+        async with driver.transaction():
+            return await fetch()
+
+    async with unit:
+        return await (_again_if_lost_async(in_transaction) if _alone(driver) else fetch())

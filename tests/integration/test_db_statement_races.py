@@ -9,6 +9,7 @@ REPEATABLE READ or SERIALIZABLE fails the statement."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import psycopg
@@ -98,10 +99,34 @@ async def test_a_statement_inside_a_transaction_is_not_run_again(strict_db_url: 
             await leases.renew(conn, term)
 
 
-async def test_a_statement_on_its_own_a_deadlock_ended_runs_again(strict_db_url: str) -> None:
+async def test_another_tasks_statement_waits_for_a_statements_own_transaction(
+    strict_db_url: str,
+) -> None:
+    """The relay's tasks share connections (a park while the previous batch's mark runs): a
+    statement sent while another's own transaction is open must not run inside it."""
+    xid = db.Query("t", "xid", "SELECT CAST(pg_current_xact_id_if_assigned() AS text)")
+    leases = LeaseStore("outboxkit")
+    async with await db.connect_async(strict_db_url) as conn:
+        term = await _held(conn, leases)
+        with psycopg.connect(strict_db_url) as other:
+            other.execute(CHANGE_THE_LEASE_ROW)
+            renewal = asyncio.create_task(leases.renew(conn, term))
+            await _until_waiting_for_a_lock(strict_db_url, conn.info.backend_pid)
+            second = asyncio.create_task(db.rows_async(conn, xid))
+            await asyncio.sleep(0)  # not a wait for time: the task runs until it must wait
+            assert not second.done()
+            other.commit()
+        assert await asyncio.wait_for(renewal, 10)
+        assert await asyncio.wait_for(second, 10) == [(None,)]  # a transaction of its own
+
+
+async def test_a_statement_on_its_own_a_deadlock_ended_runs_again(
+    strict_db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """The renewal of two shards holds one lease row and waits for the other, which a second
     transaction holds and then asks for the first: a deadlock. The renewal's backend finds it
     first (the other waits a minute before looking) and ends its statement (40P01)."""
+    caplog.set_level(logging.DEBUG, logger="outboxkit.db")
     set_shard_count(strict_db_url, 2)
     leases = LeaseStore("outboxkit")
     async with await db.connect_async(strict_db_url) as conn:
@@ -115,3 +140,4 @@ async def test_a_statement_on_its_own_a_deadlock_ended_runs_again(strict_db_url:
             other.commit()
         assert await asyncio.wait_for(renewal, 10) == []  # none lost
         assert all(term.lost_reason is None for term in terms)
+    assert "a statement lost a race (40P01); running it again" in caplog.text
