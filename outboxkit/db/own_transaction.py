@@ -46,7 +46,8 @@ LOST_RACE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetecte
 PAUSES = (0.0, 0.01, 0.05)
 
 _STRICTER: weakref.WeakSet[Any] = weakref.WeakSet()  # our connections with a stricter default
-_UNITS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()  # theirs
+# Per async connection of ours with a stricter default: one statement's own transaction at a time.
+_UNITS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
 _DEFAULT_LEVEL = query("session", "default_isolation", DEFAULT_SCHEMA)
 
 
