@@ -22,7 +22,6 @@ from outboxkit.db.connect import (
     connect,
     connect_async,
     connection_async,
-    prompt_free,
     redact,
     url_problem,
 )
@@ -49,6 +48,7 @@ from outboxkit.db.savepoint import (
     savepoint,
     savepoint_async,
 )
+from outboxkit.db.start_options import prompt_free
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",

@@ -1,4 +1,5 @@
-"""Connections of our own (relay, CLI, consumers' bookkeeping, migrations), and URL forms.
+"""Connections of our own (relay, CLI, consumers' bookkeeping, migrations), and URL forms. Each
+asks for the start-up options of :mod:`outboxkit.db.start_options` (UTF8 text, no prompt).
 
 A connection string can carry a password, and libpq quotes the string back in some parse errors
 (e.g. a bad ``%`` escape). Every error raised here has the password removed and is raised with no
@@ -20,7 +21,6 @@ Masking a password that also matches other text gives it away (``inbo***_rejecti
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,6 +32,7 @@ from pydantic import SecretStr
 
 from outboxkit.db import own_transaction
 from outboxkit.db.abandon import OpenConnections
+from outboxkit.db.start_options import NO_PROMPT, start_options
 from outboxkit.errors import ConfigurationError
 
 Url = str | SecretStr
@@ -295,12 +296,6 @@ def _redacted(exc: psycopg.Error, url: Url, options: dict[str, Any]) -> psycopg.
     return type(exc)(text)
 
 
-#: Given as ``sslpassword`` when the URL gives none: libpq then lets OpenSSL ask the terminal for
-#: an encrypted client key's pass phrase, which blocks the process (a relay's event loop, lease
-#: renewals and all) until someone types, or, with no terminal, fails as a bare "processing error".
-#: OpenSSL reads it only to decrypt a key: an unencrypted one never uses it.
-NO_PROMPT = "outboxkit-no-sslpassword-given"
-_SSLPASSWORD_LIBPQ = 130000  # libpq 13 added sslpassword
 _KEY_NOT_LOADED = "could not load private key file"
 _KEY_HINT = (
     " (the URL gives no sslpassword: an encrypted key needs its pass phrase as sslpassword,"
@@ -309,22 +304,8 @@ _KEY_HINT = (
 _NOT_THE_PASSWORD = ("key values mismatch", "unsupported", "no such file", "permission denied")
 
 
-def prompt_free(url: Url) -> dict[str, str]:
-    """The connection options that keep libpq from prompting for a key's pass phrase: every
-    connection of ours (and an engine's ``connect_args``) gets them."""
-    try:
-        params = conninfo_to_dict(_plain(url))
-    except (psycopg.Error, ValueError, TypeError):  # the connection attempt reports it
-        return {}
-    if params.get("sslpassword") or params.get("service") or os.environ.get("PGSERVICE"):
-        return {}  # a service file may give it: an option of ours would override it
-    if psycopg.pq.version() < _SSLPASSWORD_LIBPQ:
-        return {}  # an option it does not know would fail every connection
-    return {"sslpassword": NO_PROMPT}
-
-
 def _options(url: Url, options: dict[str, Any]) -> dict[str, Any]:
-    return options if "sslpassword" in options else {**prompt_free(url), **options}
+    return {**start_options(url), **options}
 
 
 def _unreadable(exc: ValueError) -> ConfigurationError:

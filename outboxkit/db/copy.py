@@ -19,7 +19,7 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outboxkit.db.execute import AsyncTarget, SyncTarget, _wrap
+from outboxkit.db.execute import AsyncTarget, SyncTarget, _unencodable, _wrap
 from outboxkit.db.queries import Query
 
 Rows = Iterable[Sequence[Any]]
@@ -89,6 +89,8 @@ def _copy_in(driver: psycopg.Connection[Any], query: Query, rows: Rows) -> None:
         try:
             for row in rows:
                 copy.write_row(row)
+        except UnicodeEncodeError:  # write_row's (items with lone surrogates are refused before)
+            raise refusals.refuse(_unencodable(driver, query)) from None
         except Exception as exc:
             raise refusals.refuse(exc) from None
     refusals.reraise()
@@ -122,6 +124,8 @@ async def _copy_in_async(driver: psycopg.AsyncConnection[Any], query: Query, row
             try:
                 for row in rows:
                     await copy.write_row(row)
+            except UnicodeEncodeError:
+                raise refusals.refuse(_unencodable(driver, query)) from None
             except Exception as exc:
                 raise refusals.refuse(exc) from None
     refusals.reraise()

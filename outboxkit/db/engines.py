@@ -2,9 +2,10 @@
 ``outboxkit verify``'s writers, the demo), made in one place.
 
 Each one gets what our own psycopg connections get (:func:`~outboxkit.db.connect.connect`): the
-URL checked and turned into SQLAlchemy's form without quoting it in an error, and the option that
-keeps libpq from prompting for an encrypted client key's pass phrase (a prompt blocks the process
-until someone types). And a pooled connection the server ended while it sat idle is replaced at
+URL checked and turned into SQLAlchemy's form without quoting it in an error, and the start-up
+options of :mod:`~outboxkit.db.start_options` (UTF8 text whatever the database's default; no
+prompt for an encrypted client key's pass phrase, which blocks the process until someone types).
+And a pooled connection the server ended while it sat idle is replaced at
 checkout instead of failing the first statement after a quiet spell (:func:`ended_while_idle`).
 An application's own engine stays the application's to make.
 """
@@ -15,7 +16,8 @@ import select
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.db.abandon import OpenConnections
-from outboxkit.db.connect import INVALID_URL, Url, checked_url, prompt_free
+from outboxkit.db.connect import INVALID_URL, Url, checked_url
+from outboxkit.db.start_options import start_options
 from outboxkit.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ def sqlalchemy_url(url: Url, *, driver: str = "psycopg") -> str:
 
 def engine_options(url: Url, connect_args: dict[str, Any] | None) -> dict[str, Any]:
     """The ``connect_args`` an engine of ours passes psycopg: the caller's win."""
-    return {**prompt_free(url), **(connect_args or {})}
+    return {**start_options(url), **(connect_args or {})}
 
 
 def sync_engine(

@@ -10,7 +10,9 @@ SQLAlchemy does for its own statements, so the pool never hands it out again. Re
 PostgreSQL's binary format: a database's output settings (``DateStyle``, ``IntervalStyle``,
 ``extra_float_digits``, ``bytea_output``) change how the server writes values as text, and
 psycopg parses a timestamp written as text only under ``DateStyle`` ISO. A statement that is its
-own transaction runs at READ COMMITTED, and again if it lost a race (``own_transaction``).
+own transaction runs at READ COMMITTED, and again if it lost a race (``own_transaction``). A
+parameter the caller's session encoding cannot carry is a :class:`ConfigurationError` (our own
+connections use UTF8: ``start_options``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.db import own_transaction
 from outboxkit.db.queries import Query
+from outboxkit.errors import ConfigurationError
 
 SyncTarget = Session | Connection | psycopg.Connection[Any]
 AsyncTarget = AsyncSession | AsyncConnection | psycopg.AsyncConnection[Any]
@@ -85,14 +88,40 @@ async def _fetch_async(
         return Result(await cur.fetchall() if cur.description else [], cur.rowcount)
 
 
-def _on_driver(driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]) -> Result:
-    return own_transaction.run(driver, lambda: _fetch(driver, sql, params))
+def _unencodable(
+    driver: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], query: Query
+) -> ConfigurationError:
+    """A parameter the session's ``client_encoding`` cannot carry (a database or role default
+    such as LATIN1, on a connection not ours), told without the text (it may be a payload's).
+    Nothing was sent: the caller's transaction is as it was."""
+    encoding = driver.info.parameter_status("client_encoding") or driver.info.encoding
+    return ConfigurationError(
+        f"outboxkit {query.area}.{query.name}: a value sent holds a character the connection's"
+        f" client_encoding ({encoding}) cannot carry; outboxkit's statements need UTF8 (e.g. the"
+        " engine's connect_args={'client_encoding': 'UTF8'})"
+    )
+
+
+def _on_driver(
+    driver: psycopg.Connection[Any], query: Query, binary: bool, params: Mapping[str, Any]
+) -> Result:
+    sql = _sql(query, binary)
+    try:
+        return own_transaction.run(driver, lambda: _fetch(driver, sql, params))
+    except UnicodeEncodeError:
+        error = _unencodable(driver, query)
+    raise error  # outside the except block: no context holding the text
 
 
 async def _on_driver_async(
-    driver: psycopg.AsyncConnection[Any], sql: bytes, params: Mapping[str, Any]
+    driver: psycopg.AsyncConnection[Any], query: Query, binary: bool, params: Mapping[str, Any]
 ) -> Result:
-    return await own_transaction.run_async(driver, lambda: _fetch_async(driver, sql, params))
+    sql = _sql(query, binary)
+    try:
+        return await own_transaction.run_async(driver, lambda: _fetch_async(driver, sql, params))
+    except UnicodeEncodeError:
+        error = _unencodable(driver, query)
+    raise error
 
 
 def run(target: SyncTarget, query: Query, params: Params = None, *, binary: bool = False) -> Result:
@@ -100,7 +129,7 @@ def run(target: SyncTarget, query: Query, params: Params = None, *, binary: bool
     ``binary``: the parameters too travel in the binary format (results always do)."""
     given = _checked(query, params)
     if isinstance(target, psycopg.Connection):
-        return _on_driver(target, _sql(query, binary), given)
+        return _on_driver(target, query, binary, given)
     conn = target.connection() if isinstance(target, Session) else target
     if not conn.in_transaction():
         conn.begin()  # what conn.execute would do (autobegin); the caller commits
@@ -108,7 +137,7 @@ def run(target: SyncTarget, query: Query, params: Params = None, *, binary: bool
     if not isinstance(driver, psycopg.Connection):
         return _via_sqlalchemy(conn.execute(sa.text(query.text), dict(given)))
     try:
-        return _on_driver(driver, _sql(query, binary), given)
+        return _on_driver(driver, query, binary, given)
     except psycopg.Error as exc:
         if driver.broken:
             conn.invalidate(exc)
@@ -121,7 +150,7 @@ async def run_async(
     """:func:`run` for async targets."""
     given = _checked(query, params)
     if isinstance(target, psycopg.AsyncConnection):
-        return await _on_driver_async(target, _sql(query, binary), given)
+        return await _on_driver_async(target, query, binary, given)
     conn = await target.connection() if isinstance(target, AsyncSession) else target
     if not conn.in_transaction():
         await conn.begin()
@@ -129,7 +158,7 @@ async def run_async(
     if not isinstance(driver, psycopg.AsyncConnection):
         return _via_sqlalchemy(await conn.execute(sa.text(query.text), dict(given)))
     try:
-        return await _on_driver_async(driver, _sql(query, binary), given)
+        return await _on_driver_async(driver, query, binary, given)
     except psycopg.Error as exc:
         if driver.broken:
             await conn.invalidate(exc)

@@ -1,6 +1,6 @@
-"""``outboxkit inbox run`` stopped (SIGTERM) while Kafka is away (killed): it ends at once, with status 0
-and without a traceback, whether or not offsets are still to be committed, and while a dead
-letter waits for Kafka (the record is held; the next start publishes its dead letter).
+"""``outboxkit inbox run`` stopped (SIGTERM) while Kafka is away (killed): it ends at once, with
+status 0 and without a traceback, whether or not offsets are still to be committed, and while a
+dead letter waits for Kafka (the record is held; the next start publishes its dead letter).
 
 Before, with aiokafka: the consumer's stop raised a fetch's cancellation (a fetch cancelled
 in its retry back-off), so the process exited with status 1, a traceback and an unclosed

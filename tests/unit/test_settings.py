@@ -411,12 +411,12 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     no_prompt = prompt_free(SECRET_URL)  # libpq never asks the terminal for a key's pass phrase
     assert no_prompt  # (this libpq knows sslpassword)
     # psycopg's own prepared statements by default, the sessions named after the consumer; the
-    # engine adds the no-prompt option
+    # engine adds the no-prompt option and UTF8 text
     assert handed["connect_args"] == {
         "fallback_application_name": "outboxkit-inbox-c",
         "connect_timeout": 10,
     }
-    assert engine_options(SECRET_URL, {}) == no_prompt
+    assert engine_options(SECRET_URL, {}) == {"client_encoding": "UTF8", **no_prompt}
     code, out = _invoke(
         "inbox",
         *("run", "--consumer", "c", "--group", "g", "--topic", "t", "--handler", "json:dumps"),
@@ -433,6 +433,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
         "prepare_threshold": None,
     }
     assert engine_options(SECRET_URL, {"prepare_threshold": None}) == {
+        "client_encoding": "UTF8",
         **no_prompt,
         "prepare_threshold": None,
     }
