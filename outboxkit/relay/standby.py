@@ -18,6 +18,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db.abandon import shut
+from outboxkit.db.engines import ended_while_idle
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.settings import Settings
 
@@ -25,7 +26,8 @@ Conn = psycopg.AsyncConnection[Any]
 
 
 class LazyConnection:
-    """One autocommit connection of ours, (re)opened on demand once it closed or broke."""
+    """One autocommit connection of ours, (re)opened on demand once it closed, broke or was
+    ended by the server while idle."""
 
     def __init__(
         self,
@@ -42,6 +44,10 @@ class LazyConnection:
         self.opened = 0  # connections opened so far (observability, tests)
 
     async def get(self) -> Conn:
+        if self._conn is not None and not self._conn.closed and ended_while_idle(self._conn):
+            # The server ended it while it sat idle (an idle_session_timeout, a restart): a new
+            # one now, rather than a failed statement, a logged error and a retry later.
+            await self.drop()
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = await db.connect_async(
                 self._url,

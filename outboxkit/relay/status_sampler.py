@@ -29,6 +29,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db.availability import with_pooler_hint
+from outboxkit.db.engines import ended_while_idle
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.waiting import wait_any
 
@@ -138,6 +139,8 @@ async def sample_forever(
                     flag = await db.one_async(conn, paused, {"group": group})
                     metrics.sampled(bool(flag and flag[0]))
                     await wait_any([stop], every)
+                    if ended_while_idle(conn):  # an idle_session_timeout, a restart: a new one
+                        break
         except (psycopg.Error, OSError) as exc:
             if full_since is not None:
                 count_due = _next_count(every, full_since)
