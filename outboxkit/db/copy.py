@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import AsyncCopy, Copy
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -83,16 +84,30 @@ class _Refusals:
         return False
 
 
+def _written(
+    driver: psycopg.Connection[Any], copy: Copy, query: Query, rows: Rows
+) -> Exception | None:
+    """Every row written, or the error that stopped it: an error of ``rows`` (the caller's own,
+    e.g. an item refused while prepared), or a value the session's encoding cannot carry
+    (:func:`_unencodable`, only for what ``write_row`` met). Returned, not raised here: raised
+    in this handler, the COPY's end would carry it, and its text, as context."""
+    try:
+        for row in rows:
+            try:
+                copy.write_row(row)
+            except UnicodeEncodeError:
+                return _unencodable(driver, query)
+    except Exception as exc:
+        return exc
+    return None
+
+
 def _copy_in(driver: psycopg.Connection[Any], query: Query, rows: Rows) -> None:
     """The COPY; an error of ``rows`` ends it with :class:`_RowRefused`'s text (_Refusals)."""
     with _Refusals() as refusals, driver.cursor() as cur, cur.copy(query.text) as copy:
-        try:
-            for row in rows:
-                copy.write_row(row)
-        except UnicodeEncodeError:  # write_row's (items with lone surrogates are refused before)
-            raise refusals.refuse(_unencodable(driver, query)) from None
-        except Exception as exc:
-            raise refusals.refuse(exc) from None
+        stopped = _written(driver, copy, query, rows)
+        if stopped is not None:
+            raise refusals.refuse(stopped)
     refusals.reraise()
 
 
@@ -118,16 +133,27 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     return True
 
 
+async def _written_async(
+    driver: psycopg.AsyncConnection[Any], copy: AsyncCopy, query: Query, rows: Rows
+) -> Exception | None:
+    """:func:`_written` for asyncio."""
+    try:
+        for row in rows:
+            try:
+                await copy.write_row(row)
+            except UnicodeEncodeError:
+                return _unencodable(driver, query)
+    except Exception as exc:
+        return exc
+    return None
+
+
 async def _copy_in_async(driver: psycopg.AsyncConnection[Any], query: Query, rows: Rows) -> None:
     with _Refusals() as refusals:
         async with driver.cursor() as cur, cur.copy(query.text) as copy:
-            try:
-                for row in rows:
-                    await copy.write_row(row)
-            except UnicodeEncodeError:
-                raise refusals.refuse(_unencodable(driver, query)) from None
-            except Exception as exc:
-                raise refusals.refuse(exc) from None
+            stopped = await _written_async(driver, copy, query, rows)
+            if stopped is not None:
+                raise refusals.refuse(stopped)
     refusals.reraise()
 
 

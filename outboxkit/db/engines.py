@@ -47,7 +47,9 @@ def sqlalchemy_url(url: Url, *, driver: str = "psycopg") -> str:
 
 
 def engine_options(url: Url, connect_args: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``connect_args`` an engine of ours passes psycopg: the caller's win."""
+    """The ``connect_args`` an engine of ours passes psycopg: the caller's ``connect_args``
+    win; the start options win over the URL, a service file and the environment (UTF8 text
+    even where one of them names another encoding)."""
     return {**start_options(url), **(connect_args or {})}
 
 

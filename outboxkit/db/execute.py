@@ -91,9 +91,10 @@ async def _fetch_async(
 def _unencodable(
     driver: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], query: Query
 ) -> ConfigurationError:
-    """A parameter the session's ``client_encoding`` cannot carry (a database or role default
-    such as LATIN1, on a connection not ours), told without the text (it may be a payload's).
-    Nothing was sent: the caller's transaction is as it was."""
+    """A value the session's ``client_encoding`` cannot carry (a database or role default such
+    as LATIN1, on a connection not ours), told without the text (it may be a payload's). Such
+    a statement is not sent, so the caller's transaction is as it was; a COPY is ended, and
+    its caller's savepoint takes its rows back."""
     encoding = driver.info.parameter_status("client_encoding") or driver.info.encoding
     return ConfigurationError(
         f"outboxkit {query.area}.{query.name}: a value sent holds a character the connection's"

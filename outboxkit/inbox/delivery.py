@@ -363,11 +363,12 @@ class InboxCore:
         try:
             yield self.statements.reject(env, reason, ident)
         except Exception:
-            if ident is None:
-                raise
-            # The identity itself may be what the database refuses: record a hash of it.
-            event_id, ident = hashed(ident.event_id.encode("utf-8", "surrogatepass")), None
-            yield self.statements.reject(env, reason, event_id=event_id)
+            # The id, event type or reason may be what the database refuses (a value it cannot
+            # store, a session encoding that lacks it): a hashed id, no type, an ASCII reason.
+            if ident is not None:
+                event_id = hashed(ident.event_id.encode("utf-8", "surrogatepass"))
+            ident, plain = None, reason.encode("ascii", "backslashreplace").decode("ascii")
+            yield self.statements.reject(env, plain, event_id=event_id, event_type=False)
         row_dead, attempts = False, 0
         if ident is not None:
             try:

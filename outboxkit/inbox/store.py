@@ -130,20 +130,23 @@ class InboxStatements:
         ident: Identity | None = None,
         *,
         event_id: str | None = None,
+        event_type: bool = True,
     ) -> Sql:
         """A delivery refused without touching an inbox row (the rejection log).
 
-        ``event_id`` names a delivery without a usable identity (e.g. a hashed refused id).
+        ``event_id`` names a delivery without a usable identity (e.g. a hashed refused id);
+        ``event_type=False`` leaves the event type out (the database refused it once).
         """
-        event_type = ident.event_type if ident else env.headers.get("event-type")
-        if event_type is not None and (len(event_type) > 255 or not event_type.isprintable()):
-            event_type = None  # refused header: its excerpt is in the reason
+        found = ident.event_type if ident else env.headers.get("event-type")
+        found = found if event_type else None
+        if found is not None and (len(found) > 255 or not found.isprintable()):
+            found = None  # refused header: its excerpt is in the reason
         return self._sql(
             "record_rejection",
             ident.event_id if ident else event_id,
             reason=bounded(reason),
             content_digest=ident.digest if ident else None,
-            event_type=event_type,
+            event_type=found,
             topic=env.topic,
             kafka_partition=env.partition,
             kafka_offset=env.offset,

@@ -13,6 +13,7 @@ such a value with a ``ConfigurationError`` that says why, instead of psycopg's
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 
 import psycopg
@@ -24,8 +25,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from outboxkit import db
 from outboxkit.db.engines import async_engine, sync_engine
 from outboxkit.errors import ConfigurationError
-from outboxkit.events import Message
+from outboxkit.events import Event, Message
+from outboxkit.inbox import InboxSettings
 from outboxkit.outbox import Outbox, OutboxConfig
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    REGISTRY,
+    Behaviour,
+    Harness,
+    headers_for,
+    payload,
+    produce,
+)
 from tests.relay_support import (
     KAFKA_CLIENTS,
     cli_ok,
@@ -46,9 +57,11 @@ HEADERS = {"region": "東京", "note": "naïve"}  # the second one LATIN1 has
 
 
 @pytest.fixture
-def latin1_db_url(outboxkit_db_url: str) -> str:
+def latin1_db_url(outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The test's database with LATIN1 as its default client encoding, checked to refuse a row
-    of UTF8-only text to a connection that asks for nothing."""
+    of UTF8-only text to a connection that asks for nothing (and none is asked for here)."""
+    monkeypatch.delenv("PGCLIENTENCODING", raising=False)
+    monkeypatch.delenv("PGOPTIONS", raising=False)
     database = outboxkit_db_url.rsplit("/", 1)[1]
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         conn.execute(
@@ -207,3 +220,76 @@ async def test_the_async_writer_refuses_text_the_callers_session_cannot_carry(
     finally:
         await engine.dispose()
     assert row_states(latin1_db_url) == {}
+
+
+@pytest.mark.parametrize("adapter", ["confluent", "aiokafka"])
+def test_a_consumer_on_a_latin1_engine_gives_up_what_it_cannot_send_and_goes_on(
+    latin1_db_url: str, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory, adapter: str
+) -> None:
+    """The application's engine keeps the database's LATIN1: a record whose event id, or whose
+    event type, that encoding lacks fails its statements, is given up after
+    ``max_unexpected_errors`` (recorded under a hash of its id, without the event type), and
+    the record behind it runs. Before, a bad event type failed the rejection too (it was sent
+    again with the hashed id), and the partition waited on that record for good."""
+    with _utf8(latin1_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    topic, bad_type, good = outboxkit_topic(), str(uuid.uuid4()), str(uuid.uuid4())
+    produce(
+        outboxkit_kafka_bootstrap,
+        topic,
+        [
+            (b"k", payload("o-1", 1), headers_for("zahlung-日本")),
+            (b"k", payload("o-2", 2), headers_for(bad_type, event_type="zahlung.日本")),
+            (b"k", payload("o-3", 3), headers_for(good)),
+        ],
+    )
+    harness = Harness(
+        adapter,
+        sa_url=db.sqlalchemy_url(latin1_db_url),
+        bootstrap=outboxkit_kafka_bootstrap,
+        topics=[topic],
+        settings=InboxSettings(consumer="billing", registry=REGISTRY),
+        behaviour=Behaviour(),
+        consumer_options={"max_unexpected_errors": 2},
+    ).start()
+    try:
+        harness.wait_outcomes(good)
+    finally:
+        harness.stop()
+    with _utf8(latin1_db_url) as conn:
+        rejected = conn.execute(
+            "SELECT event_id, event_type, reason FROM outboxkit.inbox_rejection"
+            " ORDER BY kafka_offset"
+        ).fetchall()
+        applied = conn.execute("SELECT event_id FROM public.effect").fetchall()
+    assert [(event_id[:7], event_type) for event_id, event_type, _ in rejected] == [
+        ("sha256:", None),
+        ("sha256:", None),
+    ]
+    for *_, reason in rejected:
+        assert reason.startswith("gave up after 2 unexpected errors"), reason
+        assert "client_encoding (LATIN1)" in reason, reason
+    assert applied == [(good,)]
+
+
+class Shipped(Event, topic="t", event_type="shipped"):
+    n: int
+
+    def outbox_key(self) -> str | None:
+        if self.n == 120:  # the application's own code failing while the COPY streams
+            raise UnicodeEncodeError("ascii", "ü", 0, 1, "a key of the application's own")
+        return str(self.n)
+
+
+def test_the_applications_own_encode_error_during_a_copy_is_its_own(outboxkit_db_url: str) -> None:
+    """Only what psycopg could not send becomes the ConfigurationError: an error of the items
+    themselves, raised while the COPY streams, reaches the caller unchanged (a UTF8 session)."""
+    engine = sa.create_engine(db.sqlalchemy_url(outboxkit_db_url))
+    try:
+        with engine.begin() as conn, pytest.raises(UnicodeEncodeError, match="own"):
+            Outbox(OutboxConfig(copy_min_rows=100)).add_many(
+                conn, [Shipped(n=n) for n in range(150)]
+            )
+    finally:
+        engine.dispose()
+    assert row_states(outboxkit_db_url) == {}
