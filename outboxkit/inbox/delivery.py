@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.bounds import check_range, keep
+from outboxkit.db.availability import database_unavailable
 from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
-from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, hashed, message
+from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, message
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind, Recorded
 from outboxkit.inbox.policy import RetryPolicy
@@ -362,13 +363,12 @@ class InboxCore:
         event_id = ident.event_id if ident is not None else None
         try:
             yield self.statements.reject(env, reason, ident)
-        except Exception:
-            # The id, event type or reason may be what the database refuses (a value it cannot
-            # store, a session encoding that lacks it): a hashed id, no type, an ASCII reason.
-            if ident is not None:
-                event_id = hashed(ident.event_id.encode("utf-8", "surrogatepass"))
-            ident, plain = None, reason.encode("ascii", "backslashreplace").decode("ascii")
-            yield self.statements.reject(env, plain, event_id=event_id, event_type=False)
+        except Exception as exc:
+            if database_unavailable(exc):
+                raise  # not the values' fault: the loop retries, and records them in full
+            step, event_id = self.statements.reject_plainly(env, reason, ident)
+            ident = None
+            yield step
         row_dead, attempts = False, 0
         if ident is not None:
             try:

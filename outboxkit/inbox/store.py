@@ -15,7 +15,7 @@ from typing import Any, Literal
 from outboxkit import db
 from outboxkit.inbox.envelope import Envelope, Identity
 from outboxkit.inbox.frozen import build
-from outboxkit.inbox.guard import bounded
+from outboxkit.inbox.guard import bounded, hashed
 from outboxkit.inbox.steps import HandlerSql, Plan, Sql
 from outboxkit.schema import DEFAULT_SCHEMA, TERMINAL_INBOX_STATES, InboxState
 
@@ -118,6 +118,17 @@ class InboxStatements:
     def succeeded_batch(self, claims: list[tuple[str, int]]) -> HandlerSql:
         """The ``succeeded`` marks of a batch, in its transaction -> the event ids marked."""
         return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims), binary=True)
+
+    def reject_plainly(
+        self, env: Envelope, reason: str, ident: Identity | None
+    ) -> tuple[Sql, str | None]:
+        """:meth:`reject` after the database refused it once: the id, the event type or the
+        reason may be what it refuses (a value it cannot store, a session encoding that lacks
+        a character). Only what any session stores: a hash of the id, no event type, the
+        reason escaped to ASCII. Returns the statement and the id it records."""
+        event_id = hashed(ident.event_id.encode("utf-8", "surrogatepass")) if ident else None
+        plain = reason.encode("ascii", "backslashreplace").decode("ascii")
+        return self.reject(env, plain, event_id=event_id, event_type=False), event_id
 
     def state(self, event_id: str) -> Sql:
         """-> one row ``(state, content_digest, attempts, last_error)``, or none."""

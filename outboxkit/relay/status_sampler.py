@@ -98,10 +98,13 @@ async def sample_forever(
     paused = db.query("relay", "control_paused", schema)
     if stale_after is not None:
         metrics.expect_samples(stale_after)
-    # Both outlive a reconnect: the series this process set must still be dropped, and a full
-    # count that keeps failing (a statement timeout, say) must still wait its pause.
+    # All three outlive a reconnect: the series this process set must still be dropped, a full
+    # count that keeps failing (a statement timeout, say) must still wait its pause, and a
+    # shard found to need a count must still get it (a connection the server ends while idle
+    # is replaced between the read that found it and the count).
     counted = CountedShards()
     count_due = time.monotonic() + every
+    urgent: set[int] = set()  # shards to count alone, now (kept across a reconnect)
     while not stop.is_set():
         full_since = None  # while a full count runs: when it began
         try:
@@ -111,7 +114,6 @@ async def sample_forever(
                 track=track,
                 **(connect_options or {}),
             ) as conn:
-                urgent: set[int] = set()  # shards to count alone, now
                 while not stop.is_set():
                     tick = time.monotonic()
                     # A full count due within the interval stands in for the urgent one.

@@ -26,7 +26,7 @@ from outboxkit.db.engines import sync_engine
 from outboxkit.errors import IdempotencyKeyConflictError, OutboxkitError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox
-from outboxkit.settings import load_settings
+from outboxkit.settings import load_database_settings
 from outboxkit.verify.history import WriteOp, WriteOutcome
 from outboxkit.verify.workload import EVENT_TYPE, NEXT_SEQ, SCHEMA, VerifyEvent, payload_bytes
 from outboxkit.wire import JSON_CONTENT_TYPE, content_digest
@@ -69,7 +69,7 @@ class Writer:
                 "application_name": args.application_name,
                 "connect_timeout": 5,
                 # [database] prepared_statements, as the run's relays and consumers read it
-                **load_settings().database.connect_options(),
+                **load_database_settings().database.connect_options(),
             },
         )
         self.stored: list[_Stored] = []

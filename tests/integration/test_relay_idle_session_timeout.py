@@ -18,12 +18,27 @@ import pytest
 from psycopg import sql
 
 from outboxkit.relay.metrics import RelayMetrics
+from tests.integration.test_relay_status_sampler import (
+    _FILL,
+    _sampling,
+    _series,
+    _take_lease,
+)
 from tests.relay_support import relay_settings, running_relay, set_shard_count
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
-IDLE_TIMEOUT_MS = 700
+IDLE_TIMEOUT_MS = 600
+
+
+def _idle_timeout(db_url: str, ms: int) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET idle_session_timeout = {}").format(
+                sql.Identifier(db_url.rsplit("/", 1)[1]), sql.Literal(ms)
+            )
+        )
 
 
 class CountedSamples(RelayMetrics):
@@ -38,19 +53,14 @@ class CountedSamples(RelayMetrics):
 
 @pytest.fixture
 def idle_timeout_db_url(outboxkit_db_url: str) -> str:
-    database = outboxkit_db_url.rsplit("/", 1)[1]
+    _idle_timeout(outboxkit_db_url, IDLE_TIMEOUT_MS)
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} SET idle_session_timeout = {}").format(
-                sql.Identifier(database), sql.Literal(IDLE_TIMEOUT_MS)
-            )
-        )
         # A paused group: leases are taken and renewed, no Kafka producer is needed.
         conn.execute(
             "INSERT INTO outboxkit.relay_control (relay_group, paused) VALUES ('default', true)"
         )
     with psycopg.connect(outboxkit_db_url) as conn:
-        assert conn.execute("SHOW idle_session_timeout").fetchone() == ("700ms",)
+        assert conn.execute("SHOW idle_session_timeout").fetchone() == (f"{IDLE_TIMEOUT_MS}ms",)
     set_shard_count(outboxkit_db_url, 1)
     return outboxkit_db_url
 
@@ -58,8 +68,11 @@ def idle_timeout_db_url(outboxkit_db_url: str) -> str:
 async def test_renewals_and_samples_outlive_the_servers_idle_session_timeout(
     idle_timeout_db_url: str, outboxkit_kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Renewals every 2 s and samples every 1 s: both connections sit idle past 0.7 s each time.
-    settings = relay_settings(idle_timeout_db_url, outboxkit_kafka_bootstrap, lease_ttl=6.0)
+    # Renewals every 2 s and samples every 1 s: both connections sit idle past 0.6 s each time
+    # (the paused shard's data connection checks the pause every 0.1 s).
+    settings = relay_settings(
+        idle_timeout_db_url, outboxkit_kafka_bootstrap, lease_ttl=6.0, poll_interval=0.2
+    )
     caplog.set_level(logging.INFO, logger="outboxkit.relay")
     metrics = CountedSamples()
     async with running_relay(settings, metrics=metrics) as relay:
@@ -77,3 +90,22 @@ async def test_renewals_and_samples_outlive_the_servers_idle_session_timeout(
         if "lease renewal" in r.getMessage() or "status sampling failed" in r.getMessage()
     ]
     assert failures == []
+
+
+async def test_a_shard_found_to_need_a_count_is_counted_across_a_reconnect(
+    outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler reads holders, finds a shard whose holder went (to count alone, now), waits,
+    and finds its connection ended while idle: the count comes on the new connection. (A first
+    version of the reconnect forgot the shard until the next full count, an hour away here.)"""
+    _take_lease(outboxkit_db_url, "me")
+    _idle_timeout(outboxkit_db_url, 300)
+    async with _sampling(outboxkit_db_url, monkeypatch, every=0.6) as (reads, metrics):
+        await reads.until_count()
+        assert _series(metrics.backlog) == {"0": 10}
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(_FILL, {"rows": 5, "batch": 4, "shard": 0})
+            conn.execute("UPDATE outboxkit.relay_lease SET holder = NULL")  # shard 0 released
+        await reads.until_count()
+        assert reads.only == [None, [0]]
+        assert _series(metrics.backlog) == {"0": 15}

@@ -79,17 +79,17 @@ class _Recorder:
 
 @contextlib.asynccontextmanager
 async def _sampling(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    url: str, monkeypatch: pytest.MonkeyPatch, every: float = 0.01
 ) -> AsyncIterator[tuple[_Recorder, RelayMetrics]]:
-    """The sampler of relay process "me" over 10 pending rows of shard 0, every 10 ms, whose
-    backlog count, once made, is not due again for an hour."""
+    """The sampler of relay process "me" over 10 pending rows of shard 0, every 10 ms (or
+    ``every`` s), whose backlog count, once made, is not due again for an hour."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(_FILL, {"rows": 10, "batch": 1, "shard": 0})
     monkeypatch.setattr(status_sampler, "backlog_delay", lambda *_: 3600.0)
     reads = _Recorder(monkeypatch)
     metrics, stop = RelayMetrics(), asyncio.Event()
     task = asyncio.create_task(
-        status_sampler.sample_forever(url, "outboxkit", "default", "me", metrics, stop, every=0.01)
+        status_sampler.sample_forever(url, "outboxkit", "default", "me", metrics, stop, every=every)
     )
     try:
         yield reads, metrics

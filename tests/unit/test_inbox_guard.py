@@ -385,6 +385,41 @@ def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> N
     assert outcome.kind is OutcomeKind.REJECTED
     assert [c["event_id"] for c in calls] == ["e1", outcome.event_id]
     assert (outcome.event_id or "").startswith("sha256:")
+    # The second record holds only what any session stores: no event type, an ASCII reason.
+    assert [c["event_type"] for c in calls] == ["order.cancelled", None]
+    assert calls[1]["reason"].isascii()
+
+
+def test_giving_up_records_an_ascii_reason_without_the_event_type_when_refused() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def answer(step: Step) -> Any:
+        if _name(step) == "record_rejection":
+            calls.append(dict(step.params))  # type: ignore[attr-defined]
+            if len(calls) == 1:
+                raise RuntimeError("the database refused a value")
+        return ONE
+
+    drive_sync(_core().give_up(_env(), "DataError: zu groß für 日本", 5), Script(answer))
+    assert calls[0]["reason"].endswith("zu groß für 日本")
+    assert calls[1]["reason"].endswith("zu gro\\xdf f\\xfcr \\u65e5\\u672c")
+    assert calls[1]["event_type"] is None
+
+
+def test_giving_up_while_the_database_is_away_is_retried_whole() -> None:
+    """Not the values' fault: no fallback that would drop the event type and the inbox row's
+    dead mark; the loop gives the record up again later."""
+    calls: list[dict[str, Any]] = []
+
+    def answer(step: Step) -> Any:
+        if _name(step) == "record_rejection":
+            calls.append(dict(step.params))  # type: ignore[attr-defined]
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return ONE
+
+    with pytest.raises(psycopg.OperationalError):
+        drive_sync(_core().give_up(_env(), "DataError: x", 5), Script(answer))
+    assert len(calls) == 1
 
 
 def test_a_consumer_started_while_kafka_is_away_waits_for_it() -> None:
