@@ -92,6 +92,34 @@ async def test_one_holder_tokens_grow_and_only_expiry_or_release_hands_over(
         assert not await leases.release(b, second)  # an old token touches nothing
 
 
+async def test_a_standby_attempt_neither_locks_a_held_lease_nor_spends_a_token(
+    outboxkit_db_url: str,
+) -> None:
+    """While the holder's fenced write holds its lease row (FOR SHARE, in an open transaction),
+    a standby's attempt under a 200 ms lock_timeout answers "held" at once. Before, ON CONFLICT
+    DO UPDATE locked the row before testing its WHERE: the attempt waited for the holder's
+    write (and made the holder's next write queue behind it), and failed under the timeout."""
+    leases = LeaseStore("outboxkit")
+    async with (
+        await _conn(outboxkit_db_url) as holder,
+        await _conn(outboxkit_db_url) as writing,
+        await _conn(outboxkit_db_url) as standby,
+    ):
+        first = await leases.acquire(holder, "g", 0, "A", 30)
+        assert first is not None
+        await standby.execute("SET lock_timeout = '200ms'")
+        async with writing.transaction():
+            await writing.execute(
+                "SELECT 1 FROM outboxkit.relay_lease WHERE relay_group = 'g' AND shard = 0"
+                " FOR SHARE"
+            )
+            assert await leases.acquire(standby, "g", 0, "B", 30) is None
+        assert await leases.acquire(standby, "g", 0, "B", 30) is None
+        taken = await leases.acquire(standby, "g", 0, "B", 30, now=_later(31))
+        assert taken is not None
+        assert taken.token == first.token + 1  # the attempts that found it held took none
+
+
 async def test_concurrent_acquire_on_a_fresh_database_has_one_winner(
     outboxkit_db_url: str,
 ) -> None:

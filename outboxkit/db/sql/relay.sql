@@ -13,9 +13,18 @@ SELECT 1;
 -- Take the lease when it is free, expired (by the database clock) or already ours (a restart of
 -- our own session). A fresh token every time; nextval only grows. The "now" parameter is NULL in
 -- production (the database clock); tests pass a later time instead of waiting for an expiry.
+-- A lease another holder keeps is seen without a lock and left alone: ON CONFLICT DO UPDATE
+-- locks the row before testing its WHERE, so every standby's attempt would otherwise queue for
+-- the row against the holder's fenced writes (FOR SHARE), and make them wait, or fail under a
+-- lock_timeout. The WHERE below still decides under the lock.
 INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
-VALUES (:group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
-        coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second')
+SELECT :group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
+       coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.relay_lease
+    WHERE relay_group = :group AND shard = :shard AND holder IS NOT NULL AND holder <> :holder
+      AND expires_at > coalesce(CAST(:now AS timestamptz), now())
+)
 ON CONFLICT (relay_group, shard) DO UPDATE
 SET holder = excluded.holder, token = excluded.token, acquired_at = now(), renewed_at = now(),
     expires_at = excluded.expires_at
