@@ -98,7 +98,7 @@ async def test_a_standby_attempt_neither_locks_a_held_lease_nor_spends_a_token(
     """While the holder's fenced write holds its lease row (FOR SHARE, in an open transaction),
     a standby's attempt under a 200 ms lock_timeout answers "held" at once. Before, ON CONFLICT
     DO UPDATE locked the row before testing its WHERE: the attempt waited for the holder's
-    write (and made the holder's next write queue behind it), and failed under the timeout."""
+    write, and failed under the timeout."""
     leases = LeaseStore("outboxkit")
     async with (
         await _conn(outboxkit_db_url) as holder,
@@ -117,7 +117,61 @@ async def test_a_standby_attempt_neither_locks_a_held_lease_nor_spends_a_token(
         assert await leases.acquire(standby, "g", 0, "B", 30) is None
         taken = await leases.acquire(standby, "g", 0, "B", 30, now=_later(31))
         assert taken is not None
-        assert taken.token == first.token + 1  # the attempts that found it held took none
+        # The attempts that found it held drew no token; the takeover drew one for its insert
+        # (not used) and its own under the row's lock.
+        assert taken.token == first.token + 2
+
+
+async def test_a_takeover_draws_its_token_under_the_rows_lock(outboxkit_db_url: str) -> None:
+    """A standby finds the lease released and waits for its row while another relay takes the
+    lease and gives it up again (one transaction here, so the wait spans both): it then takes
+    the lease with a token above that relay's. Before, its token was drawn before the lock,
+    so it took the lease with a smaller token than an earlier holder's."""
+    leases = LeaseStore("outboxkit")
+    async with (
+        await _conn(outboxkit_db_url) as holder,
+        await _conn(outboxkit_db_url) as other,
+        await _conn(outboxkit_db_url) as standby,
+    ):
+        first = await leases.acquire(holder, "g", 0, "A", 30)
+        assert first is not None
+        assert await leases.release(holder, first)
+        async with other.transaction():
+            await other.execute(
+                "SELECT 1 FROM outboxkit.relay_lease WHERE relay_group = 'g' AND shard = 0"
+                " FOR UPDATE"
+            )
+            attempt = asyncio.ensure_future(leases.acquire(standby, "g", 0, "B", 30))
+            await _blocked(holder, standby.info.backend_pid)
+            row = await (
+                await other.execute(
+                    "UPDATE outboxkit.relay_lease SET holder = 'C',"
+                    " token = nextval('outboxkit.relay_fencing_token_seq')"
+                    " WHERE relay_group = 'g' AND shard = 0 RETURNING token"
+                )
+            ).fetchone()
+            assert row is not None
+            await other.execute(
+                "UPDATE outboxkit.relay_lease SET holder = NULL"
+                " WHERE relay_group = 'g' AND shard = 0"
+            )
+        taken = await asyncio.wait_for(attempt, 30)
+        assert taken is not None
+        assert taken.token > row[0]
+
+
+async def _blocked(probe: psycopg.AsyncConnection[Any], pid: int) -> None:
+    """Until backend ``pid`` waits for a lock."""
+    async with asyncio.timeout(30):
+        while True:
+            found = await (
+                await probe.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+                )
+            ).fetchone()
+            if found is not None and found[0] == "Lock":
+                return
+            await asyncio.sleep(0.02)
 
 
 async def test_concurrent_acquire_on_a_fresh_database_has_one_winner(

@@ -16,7 +16,9 @@ SELECT 1;
 -- A lease another holder keeps is seen without a lock and left alone: ON CONFLICT DO UPDATE
 -- locks the row before testing its WHERE, so every standby's attempt would otherwise queue for
 -- the row against the holder's fenced writes (FOR SHARE), and make them wait, or fail under a
--- lock_timeout. The WHERE below still decides under the lock.
+-- lock_timeout. The WHERE below still decides under the lock, and a takeover draws its token
+-- there too: one drawn before the lock could be smaller than the token of a holder that took
+-- the lease and gave it up while this statement waited.
 INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
 SELECT :group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
        coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
@@ -26,8 +28,8 @@ WHERE NOT EXISTS (
       AND expires_at > coalesce(CAST(:now AS timestamptz), now())
 )
 ON CONFLICT (relay_group, shard) DO UPDATE
-SET holder = excluded.holder, token = excluded.token, acquired_at = now(), renewed_at = now(),
-    expires_at = excluded.expires_at
+SET holder = excluded.holder, token = nextval('{schema}.relay_fencing_token_seq'),
+    acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
 WHERE l.holder IS NULL OR l.holder = excluded.holder
    OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
 RETURNING token;
