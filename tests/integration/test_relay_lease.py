@@ -31,6 +31,9 @@ from tests.relay_support import (
 pytestmark = pytest.mark.integration
 
 
+_Conn = psycopg.AsyncConnection[Any]
+
+
 async def _conn(url: str) -> psycopg.AsyncConnection[Any]:
     return await db.connect_async(url)
 
@@ -92,6 +95,21 @@ async def test_one_holder_tokens_grow_and_only_expiry_or_release_hands_over(
         assert not await leases.release(b, second)  # an old token touches nothing
 
 
+@asynccontextmanager
+async def _held_by_a(
+    url: str, leases: LeaseStore
+) -> AsyncIterator[tuple[LeaseTerm, _Conn, _Conn, _Conn]]:
+    """Shard 0 of group "g" held by A (its term), A's connection and two more."""
+    async with (
+        await _conn(url) as holder,
+        await _conn(url) as second,
+        await _conn(url) as third,
+    ):
+        first = await leases.acquire(holder, "g", 0, "A", 30)
+        assert first is not None
+        yield first, holder, second, third
+
+
 async def test_a_standby_attempt_neither_locks_a_held_lease_nor_spends_a_token(
     outboxkit_db_url: str,
 ) -> None:
@@ -100,13 +118,7 @@ async def test_a_standby_attempt_neither_locks_a_held_lease_nor_spends_a_token(
     DO UPDATE locked the row before testing its WHERE: the attempt waited for the holder's
     write, and failed under the timeout."""
     leases = LeaseStore("outboxkit")
-    async with (
-        await _conn(outboxkit_db_url) as holder,
-        await _conn(outboxkit_db_url) as writing,
-        await _conn(outboxkit_db_url) as standby,
-    ):
-        first = await leases.acquire(holder, "g", 0, "A", 30)
-        assert first is not None
+    async with _held_by_a(outboxkit_db_url, leases) as (first, _, writing, standby):
         await standby.execute("SET lock_timeout = '200ms'")
         async with writing.transaction():
             await writing.execute(
@@ -128,13 +140,7 @@ async def test_a_takeover_draws_its_token_under_the_rows_lock(outboxkit_db_url: 
     the lease with a token above that relay's. Before, its token was drawn before the lock,
     so it took the lease with a smaller token than an earlier holder's."""
     leases = LeaseStore("outboxkit")
-    async with (
-        await _conn(outboxkit_db_url) as holder,
-        await _conn(outboxkit_db_url) as other,
-        await _conn(outboxkit_db_url) as standby,
-    ):
-        first = await leases.acquire(holder, "g", 0, "A", 30)
-        assert first is not None
+    async with _held_by_a(outboxkit_db_url, leases) as (first, holder, other, standby):
         assert await leases.release(holder, first)
         async with other.transaction():
             await other.execute(
