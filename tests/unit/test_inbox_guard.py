@@ -369,17 +369,23 @@ def test_retention_runs_on_its_timer_in_small_batches() -> None:
     assert loop.purger.deleted == 7
 
 
-def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> None:
+def _refusing(refusal: Exception, times: int) -> tuple[list[dict[str, Any]], Script]:
+    """A script whose first ``times`` rejection records fail with ``refusal``; each record's
+    parameters, in order."""
     calls: list[dict[str, Any]] = []
 
     def answer(step: Step) -> Any:
         if _name(step) == "record_rejection":
             calls.append(dict(step.params))  # type: ignore[attr-defined]
-            if len(calls) == 1:
-                raise RuntimeError("the database refused the id")
+            if len(calls) <= times:
+                raise refusal
         return ONE
 
-    script = Script(answer)
+    return calls, Script(answer)
+
+
+def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> None:
+    calls, script = _refusing(RuntimeError("the database refused the id"), times=1)
     outcome = drive_sync(_core().give_up(_env(), "DataError: x", 5), script)
     assert "abandon" not in script.names()  # no row is touched under a refused id
     assert outcome.kind is OutcomeKind.REJECTED
@@ -391,16 +397,8 @@ def test_giving_up_falls_back_to_a_hashed_id_when_the_identity_is_refused() -> N
 
 
 def test_giving_up_records_an_ascii_reason_without_the_event_type_when_refused() -> None:
-    calls: list[dict[str, Any]] = []
-
-    def answer(step: Step) -> Any:
-        if _name(step) == "record_rejection":
-            calls.append(dict(step.params))  # type: ignore[attr-defined]
-            if len(calls) == 1:
-                raise RuntimeError("the database refused a value")
-        return ONE
-
-    drive_sync(_core().give_up(_env(), "DataError: zu groß für 日本", 5), Script(answer))
+    calls, script = _refusing(RuntimeError("the database refused a value"), times=1)
+    drive_sync(_core().give_up(_env(), "DataError: zu groß für 日本", 5), script)
     assert calls[0]["reason"].endswith("zu groß für 日本")
     assert calls[1]["reason"].endswith("zu gro\\xdf f\\xfcr \\u65e5\\u672c")
     assert calls[1]["event_type"] is None
@@ -409,16 +407,10 @@ def test_giving_up_records_an_ascii_reason_without_the_event_type_when_refused()
 def test_giving_up_while_the_database_is_away_is_retried_whole() -> None:
     """Not the values' fault: no fallback that would drop the event type and the inbox row's
     dead mark; the loop gives the record up again later."""
-    calls: list[dict[str, Any]] = []
-
-    def answer(step: Step) -> Any:
-        if _name(step) == "record_rejection":
-            calls.append(dict(step.params))  # type: ignore[attr-defined]
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return ONE
-
+    away = psycopg.OperationalError("server closed the connection unexpectedly")
+    calls, script = _refusing(away, times=2)
     with pytest.raises(psycopg.OperationalError):
-        drive_sync(_core().give_up(_env(), "DataError: x", 5), Script(answer))
+        drive_sync(_core().give_up(_env(), "DataError: x", 5), script)
     assert len(calls) == 1
 
 
