@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from outboxkit.db import connect, redact
 from outboxkit.devstack import DevStack, KafkaServer
 from outboxkit.devstack.aio import run_coroutine
 from outboxkit.devstack.postgres import database_url_with
@@ -24,6 +25,14 @@ from outboxkit.kafka import KafkaClients
 from outboxkit.settings import KafkaSettings
 
 TopicFactory = Callable[..., str]
+
+
+class MaskedUrl(str):
+    """A database URL whose repr masks its password: pytest prints a failing test's arguments
+    (and fixtures are arguments) by their repr, and an external server's URL holds a real one."""
+
+    def __repr__(self) -> str:
+        return repr(redact(str(self), str(self)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,7 +87,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="session")
 def outboxkit_database_url(outboxkit_stack: DevStack) -> str:
     """libpq URL of the server's maintenance database."""
-    return outboxkit_stack.database_url
+    return MaskedUrl(outboxkit_stack.database_url)
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +127,7 @@ def outboxkit_secure_kafka() -> Iterator[KafkaServer]:
 def outboxkit_template_database(outboxkit_database_url: str) -> Iterator[str]:
     """A database with every outboxkit migration applied, cloned for each test."""
     name = f"outboxkit_template_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
+    with connect(outboxkit_database_url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = database_url_with(outboxkit_database_url, name)
     from outboxkit.db.migrator import upgrade
@@ -136,14 +145,14 @@ def outboxkit_db_url(
 ) -> Iterator[str]:
     """A fresh, migrated database for this test (a template clone), dropped afterwards."""
     name = f"outboxkit_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
+    with connect(outboxkit_database_url) as conn:
         conn.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
                 sql.Identifier(name), sql.Identifier(outboxkit_template_database)
             )
         )
     try:
-        yield database_url_with(outboxkit_database_url, name)
+        yield MaskedUrl(database_url_with(outboxkit_database_url, name))
     finally:
         _drop_database(outboxkit_database_url, name)
 
@@ -152,10 +161,10 @@ def outboxkit_db_url(
 def outboxkit_empty_db_url(outboxkit_database_url: str) -> Iterator[str]:
     """A fresh database with nothing in it (for migration tests)."""
     name = f"outboxkit_empty_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
+    with connect(outboxkit_database_url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        yield database_url_with(outboxkit_database_url, name)
+        yield MaskedUrl(database_url_with(outboxkit_database_url, name))
     finally:
         _drop_database(outboxkit_database_url, name)
 
@@ -183,7 +192,7 @@ def outboxkit_topic(outboxkit_kafka_bootstrap: str) -> TopicFactory:
 
 def _drop_database(server_url: str, name: str) -> None:
     try:
-        with psycopg.connect(server_url, autocommit=True) as conn:
+        with connect(server_url) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )

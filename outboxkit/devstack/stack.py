@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
 
+from outboxkit.db.connect import redact
 from outboxkit.devstack.kafka import KafkaServer, Security
 from outboxkit.devstack.postgres import PostgresServer
 from outboxkit.devstack.registry import reap_orphans
@@ -23,20 +23,9 @@ KAFKA_BOOTSTRAP_ENV = BOOTSTRAP_ENV
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (for output a user may paste anywhere)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{parts.username or ''}:***@{host}"
-        if parts.port is not None:
-            netloc += f":{parts.port}"
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "(unparseable URL, not shown)"
+    """The URL with its password values masked, as every outboxkit message shows one (for
+    output a user may paste anywhere)."""
+    return redact(url, url)
 
 
 @dataclass
@@ -57,7 +46,7 @@ class DevStack:
     kafka: KafkaServer | None = None
     startup_seconds: dict[str, float] = field(default_factory=dict)
     external: dict[str, str] = field(default_factory=dict)
-    _database_url: str | None = None
+    _database_url: str | None = field(default=None, repr=False)  # may hold a password
     _kafka_bootstrap: str | None = None
     _kafka_sasl_ssl: SaslSslListener | None = None
 

@@ -9,7 +9,8 @@ through: the first line of a kind at once, its repeats counted and shown with th
 after a window (``log_limit.py`` says how). Lines are grouped by logger, level, format and
 arguments (their varying parts normalised; a list of broker ids in any order is one); aiokafka's
 lines do not name the client, so two clients that fail alike share a count. DEBUG lines were
-asked for: they pass unlimited.
+asked for: they pass unlimited. Every line has the clients' secret values masked
+(:mod:`outboxkit.kafka.log_secrets`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Iterable
 
+from outboxkit.kafka.log_secrets import SecretMask
 from outboxkit.log_limit import RepeatLimit, Shown, normalised, suppressed_note
 
 _ROOT = "aiokafka"
@@ -34,7 +37,10 @@ class AiokafkaLogLimit(logging.Filter):
         self.limit: RepeatLimit[logging.LogRecord] = RepeatLimit() if limit is None else limit
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno <= logging.DEBUG or getattr(record, _DECIDED, False):
+        if getattr(record, _DECIDED, False):
+            return True
+        _mask_secrets(record)
+        if record.levelno <= logging.DEBUG:
             return True
         try:
             held = _frozen(record)
@@ -93,14 +99,30 @@ def _count_in(record: logging.LogRecord, shown: Shown[logging.LogRecord]) -> Non
         record.msg, record.args = f"{record.getMessage()} {note}", None
 
 
+def _mask_secrets(record: logging.LogRecord) -> None:
+    """The line without the secrets of any aiokafka client of this process (a DEBUG line shows
+    a SASL PLAIN login's bytes); never raises."""
+    try:
+        text = record.getMessage()
+        masked = _SECRETS.masked(text)
+    except Exception:
+        return
+    if masked != text:
+        record.msg, record.args = masked, None
+
+
 _SHARED = AiokafkaLogLimit()
+_SECRETS = SecretMask()
 _lock = threading.Lock()
 
 
-def limit_aiokafka_log() -> None:
+def limit_aiokafka_log(secrets: Iterable[tuple[str, str]] = ()) -> None:
     """Install the shared filter on every aiokafka logger there is (last among each one's
-    filters, so it counts the lines as the others left them). Idempotent; called whenever an
-    aiokafka client's options are built, by when the modules that log have been imported."""
+    filters, so it counts the lines as the others left them), masking ``secrets`` (``(setting,
+    value)`` pairs, :mod:`.log_secrets`) from now on. aiokafka's lines do not tell which client
+    logged them, so every client's secrets are masked in every line. Idempotent; called whenever
+    an aiokafka client's options are built, by when the modules that log have been imported."""
+    _SECRETS.add(secrets)
     with _lock:
         manager = logging.Logger.manager
         names = [_ROOT] + [n for n in list(manager.loggerDict) if n.startswith(_ROOT + ".")]

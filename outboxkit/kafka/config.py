@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.kafka.aiokafka_log import limit_aiokafka_log
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.kafka.librdkafka_log import LibrdkafkaLog
+from outboxkit.kafka.log_secrets import SecretMask
 from outboxkit.settings import KafkaSettings
 from outboxkit.settings.kafka_names import (
     OWNED_OPTIONS,
@@ -138,7 +139,7 @@ def confluent_config(
         "bootstrap.servers": _require_bootstrap(settings),
         "client.id": settings.client_id,
         "security.protocol": settings.security_protocol.value.lower(),
-        "logger": LibrdkafkaLog(LIBRDKAFKA_LOGGER),
+        "logger": LibrdkafkaLog(LIBRDKAFKA_LOGGER, mask=SecretMask(_secrets(settings, options))),
     }
     if settings.uses_sasl and mechanism is None:
         assert settings.sasl_mechanism is not None
@@ -167,6 +168,22 @@ def confluent_config(
     conf.update(options or {})
     conf.update(overrides)
     return conf
+
+
+def _secrets(
+    settings: KafkaSettings, options: Mapping[str, Any] | None
+) -> Iterator[tuple[str, str]]:
+    """The values a client's log lines must not show (:mod:`.log_secrets`), by setting."""
+    for name, secret in (
+        ("OUTBOXKIT_KAFKA_SASL_PASSWORD", settings.sasl_password),
+        ("OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD", settings.ssl_key_password),
+    ):
+        if secret is not None:
+            yield name, secret.get_secret_value()
+    for name, value in settings.properties.items():
+        yield name, value.get_secret_value()
+    for name, option in (options or {}).items():
+        yield str(name), str(option)
 
 
 CONSUMER_OPTIONS_HINT = (
@@ -286,6 +303,11 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
             raise ConfigurationError(
                 f"cannot build the Kafka TLS context from OUTBOXKIT_KAFKA_SSL_* paths: {exc}"
             ) from None
+        except ValueError:  # Python's ssl takes a password of at most 1,024 bytes
+            raise ConfigurationError(
+                "cannot build the Kafka TLS context: OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD is longer"
+                " than the 1,024 bytes Python's ssl module (the aiokafka clients) accepts"
+            ) from None
     context.check_hostname = settings.ssl_check_hostname
     if not settings.ssl_check_hostname:
         context.verify_mode = ssl.CERT_REQUIRED
@@ -306,7 +328,7 @@ def aiokafka_options(
     would be a trap; a SASL mechanism named there is refused (it would be a wrong login).
     aiokafka's own log lines are rate-limited from here on (:mod:`.aiokafka_log`)."""
     _refuse_owned(options or {}, OWNED_OPTIONS, _OPTIONS)
-    limit_aiokafka_log()
+    limit_aiokafka_log(_secrets(settings, options))
     mechanism = property_mechanism(settings.properties)
     if mechanism is not None:
         raise ConfigurationError(

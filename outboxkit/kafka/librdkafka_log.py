@@ -5,7 +5,8 @@ confluent-kafka hands each librdkafka line to the ``logger`` property as ``logge
 lines by level, facility, client and the line with its varying parts normalised, and shows what
 :class:`~outboxkit.log_limit.RepeatLimit` lets through: the first of a burst at once, the
 repeats counted (``log_limit.py`` says how). DEBUG lines (librdkafka's ``debug`` property) were
-asked for: they pass unlimited.
+asked for: they pass unlimited. Every line has its configuration's secret values masked
+(:mod:`outboxkit.kafka.log_secrets`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from outboxkit.kafka.log_secrets import SecretMask
 from outboxkit.log_limit import (
     MAX_GROUPS,
     WINDOW_SECONDS,
@@ -43,8 +45,10 @@ class LibrdkafkaLog:
         window: float | None = None,
         max_groups: int = MAX_GROUPS,
         clock: Callable[[], float] = time.monotonic,
+        mask: SecretMask | None = None,
     ) -> None:
         self.logger = logger
+        self.mask = SecretMask() if mask is None else mask
         self._limit: RepeatLimit[Line] = RepeatLimit(
             window=window, max_groups=max_groups, clock=clock
         )
@@ -57,17 +61,20 @@ class LibrdkafkaLog:
         """confluent-kafka's call for each librdkafka line. It must not raise: an exception here
         would be raised by the client's next ``poll`` instead of its result."""
         try:
-            if level <= logging.DEBUG or len(args) != 3:  # asked for, or not librdkafka's shape
-                self.logger.log(level, msg, *args)
-                return
             if not self.logger.isEnabledFor(level):
                 return
-            line = tuple(str(arg) for arg in args)
+            if len(args) != 3:  # not librdkafka's shape
+                self.logger.log(level, "%s", self.mask.masked(msg % args if args else msg))
+                return
+            line = (str(args[0]), str(args[1]), self.mask.masked(str(args[2])))
+            if level <= logging.DEBUG:  # asked for: not limited
+                self.logger.log(level, _LINE, *line)
+                return
             key = (level, line[0], line[1], normalised(line[2]))
             for shown in self._limit.admit(key, line):
                 self._show(shown)
-        except Exception:  # a line that cannot be grouped or formatted is shown as it came
-            self.logger.log(level, "librdkafka log line %r", args)
+        except Exception:  # a line that cannot be grouped or formatted: its text, masked
+            self.logger.log(level, "librdkafka log line %s", self.mask.masked(repr(args)))
 
     def _show(self, shown: Shown[Line]) -> None:
         level = shown.key[0]  # type: ignore[index]  # the keys are made in log()

@@ -19,6 +19,7 @@ from outboxkit.verify.layout import CLIENTS, Names, RunConfig, Target, setup, wi
 from outboxkit.verify.nemesis import Nemesis
 from outboxkit.verify.observe import TokenSampler
 from outboxkit.verify.procs import Child, Fleet, python_module
+from outboxkit.verify.target import DATABASE_ENV
 
 Echo = Callable[[str], None]
 _SESSION = {  # a killed consumer leaves its group in 6 s, not 45 s
@@ -90,10 +91,8 @@ class Run:
         return self._child(f"{label}-{index}-{client}", role, argv, env)
 
     def _writer(self, index: int) -> Child:
-        argv = python_module(
+        argv = python_module(  # the URL goes in the environment: a command line is public
             "outboxkit.verify.writer",
-            "--database-url",
-            self.target.database_url,
             "--index",
             str(index),
             "--seed",
@@ -112,7 +111,9 @@ class Run:
             str(self._writes_file(index)),
             *(arg for topic in self.names.topics for arg in ("--topic", topic)),
         )
-        return self._child(f"writer-{index}", "writer", argv, {})
+        return self._child(
+            f"writer-{index}", "writer", argv, {DATABASE_ENV: self.target.database_url}
+        )
 
     def _writes_file(self, index: int) -> Path:
         return self.config.workdir / f"writes-{index}.jsonl"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import sys
@@ -28,6 +29,7 @@ from outboxkit.events import Message
 from outboxkit.outbox import Outbox
 from outboxkit.settings import load_database_settings
 from outboxkit.verify.history import WriteOp, WriteOutcome
+from outboxkit.verify.target import DATABASE_ENV
 from outboxkit.verify.workload import EVENT_TYPE, NEXT_SEQ, SCHEMA, VerifyEvent, payload_bytes
 from outboxkit.wire import JSON_CONTENT_TYPE, content_digest
 
@@ -193,7 +195,11 @@ class Writer:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m outboxkit.verify.writer")
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(DATABASE_ENV),
+        help=f"default: {DATABASE_ENV} (a command line is readable by other local users)",
+    )
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--topic", action="append", required=True)
@@ -204,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if not args.database_url:
+        parser.error(f"--database-url or {DATABASE_ENV} is required")
     writer = Writer(args, sys.stdout)
 
     def stop(*_: Any) -> None:

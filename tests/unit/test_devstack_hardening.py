@@ -293,3 +293,19 @@ def test_redact_url_hides_only_the_password() -> None:
     assert redact_url("postgresql://u:s3cret@h:5432/db?x=1") == "postgresql://u:***@h:5432/db?x=1"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert "s3cret" not in redact_url("postgresql://u:s3cret@[::1]:5432/db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@h/db?password=s3cret-pw",
+        "postgresql://u@h/db?sslmode=prefer&sslpassword=s3cret-pw",
+        "host=h user=u password=s3cret-pw dbname=db",
+        "postgresql://u:s3cret%2Fpw@h/db",
+    ],
+)
+def test_an_external_url_is_shown_without_any_spelling_of_its_password(url: str) -> None:
+    stack = DevStack()
+    stack._choose_external({"OUTBOXKIT_DATABASE_URL": url, "OUTBOXKIT_KAFKA_BOOTSTRAP": "k:9092"})
+    shown = "\n".join([*stack.describe(), repr(stack)])
+    assert "s3cret" not in shown, shown

@@ -104,3 +104,10 @@ def test_the_confluent_refusal_names_the_certificate_when_the_certificate_is_wro
     error = refused_configuration("the producer", "_INVALID_ARG", text, conf, "hint")
     assert CERT_PROBLEM in str(error)
     assert NO_PASSWORD not in str(error)
+
+
+def test_a_password_too_long_for_python_ssl_is_a_configuration_error(files: Path) -> None:
+    too_long = "x" * 1025
+    text = _context(files, "a.pem", "a-encrypted.key", too_long)
+    assert "longer than the 1,024 bytes" in text
+    assert too_long not in text

@@ -22,7 +22,7 @@ from outboxkit.db.connect import HIDDEN, refused
 from outboxkit.errors import ConfigurationError
 from outboxkit.settings import load_database_settings, load_settings
 
-connect_module = importlib.import_module("outboxkit.db.connect")  # not the function db.connect
+url_checks = importlib.import_module("outboxkit.db.url_checks")
 
 RAW = "S3%CR%23T"  # a bad escape (%CR) beside a good one (%23): the audit's example
 BAD_ESCAPES = {
@@ -123,7 +123,7 @@ async def test_a_decoding_error_the_check_missed_is_still_a_configuration_error(
 ) -> None:
     """The connect seam itself turns psycopg's ``ValueError`` (quoting a byte of the password
     and its place) into the typed error: a second line of defence behind :func:`url_problem`."""
-    monkeypatch.setattr(connect_module, "url_problem", lambda url: None)
+    monkeypatch.setattr(url_checks, "url_problem", lambda url: None)
     with pytest.raises(ConfigurationError) as sync_error:
         db.connect(url)
     with pytest.raises(ConfigurationError) as async_error:

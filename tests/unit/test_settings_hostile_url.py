@@ -109,3 +109,61 @@ def test_a_server_refusal_is_not_called_an_invalid_url() -> None:
     malformed = psycopg.ProgrammingError(f'invalid URI query parameter: "x"\n{SECRET}')
     message = str(refused(malformed, url))
     assert message == 'the database URL is invalid: invalid URI query parameter: "x"'
+
+
+@pytest.mark.parametrize("value", ["S3CRET\\ pw7731", "'S3CRET pw7731'", "'S3CRET \\'pw7731'"])
+def test_a_keyword_value_with_a_space_is_masked_whole(value: str) -> None:
+    url = f"host=h port=1 password={value} dbname=d"
+    assert conninfo_to_dict(url)["password"].startswith("S3CRET ")  # what libpq reads
+    assert db.url_problem(url) is None
+    for text in (db.redact(url, url), db.redact(f"at {url}: boom", url)):
+        assert "S3CRET" not in text
+        assert "pw7731" not in text
+        assert "dbname=d" in text
+
+
+NOT_A_URL = {
+    "no_slashes": f"postgresql:/u:{SECRET}@127.0.0.1:1/db",
+    "no_scheme": f"u:{SECRET}@127.0.0.1:1/db",
+    "unquoted_space": "host=h password=S3CRET pw7731",
+    "unclosed_quote": "host=h password='S3CRET pw7731",
+    "no_keyword": f"={SECRET}",
+}
+
+
+@pytest.mark.parametrize("url", NOT_A_URL.values(), ids=NOT_A_URL)
+def test_a_string_libpq_would_quote_whole_is_refused(url: str) -> None:
+    """libpq's error (``missing "=" after "<the whole string>"``) would hold the password."""
+    with pytest.raises(psycopg.ProgrammingError):
+        conninfo_to_dict(url)
+    assert db.url_problem(url) == "neither a scheme://... URL nor key=value pairs"
+    with pytest.raises(ConfigurationError) as raised:
+        db.checked_url(url)
+    assert "S3CRET" not in str(raised.value)
+    assert "pw7731" not in db.redact(url, url)
+
+
+def test_a_url_behind_a_byte_order_mark_is_refused(tmp_path: Path) -> None:
+    """A secrets file saved as "UTF-8 with BOM" holds a good URL behind U+FEFF."""
+    url = f"\ufeffpostgresql://u:{SECRET}@127.0.0.1:1/db"
+    assert db.url_problem(url) == "a byte-order mark (U+FEFF) at its start"
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "OUTBOXKIT_DATABASE_URL").write_text(url, encoding="utf-8")
+    for args in (["config", "show"], ["migrate", "status"], ["relay", "status"]):
+        result = CliRunner(env=_clean_env(OUTBOXKIT_SECRETS_DIR=str(secrets))).invoke(main, args)
+        assert result.exit_code != 0, result.output
+        assert SECRET not in result.output
+        assert "byte-order mark" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("word", ["authentication", "accepting", "Read-Write"])
+def test_a_password_of_letters_alone_hides_a_message_holding_it(word: str) -> None:
+    """Masked in place it would be read off the text around it: ``password *** failed``."""
+    url = f"postgresql://leaky:{word}@127.0.0.1:1/d"
+    text = f'FATAL:  password {word.lower()} failed for user "leaky" ({word} connections?)'
+    shown = db.redact(text, url)
+    assert word.casefold() not in shown.casefold()
+    assert "message hidden" in shown
+    assert db.redact(url, url) == "postgresql://leaky:***@127.0.0.1:1/d"
