@@ -25,7 +25,7 @@ from outboxkit.errors import ConfigurationError
 
 Url = str | SecretStr
 
-SPACES = " \t\n\r\f\v"  # what libpq skips between keyword/value pairs (not Unicode spaces)
+_SPACES = " \t\n\r\f\v"  # what libpq skips between keyword/value pairs (not Unicode spaces)
 SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 INVALID_URL = "the database URL is invalid"
 _ENCODE = "percent-encode '@', ':', '/', '?' and '#' in the user name and password"
@@ -66,7 +66,8 @@ def _port_problem(hosts: str) -> str | None:
 
 def url_problem(url: str) -> str | None:
     """Why libpq, urllib and SQLAlchemy could split ``url``'s user info, host and port
-    differently, or None (a keyword/value string has none). The reason never quotes the URL."""
+    differently, or why libpq could not read it at all, or None. A string without a
+    ``scheme://`` must be keyword/value pairs. The reason never quotes the URL."""
     if "\x00" in url:
         return _NUL
     if not _encodable(url):  # e.g. a variable's byte that is not UTF-8: psycopg quotes its place
@@ -105,24 +106,24 @@ def _keyword_pairs(text: str) -> bool:
     """Whether libpq reads ``text`` as keyword/value pairs (its parser, step by step)."""
     i, end = 0, len(text)
     while True:
-        while i < end and text[i] in SPACES:
+        while i < end and text[i] in _SPACES:
             i += 1
         if i >= end:  # past it: a backslash ended the last value
             return True
         start = i
-        while i < end and text[i] != "=" and text[i] not in SPACES:
+        while i < end and text[i] != "=" and text[i] not in _SPACES:
             i += 1
         keyword = i > start
-        while i < end and text[i] in SPACES:
+        while i < end and text[i] in _SPACES:
             i += 1
         if not keyword or i == end or text[i] != "=":  # no keyword, or no '=' after it
             return False
         i += 1
-        while i < end and text[i] in SPACES:
+        while i < end and text[i] in _SPACES:
             i += 1
         quoted = i < end and text[i] == "'"
         i += quoted
-        stops = "'" if quoted else SPACES
+        stops = "'" if quoted else _SPACES
         while i < end and text[i] not in stops:
             i += 2 if text[i] == "\\" else 1
         if quoted:
