@@ -25,7 +25,7 @@ from outboxkit.kafka.api import (
     TransactionalProducer,
 )
 from outboxkit.kafka.config import aiokafka_options
-from outboxkit.kafka.errors import ErrorKind, classify
+from outboxkit.kafka.errors import ErrorKind, classify, with_transaction_timeout_hint
 from outboxkit.kafka.producer_admin import close_admin_quietly, read_topic_limits
 from outboxkit.settings import KafkaSettings
 
@@ -39,7 +39,7 @@ def raise_for(exc: BaseException, what: str, watch: CertificateWatch | None = No
     client-certificate settings when ``watch`` saw the broker ask for a certificate)."""
     if classify(_name(exc)) is ErrorKind.FENCED:
         raise ProducerFencedError(f"{what}: {named(exc)}") from exc
-    text = f"{what}: {named(exc)}"
+    text = with_transaction_timeout_hint(f"{what}: {named(exc)}")
     raise PublishError(watch.explained(text) if watch is not None else text) from exc
 
 

@@ -107,6 +107,22 @@ def with_credentials_hint(text: str) -> str:
     return f"{text} ({CREDENTIALS_HINT})"
 
 
+_TRANSACTION_TIMEOUT_REFUSED = ("INVALID_TRANSACTION_TIMEOUT", "InvalidTransactionTimeout")
+TRANSACTION_TIMEOUT_HINT = (
+    "the broker's transaction.max.timeout.ms is below the relay's transaction timeout,"
+    " max(2 x kafka_timeout, 60 s): raise the broker's setting (the confluent-kafka clients"
+    " also take a lower transaction.timeout.ms in OUTBOXKIT_KAFKA_PROPERTIES)"
+)
+
+
+def with_transaction_timeout_hint(text: str) -> str:
+    """aiokafka reports the broker's refusal of the transaction timeout as ``[Error 50]``
+    alone, with nothing naming either setting."""
+    if TRANSACTION_TIMEOUT_HINT in text or not any(n in text for n in _TRANSACTION_TIMEOUT_REFUSED):
+        return text
+    return f"{text} ({TRANSACTION_TIMEOUT_HINT})"
+
+
 _TOPIC_WRITE_DENIED = ("TOPIC_AUTHORIZATION_FAILED", "TopicAuthorizationFailed")
 TOPIC_WRITE_HINT = "grant it Write on the topic"
 
