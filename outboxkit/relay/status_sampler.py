@@ -16,8 +16,9 @@ and the pause flag are still read every interval, and its gauges keep their last
 Every interval whose holders and pause flag were read is recorded (``RelayMetrics.sampled``,
 with the group's pause flag): while the database cannot be read the gauges keep their last
 values, and only that record tells that they are old (/healthz then fails, an alert reads the
-timestamp). A failed count is logged rate-limited (:class:`LimitedLines`): one line, then one a
-minute with the count, and a line when counts work again.
+timestamp). Failures, of a count or of the whole sample (the database away for an hour: one
+line every 2 s before), are logged rate-limited (:class:`LimitedLines`): one line, then one a
+minute with the count of the others, and a line when it works again.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ async def sample_forever(
     count_due = time.monotonic() + every
     urgent: set[int] = set()  # shards to count alone, now (kept across a reconnect)
     held_until = 0.0  # no count before: the pause of one that failed
+    said = LimitedLines(logger)  # whole samples failed: the database away, say
     count_said = LimitedLines(logger)  # counts failed while the rest was read
     while not stop.is_set():
         full_since = None  # while a full count runs: when it began
@@ -160,13 +162,17 @@ async def sample_forever(
                         urgent |= _held(metrics, counted, found)
                     flag = await db.one_async(conn, paused, {"group": group})
                     metrics.sampled(bool(flag and flag[0]))
+                    said.answered()
+                    said.end(logging.INFO, "status sampling works again after %.1f s")
                     await wait_any([stop], every)
                     if ended_while_idle(conn):  # an idle_session_timeout, a restart: a new one
                         break
         except (psycopg.Error, OSError) as exc:
             if full_since is not None:
                 count_due = _next_count(every, full_since)
-            logger.info("status sampling failed: %s", with_pooler_hint(str(exc), exc))
+            kind = normalised(f"{type(exc).__name__}: {exc}")
+            text = with_pooler_hint(str(exc), exc)
+            said.log(logging.INFO, kind, "status sampling failed: %s", text)
             await wait_any([stop], 2.0)
 
 
