@@ -148,18 +148,23 @@ class LimitedLines:
     """Lines of one of our loggers that repeat while a failure lasts (a consumer's retries, the
     relay listener's reconnects, while the database is away), through one :class:`RepeatLimit`.
     The caller names each line's kind: lines of one kind are counted together whatever their
-    arguments (the record's place). One instance per loop: it is not meant for threads."""
+    arguments (the record's place). ``shown_in_full``: the first lines of a failure that are
+    all shown (a back-off growing, as the relay's shard lines show it), before the limit applies.
+    One instance per loop: it is not meant for threads."""
 
     def __init__(
         self,
         logger: logging.Logger,
         *,
         window: float | None = None,
+        shown_in_full: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.logger = logger
         self._clock = clock
         self._limit: RepeatLimit[_Said] = RepeatLimit(window=window, clock=clock)
+        self._shown_in_full = shown_in_full
+        self._lines = 0  # lines of the current failure
         self._since: float | None = None  # when the failure's first line came
         self._last = 0.0  # when its last line came
         self._answered: float | None = None  # the first success since then
@@ -172,9 +177,13 @@ class LimitedLines:
         ``stacklevel`` as ``logger.log``'s, counted from the caller of this method."""
         now = self._clock()
         if self._since is None:
-            self._since = now
+            self._since, self._lines = now, 0
         self._last, self._answered = now, None
+        self._lines += 1
         if not self.logger.isEnabledFor(level):
+            return
+        if self._lines <= self._shown_in_full:
+            self.logger.log(level, msg, *args, stacklevel=stacklevel + 1, **kwargs)
             return
         line = (level, msg, args)
         for shown in self._limit.admit((level, kind), line):

@@ -22,6 +22,8 @@ from outboxkit.db import migrator
 from outboxkit.db.connect import refused
 from outboxkit.errors import PublishError
 from outboxkit.kafka.errors import with_credentials_hint
+from outboxkit.log_limit import LimitedLines, normalised
+from outboxkit.relay.retry_log import SHOWN_IN_FULL
 from outboxkit.relay.waiting import backoff_delay
 from outboxkit.settings import Settings
 
@@ -53,11 +55,15 @@ def _wait(
     url = config.database_url
     rng = random.Random()
     attempt = 0
+    # A long outage: the first attempts' lines (the back-off growing), then one a minute.
+    said = LimitedLines(logger, shown_in_full=SHOWN_IN_FULL)
     while not stop.is_set():
         try:
             with db.connect(url, track=connections, **db.connect_timeout(url)) as conn:
                 migrator.require_current(conn, config.schema_name)
             asyncio.run(kafka_check())
+            said.answered()
+            said.end(logging.INFO, "PostgreSQL and Kafka answer after %.1f s of waiting")
             return True
         except psycopg.ProgrammingError as exc:  # a malformed URL, missing grants
             raise refused(exc, url) from None
@@ -70,6 +76,13 @@ def _wait(
         attempt += 1
         delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX, rng)
         first = problem.splitlines()[0] if problem else "unavailable"
-        logger.warning("consumer waiting for %s (%s); retrying in %.1fs", what, first, delay)
+        said.log(
+            logging.WARNING,
+            normalised(f"{what}: {first}"),
+            "consumer waiting for %s (%s); retrying in %.1fs",
+            what,
+            first,
+            delay,
+        )
         stop.wait(delay)
     return False

@@ -16,6 +16,7 @@ class PublishStats:
     claims: int = 0  # claims that found rows
     largest_claim: int = 0
     rows: int = 0
+    marks: int = 0  # database marks (of a batch's rows as published) that committed
     # Seconds the publishing loop spent awaiting each stage (the others overlap with it).
     send: float = 0.0  # records handed to the client until every delivery is confirmed
     # The next claim still running after the send finished (or, when it was deferred, after

@@ -131,9 +131,9 @@ class BatchPublisher:
                 await pending
 
     async def _mark(self, term: LeaseTerm, conn: Conn, ids: list[int]) -> None:
-        await self._store.mark_published(
-            conn, term, ids, delete=self.config.on_publish is OnPublish.DELETE
-        )
+        delete = self.config.on_publish is OnPublish.DELETE
+        await self._store.mark_published(conn, term, ids, delete=delete)
+        self.stats.marks += 1  # committed: what tells the worker that its term works
         self._faults.reach("after_mark")
 
     def _next_limit(self, rows: int, started: float) -> int:

@@ -10,9 +10,10 @@ with the default ``backoff_max`` of 5 s. :class:`RetryLog` keeps what an operato
   once a minute, with the count of its repeats; a new error at once);
 * the lease and term lines of the first failed term at INFO, those of the retries after it at
   DEBUG (:attr:`term_level`): they say nothing the error line does not;
-* one line when the shard works again (it published, or passed a retention pass: a term in
-  which nothing is pending may still fail at its first one), with its token, how many attempts
-  failed and for how long. A streak that ends because the shard is held elsewhere, or its term
+* one line when the shard works again (a batch's database mark committed: a Kafka commit
+  whose mark fails is no recovery; or it passed a retention pass: a term in which nothing is
+  pending may still fail at its first one), with its token, how many attempts failed and for
+  how long. A streak that ends because the shard is held elsewhere, or its term
   was lost, ends quietly (:meth:`RetryLog.standby`): this process did not get it working.
 """
 

@@ -25,10 +25,12 @@ from outboxkit.faults import FaultPoints
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import TransactionalProducer, transactional_id
 from outboxkit.kafka.errors import with_credentials_hint
+from outboxkit.log_limit import LimitedLines, normalised
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
+from outboxkit.relay.retry_log import SHOWN_IN_FULL
 from outboxkit.relay.shard_worker import ShardWorker
 from outboxkit.relay.status_sampler import sample_forever
 from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
@@ -143,6 +145,8 @@ class Relay:
     async def _start_up(self) -> tuple[list[int], CheckpointTopic | None] | None:
         """Shards and checkpoint topic, waiting out an unavailable database or broker."""
         rng = random.Random()
+        # A long outage: the first attempts' lines (the back-off growing), then one a minute.
+        said = LimitedLines(logger, shown_in_full=SHOWN_IN_FULL)
         while not self.stop.is_set():
             try:
                 shards = await self._shards()
@@ -150,6 +154,8 @@ class Relay:
                 checkpoints = asyncio.ensure_future(self._checkpoints(shards))
                 if not await finished_unless(checkpoints, self.stop):
                     return None
+                said.answered()
+                said.end(logging.INFO, "PostgreSQL and Kafka answer after %.1f s of waiting")
                 return shards, checkpoints.result()
             except psycopg.ProgrammingError as exc:  # a malformed URL, missing grants
                 raise refused(exc, self.database_url) from None
@@ -164,11 +170,14 @@ class Relay:
             delay = backoff_delay(
                 self.startup_waits, self.config.backoff_initial, self.config.backoff_max, rng
             )
-            logger.warning(
+            first = problem.splitlines()[0] if problem else "unavailable"
+            said.log(
+                logging.WARNING,
+                normalised(f"{what}: {first}"),
                 "relay %s: waiting for %s (%s); retrying in %.1fs",
                 self.holder,
                 what,
-                problem.splitlines()[0] if problem else "unavailable",
+                first,
                 delay,
             )
             await wait_any([self.stop], delay)

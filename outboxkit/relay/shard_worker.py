@@ -227,6 +227,7 @@ class ShardWorker:
         next_pause_check = 0.0
         next_retention = time.monotonic() + self.config.poll_interval
         prefetched: list[OutboxRecord] = []
+        marks = publisher.stats.marks
         self.active.set()
         self._metrics.lease_active.labels(self._label).set(1)
         self._metrics.lease_token.labels(self._label).set(term.token)
@@ -236,6 +237,8 @@ class ShardWorker:
         try:
             while not self.stop.is_set():
                 term.check()
+                if publisher.stats.marks > marks:  # not a Kafka commit: its mark may fail
+                    self._retry_log.recovered(term.token)
                 if renewer.done() and term.lost_reason is None:
                     raise PublishError("lease renewal connection failed")
                 if not prefetched:
@@ -283,7 +286,6 @@ class ShardWorker:
                     logger.warning("shard %s: publishing failed: %s", self.shard, exc)
                     outcome, prefetched = Outcome.RETRY_LATER, []
                 if outcome is Outcome.PUBLISHED:
-                    self._retry_log.recovered(term.token)
                     failures = 0
                     turn = (turn + 1) % len(producers)
                     continue

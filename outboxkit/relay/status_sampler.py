@@ -9,11 +9,16 @@ read every interval. And a process counts only the shards it holds and those nob
 two processes walk a held shard's backlog, and none exports the backlog of a shard another holds.
 A shard that just became one to count (its holder is gone, which /healthz looks for; or this
 process took it) is walked at the next interval, whatever the pause: alone, or in the full
-count when that is due by then.
+count when that is due by then. A count that fails while the connection stays (a
+``statement_timeout`` shorter than the walk) waits that pause too, urgent or not; the holders
+and the pause flag are still read every interval, and its gauges keep their last values.
 
-Every successful interval is recorded (``RelayMetrics.sampled``, with the group's pause flag):
-while the database cannot be read the gauges keep their last values, and only that record tells
-that they are old (/healthz then fails, an alert reads the timestamp).
+Every interval whose holders and pause flag were read is recorded (``RelayMetrics.sampled``,
+with the group's pause flag): while the database cannot be read the gauges keep their last
+values, and only that record tells that they are old (/healthz then fails, an alert reads the
+timestamp). Failures, of a count or of the whole sample (the database away for an hour: one
+line every 2 s before), are logged rate-limited (:class:`LimitedLines`): one line, then one a
+minute with the count of the others, and a line when it works again.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import psycopg
 from outboxkit import db
 from outboxkit.db.availability import with_pooler_hint
 from outboxkit.db.engines import ended_while_idle
+from outboxkit.log_limit import LimitedLines, normalised
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.waiting import wait_any
 
@@ -98,13 +104,17 @@ async def sample_forever(
     paused = db.query("relay", "control_paused", schema)
     if stale_after is not None:
         metrics.expect_samples(stale_after)
-    # All three outlive a reconnect: the series this process set must still be dropped, a full
+    # All four outlive a reconnect: the series this process set must still be dropped, a full
     # count that keeps failing (a statement timeout, say) must still wait its pause, and a
     # shard found to need a count must still get it (a connection the server ends while idle
-    # is replaced between the read that found it and the count).
+    # is replaced between the read that found it and the count), but not before a failed
+    # count's pause is over.
     counted = CountedShards()
     count_due = time.monotonic() + every
     urgent: set[int] = set()  # shards to count alone, now (kept across a reconnect)
+    held_until = 0.0  # no count before: the pause of one that failed
+    said = LimitedLines(logger)  # whole samples failed: the database away, say
+    count_said = LimitedLines(logger)  # counts failed while the rest was read
     while not stop.is_set():
         full_since = None  # while a full count runs: when it began
         try:
@@ -116,9 +126,11 @@ async def sample_forever(
             ) as conn:
                 while not stop.is_set():
                     tick = time.monotonic()
+                    may = tick >= held_until
                     # A full count due within the interval stands in for the urgent one.
-                    full = tick >= count_due or (bool(urgent) and count_due - tick <= every)
-                    if full or urgent:
+                    full = tick >= count_due or (may and bool(urgent) and count_due - tick <= every)
+                    rows = None
+                    if full or (urgent and may):
                         full_since = tick if full else None
                         only = None if full else sorted(urgent)
                         params = {"group": group, "holder": holder, "only": only, "now": now}
@@ -127,27 +139,52 @@ async def sample_forever(
                             async with conn.transaction():
                                 await db.execute_async(conn, walk_only)
                                 rows = await db.rows_async(conn, status, params)
+                        except psycopg.Error as exc:
+                            if conn.broken or stop.is_set():
+                                raise
+                            # The holders and the pause flag are still read, every interval.
+                            count_due = held_until = _next_count(every, tick)
+                            full_since = None
+                            _count_failed(count_said, exc, count_due)
                         finally:
                             metrics.counting(False)
+                    if rows is not None:
                         if full:
                             count_due = _next_count(every, tick)
                             full_since = None
                         urgent.clear()
                         _counted(metrics, counted, rows)
+                        count_said.answered()
+                        count_said.end(logging.INFO, "backlog counts work again after %.1f s")
                     else:
                         params = {"group": group, "holder": holder, "now": now}
                         found = await db.rows_async(conn, holders, params)
                         urgent |= _held(metrics, counted, found)
                     flag = await db.one_async(conn, paused, {"group": group})
                     metrics.sampled(bool(flag and flag[0]))
+                    said.answered()
+                    said.end(logging.INFO, "status sampling works again after %.1f s")
                     await wait_any([stop], every)
                     if ended_while_idle(conn):  # an idle_session_timeout, a restart: a new one
                         break
         except (psycopg.Error, OSError) as exc:
             if full_since is not None:
                 count_due = _next_count(every, full_since)
-            logger.info("status sampling failed: %s", with_pooler_hint(str(exc), exc))
+            kind = normalised(f"{type(exc).__name__}: {exc}")
+            text = with_pooler_hint(str(exc), exc)
+            said.log(logging.INFO, kind, "status sampling failed: %s", text)
             await wait_any([stop], 2.0)
+
+
+def _count_failed(said: LimitedLines, exc: psycopg.Error, due: float) -> None:
+    """A failed backlog count, said (rate-limited): its gauges keep their last values."""
+    said.log(
+        logging.WARNING,
+        normalised(f"{type(exc).__name__}: {exc}"),
+        "backlog count failed: %s; backlog gauges keep their last values, next count in %.1f s",
+        with_pooler_hint(str(exc), exc),
+        max(0.0, due - time.monotonic()),
+    )
 
 
 def _next_count(every: float, began: float) -> float:

@@ -89,3 +89,30 @@ def test_a_failure_that_comes_and_goes_ends_once_it_stays_away(
         "too many connections (8 similar lines suppressed over 9 s)",
         "over after 10 s",  # from the first line to the first success after the last one
     ]
+
+
+def test_the_first_lines_of_a_failure_can_all_be_shown(caplog: pytest.LogCaptureFixture) -> None:
+    """A start-up wait shows its back-off growing, then one line a minute; a new failure after
+    the end shows its first lines again. The line names its caller in either case."""
+    name, clock = f"outboxkit.test-{uuid.uuid4().hex[:6]}", Clock()
+    lines = LimitedLines(logging.getLogger(name), shown_in_full=3, clock=clock)
+    with caplog.at_level(logging.INFO, logger=name):
+        for delay in (1, 2, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8):  # 73 s
+            lines.log(logging.WARNING, "away", "waiting; retrying in %ds", delay)
+            clock.now += delay
+        lines.answered()
+        lines.end(logging.INFO, "over after %.0f s")
+        lines.log(logging.WARNING, "away", "waiting; retrying in %ds", 1)
+        lines.log(logging.WARNING, "away", "waiting; retrying in %ds", 2)
+    assert _lines(caplog, name) == [
+        "waiting; retrying in 1s",
+        "waiting; retrying in 2s",
+        "waiting; retrying in 4s",
+        "waiting; retrying in 8s",  # the first line the limit saw: the first of its kind
+        "waiting; retrying in 8s (7 similar lines suppressed over 64 s)",
+        "over after 79 s",
+        "waiting; retrying in 1s",
+        "waiting; retrying in 2s",
+    ]
+    functions = {r.funcName for r in caplog.records if r.name == name}
+    assert functions == {"test_the_first_lines_of_a_failure_can_all_be_shown"}

@@ -1,0 +1,129 @@
+"""A relay whose database marks keep failing while Kafka takes its sends (UPDATE on the outbox
+revoked from its role). In at_least_once mode each retry sends its claims again, so it must back
+off as any failure does, and its lines stay limited: a Kafka send whose rows are never marked is
+not "working again". Once the grant is back, every row is published and marked.
+
+Before, each term's first send counted as working again: the back-off restarted from
+``backoff_initial`` every time (a loop every 0.2-0.4 s, its whole claim sent again each time)
+and every retry logged its error and a "working again" line."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from outboxkit.relay.retry_log import SHOWN_IN_FULL
+from tests.relay_support import (
+    KAFKA_CLIENTS,
+    cli_ok,
+    consume,
+    insert_rows,
+    payloads,
+    relay_settings,
+    row_states,
+    running_relay,
+)
+from tests.support.waiting import wait_for_async
+
+pytestmark = pytest.mark.integration
+
+ROWS = 200
+CLAIM = 10  # rows per claim and per Kafka transaction: a failed term sends at most two claims
+TERMS = SHOWN_IN_FULL + 3  # failed terms watched: beyond those whose lines are all shown
+BACKOFF_MAX = 0.8
+
+
+@pytest.fixture
+def relay_role(outboxkit_db_url: str) -> Iterator[tuple[str, str]]:
+    """The URL and name of a LOGIN role with the relay's grants only: REVOKE does not bite on
+    the superuser the other tests use."""
+    name = f"ok_relay_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    cli_ok(outboxkit_db_url, "migrate", "grants", "--relay", name, "--apply")
+    parts = urlsplit(outboxkit_db_url)
+    host = parts.netloc.rpartition("@")[2]
+    try:
+        yield urlunsplit(parts._replace(netloc=f"{name}:{password}@{host}")), name
+    finally:
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {name}")
+            conn.execute(f"DROP ROLE {name}")
+
+
+def _update(db_url: str, role: str, *, allowed: bool) -> None:
+    statement = "GRANT UPDATE ON {} TO {}" if allowed else "REVOKE UPDATE ON {} FROM {}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(statement.format("outboxkit.outbox_message", role))
+
+
+def _terms(records: list[logging.LogRecord]) -> int:
+    """Terms ended (each releases its lease: logged at DEBUG while a streak goes on)."""
+    return sum("released lease of shard 0" in r.getMessage() for r in records)
+
+
+def _lines(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if r.levelno >= logging.INFO]
+
+
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
+async def test_refused_marks_back_off_and_the_rows_are_marked_once_granted(
+    client: str,
+    relay_role: tuple[str, str],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url, role = relay_role
+    topic = outboxkit_topic()  # type: ignore[operator]
+    expected = payloads("k", ROWS)
+    insert_rows(outboxkit_db_url, topic, expected)
+    _update(outboxkit_db_url, role, allowed=False)
+    settings = relay_settings(
+        url,
+        outboxkit_kafka_bootstrap,
+        client=client,
+        mode="at_least_once",
+        batch_size=CLAIM,
+        max_batch_size=CLAIM,
+        transaction_max_rows=CLAIM,
+        backoff_initial=0.2,
+        backoff_max=BACKOFF_MAX,
+    )
+    caplog.set_level(logging.INFO, logger="outboxkit")
+    caplog.set_level(logging.DEBUG, logger="outboxkit.relay.connections")
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: _terms(caplog.records) >= TERMS, within=120, what="failed terms"
+        )
+        records = list(caplog.records)
+        caplog.clear()
+        _update(outboxkit_db_url, role, allowed=True)
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": ROWS}, what="all marked"
+        )
+        after = list(caplog.records)
+    during = _lines(records)
+    retries = [m for m in during if "InsufficientPrivilege" in m and "retrying in" in m]
+    assert not [m for m in during if "working again" in m]
+    # In full for the first retries, then the first of a kind; the rest only counted.
+    assert SHOWN_IN_FULL <= len(retries) <= SHOWN_IN_FULL + 1, retries
+    delays = [float(re.findall(r"retrying in ([\d.]+)s", m)[0]) for m in retries]
+    # The back-off doubles from 0.2 s to its maximum (full jitter: at least half of it).
+    assert all(BACKOFF_MAX / 2 <= d <= BACKOFF_MAX for d in delays[3:]), delays
+    assert len(during) <= 2 * TERMS, during
+    assert len([m for m in _lines(after) if "working again" in m]) == 1, _lines(after)
+    received = consume(outboxkit_kafka_bootstrap, topic, expect=ROWS)
+    assert {r.value for r in received} == {v for _, v in expected}
+    # A failed term sends its claim and the next one before the refused mark ends it.
+    terms = _terms(records + after)
+    duplicates = len(received) - ROWS
+    assert duplicates <= 2 * CLAIM * terms, (duplicates, terms)
