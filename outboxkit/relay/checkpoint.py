@@ -10,7 +10,7 @@ So a relay killed after the Kafka commit but before the database mark leaves no 
 for ``read_committed`` consumers.
 
 The shard's partition is ``shard % partitions``, so it moves when partitions are added. Each
-checkpoint records the count it was written with, and every reconciliation asks the count again
+checkpoint records the count it was written with, and every takeover asks the count again
 (writes use it from then on): counts only grow, so a checkpoint on the shard's partition that
 was written with today's count is the newest; otherwise every partition an older count put the
 shard on is read too, and the newest checkpoint of each slot wins.
@@ -107,6 +107,7 @@ class CheckpointTopic:
         self.topic = topic
         self._partitions: int | None = None
         self._writable_for: set[object] = set()  # the terms whose takeover found Write granted
+        self._counted_for: dict[int, int] = {}  # shard -> the token whose takeover asked the count
 
     def request(self, checkpoint: Checkpoint) -> ProduceRequest:
         """On the shard's partition by the count last asked, which the checkpoint records."""
@@ -173,15 +174,21 @@ class CheckpointTopic:
             self._writable_for.clear()
         self._writable_for.add(term)
 
-    async def all_committed(self, group: str, shard: int, slots: int) -> list[Checkpoint]:
+    async def all_committed(
+        self, group: str, shard: int, slots: int, token: int | None = None
+    ) -> list[Checkpoint]:
         """The last committed checkpoint of every slot, oldest first (token, then commit seq).
 
-        The count is asked again first (another process may have seen partitions added). The
+        The count is asked again first, once per term (``token``; None: every time): another
+        process may have seen partitions added, and within a term only this one wrote. The
         shard's partition by that count is read; only if its newest checkpoint was written with
         a smaller count (or none is there) may a newer one lie elsewhere: on ``shard % n`` for a
         count ``n`` between that one and today's, which are read too."""
         assert self._partitions is not None, "ensure() first"
-        self._partitions = partitions = max(self._partitions, await self._partition_count())
+        if token is None or self._counted_for.get(shard) != token:
+            self._partitions = max(self._partitions, await self._partition_count())
+            self._counted_for[shard] = token if token is not None else -1
+        partitions = self._partitions
         keys = {checkpoint_key(group, shard, slot): slot for slot in range(slots)}
         home = shard % partitions
         found = await self.read(home, group, shard, keys)

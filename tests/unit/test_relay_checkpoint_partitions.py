@@ -21,12 +21,14 @@ class _Kafka:
         self.partitions = partitions
         self.values = values  # partition -> key -> value
         self.read: list[int] = []
+        self.asked = 0  # partition counts asked
 
     def admin(self) -> Any:
         kafka = self
 
         class _Admin:
             async def describe_topic(self, topic: str) -> TopicInfo:
+                kafka.asked += 1
                 return TopicInfo(topic, kafka.partitions)
 
             async def close(self) -> None:
@@ -99,3 +101,16 @@ async def test_every_slot_keeps_its_newest_and_they_come_oldest_first() -> None:
     )
     found = await _committed(kafka, 1, slots=2)
     assert [(c.slot, c.token) for c in found] == [(1, 4), (0, 5)]
+
+
+async def test_the_count_is_asked_once_per_term_and_a_new_term_sees_partitions_added() -> None:
+    kafka = _Kafka(1, {0: {b"g/5": _value(3, 0, 1)}})
+    checkpoints = CheckpointTopic(kafka, "ckpt")  # type: ignore[arg-type]
+    checkpoints._partitions = 1
+    for _ in range(3):  # the term's producer lives (after a parked row, a transient error)
+        await checkpoints.all_committed("g", 5, 1, token=3)
+    assert kafka.asked == 1
+    kafka.partitions = 2
+    [found] = await checkpoints.all_committed("g", 5, 1, token=4)  # the next term
+    assert (kafka.asked, found.token) == (2, 3)
+    assert checkpoints.request(found).partition == 1  # written on 5 % 2 from now on
