@@ -11,6 +11,7 @@ waits for such transactions to end (aborted records are skipped) and times out i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -35,13 +36,16 @@ class AiokafkaCheckpointReader(CheckpointReader):
         )
         self._timeout = timeout
 
-    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+    async def last_values(
+        self, topic: str, partition: int, keys: Collection[bytes]
+    ) -> dict[bytes, bytes]:
         consumer = AIOKafkaConsumer(**self._options)
         # The high watermark, open transactions' records included, is what this one sees.
         watermark = AIOKafkaConsumer(**{**self._options, "isolation_level": "read_uncommitted"})
         where = f"{topic} [{partition}]"
         tp = TopicPartition(topic, partition)
-        last: bytes | None = None
+        wanted = frozenset(keys)
+        last: dict[bytes, bytes] = {}
         position, end = 0, None
         try:
             async with asyncio.timeout(self._timeout):
@@ -53,8 +57,12 @@ class AiokafkaCheckpointReader(CheckpointReader):
                 while (position := await consumer.position(tp)) < end:
                     batch = await consumer.getmany(tp, timeout_ms=500)
                     for record in batch.get(tp, []):
-                        if record.key == key:
-                            last = record.value
+                        if record.key not in wanted:
+                            continue
+                        if record.value is None:  # a tombstone: the key was deleted
+                            last.pop(record.key, None)
+                        else:
+                            last[record.key] = record.value
             return last
         except TimeoutError:
             raise not_read_to_end(where, position, end) from None

@@ -241,10 +241,16 @@ class Admin(ABC):
 
 
 class CheckpointReader(ABC):
-    """Reads a partition to its end, ``read_committed``, for the last value of one key."""
+    """Reads a partition to its end, ``read_committed``, for the last value of some keys."""
 
     @abstractmethod
-    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None: ...
+    async def last_values(
+        self, topic: str, partition: int, keys: Collection[bytes]
+    ) -> dict[bytes, bytes]:
+        """The last committed value of each of ``keys`` found on the partition (one pass)."""
+
+    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        return (await self.last_values(topic, partition, (key,))).get(key)
 
     @abstractmethod
     async def close(self) -> None: ...

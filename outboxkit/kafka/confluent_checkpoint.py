@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -47,10 +48,14 @@ class ConfluentCheckpointReader(CheckpointReader):
             "the checkpoint reader (confluent-kafka) cannot be created",
         )
 
-    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
-        return await asyncio.to_thread(self._last_committed, topic, partition, key)
+    async def last_values(
+        self, topic: str, partition: int, keys: Collection[bytes]
+    ) -> dict[bytes, bytes]:
+        return await asyncio.to_thread(self._last_values, topic, partition, frozenset(keys))
 
-    def _last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+    def _last_values(
+        self, topic: str, partition: int, keys: frozenset[bytes]
+    ) -> dict[bytes, bytes]:
         deadline = time.monotonic() + self._timeout
         start = TopicPartition(topic, partition, OFFSET_BEGINNING)
         watermark = self._consumer("read_uncommitted")
@@ -63,7 +68,7 @@ class ConfluentCheckpointReader(CheckpointReader):
         consumer = self._consumer()
         try:
             consumer.assign([start])
-            last: bytes | None = None
+            last: dict[bytes, bytes] = {}
             position = 0
             while position < high:
                 if time.monotonic() > deadline:
@@ -86,8 +91,11 @@ class ConfluentCheckpointReader(CheckpointReader):
                         f"reading {topic} [{partition}] failed: {error}", error=error.name()
                     )
                 position = offset + 1
-                if msg.key() == key:
-                    last = msg.value()
+                if (key := msg.key()) in keys:
+                    if (value := msg.value()) is None:  # a tombstone: the key was deleted
+                        last.pop(key, None)
+                    else:
+                        last[key] = value
             return last
         except KafkaException as exc:
             raise _failed(topic, partition, exc) from None

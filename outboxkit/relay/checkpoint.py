@@ -8,11 +8,18 @@ resolves its open transaction), then reads the last *committed* checkpoint of ev
 (``read_committed``) and marks those rows published, oldest first, before publishing anything.
 So a relay killed after the Kafka commit but before the database mark leaves no duplicate behind
 for ``read_committed`` consumers.
+
+The shard's partition is ``shard % partitions``, so it moves when partitions are added. Each
+checkpoint records the count it was written with, and every takeover asks the count again
+(writes use it from then on): counts only grow, so a checkpoint on the shard's partition that
+was written with today's count is the newest; otherwise every partition an older count put the
+shard on is read too, and the newest checkpoint of each slot wins.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -41,12 +48,19 @@ class Checkpoint:
     rows: tuple[tuple[int, str], ...]  # event ids as text, as claimed
     slot: int = 0
     seq: int = 0  # commit order within the token's term (the slots commit strictly in turn)
+    partitions: int = 0  # the topic's partition count it was written with (0: not recorded)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Commit order among a shard's checkpoints: terms by token, then the term's sequence."""
+        return self.token, self.seq
 
     def encode(self) -> bytes:
         return json.dumps(
             {
                 "token": self.token,
                 "seq": self.seq,
+                "partitions": self.partitions,
                 "ids": [row_id for row_id, _ in self.rows],
                 "event_ids": [event_id for _, event_id in self.rows],
             }
@@ -63,7 +77,7 @@ class Checkpoint:
             pairs = zip(body["ids"], body["event_ids"], strict=True)
             rows = tuple((_integer(i), str(UUID(e))) for i, e in pairs)
             token, seq = _integer(body["token"]), _integer(body.get("seq", 0))
-            return cls(group, shard, token, rows, slot, seq)
+            return cls(group, shard, token, rows, slot, seq, _integer(body.get("partitions", 0)))
         except (
             ValueError,
             TypeError,
@@ -93,9 +107,12 @@ class CheckpointTopic:
         self.topic = topic
         self._partitions: int | None = None
         self._writable_for: set[object] = set()  # the terms whose takeover found Write granted
+        self._counted_for: dict[int, int] = {}  # shard -> the token whose takeover asked the count
 
     def request(self, checkpoint: Checkpoint) -> ProduceRequest:
+        """On the shard's partition by the count last asked, which the checkpoint records."""
         assert self._partitions is not None, "ensure() first"
+        checkpoint = dataclasses.replace(checkpoint, partitions=self._partitions)
         return ProduceRequest(
             topic=self.topic,
             key=checkpoint_key(checkpoint.group, checkpoint.shard, checkpoint.slot),
@@ -107,10 +124,19 @@ class CheckpointTopic:
         """Create the compacted topic if missing (auto-creation is usually off); learn its size."""
         if self._partitions is not None:
             return
+        self._partitions = await self._partition_count(shard_count)
+
+    async def _partition_count(self, shard_count: int | None = None) -> int:
+        """The topic's partition count; with ``shard_count``, the topic is created if missing."""
         admin = self._kafka.admin()
         try:
             found = await admin.describe_topic(self.topic)
-            if found is None:
+            if found is None and shard_count is None:
+                raise PublishError(
+                    f"checkpoint topic {self.topic} does not exist: it was deleted after this"
+                    " relay started (a restart creates it again)"
+                )
+            if found is None and shard_count is not None:
                 await admin.create_topic(
                     self.topic, max(1, shard_count), dict(CHECKPOINT_TOPIC_CONFIG)
                 )
@@ -121,7 +147,7 @@ class CheckpointTopic:
                     raise PublishError(f"checkpoint topic {self.topic} has no partitions")
                 await asyncio.sleep(0.1)
                 found = await admin.describe_topic(self.topic)
-            self._partitions = found.partitions
+            return found.partitions
         finally:
             await admin.close()
 
@@ -148,13 +174,41 @@ class CheckpointTopic:
             self._writable_for.clear()
         self._writable_for.add(term)
 
-    async def last_committed(self, group: str, shard: int, slot: int = 0) -> Checkpoint | None:
+    async def all_committed(
+        self, group: str, shard: int, slots: int, token: int | None = None
+    ) -> list[Checkpoint]:
+        """The last committed checkpoint of every slot, oldest first (token, then commit seq).
+
+        The count is asked again first, once per term (``token``; None: every time): another
+        process may have seen partitions added, and within a term only this one wrote. The
+        shard's partition by that count is read; only if its newest checkpoint was written with
+        a smaller count (or none is there) may a newer one lie elsewhere: on ``shard % n`` for a
+        count ``n`` between that one and today's, which are read too."""
         assert self._partitions is not None, "ensure() first"
+        if token is None or self._counted_for.get(shard) != token:
+            self._partitions = max(self._partitions, await self._partition_count())
+            self._counted_for[shard] = token if token is not None else -1
+        partitions = self._partitions
+        keys = {checkpoint_key(group, shard, slot): slot for slot in range(slots)}
+        home = shard % partitions
+        found = await self.read(home, group, shard, keys)
+        newest = max(found.values(), key=lambda c: c.order, default=None)
+        since = newest.partitions if newest is not None else 0
+        if since < partitions:
+            others = sorted({shard % n for n in range(max(1, since), partitions + 1)} - {home})
+            for more in await asyncio.gather(*(self.read(p, group, shard, keys) for p in others)):
+                for slot, checkpoint in more.items():
+                    if slot not in found or checkpoint.order > found[slot].order:
+                        found[slot] = checkpoint
+        return sorted(found.values(), key=lambda c: c.order)
+
+    async def read(
+        self, partition: int, group: str, shard: int, keys: dict[bytes, int]
+    ) -> dict[int, Checkpoint]:
+        """The last committed checkpoint under each key (``keys``: key -> slot) on a partition."""
         reader = self._kafka.checkpoint_reader()
         try:
-            value = await reader.last_committed(
-                self.topic, shard % self._partitions, checkpoint_key(group, shard, slot)
-            )
+            values = await reader.last_values(self.topic, partition, keys)
         except PublishError as exc:
             if exc.context.get("error") != TOPIC_REFUSED:
                 raise
@@ -166,9 +220,7 @@ class CheckpointTopic:
             ) from exc
         finally:
             await reader.close()
-        return None if value is None else Checkpoint.decode(group, shard, value, slot)
-
-    async def all_committed(self, group: str, shard: int, slots: int) -> list[Checkpoint]:
-        """The last committed checkpoint of every slot, oldest first (token, then commit seq)."""
-        found = await asyncio.gather(*(self.last_committed(group, shard, n) for n in range(slots)))
-        return sorted((c for c in found if c is not None), key=lambda c: (c.token, c.seq))
+        return {
+            keys[key]: Checkpoint.decode(group, shard, value, keys[key])
+            for key, value in values.items()
+        }

@@ -50,6 +50,12 @@ class ClaimSizer:
         else:
             self.size = self.low
 
+    def cap(self, rows: int) -> None:
+        """No claim nor transaction of more than ``rows`` from now on (a checkpoint too large)."""
+        self.max_rows = min(self.max_rows, rows)
+        self.low, self.high = min(self.low, rows), min(self.high, rows)
+        self.size = min(self.size, rows)
+
     def reset(self) -> None:
         """Back to the latency setting (after a permanent error: the retry stays small)."""
         self.size = self.low

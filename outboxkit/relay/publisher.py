@@ -23,7 +23,8 @@ from outboxkit.errors import PublishError
 from outboxkit.faults import FaultPoints
 from outboxkit.kafka.api import ProduceRequest, RecordError, TransactionalProducer
 from outboxkit.kafka.errors import ErrorKind
-from outboxkit.relay.checkpoint import Checkpoint, CheckpointTopic
+from outboxkit.relay.checkpoint import CheckpointTopic
+from outboxkit.relay.checkpoint_writer import CheckpointWriter, too_large
 from outboxkit.relay.claim_size import ClaimSizer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
@@ -62,7 +63,6 @@ class BatchPublisher:
         self._stop = stop if stop is not None else asyncio.Event()  # the worker's (SIGTERM)
         self.shard = shard
         self._store = store
-        self._checkpoints = checkpoints
         self._metrics = metrics
         self._faults = faults
         self._label = str(shard)
@@ -77,12 +77,12 @@ class BatchPublisher:
         )
         self._limits = self._gate.limits  # sends may be cut (at_least_once: broker_limits)
         self._pending_mark: asyncio.Task[None] | None = None
-        self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
         self._one_claim_transactions = 0  # after a permanent error in several claims (below)
         # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
         self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
         self.stats = PublishStats()
         self._sizer = ClaimSizer.for_relay(config)  # no claim passes transaction_max_rows
+        self._checkpoints = CheckpointWriter(config, shard, checkpoints, self._sizer)
 
     @property
     def limit(self) -> int:
@@ -211,7 +211,8 @@ class BatchPublisher:
                     else:
                         requests = produce_requests(to_send)
                     if last:
-                        requests.extend(self._checkpoint(term, slot, carried, to_send))
+                        rows = (*carried, *((r.id, r.event_id) for r in to_send))
+                        requests.extend(self._checkpoints.records(term, slot, rows))
                     if first:
                         self._faults.reach("before_send")
                     # A term run out since the claim (a paused process) stops here: nothing
@@ -229,8 +230,11 @@ class BatchPublisher:
                     for record, delivery in zip(to_send, deliveries, strict=False)
                     if delivery.error is not None
                 ]
-                if not failed and len(deliveries) > len(to_send) and deliveries[-1].error:
-                    raise PublishError(f"checkpoint record failed: {deliveries[-1].error}")
+                refused = deliveries[-1].error if len(deliveries) > len(to_send) else None
+                if refused is not None and (not failed or too_large(refused)):
+                    if next_claim is not None:
+                        await next_claim  # not used, but the connection is ours again
+                    return await self._checkpoint_refused(producer, refused), []
                 if failed:
                     if next_claim is not None:
                         await next_claim  # not used, but the connection is ours again
@@ -255,7 +259,8 @@ class BatchPublisher:
             if last:
                 break
             if not following:  # drained right at a claim boundary: the checkpoint goes alone
-                await self._send_checkpoint_alone(term, producer, slot, carried)
+                if refused := await self._checkpoints.send_alone(term, producer, slot, carried):
+                    return await self._checkpoint_refused(producer, refused), []
                 break
             self._faults.reach("between_claims")
             claim = following
@@ -303,34 +308,15 @@ class BatchPublisher:
         self._prepared = (found, produce_requests(found))
         return found
 
-    def _checkpoint(
-        self,
-        term: LeaseTerm,
-        slot: int,
-        carried: list[tuple[int, str]],
-        last: Sequence[OutboxRecord] = (),
-    ) -> list[ProduceRequest]:
-        """The transaction's checkpoint record (exactly-once only): every row it carries."""
-        if self._checkpoints is None:
-            return []
-        rows = (*carried, *((r.id, r.event_id) for r in last))
-        checkpoint = Checkpoint(self.config.group, self.shard, term.token, rows, slot, self._seq)
-        self._seq += 1
-        return [self._checkpoints.request(checkpoint)]
-
-    async def _send_checkpoint_alone(
-        self,
-        term: LeaseTerm,
-        producer: TransactionalProducer,
-        slot: int,
-        carried: list[tuple[int, str]],
-    ) -> None:
-        requests = self._checkpoint(term, slot, carried)
-        if requests:
-            deliveries = await producer.send(requests)
-            term.check()
-            if deliveries[0].error is not None:
-                raise PublishError(f"checkpoint record failed: {deliveries[0].error}")
+    async def _checkpoint_refused(
+        self, producer: TransactionalProducer, error: RecordError
+    ) -> Outcome:
+        """A checkpoint too large: smaller transactions, retried at once (this one aborted, its
+        rows unmarked); any other checkpoint error raises (back-off)."""
+        self._checkpoints.refused(error)
+        with contextlib.suppress(PublishError):
+            await producer.abort()
+        return Outcome.RETRY_NOW
 
     async def _commit(self, term: LeaseTerm, producer: TransactionalProducer, slot: int) -> None:
         self._faults.reach("after_produce")

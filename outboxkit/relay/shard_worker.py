@@ -370,7 +370,7 @@ class ShardWorker:
         self, term: LeaseTerm, conn: Conn, checkpoints: CheckpointTopic, slots: int
     ) -> None:
         """Mark the rows of every slot's last committed checkpoint, oldest first."""
-        found = await checkpoints.all_committed(self.config.group, self.shard, slots)
+        found = await checkpoints.all_committed(self.config.group, self.shard, slots, term.token)
         term.check()
         changed = 0
         for last in found:

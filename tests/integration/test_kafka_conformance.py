@@ -401,6 +401,9 @@ async def test_checkpoint_reader_returns_the_last_committed_value_of_a_key(
         assert await reader.last_committed(topic, 0, b"g/0") == b"second"
         assert await reader.last_committed(topic, 0, b"g/1") == b"other key"
         assert await reader.last_committed(topic, 1, b"g/0") is None  # another partition
+        # Several keys in one pass: each one's last value, a key not there left out.
+        keys = (b"g/0", b"g/1", b"g/2")
+        assert await reader.last_values(topic, 0, keys) == {b"g/0": b"second", b"g/1": b"other key"}
         # A transaction still open (another shard's, say) is waited for, never read.
         other = producers(_txn_id())
         await other.start()

@@ -242,7 +242,7 @@ class _Reader:
     def __init__(self, error: PublishError) -> None:
         self.error = error
 
-    async def last_committed(self, topic: str, partition: int, key: bytes) -> bytes | None:
+    async def last_values(self, topic: str, partition: int, keys: Any) -> dict[bytes, bytes]:
         raise self.error
 
     async def close(self) -> None:
@@ -252,7 +252,7 @@ class _Reader:
 async def test_a_refused_checkpoint_read_names_the_read_acl_and_keeps_its_cause() -> None:
     refused = PublishError("reading ckpt [0] failed: Topic authorization failed", error=TOPIC)
     with pytest.raises(PublishError) as caught:
-        await _checkpoints(_Reader(refused)).last_committed("g", 0)
+        await _checkpoints(_Reader(refused)).read(0, "g", 0, {b"g/0": 0})
     assert "needs Read on the checkpoint topic 'ckpt'" in str(caught.value)
     assert caught.value.__cause__ is refused
     assert caught.value.context["error"] == TOPIC
@@ -261,7 +261,7 @@ async def test_a_refused_checkpoint_read_names_the_read_acl_and_keeps_its_cause(
 async def test_only_the_readers_error_name_marks_a_refused_read_not_its_wording() -> None:
     other = PublishError("reading ckpt [0] failed: not a topic authorization problem")
     with pytest.raises(PublishError) as caught:
-        await _checkpoints(_Reader(other)).last_committed("g", 0)
+        await _checkpoints(_Reader(other)).read(0, "g", 0, {b"g/0": 0})
     assert caught.value is other
 
 
