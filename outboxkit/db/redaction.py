@@ -26,7 +26,8 @@ from outboxkit.db.url_checks import (
 #: ``password=`` and its value as libpq reads it: quoted (masked to the end if it never closes),
 #: or up to the next space, a backslash taking the next character as it is (``a\\ b`` is ``a b``).
 _KEYWORD_PASSWORD_RE = re.compile(
-    r"(password[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
+    r"((?:password|oauth_client_secret|scram_client_key|scram_server_key)"
+    r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\[\s\S])*'|'[\s\S]*|(?:[^\\ \t\n\r\f\v]|\\[\s\S]|\\$)+)",
     re.IGNORECASE,
 )
@@ -60,7 +61,13 @@ KNOWN_FAILURES = (
     "SSL",
 )
 #: The libpq parameters whose values are secrets.
-_SECRET_KEYS = ("password", "sslpassword")
+_SECRET_KEYS = (
+    "password",
+    "sslpassword",
+    "oauth_client_secret",
+    "scram_client_key",
+    "scram_server_key",
+)
 
 
 def _password_of(url: str) -> str | None:

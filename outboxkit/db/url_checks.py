@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_to_bytes
 
+from psycopg.pq import Conninfo
 from pydantic import SecretStr
 
 from outboxkit.errors import ConfigurationError
@@ -36,6 +37,11 @@ BAD_ESCAPE = "a '%' not followed by two hex digits"
 NUL_ESCAPE = "a '%00' escape (a NUL character)"
 NOT_UTF8_ESCAPE = "percent-escapes that do not decode as UTF-8"
 _BOM = "a byte-order mark (U+FEFF) at its start"
+_NOT_A_PAIR = "a query parameter that is not one name=value pair"
+_UNKNOWN_KEYWORD = "a parameter name libpq does not know"
+#: What libpq reads, as keywords and URL query parameters (``ssl=true``: JDBC's spelling).
+_LIBPQ_KEYWORDS = frozenset(option.keyword.decode() for option in Conninfo.get_defaults())
+_URI_KEYWORDS = _LIBPQ_KEYWORDS | {"ssl"}
 _NOT_A_URL = "neither a scheme://... URL nor key=value pairs"
 _HINTS = {
     _NUL: "remove it",
@@ -45,6 +51,8 @@ _HINTS = {
     NUL_ESCAPE: "remove it",
     NOT_UTF8_ESCAPE: "percent-encode the UTF-8 bytes of each character",
     _BOM: "save the file or variable without it (not as 'UTF-8 with BOM')",
+    _NOT_A_PAIR: "percent-encode '&' and '=' in a value (%26, %3D)",
+    _UNKNOWN_KEYWORD: "check the names' spelling, and quote a value holding spaces",
     _NOT_A_URL: "write postgresql://user:password@host:port/dbname, or key=value pairs with"
     " a value holding spaces in single quotes",
 }
@@ -88,8 +96,13 @@ def url_problem(url: str) -> str | None:
     if "@" in after:  # e.g. a '/' in the password ended the host early (%40 in a path is fine)
         return "an '@' after the first '/'"
     query = rest.partition("?")[2]  # a '?' before the '@' was refused above
-    if any("%" in param.partition("=")[0] for param in query.split("&")):
+    params = query.split("&") if query else []
+    if any("%" in param.partition("=")[0] for param in params):
         return _ESCAPED_KEY
+    if any(param.count("=") != 1 for param in params):  # libpq quotes the piece: a password's
+        return _NOT_A_PAIR
+    if any(param.partition("=")[0] not in _URI_KEYWORDS for param in params):
+        return _UNKNOWN_KEYWORD  # libpq quotes the name, which may be a password's tail
     return _port_problem(hosts) or _escape_problem(rest)
 
 
@@ -99,25 +112,33 @@ def _keyword_problem(text: str) -> str | None:
     all, and no mask could find the password in a string of no known shape."""
     if text.startswith("\ufeff"):
         return _BOM
-    return None if _keyword_pairs(text) else _NOT_A_URL
+    keywords = _keywords(text)
+    if keywords is None:
+        return _NOT_A_URL
+    if not keywords <= _LIBPQ_KEYWORDS:  # libpq quotes the name: ``password=a b=c`` gives "b"
+        return _UNKNOWN_KEYWORD
+    return None
 
 
-def _keyword_pairs(text: str) -> bool:
-    """Whether libpq reads ``text`` as keyword/value pairs (its parser, step by step)."""
+def _keywords(text: str) -> set[str] | None:
+    """The keywords libpq reads in ``text`` as keyword/value pairs (its parser, step by step),
+    or None if it cannot read it."""
     i, end = 0, len(text)
+    found: set[str] = set()
     while True:
         while i < end and text[i] in _SPACES:
             i += 1
         if i >= end:  # past it: a backslash ended the last value
-            return True
+            return found
         start = i
         while i < end and text[i] != "=" and text[i] not in _SPACES:
             i += 1
+        found.add(text[start:i])
         keyword = i > start
         while i < end and text[i] in _SPACES:
             i += 1
         if not keyword or i == end or text[i] != "=":  # no keyword, or no '=' after it
-            return False
+            return None
         i += 1
         while i < end and text[i] in _SPACES:
             i += 1
@@ -128,7 +149,7 @@ def _keyword_pairs(text: str) -> bool:
             i += 2 if text[i] == "\\" else 1
         if quoted:
             if i >= end:  # never closed
-                return False
+                return None
             i += 1
 
 

@@ -105,10 +105,16 @@ def _mask_secrets(record: logging.LogRecord) -> None:
     try:
         text = record.getMessage()
         masked = _SECRETS.masked(text)
+        trace = record.exc_text or (
+            logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
+        )
+        masked_trace = _SECRETS.masked(trace)
     except Exception:
         return
     if masked != text:
         record.msg, record.args = masked, None
+    if masked_trace != trace:
+        record.exc_text, record.exc_info = masked_trace, None
 
 
 _SHARED = AiokafkaLogLimit()

@@ -19,7 +19,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.kafka.aiokafka_log import limit_aiokafka_log
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.kafka.librdkafka_log import LibrdkafkaLog
-from outboxkit.kafka.log_secrets import SecretMask
+from outboxkit.kafka.log_secrets import SecretMask, is_secret_name
 from outboxkit.settings import KafkaSettings
 from outboxkit.settings.kafka_names import (
     OWNED_OPTIONS,
@@ -181,9 +181,11 @@ def _secrets(
         if secret is not None:
             yield name, secret.get_secret_value()
     for name, value in settings.properties.items():
-        yield name, value.get_secret_value()
+        if is_secret_name(name):
+            yield name, value.get_secret_value()
     for name, option in (options or {}).items():
-        yield str(name), str(option)
+        if is_secret_name(str(name)) and isinstance(option, str):
+            yield str(name), option
 
 
 CONSUMER_OPTIONS_HINT = (
@@ -267,6 +269,13 @@ def client_key_problem(certificate: Any, key: Any, has_password: bool, detail: s
     )
 
 
+_MAX_KEY_PASSWORD = 1024  # bytes, the most Python's ssl module passes to OpenSSL
+
+
+def _bytes_of(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")  # a variable's byte that is not UTF-8 too
+
+
 def _no_prompt() -> str:
     """The key password when none is set: else OpenSSL asks for it on the terminal, which would
     block a relay started from a shell (and fail, oddly, one without a terminal)."""
@@ -286,6 +295,11 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
     if settings.ssl_certificate_location is not None:
         password = settings.ssl_key_password
         key = settings.ssl_key_location
+        if password is not None and len(_bytes_of(password.get_secret_value())) > _MAX_KEY_PASSWORD:
+            raise ConfigurationError(
+                "cannot build the Kafka TLS context: OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD is longer"
+                " than the 1,024 bytes Python's ssl module (the aiokafka clients) accepts"
+            )
         try:
             context.load_cert_chain(
                 str(settings.ssl_certificate_location),
@@ -303,10 +317,10 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
             raise ConfigurationError(
                 f"cannot build the Kafka TLS context from OUTBOXKIT_KAFKA_SSL_* paths: {exc}"
             ) from None
-        except ValueError:  # Python's ssl takes a password of at most 1,024 bytes
+        except ValueError as exc:  # a path with a NUL, say: its text may quote a value
             raise ConfigurationError(
-                "cannot build the Kafka TLS context: OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD is longer"
-                " than the 1,024 bytes Python's ssl module (the aiokafka clients) accepts"
+                "cannot build the Kafka TLS context from OUTBOXKIT_KAFKA_SSL_* settings:"
+                f" {type(exc).__name__} (its text is not shown)"
             ) from None
     context.check_hostname = settings.ssl_check_hostname
     if not settings.ssl_check_hostname:

@@ -74,7 +74,7 @@ class LibrdkafkaLog:
             for shown in self._limit.admit(key, line):
                 self._show(shown)
         except Exception:  # a line that cannot be grouped or formatted: its text, masked
-            self.logger.log(level, "librdkafka log line %s", self.mask.masked(repr(args)))
+            self.logger.log(level, "librdkafka log line %s", self.mask.masked(_text(args)))
 
     def _show(self, shown: Shown[Line]) -> None:
         level = shown.key[0]  # type: ignore[index]  # the keys are made in log()
@@ -83,3 +83,16 @@ class LibrdkafkaLog:
         else:
             note = suppressed_note(shown.suppressed, shown.seconds)
             self.logger.log(level, _LINE + " %s", *shown.line, note)
+
+
+def _text(args: tuple[Any, ...]) -> str:
+    """The line's parts as text (``str``, not ``repr``: an escaped secret would not be found),
+    each that cannot be printed by its ``repr``."""
+    return " ".join(_part(arg) for arg in args)
+
+
+def _part(arg: Any) -> str:
+    try:
+        return str(arg)
+    except Exception:
+        return repr(arg)

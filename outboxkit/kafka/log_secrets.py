@@ -4,8 +4,9 @@ librdkafka quotes some property values in its lines: an OAUTHBEARER/OIDC failure
 endpoint URL (with any credentials or token in it), and ``debug=conf`` lists the configuration
 with only ``sasl.username``/``sasl.password``/``sasl.oauthbearer.client.secret`` redacted. aiokafka
 at DEBUG logs each request, a SASL PLAIN login's bytes (user name and password) included. The
-values outboxkit counts as secrets (the SASL and key passwords, every ``[kafka] properties`` value
-and a consumer's ``kafka_options``) are replaced in those lines by the name of their setting.
+values of the SASL and key passwords, and of the ``[kafka] properties`` and consumer
+``kafka_options`` whose names mark them as secrets (:func:`is_secret_name`), are replaced in those
+lines by the name of their setting.
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ import re
 import threading
 from collections.abc import Iterable
 
-#: A value shorter than this (or a number) is not looked for: ``true`` or ``all`` would be masked
-#: in every line that says them, while telling nothing.
+#: A value shorter than this is not looked for: it would be masked in lines where it is only a
+#: word, while telling little.
 MIN_MASKED = 6
+#: Setting names whose values are secrets (librdkafka's and aiokafka's spellings): other values
+#: (``debug=broker``, ``auto.offset.reset=earliest``) are ordinary words of the clients' lines.
+_SECRET_NAME = re.compile(
+    r"password|secret|token|jaas|extensions|oauthbearer[._]config|credential|key[._]pem",
+    re.IGNORECASE,
+)
 # aiokafka's repr of a SASL request: the bytes hold "<authzid>\0<user>\0<password>" for PLAIN.
 _SASL_BYTES_RE = re.compile(r"""(auth_bytes=)b(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
 
@@ -52,16 +59,13 @@ def _pieces(value: str) -> list[str]:
     found = [value]
     for item in value.split(","):
         found += [item.strip(), item.partition("=")[2].strip()]
-    return [piece for piece in found if len(piece) >= MIN_MASKED and not _number(piece)]
+    return [piece for piece in found if len(piece) >= MIN_MASKED]
 
 
-def _number(text: str) -> bool:
-    """A number is no secret, and masking one (``300000``) would garble every line holding it."""
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def is_secret_name(name: str) -> bool:
+    """Whether a setting called ``name`` holds a secret (a password, a client secret, a token
+    endpoint URL that may carry credentials, a JAAS line)."""
+    return bool(_SECRET_NAME.search(name))
 
 
-__all__ = ["MIN_MASKED", "SecretMask"]
+__all__ = ["MIN_MASKED", "SecretMask", "is_secret_name"]

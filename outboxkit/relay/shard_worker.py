@@ -2,9 +2,9 @@
 
 Active term, per batch (see ``publisher``): claim pending rows -> produce (+ checkpoint) in one
 Kafka transaction -> commit -> mark published (or delete), conditional on the token. After every
-await the worker checks that it still holds its lease; *lease lost* — a failed token check, a
-lapsed trust deadline, or Kafka fencing our producer — is its own outcome: stop at once, publish
-nothing more, mark nothing, count and log it, and go back to standby. Never a retry.
+await the worker checks that it still holds its lease; *lease lost* (a failed token check, a
+lapsed trust deadline, Kafka fencing our producer) is its own outcome: stop at once, publish and
+mark nothing more, count and log it, back to standby. Never a retry.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class ShardWorker:
     async def _run(self) -> None:
         failures = 0  # failed sessions, and terms lost unpublished, since a term worked
         while not self.stop.is_set():
-            published = self._publisher.stats.transactions
+            marks = self._publisher.stats.marks
             delay = 0.0
             try:
                 await self._one_session()
@@ -133,10 +133,9 @@ class ShardWorker:
                 self.lease_lost_count += 1
                 self._retry_log.standby()
                 self._metrics.lease_lost.labels(self._label, cause).inc()
-                # A term that published: back to standby at once (a successor may be ready, or
-                # the lease free again). One lost before it published anything backs off like a
-                # failure: a term lost at once every time would else spin through attempts.
-                if self._publisher.stats.transactions > published:
+                # A term whose mark committed: back to standby at once (a successor may be ready).
+                # One lost before that backs off like a failure (else a spin through attempts).
+                if self._publisher.stats.marks > marks:
                     failures = 0
                 else:
                     failures += 1
@@ -159,6 +158,8 @@ class ShardWorker:
                 if self.stop.is_set() and isinstance(exc, psycopg.OperationalError | OSError):
                     logger.info("shard %s stopped: %s: %s", self.shard, type(exc).__name__, exc)
                     continue  # a statement the stop ended (outboxkit.db.abandon): no retry
+                if self._publisher.stats.marks > marks and self.term is not None:
+                    self._retry_log.recovered(self.term.token)  # a mark committed, then this
                 failures = 1 if self._retry_log.worked else failures + 1
                 expected = psycopg.Error | OSError | PublishError | ConfigurationError
                 if not isinstance(exc, expected) and self._retry_log.attempts < SHOWN_IN_FULL:
@@ -191,8 +192,7 @@ class ShardWorker:
         term = await self._wait_for_lease()
         if term is None:
             return
-        self.term = term
-        # Only now does this shard hold a connection of its own, for data (renewal is shared).
+        self.term = term  # only now does the shard hold a data connection (renewal is shared)
         try:
             async with self._connect() as data_conn:
                 await self._active_term(term, data_conn)

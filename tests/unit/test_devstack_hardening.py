@@ -290,7 +290,9 @@ def test_sasl_ssl_listener_env_round_trip_and_repr_hides_the_password() -> None:
 
 
 def test_redact_url_hides_only_the_password() -> None:
-    assert redact_url("postgresql://u:s3cret@h:5432/db?x=1") == "postgresql://u:***@h:5432/db?x=1"
+    assert redact_url("postgresql://u:s3cret@h:5432/db?sslmode=disable") == (
+        "postgresql://u:***@h:5432/db?sslmode=disable"
+    )
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert "s3cret" not in redact_url("postgresql://u:s3cret@[::1]:5432/db")
 

@@ -111,3 +111,8 @@ def test_a_password_too_long_for_python_ssl_is_a_configuration_error(files: Path
     text = _context(files, "a.pem", "a-encrypted.key", too_long)
     assert "longer than the 1,024 bytes" in text
     assert too_long not in text
+
+
+def test_another_value_error_names_its_class_only(files: Path) -> None:
+    text = _context(files, "a\x00b.pem", "a-encrypted.key", PASSWORD)
+    assert "ValueError (its text is not shown)" in text

@@ -254,7 +254,7 @@ def test_a_line_that_cannot_be_grouped_is_shown_and_nothing_raises(
 
     log = adapter(clock)
     log.log(logging.ERROR, "%s [%s] %r", "FAIL", PRODUCER, Unprintable())
-    assert lines.messages == [f"librdkafka log line ('FAIL', '{PRODUCER}', <unprintable>)"]
+    assert lines.messages == [f"librdkafka log line FAIL {PRODUCER} <unprintable>"]
 
     class Unhashable(str):
         __hash__ = None  # type: ignore[assignment]

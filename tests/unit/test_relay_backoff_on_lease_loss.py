@@ -118,12 +118,12 @@ async def test_terms_lost_at_once_back_off_like_failures(waits: _Waits) -> None:
 
 
 async def test_a_term_that_published_goes_back_to_standby_at_once(waits: _Waits) -> None:
-    """Twenty productive terms in a row: not one back-off wait between them."""
+    """Twenty terms in a row whose marks committed: not one back-off wait between them."""
     leases = _LostAtOnce(enough=20)
     worker = _worker(leases, backoff_initial=5.0, backoff_max=5.0)
 
     async def publishes_then_loses(term: LeaseTerm, conn: object) -> None:
-        worker._publisher.stats.transactions += 1  # one transaction committed in this term
+        worker._publisher.stats.marks += 1  # one mark committed in this term
         term.check()  # then the loss is seen
 
     worker._active_term = publishes_then_loses  # type: ignore[method-assign]

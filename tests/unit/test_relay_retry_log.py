@@ -194,3 +194,42 @@ async def test_a_streak_ends_quietly_when_another_relay_holds_the_shard(
     assert leases.acquired == [logging.INFO, logging.DEBUG, logging.INFO]
     assert leases.released == [logging.INFO, logging.INFO]
     assert not any("working again" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_term_whose_mark_committed_before_it_failed_worked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Term 2's mark commits, then its next statement fails before the loop comes back to the
+    check at its top: the shard still worked again, and the back-off starts from 1 s."""
+    caplog.set_level(logging.INFO, logger="outboxkit.relay")
+    waits: list[float] = []
+
+    async def recorded(events: object, seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(shard_worker_module, "wait_any", recorded)
+    settings = load_settings(
+        overrides={
+            "database": {"url": "postgresql://relay@127.0.0.1:1/outbox"},
+            "relay": {"backoff_initial": 1.0, "backoff_max": 64.0},
+        }
+    )
+    worker: ShardWorker = shard_worker(settings, leases=_Leases())  # type: ignore[arg-type]
+    worker._connect = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+
+    async def term(term: LeaseTerm, conn: object) -> None:
+        if term.token == 2:
+            worker._publisher.stats.marks += 1  # a mark committed
+        if term.token == 3:
+            worker.stop.set()
+        raise PublishError(f"claim failed in term {term.token}")
+
+    worker._active_term = term  # type: ignore[method-assign]
+    await asyncio.wait_for(worker.run(), GUARD)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("shard 0: working again with token 2") for m in messages), messages
+    bases = [1.0, 1.0, 2.0]  # term 1 fails; term 2 worked, then failed; term 3 fails again
+    assert len(waits) == 3, waits
+    for base, seconds in zip(bases, waits, strict=True):
+        assert base / 2 <= seconds <= base, waits

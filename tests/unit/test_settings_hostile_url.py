@@ -167,3 +167,34 @@ def test_a_password_of_letters_alone_hides_a_message_holding_it(word: str) -> No
     assert word.casefold() not in shown.casefold()
     assert "message hidden" in shown
     assert db.redact(url, url) == "postgresql://leaky:***@127.0.0.1:1/d"
+
+
+SPLIT_PASSWORD = {
+    "keyword_tail": "host=127.0.0.1 port=1 password=Zq7 xW9kL=1 dbname=d",
+    "query_ampersand": "postgresql://u@127.0.0.1:1/db?password=Zq7&xW9kL1",
+    "query_ampersand_pair": "postgresql://u@127.0.0.1:1/db?password=Zq7&xW9=kL1",
+}
+
+
+@pytest.mark.parametrize("url", SPLIT_PASSWORD.values(), ids=SPLIT_PASSWORD)
+def test_a_password_libpq_would_split_into_a_parameter_name_is_refused(url: str) -> None:
+    """libpq's error quotes the unknown parameter (``invalid connection option "xW9kL"``): a
+    piece of the password no mask can find."""
+    with pytest.raises(psycopg.ProgrammingError) as libpq:
+        conninfo_to_dict(url)
+    assert "xW9" in str(libpq.value)
+    assert db.url_problem(url) in (
+        "a parameter name libpq does not know",
+        "a query parameter that is not one name=value pair",
+    )
+    with pytest.raises(ConfigurationError) as raised:
+        db.checked_url(url)
+    assert "xW9" not in str(raised.value)
+    assert "xW9" not in db.redact(url, url)
+
+
+def test_the_newer_libpq_secrets_are_masked() -> None:
+    url = "host=h oauth_client_secret=S3CRET-a1 scram_client_key=S3CRET-b2 dbname=d"
+    shown = db.redact(f"at {url}", url)
+    assert "S3CRET" not in shown
+    assert "dbname=d" in shown
