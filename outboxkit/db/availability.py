@@ -12,6 +12,9 @@ deadlock or a serialization failure (40P01, 40001); and a pooler that lost a pre
 (26000, 42P05: below). Everything else (a value refused, a value
 too large for an index, a constraint, an I/O error, which may be one bad block's, a bug, out of
 memory) is the record's.
+
+A finer question for the consumer (:func:`not_the_records`): a privilege refused (42501) on the
+middleware's own statements is an operator's grant, not the record.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ _SERVER_STATES = (
     frozenset({"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05"})
     | {"57014", "55P03", "40P01", "40001"}  # busy: retried, as a transaction that lost a race
     | PREPARED_STATEMENT_LOST
+)
+
+
+# A missing grant: the same statement fails for every record until an operator grants it back.
+PRIVILEGE_REFUSED = "42501"
+GRANT_HINT = (
+    "a privilege on outboxkit's tables is missing: `outboxkit migrate grants --consumer <role>`"
+    " prints what the consumer's role needs"
 )
 
 
@@ -74,3 +85,20 @@ def database_unavailable(exc: BaseException) -> bool:
         # libpq failed before the server answered: refused, reset, timed out
         return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)
     return str(sqlstate).startswith("08") or sqlstate in _SERVER_STATES
+
+
+def privilege_refused(exc: BaseException) -> bool:
+    """True when ``exc`` is a privilege the server refused (SQLSTATE 42501)."""
+    return sqlstate_of(exc) == PRIVILEGE_REFUSED
+
+
+def grant_hint(exc: BaseException) -> str:
+    """What to append to the text of ``exc``: :data:`GRANT_HINT` for a refused privilege."""
+    return f" ({GRANT_HINT})" if privilege_refused(exc) else ""
+
+
+def not_the_records(exc: BaseException) -> bool:
+    """True when ``exc``, raised by one of the consumer middleware's own statements, is no
+    fault of the record: the database away (:func:`database_unavailable`) or a grant missing.
+    Only for its own statements: a handler's refused privilege is the application's."""
+    return database_unavailable(exc) or privilege_refused(exc)

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.bounds import check_range, keep
-from outboxkit.db.availability import database_unavailable
 from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
+from outboxkit.inbox.give_up import give_up
 from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, message
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind, Recorded
@@ -352,41 +352,9 @@ class InboxCore:
         return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error, alert=alert)
 
     def give_up(self, env: Envelope, error: str, failures: int) -> Plan[Outcome]:
-        """End a delivery that failed ``failures`` times outside the handler (a bug, a value the
-        database refuses): recorded as a rejection, and its row (if any) marked ``dead``
-        (``row_dead``: then the event is dead, not only this delivery refused)."""
-        reason = bounded(f"gave up after {failures} unexpected errors: {error}")
-        try:
-            ident: Identity | None = identify(env, self.settings.event_id_from)
-        except Exception:  # giving up must not fail for the reason it is giving up for
-            ident = None
-        event_id = ident.event_id if ident is not None else None
-        try:
-            yield self.statements.reject(env, reason, ident)
-        except Exception as exc:
-            if database_unavailable(exc):
-                raise  # not the values' fault: the loop retries, and records them in full
-            step, event_id = self.statements.reject_plainly(env, reason, ident)
-            ident = None
-            yield step
-        row_dead, attempts = False, 0
-        if ident is not None:
-            try:
-                dead = (yield self.statements.abandon(ident.event_id, reason)).rows
-                if dead:  # the row's attempts: its acknowledgement says "dead" (see acks.py)
-                    row_dead, attempts = True, int(dead[0][0])
-            except Exception as exc:  # recorded as a rejection already: do not hold the record
-                logger.error("marking %s dead failed: %s", ident.event_id, error_text(exc))
-        logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
-        return Outcome(
-            OutcomeKind.REJECTED,
-            event_id,
-            attempts,
-            error=reason,
-            alert="given_up",
-            rejection_log=True,
-            row_dead=row_dead,
-        )
+        """End a delivery that failed ``failures`` times outside the handler
+        (:func:`~outboxkit.inbox.give_up.give_up`)."""
+        return (yield from give_up(self, env, error, failures))
 
     def lease_lost(self, run: ClaimedRun, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""
