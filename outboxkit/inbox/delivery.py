@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.bounds import check_range, keep
+from outboxkit.db.availability import interrupted
 from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
 from outboxkit.inbox.context import HandlerContext
@@ -235,10 +236,11 @@ class InboxCore:
             return (yield from self.refuse(run, f"no handler for {ident.event_type!r}"))
         lease = yield StartLease(ident.event_id, claim.token)
         ctx = handler_context(settings, run.env, ident, claim, lease, revoked)
-        committed, failure = False, None
+        committed, failure, ours = False, None, False
         try:
             yield CallHandler(handler, event, ctx)
             ctx.check()
+            ours = True  # from here on the statements are the middleware's own
             marked = yield statements.succeeded(ident.event_id, claim.token)
             if marked.rowcount == 1:
                 fault_point("before_db_commit")
@@ -250,12 +252,23 @@ class InboxCore:
             yield CloseHandler()
         if isinstance(failure, LeaseLostError):
             return (yield from self.lease_lost(run, message(failure)))
+        if failure is not None and interrupted(failure, own_statement=ours):
+            yield from self.give_back(run)
+            raise failure  # the loop retries it, as the database's state, never counted
         if failure is not None:
             return (yield from self.failed(run, failure))
         if not committed:
             return (yield from self.lease_lost(run, REFUSED_BY_TOKEN))
         fault_point("after_db_commit")
         return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
+
+    def give_back(self, run: ClaimedRun) -> Plan[None]:
+        """A run the database interrupted is no attempt (as in a batch: ``.batch_claims``):
+        its claim is given back. If that fails too, the run stays counted."""
+        try:
+            yield self.statements.release_batch([(run.ident.event_id, run.claim.token)])
+        except Exception as exc:
+            logger.warning("claim of %s not given back: %s", run.ident.event_id, error_text(exc))
 
     def failed(self, run: ClaimedRun, failure: Exception) -> Plan[Outcome]:
         """A handler failure (its writes rolled back): retry, or dead when exhausted."""
