@@ -32,6 +32,7 @@ from outboxkit.bounds import check_range, keep
 from outboxkit.db.availability import interrupted
 from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
+from outboxkit.inbox.batch_claims import OwedClaims
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
@@ -189,6 +190,7 @@ class InboxCore:
             schema=settings.schema,
             lease_seconds=settings.lease_seconds,
         )
+        self.owed = OwedClaims(self.statements)  # give-backs that failed: made before a claim
 
     def deliver(
         self,
@@ -212,6 +214,8 @@ class InboxCore:
         ident = yield from self.admit(env)
         if isinstance(ident, Outcome):
             return ident
+        if self.owed.claims:
+            yield from self.owed.repay([ident.event_id])
         claim = yield from statements.claim_plan(ident, env)
         if claim.kind != "claimed":
             return (yield from self.not_claimed(env, ident, claim))
@@ -264,11 +268,13 @@ class InboxCore:
 
     def give_back(self, run: ClaimedRun) -> Plan[None]:
         """A run the database interrupted is no attempt (as in a batch: ``.batch_claims``):
-        its claim is given back. If that fails too, the run stays counted."""
+        its claim is given back; if that fails too, before the event is claimed again."""
+        key = (run.ident.event_id, run.claim.token)
         try:
-            yield self.statements.release_batch([(run.ident.event_id, run.claim.token)])
+            yield self.statements.release_batch([key])
         except Exception as exc:
-            logger.warning("claim of %s not given back: %s", run.ident.event_id, error_text(exc))
+            logger.warning("claim of %s not given back yet: %s", key[0], error_text(exc))
+            self.owed.owe([key])
 
     def failed(self, run: ClaimedRun, failure: Exception) -> Plan[Outcome]:
         """A handler failure (its writes rolled back): retry, or dead when exhausted."""

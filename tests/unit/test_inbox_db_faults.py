@@ -94,3 +94,31 @@ def test_a_handlers_refused_privilege_still_counts() -> None:
     outcome = drive_sync(_core(max_attempts=1).deliver(_env()), script)
     assert outcome.kind is OutcomeKind.DEAD
     assert "release_batch" not in script.names()
+
+
+def test_a_give_back_that_failed_is_made_before_the_event_is_claimed_again() -> None:
+    """The server gone entirely: the give-back fails too. Made before the next claim, the
+    takeover does not count the interrupted run (with ``max_attempts=1`` it would end it
+    ``dead`` without running it)."""
+    core = _core(max_attempts=1)
+    answer = _db((7, 1, None), handler_fails=False)
+    gone = _wrapped(TERMINATED, invalidated=True)
+
+    def away(step: Step) -> Any:
+        if isinstance(step, CallHandler) or _name(step) == "release_batch":
+            raise gone
+        return answer(step)
+
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        drive_sync(core.deliver(_env()), Script(away))
+    assert core.owed.claims == {"e1": 7}
+    with pytest.raises(sqlalchemy.exc.OperationalError):  # still away: still owed
+        drive_sync(core.deliver(_env()), Script(away))
+    assert core.owed.claims == {"e1": 7}
+
+    script = Script(_db((8, 1, None), handler_fails=False))
+    outcome = drive_sync(core.deliver(_env()), script)
+    assert outcome.kind is OutcomeKind.SUCCEEDED
+    assert script.names()[:2] == ["release_batch", "claim"]
+    assert script.steps[0].params["tokens"] == [7]  # type: ignore[attr-defined]
+    assert core.owed.claims == {}
