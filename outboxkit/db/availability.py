@@ -12,6 +12,11 @@ deadlock or a serialization failure (40P01, 40001); and a pooler that lost a pre
 (26000, 42P05: below). Everything else (a value refused, a value
 too large for an index, a constraint, an I/O error, which may be one bad block's, a bug, out of
 memory) is the record's.
+
+Two finer questions for the consumer (:func:`not_the_records`, :func:`interrupted`): a privilege
+refused (42501) on the middleware's own statements is an operator's grant, not the record; and in
+the handler's transaction only an ended session is the database's, unless the run's own wait
+ended it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,19 @@ _SERVER_STATES = (
     | {"57014", "55P03", "40P01", "40001"}  # busy: retried, as a transaction that lost a race
     | PREPARED_STATEMENT_LOST
 )
+
+
+# A missing grant: the same statement fails for every record until an operator grants it back.
+PRIVILEGE_REFUSED = "42501"
+GRANT_HINT = (
+    "a privilege on outboxkit's tables is missing: `outboxkit migrate grants --consumer <role>`"
+    " prints what the consumer's role needs"
+)
+# The session ended, or could not begin, whatever statement ran: no run can bring these about.
+_SESSION_ENDED = frozenset({"53300", "57P01", "57P02", "57P03", "57P04", "57P05"})
+# ... except the end of a session its own transaction waited too long in: the run's own doing
+# (idle_in_transaction_session_timeout, transaction_timeout), counted as the handler's failure.
+_WAITED_TOO_LONG = frozenset({"25P03", "25P04"})
 
 
 def _driver_error(exc: BaseException) -> psycopg.Error | None:
@@ -74,3 +92,36 @@ def database_unavailable(exc: BaseException) -> bool:
         # libpq failed before the server answered: refused, reset, timed out
         return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)
     return str(sqlstate).startswith("08") or sqlstate in _SERVER_STATES
+
+
+def privilege_refused(exc: BaseException) -> bool:
+    """True when ``exc`` is a privilege the server refused (SQLSTATE 42501)."""
+    return sqlstate_of(exc) == PRIVILEGE_REFUSED
+
+
+def grant_hint(exc: BaseException) -> str:
+    """What to append to the text of ``exc``: :data:`GRANT_HINT` for a refused privilege."""
+    return f" ({GRANT_HINT})" if privilege_refused(exc) else ""
+
+
+def not_the_records(exc: BaseException) -> bool:
+    """True when ``exc``, raised by one of the consumer middleware's own statements, is no
+    fault of the record: the database away (:func:`database_unavailable`) or a grant missing.
+    Only for its own statements: a handler's refused privilege is the application's."""
+    return database_unavailable(exc) or privilege_refused(exc)
+
+
+def interrupted(exc: BaseException, *, own_statement: bool) -> bool:
+    """True when a handler's run failed for no fault of its record, so it is not an attempt:
+    its ``succeeded`` mark or commit (``own_statement``) failed as :func:`not_the_records`
+    says; or, raised from the handler, its connection was lost (SQLAlchemy invalidated it, as
+    a batch checks), the server ended the session, or the pool had no connection for it. Never
+    for a session the run's own wait ended: that handler would run for ever, never counted."""
+    sqlstate = sqlstate_of(exc)
+    if sqlstate in _WAITED_TOO_LONG:
+        return False
+    if own_statement:
+        return not_the_records(exc)
+    if getattr(exc, "connection_invalidated", False) or isinstance(exc, sa.exc.TimeoutError):
+        return True
+    return sqlstate is not None and (sqlstate.startswith("08") or sqlstate in _SESSION_ENDED)

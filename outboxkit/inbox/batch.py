@@ -106,7 +106,7 @@ class _Batch:
     claims: BatchClaims = field(init=False)
 
     def __post_init__(self) -> None:
-        self.claims = BatchClaims(self.core.statements)
+        self.claims = BatchClaims(self.core.statements, self.core.owed)
 
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)
@@ -119,6 +119,7 @@ class _Batch:
         picked, stop = yield from self._admit(envs)
         if not picked:
             return self._result(envs, stop)
+        yield from self.core.owed.repay(p.ident.event_id for p in picked)
         claims = yield from self.claims.take([(p.ident, p.env) for p in picked])
         try:
             stop = yield from self._claimed(picked, claims, stop)

@@ -21,9 +21,37 @@ from outboxkit.inbox.store import Claim, InboxStatements
 logger = logging.getLogger("outboxkit.inbox.batch")
 
 
+# At most this many owed give-backs are kept; past it the oldest are forgotten (counted, as
+# before): an event whose partition went to another member may never come back here.
+OWED_MAX = 10_000
+
+
+@dataclass(eq=False, slots=True)
+class OwedClaims:
+    """Claims whose give-back failed, ``event_id -> token``, given back before a new claim."""
+
+    statements: InboxStatements
+    claims: dict[str, int] = field(default_factory=dict)
+
+    def owe(self, keys: Iterable[tuple[str, int]]) -> None:
+        self.claims.update(keys)
+        while len(self.claims) > OWED_MAX:
+            del self.claims[next(iter(self.claims))]
+
+    def repay(self, event_ids: Iterable[str]) -> Plan[None]:
+        """Give back what is owed for these events; raises while the database is still away
+        (the loop retries, never counted). By token: a claim taken over meanwhile is kept."""
+        keys = [(e, self.claims[e]) for e in event_ids if e in self.claims]
+        if keys:
+            yield self.statements.release_batch(keys)
+            for event_id, _ in keys:
+                self.claims.pop(event_id, None)
+
+
 @dataclass(eq=False, slots=True)
 class BatchClaims:
     statements: InboxStatements
+    owed: OwedClaims | None = None  # where a failed give-back is left
     held: dict[str, Claim] = field(default_factory=dict)  # by event id, as claimed
     released: set[str] = field(default_factory=set)  # event ids given back already
     kept: set[str] = field(default_factory=set)  # event ids whose run counts (see keep)
@@ -63,3 +91,5 @@ class BatchClaims:
             yield from self.release(keys)
         except Exception as exc:
             logger.warning("claims of a failed batch not given back: %s", error_text(exc))
+            if self.owed is not None:
+                self.owed.owe(keys)

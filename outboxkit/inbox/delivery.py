@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.bounds import check_range, keep
-from outboxkit.db.availability import database_unavailable
+from outboxkit.db.availability import interrupted
 from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
+from outboxkit.inbox.batch_claims import OwedClaims
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
+from outboxkit.inbox.give_up import give_up
 from outboxkit.inbox.guard import InvalidHeaderError, bounded, error_text, message
 from outboxkit.inbox.lease import LeaseHandle
 from outboxkit.inbox.outcome import Outcome, OutcomeKind, Recorded
@@ -188,6 +190,7 @@ class InboxCore:
             schema=settings.schema,
             lease_seconds=settings.lease_seconds,
         )
+        self.owed = OwedClaims(self.statements)  # give-backs that failed: made before a claim
 
     def deliver(
         self,
@@ -211,6 +214,8 @@ class InboxCore:
         ident = yield from self.admit(env)
         if isinstance(ident, Outcome):
             return ident
+        if self.owed.claims:
+            yield from self.owed.repay([ident.event_id])
         claim = yield from statements.claim_plan(ident, env)
         if claim.kind != "claimed":
             return (yield from self.not_claimed(env, ident, claim))
@@ -235,10 +240,11 @@ class InboxCore:
             return (yield from self.refuse(run, f"no handler for {ident.event_type!r}"))
         lease = yield StartLease(ident.event_id, claim.token)
         ctx = handler_context(settings, run.env, ident, claim, lease, revoked)
-        committed, failure = False, None
+        committed, failure, ours = False, None, False
         try:
             yield CallHandler(handler, event, ctx)
             ctx.check()
+            ours = True  # from here on the statements are the middleware's own
             marked = yield statements.succeeded(ident.event_id, claim.token)
             if marked.rowcount == 1:
                 fault_point("before_db_commit")
@@ -250,12 +256,25 @@ class InboxCore:
             yield CloseHandler()
         if isinstance(failure, LeaseLostError):
             return (yield from self.lease_lost(run, message(failure)))
+        if failure is not None and interrupted(failure, own_statement=ours):
+            yield from self.give_back(run)
+            raise failure  # the loop retries it, as the database's state, never counted
         if failure is not None:
             return (yield from self.failed(run, failure))
         if not committed:
             return (yield from self.lease_lost(run, REFUSED_BY_TOKEN))
         fault_point("after_db_commit")
         return Outcome(OutcomeKind.SUCCEEDED, ident.event_id, claim.attempts)
+
+    def give_back(self, run: ClaimedRun) -> Plan[None]:
+        """A run the database interrupted is no attempt (as in a batch: ``.batch_claims``):
+        its claim is given back; if that fails too, before the event is claimed again."""
+        key = (run.ident.event_id, run.claim.token)
+        try:
+            yield self.statements.release_batch([key])
+        except Exception as exc:
+            logger.warning("claim of %s not given back yet: %s", key[0], error_text(exc))
+            self.owed.owe([key])
 
     def failed(self, run: ClaimedRun, failure: Exception) -> Plan[Outcome]:
         """A handler failure (its writes rolled back): retry, or dead when exhausted."""
@@ -352,41 +371,9 @@ class InboxCore:
         return Outcome(OutcomeKind.DEAD, event_id, claim.attempts, error, alert=alert)
 
     def give_up(self, env: Envelope, error: str, failures: int) -> Plan[Outcome]:
-        """End a delivery that failed ``failures`` times outside the handler (a bug, a value the
-        database refuses): recorded as a rejection, and its row (if any) marked ``dead``
-        (``row_dead``: then the event is dead, not only this delivery refused)."""
-        reason = bounded(f"gave up after {failures} unexpected errors: {error}")
-        try:
-            ident: Identity | None = identify(env, self.settings.event_id_from)
-        except Exception:  # giving up must not fail for the reason it is giving up for
-            ident = None
-        event_id = ident.event_id if ident is not None else None
-        try:
-            yield self.statements.reject(env, reason, ident)
-        except Exception as exc:
-            if database_unavailable(exc):
-                raise  # not the values' fault: the loop retries, and records them in full
-            step, event_id = self.statements.reject_plainly(env, reason, ident)
-            ident = None
-            yield step
-        row_dead, attempts = False, 0
-        if ident is not None:
-            try:
-                dead = (yield self.statements.abandon(ident.event_id, reason)).rows
-                if dead:  # the row's attempts: its acknowledgement says "dead" (see acks.py)
-                    row_dead, attempts = True, int(dead[0][0])
-            except Exception as exc:  # recorded as a rejection already: do not hold the record
-                logger.error("marking %s dead failed: %s", ident.event_id, error_text(exc))
-        logger.error("%s/%d/%d: %s", env.topic, env.partition, env.offset, reason)
-        return Outcome(
-            OutcomeKind.REJECTED,
-            event_id,
-            attempts,
-            error=reason,
-            alert="given_up",
-            rejection_log=True,
-            row_dead=row_dead,
-        )
+        """End a delivery that failed ``failures`` times outside the handler
+        (:func:`~outboxkit.inbox.give_up.give_up`)."""
+        return (yield from give_up(self, env, error, failures))
 
     def lease_lost(self, run: ClaimedRun, reason: str) -> Plan[Outcome]:
         """Count the lost lease; a cancelled row makes the outcome ``cancelled``."""

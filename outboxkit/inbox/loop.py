@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from outboxkit.db.availability import database_unavailable
+from outboxkit.db.availability import grant_hint, not_the_records
 from outboxkit.inbox.acks import Acknowledger
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import (
@@ -200,8 +200,8 @@ class ConsumerLoop:
             result = yield from plan
             self.outage_log.answered()
         except Exception as exc:  # deliver them one by one: each counts its own errors
-            text = error_text(exc)
-            kind = ("batch", normalised(text)) if database_unavailable(exc) else None
+            text = error_text(exc) + grant_hint(exc)
+            kind = ("batch", normalised(text)) if not_the_records(exc) else None
             self._say(logging.WARNING, kind, "batch of %d failed (%s); one by one", len(envs), text)
             self.buffer.extendleft(reversed(records))
             self.single = len(records)
@@ -350,13 +350,14 @@ class ConsumerLoop:
         detail = self.core.settings.error_detail
         text = error_text(exc, detail=detail)
         where = (env.topic, env.partition, env.offset)
-        away = database_unavailable(exc)  # of a kind by its short text: no values, no SQL
+        # Handlers' errors never come here (settled as their runs' failures): every statement
+        # failing here is the middleware's own, so a refused privilege is a grant to restore.
+        away = not_the_records(exc)  # of a kind by its short text: no values, no SQL
         kind = ("processing", normalised(error_text(exc))) if away else None
-        self._say(
-            logging.ERROR, kind, "processing %s/%d/%d failed: %s", *where, text, exc_info=detail
-        )
+        line = "processing %s/%d/%d failed: %s"
+        self._say(logging.ERROR, kind, line, *where, text + grant_hint(exc), exc_info=detail)
         if away:
-            count = 0  # the database is away: not this record's fault, never given up for it
+            count = 0  # the database's state or grants: never the record's, never given up
         else:
             count = self.failures[where] = self.failures.get(where, 0) + 1
         if count >= self.options.max_unexpected_errors:

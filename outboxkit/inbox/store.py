@@ -112,7 +112,8 @@ class InboxStatements:
         }
 
     def release_batch(self, claims: list[tuple[str, int]]) -> Sql:
-        """Give claims back that were made in a batch but not run (no attempt counted)."""
+        """Give claims back that were made in a batch but not run, or whose run the database
+        interrupted (no attempt counted)."""
         return Sql(self._queries["release_batch"], {**self._tokens(claims), "now": self.now})
 
     def succeeded_batch(self, claims: list[tuple[str, int]]) -> HandlerSql:

@@ -191,3 +191,22 @@ def test_a_give_back_that_fails_is_logged_and_the_batch_error_raised(
 
 def _no(*args: Any) -> None:
     return None
+
+
+def test_a_give_back_that_failed_is_made_before_the_next_batch_claims() -> None:
+    """Owed (the server gone): made before the records are claimed again, or each claim, a
+    takeover, would count the failed batch's run after all."""
+    core = _core()
+    base = _failing(_db({"a": 1, "b": 1}), "StartLeases")
+    envs = [_env("a", 0), _env("b", 1)]
+    with pytest.raises(RuntimeError, match="StartLeases failed"):
+        drive_sync(
+            deliver_batch(core, envs, lambda tp: False, _no),
+            Script(_failing(base, "release_batch")),
+        )
+    assert set(core.owed.claims) == {"a", "b"}
+    script = Script(_db({"a": 1, "b": 1}))
+    drive_sync(deliver_batch(core, envs, lambda tp: False, _no), script)
+    assert script.names()[:2] == ["release_batch", "claim_batch"]
+    assert _released(script)[0] == ["a", "b"]
+    assert core.owed.claims == {}

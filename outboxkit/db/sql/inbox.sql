@@ -77,7 +77,8 @@ unnest(
 
 -- name: release_batch
 -- Claimed in a batch but not run (behind a failed record of the same partition, or after the
--- batch was cut): the claim is given back, so it does not count as an attempt.
+-- batch was cut), or a run the database interrupted (in a batch or alone): the claim is given
+-- back, so it does not count as an attempt.
 UPDATE {schema}.inbox_message AS m
 SET attempts = m.attempts - 1, updated_at = now(),
     lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
