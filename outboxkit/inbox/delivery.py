@@ -244,8 +244,9 @@ class InboxCore:
         try:
             yield CallHandler(handler, event, ctx)
             ctx.check()
-            ours = True  # from here on the statements are the middleware's own
+            ours = True  # the mark is the middleware's own statement (the handler flushed)
             marked = yield statements.succeeded(ident.event_id, claim.token)
+            ours = False  # the commit runs what the handler deferred too (its triggers)
             if marked.rowcount == 1:
                 fault_point("before_db_commit")
                 yield CommitHandler()

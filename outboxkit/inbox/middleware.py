@@ -159,14 +159,15 @@ class _SyncSteps(_Steps):
         return db.run(self.session, step.query, step.params, binary=step.binary)
 
     def _open(self) -> Session:
-        """The handler's session on a connection of its own (:func:`handler_session`); BEGIN
-        goes with the first statement."""
+        """The handler's session on a connection of its own; BEGIN goes with its first statement."""
         self.session, self.conn = handler_session(self.inbox.engine)
         self.driver = driver_of(self.conn)
         return self.session
 
     def call_handler(self, step: CallHandler) -> None:
-        returned_nothing(step.handler(step.event, step.ctx, self._open()))
+        session = self._open()
+        returned_nothing(step.handler(step.event, step.ctx, session))
+        session.flush()  # its writes fail here, as its own, not in the middleware's commit
 
     def open_handler(self, step: OpenHandler) -> None:
         self.close_handler(CloseHandler())
@@ -302,7 +303,9 @@ class _AsyncSteps(_Steps):
         return self.session
 
     async def call_handler(self, step: CallHandler) -> None:
-        await awaited(step.handler(step.event, step.ctx, await self._open()))
+        session = await self._open()
+        await awaited(step.handler(step.event, step.ctx, session))
+        await session.flush()  # its writes fail here, as its own, not in the middleware's commit
 
     async def open_handler(self, step: OpenHandler) -> None:
         await self.close_handler(CloseHandler())

@@ -365,4 +365,6 @@ async def _submit(
         future: asyncio.Future[Any] = await producer.send_batch(builder, topic, partition=partition)
     except KafkaError as exc:
         return _refused(exc, "send failed")
+    except AssertionError as exc:  # "Unrecognized partition": metadata older than the partition
+        raise PublishError(f"send to {topic} [{partition}] failed: {exc}") from exc
     return future

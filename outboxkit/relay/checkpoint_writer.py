@@ -98,7 +98,8 @@ class CheckpointWriter:
         if rows <= 1:
             raise PublishError(
                 f"even a one-row checkpoint ({size} bytes) is larger than"
-                f" {limit} ({error}); nothing is published until it is raised"
+                f" {limit} ({error}); nothing is published until it is raised, and the"
+                " relay restarted (its transactions stay one row long until then)"
             )
         self._sizer.cap(rows // 2)
         level = logging.DEBUG if self._told else logging.WARNING

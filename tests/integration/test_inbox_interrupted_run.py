@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outboxkit.inbox import HandlerContext, RetryPolicy
 from tests.integration.inbox_support import Behaviour, Harness, effects, inbox_row, produce_event
@@ -116,3 +117,69 @@ def test_a_terminated_handler_session_is_no_attempt(
     behaviour.go.set()
     harness.wait_outcomes(event_id)
     _succeeded_once(outboxkit_db_url, event_id, behaviour)
+
+
+class _Orm(DeclarativeBase):
+    pass
+
+
+class _Refused(_Orm):
+    """Rows a trigger refuses with SQLSTATE 42501, as a table the consumer's role may not
+    write answers: at the INSERT, or (deferred) at the commit."""
+
+    __tablename__ = "refused_row"
+    __table_args__ = {"schema": "public"}  # noqa: RUF012
+    key: Mapped[str] = mapped_column(primary_key=True)
+
+
+REFUSING_DDL = """
+CREATE TABLE IF NOT EXISTS public.refused_row (key text PRIMARY KEY);
+CREATE OR REPLACE FUNCTION public.refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'permission denied for table refused_row' USING ERRCODE = '42501'; END $$;
+DROP TRIGGER IF EXISTS refuse_now ON public.refused_row;
+DROP TRIGGER IF EXISTS refuse_at_commit ON public.refused_row;
+"""
+TRIGGERS = {
+    "at_flush": "CREATE TRIGGER refuse_now BEFORE INSERT ON public.refused_row"
+    " FOR EACH ROW EXECUTE FUNCTION public.refuse_row()",
+    "at_commit": "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON public.refused_row"
+    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.refuse_row()",
+}
+
+
+@pytest.mark.parametrize("when", TRIGGERS)
+def test_a_handlers_own_write_refused_counts_one_by_one(
+    start: Start,  # noqa: F811
+    admin: psycopg.Connection[tuple[object, ...]],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    when: str,
+) -> None:
+    """The handler only adds an ORM row (no statement of its own): its INSERT goes at the flush
+    after the handler, or its deferred trigger at the commit. Refused either way, that is the
+    handler's failure, counted: the event ends ``dead`` after its attempts. Before, the flush
+    waited for the commit, after the middleware's mark, and the refusal was taken for a grant
+    missing on outboxkit's tables: retried for ever, never counted."""
+    admin.execute(REFUSING_DDL)
+    admin.execute(TRIGGERS[when])
+    topic, event_id = outboxkit_topic(), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o-1", 1)
+    behaviour = Behaviour(add_in={event_id: lambda: _Refused(key=event_id)})
+    harness = start(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=2, initial_delay=0.05, max_delay=0.05),
+        dead_letter=outboxkit_topic(prefix="dlq"),
+        consumer_options=ONE_BY_ONE,
+    )
+    harness.wait_outcomes(event_id)
+    wait_for(
+        lambda: (inbox_row(outboxkit_db_url, "billing", event_id) or {}).get("state") == "dead",
+        what="the event dead after its two counted attempts",
+    )
+    row = inbox_row(outboxkit_db_url, "billing", event_id)
+    assert row is not None
+    assert row["attempts"] == 2
+    assert "42501" in row["last_error"] or "permission denied" in row["last_error"]
+    assert effects(outboxkit_db_url, event_id) == []
