@@ -58,6 +58,26 @@ def _signal(admin: psycopg.Connection[tuple[object, ...]], fn: str, where: str) 
     return bool(rows) and all(row[0] for row in rows)
 
 
+def _one_by_one(
+    begin: Start,
+    bootstrap: str,
+    topic_factory: TopicFactory,
+    event_id: str,
+    behaviour: Behaviour,
+    attempts: int = 1,
+) -> Harness:
+    """One event on a topic of its own, consumed one by one with ``attempts`` at most."""
+    topic = topic_factory()
+    produce_event(bootstrap, topic, event_id, "o-1", 1)
+    return begin(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=attempts, initial_delay=0.05, max_delay=0.05),
+        dead_letter=topic_factory(prefix="dlq"),
+        consumer_options=ONE_BY_ONE,
+    )
+
+
 def _succeeded_once(db_url: str, event_id: str, behaviour: HeldOnce) -> None:
     row = inbox_row(db_url, "billing", event_id)
     assert row is not None
@@ -73,15 +93,8 @@ def test_a_cancelled_succeeded_mark_is_no_attempt(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
-    topic, event_id, behaviour = outboxkit_topic(), str(uuid.uuid4()), HeldOnce()
-    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o-1", 1)
-    harness = start(
-        [topic],
-        behaviour,
-        policy=RetryPolicy(max_attempts=1),
-        dead_letter=outboxkit_topic(prefix="dlq"),
-        consumer_options=ONE_BY_ONE,
-    )
+    event_id, behaviour = str(uuid.uuid4()), HeldOnce()
+    harness = _one_by_one(start, outboxkit_kafka_bootstrap, outboxkit_topic, event_id, behaviour)
     assert behaviour.started.wait(60), "the handler never ran"
     with psycopg.connect(outboxkit_db_url) as locker:  # an operator's report, say
         locker.execute(
@@ -102,15 +115,8 @@ def test_a_terminated_handler_session_is_no_attempt(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
-    topic, event_id, behaviour = outboxkit_topic(), str(uuid.uuid4()), HeldOnce()
-    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o-1", 1)
-    harness = start(
-        [topic],
-        behaviour,
-        policy=RetryPolicy(max_attempts=1),
-        dead_letter=outboxkit_topic(prefix="dlq"),
-        consumer_options=ONE_BY_ONE,
-    )
+    event_id, behaviour = str(uuid.uuid4()), HeldOnce()
+    harness = _one_by_one(start, outboxkit_kafka_bootstrap, outboxkit_topic, event_id, behaviour)
     assert behaviour.started.wait(60), "the handler never ran"
     handler = "state = 'idle in transaction' AND query LIKE 'INSERT INTO public.effect%%'"
     wait_for(lambda: _signal(admin, "pg_terminate_backend", handler), what="handler's session")
@@ -163,15 +169,10 @@ def test_a_handlers_own_write_refused_counts_one_by_one(
     missing on outboxkit's tables: retried for ever, never counted."""
     admin.execute(REFUSING_DDL)
     admin.execute(TRIGGERS[when])
-    topic, event_id = outboxkit_topic(), str(uuid.uuid4())
-    produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o-1", 1)
+    event_id = str(uuid.uuid4())
     behaviour = Behaviour(add_in={event_id: lambda: _Refused(key=event_id)})
-    harness = start(
-        [topic],
-        behaviour,
-        policy=RetryPolicy(max_attempts=2, initial_delay=0.05, max_delay=0.05),
-        dead_letter=outboxkit_topic(prefix="dlq"),
-        consumer_options=ONE_BY_ONE,
+    harness = _one_by_one(
+        start, outboxkit_kafka_bootstrap, outboxkit_topic, event_id, behaviour, attempts=2
     )
     harness.wait_outcomes(event_id)
     wait_for(
