@@ -39,6 +39,22 @@ class _Seen(logging.Handler):
             self.found.set()
 
 
+def _aiokafka_client_with(password: str) -> logging.Logger:
+    """An aiokafka client's options built with a SASL PLAIN ``password`` (its mask is
+    process-wide from then on); the logger aiokafka logs its requests with."""
+    settings = KafkaSettings(
+        bootstrap="127.0.0.1:1",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="alice",
+        sasl_password=password,
+    )
+    logger = logging.getLogger("aiokafka.conn")  # as aiokafka's import makes it, before
+    aiokafka_options(settings)  # the filter goes on the aiokafka loggers there are
+    limit_aiokafka_log()
+    return logger
+
+
 @pytest.mark.parametrize("debug", [None, "conf"])
 def test_librdkafka_lines_name_the_setting_instead_of_its_value(debug: str | None) -> None:
     """A real librdkafka client whose OIDC token endpoint cannot be reached: its ERROR line
@@ -70,16 +86,7 @@ def test_librdkafka_lines_name_the_setting_instead_of_its_value(debug: str | Non
 
 
 def test_an_aiokafka_debug_line_shows_no_sasl_login(caplog: pytest.LogCaptureFixture) -> None:
-    settings = KafkaSettings(
-        bootstrap="127.0.0.1:1",
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_username="alice",
-        sasl_password="PlainKafkaSecret8812",
-    )
-    aiokafka_options(settings)
-    logger = logging.getLogger("aiokafka.conn")
-    limit_aiokafka_log()
+    logger = _aiokafka_client_with("PlainKafkaSecret8812")
     with caplog.at_level(logging.DEBUG, logger="aiokafka"):
         logger.debug(
             "Request %d: %s", 3, "SaslAuthenticateRequest_v1(sasl_auth_bytes=b'\\x00\\xc3\\xa9x')"
@@ -113,16 +120,7 @@ def test_only_secret_settings_are_masked_and_ordinary_lines_stay_readable() -> N
 
 
 def test_an_aiokafka_traceback_shows_no_secret(caplog: pytest.LogCaptureFixture) -> None:
-    settings = KafkaSettings(
-        bootstrap="127.0.0.1:1",
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_username="alice",
-        sasl_password="TracebackSecret4471",
-    )
-    aiokafka_options(settings)
-    logger = logging.getLogger("aiokafka.conn")
-    limit_aiokafka_log()
+    logger = _aiokafka_client_with("TracebackSecret4471")
     with caplog.at_level(logging.ERROR, logger="aiokafka"):
         try:
             raise RuntimeError("login TracebackSecret4471 refused")
