@@ -113,10 +113,11 @@ def not_the_records(exc: BaseException) -> bool:
 
 def interrupted(exc: BaseException, *, own_statement: bool) -> bool:
     """True when a handler's run failed for no fault of its record, so it is not an attempt:
-    its ``succeeded`` mark or commit (``own_statement``) failed as :func:`not_the_records`
-    says; or, raised from the handler, its connection was lost (SQLAlchemy invalidated it, as
-    a batch checks), the server ended the session, or the pool had no connection for it. Never
-    for a session the run's own wait ended: that handler would run for ever, never counted."""
+    its ``succeeded`` mark (``own_statement``) failed as :func:`not_the_records` says; or,
+    raised from the handler or at the commit (which runs the handler's deferred work too), its
+    connection was lost (SQLAlchemy invalidated it, as a batch checks), the server ended the
+    session, or the pool had no connection for it. Never for a session the run's own wait
+    ended: that handler would run for ever, never counted."""
     sqlstate = sqlstate_of(exc)
     if sqlstate in _WAITED_TOO_LONG:
         return False
