@@ -23,10 +23,19 @@ from outboxkit.db.url_checks import (
     url_text,
 )
 
-#: ``password=`` and its value as libpq reads it: quoted (masked to the end if it never closes),
-#: or up to the next space, a backslash taking the next character as it is (``a\\ b`` is ``a b``).
+#: The libpq parameters whose values are secrets.
+_SECRET_KEYS = (
+    "password",
+    "sslpassword",
+    "oauth_client_secret",
+    "scram_client_key",
+    "scram_server_key",
+)
+#: A secret keyword, ``=`` and its value as libpq reads it: quoted (masked to the end if it never
+#: closes), or up to the next space, a backslash taking the next character as it is (``a\\ b`` is
+#: ``a b``).
 _KEYWORD_PASSWORD_RE = re.compile(
-    r"((?:password|oauth_client_secret|scram_client_key|scram_server_key)"
+    rf"((?:{'|'.join(_SECRET_KEYS)})"
     r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\[\s\S])*'|'[\s\S]*|(?:[^\\ \t\n\r\f\v]|\\[\s\S]|\\$)+)",
     re.IGNORECASE,
@@ -59,14 +68,6 @@ KNOWN_FAILURES = (
     "timeout expired",
     "server closed the connection unexpectedly",
     "SSL",
-)
-#: The libpq parameters whose values are secrets.
-_SECRET_KEYS = (
-    "password",
-    "sslpassword",
-    "oauth_client_secret",
-    "scram_client_key",
-    "scram_server_key",
 )
 
 

@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator
 
 from outboxkit.devstack import DevStack
 from outboxkit.devstack.sasl import BOOTSTRAP_ENV
+from outboxkit.devstack.stack import DATABASE_URL_ENV
 from outboxkit.errors import ConfigurationError
 from outboxkit.settings import KafkaSettings, load_settings
 from outboxkit.verify.layout import Target
 
-DATABASE_ENV = "OUTBOXKIT_DATABASE_URL"
+DATABASE_ENV = DATABASE_URL_ENV  # the dev stack's name for it
 
 
 @contextlib.contextmanager
