@@ -4,7 +4,13 @@ A claim given back (``release_batch``) takes its attempt back, so a record claim
 but not run, or run in a batch that then failed as a whole, is not counted as attempted: the
 loop delivers it again (one by one after a failed batch) as a first attempt, not as a takeover
 of an earlier run (which with ``max_attempts=1`` would end it dead without its handler having
-run). Each claim is given back at most once: a second release would take back one more attempt.
+run). Each claim is given back at most once; the give-back also gives the row a token nobody
+holds, so one made again (owed after a lost reply) matches nothing.
+
+A run the database interrupts is given back too, but only :data:`FREE_INTERRUPTIONS` times in a
+row for one event (:class:`Interruptions`): a run that is interrupted every time (a watchdog, a
+pooler's ``query_timeout`` ending each run of that event) then counts like a handler failure, so
+it retries under the policy and ends ``dead`` instead of holding its partition for ever.
 """
 
 from __future__ import annotations
@@ -24,6 +30,30 @@ logger = logging.getLogger("outboxkit.inbox.batch")
 # At most this many owed give-backs are kept; past it the oldest are forgotten (counted, as
 # before): an event whose partition went to another member may never come back here.
 OWED_MAX = 10_000
+# Runs of one event the database may interrupt in a row before its interruptions count.
+FREE_INTERRUPTIONS = 5
+
+
+@dataclass(eq=False, slots=True)
+class Interruptions:
+    """How many times in a row each event's run was interrupted (at most :data:`OWED_MAX`
+    events kept, the oldest forgotten: counted from zero again, which only delays the count)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def free(self, event_id: str) -> tuple[bool, int]:
+        """One more interruption of ``event_id``'s run -> whether it is still no attempt, and
+        how many in a row it makes."""
+        count = self.counts.pop(event_id, 0) + 1
+        self.counts[event_id] = count
+        while len(self.counts) > OWED_MAX:
+            del self.counts[next(iter(self.counts))]
+        return count <= FREE_INTERRUPTIONS, count
+
+    def ended(self, event_id: str) -> None:
+        """The run ended some other way: the next interruption is the first again."""
+        if self.counts:
+            self.counts.pop(event_id, None)
 
 
 @dataclass(eq=False, slots=True)

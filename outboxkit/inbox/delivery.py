@@ -32,7 +32,7 @@ from outboxkit.bounds import check_range, keep
 from outboxkit.db.availability import interrupted
 from outboxkit.errors import DecodeError, LeaseLostError, SendStoppedError
 from outboxkit.faults import fault_point
-from outboxkit.inbox.batch_claims import OwedClaims
+from outboxkit.inbox.batch_claims import Interruptions, OwedClaims
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.envelope import Envelope, EventIdFrom, Identity, identify
 from outboxkit.inbox.frozen import build
@@ -191,6 +191,7 @@ class InboxCore:
             lease_seconds=settings.lease_seconds,
         )
         self.owed = OwedClaims(self.statements)  # give-backs that failed: made before a claim
+        self.interruptions = Interruptions()  # runs the database interrupted, in a row
 
     def deliver(
         self,
@@ -255,11 +256,16 @@ class InboxCore:
             failure = exc
         if not committed:
             yield CloseHandler()
+        if failure is not None and interrupted(failure, own_statement=ours):
+            free, times = self.interruptions.free(ident.event_id)
+            if free:
+                yield from self.give_back(run)
+                raise failure  # the loop retries it, as the database's state, never counted
+            text = error_text(failure, detail=self.settings.error_detail)
+            return (yield from self.failed_with(run, f"run interrupted {times} times: {text}"))
+        self.interruptions.ended(ident.event_id)
         if isinstance(failure, LeaseLostError):
             return (yield from self.lease_lost(run, message(failure)))
-        if failure is not None and interrupted(failure, own_statement=ours):
-            yield from self.give_back(run)
-            raise failure  # the loop retries it, as the database's state, never counted
         if failure is not None:
             return (yield from self.failed(run, failure))
         if not committed:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outboxkit.inbox import HandlerContext, RetryPolicy
+from outboxkit.inbox.batch_claims import FREE_INTERRUPTIONS
 from tests.integration.inbox_support import Behaviour, Harness, effects, inbox_row, produce_event
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
 from tests.support.waiting import wait_for
@@ -184,3 +186,42 @@ def test_a_handlers_own_write_refused_counts_one_by_one(
     assert row["attempts"] == 2
     assert "42501" in row["last_error"] or "permission denied" in row["last_error"]
     assert effects(outboxkit_db_url, event_id) == []
+
+
+TERMINATE_OWN_SESSION = text("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one_by_one", "batched"])
+def test_a_run_interrupted_every_time_counts_and_frees_its_partition(
+    start: Start,  # noqa: F811
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    batched: bool,
+) -> None:
+    """The handler's own session is terminated on every run of one event (as a watchdog or a
+    pooler's ``query_timeout`` would end it). Its first runs are given back; after
+    ``FREE_INTERRUPTIONS`` in a row they count like handler failures, so the event ends
+    ``dead`` after its attempts and the event behind it on the same partition succeeds. Before,
+    every run was given back: retried for ever, the partition held."""
+    topic, doomed, behind = outboxkit_topic(), str(uuid.uuid4()), str(uuid.uuid4())
+    produce_event(outboxkit_kafka_bootstrap, topic, doomed, "o-1", 1)
+    produce_event(outboxkit_kafka_bootstrap, topic, behind, "o-2", 2)
+    behaviour = Behaviour(sql={doomed: TERMINATE_OWN_SESSION})
+    harness = start(
+        [topic],
+        behaviour,
+        policy=RetryPolicy(max_attempts=2, initial_delay=0.05, max_delay=0.05),
+        dead_letter=outboxkit_topic(prefix="dlq"),
+        consumer_options={} if batched else ONE_BY_ONE,
+    )
+    harness.wait_outcomes(doomed, behind)
+    row = inbox_row(outboxkit_db_url, "billing", doomed)
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("dead", 2), row["last_error"]
+    assert f"run interrupted {FREE_INTERRUPTIONS + 2} times" in row["last_error"]
+    assert effects(outboxkit_db_url, doomed) == []
+    after = inbox_row(outboxkit_db_url, "billing", behind)
+    assert after is not None
+    assert after["state"] == "succeeded"
+    assert len(effects(outboxkit_db_url, behind)) == 1

@@ -121,6 +121,20 @@ def test_a_newer_claim_fences_the_older_handler(engine: Engine) -> None:
     assert claim(engine, new, env).kind == "duplicate"
 
 
+def test_a_give_back_made_twice_takes_one_attempt_back(engine: Engine) -> None:
+    """A give-back whose reply was lost is owed and made again: it must find nothing left to
+    give back (before, the second one took the attempt back once more: ``attempts = -1``)."""
+    event_id = str(uuid.uuid4())
+    env = _env(event_id)
+    store = _store("me")
+    token = claim(engine, store, env).token
+    assert run_sql(engine, store.release_batch([(event_id, token)])).rowcount == 1
+    assert run_sql(engine, store.release_batch([(event_id, token)])).rowcount == 0
+    again = claim(engine, store, env)
+    assert (again.kind, again.attempts) == ("claimed", 1)
+    assert again.token > token
+
+
 def test_terminal_states_are_never_overwritten(engine: Engine, outboxkit_db_url: str) -> None:
     event_id = str(uuid.uuid4())
     env = _env(event_id)

@@ -78,9 +78,12 @@ unnest(
 -- name: release_batch
 -- Claimed in a batch but not run (behind a failed record of the same partition, or after the
 -- batch was cut), or a run the database interrupted (in a batch or alone): the claim is given
--- back, so it does not count as an attempt.
+-- back, so it does not count as an attempt. The row takes a token nobody holds: a give-back
+-- whose reply was lost, made again (owed), then matches nothing instead of taking a second
+-- attempt back.
 UPDATE {schema}.inbox_message AS m
 SET attempts = m.attempts - 1, updated_at = now(),
+    lease_token = nextval('{schema}.inbox_lease_token_seq'),
     lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
 FROM {_batch_keys}
 WHERE m.consumer = g.consumer AND m.event_id = g.event_id AND m.state = 'processing'
