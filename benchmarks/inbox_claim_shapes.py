@@ -13,7 +13,12 @@ Per batch of 50 new events, on one connection, raw psycopg, no handler work:
   (committed without waiting for its flush, with a probe of the events' existing rows in the
   same statement), then in the handler's transaction one plain INSERT of the events' rows as
   ``succeeded`` (a row that already exists aborts the batch) and the marker's token-conditional
-  DELETE, then a durable COMMIT.
+  DELETE, then a durable COMMIT;
+* ``plain`` (not built): ``current`` with the claim a plain ``INSERT`` (no ``ON CONFLICT``: no
+  speculative insertion; the upsert would stay for a batch holding a known event);
+* ``one_token`` (not built): ``plain`` with one lease token per batch (one ``nextval``).
+
+``BENCH_VARIANTS`` (comma-separated) runs a subset.
 
 Prints wall microseconds per event (median of each round's batches) and the backend's CPU per
 event (from /proc), variants alternating round by round. Benchmark code, not part of outboxkit.
@@ -132,7 +137,39 @@ def optimistic(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
             raise RuntimeError("marker lost")
 
 
-VARIANTS = {"current": current, "optimistic": optimistic}
+def _plain_claim() -> bytes:
+    """The shipped claim without its ``ON CONFLICT`` clause."""
+    text = CLAIM.decode()
+    return (text[: text.index("ON CONFLICT")] + text[text.index("RETURNING") :]).encode()
+
+
+PLAIN_CLAIM = _plain_claim()
+ONE_TOKEN_CLAIM = PLAIN_CLAIM.replace(
+    b"nextval('outboxkit.inbox_lease_token_seq')",
+    b"(SELECT nextval('outboxkit.inbox_lease_token_seq'))",
+)
+
+
+def _with_claim(claim: bytes) -> Any:
+    def run(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
+        with conn.transaction():
+            claimed = conn.execute(claim, params).fetchall()
+        params["tokens"] = [row[1] for row in claimed]
+        with conn.transaction():
+            if len(conn.execute(MARK, params).fetchall()) != BATCH:
+                raise RuntimeError("mark missed rows")
+
+    return run
+
+
+ALL_VARIANTS = {
+    "current": current,
+    "optimistic": optimistic,
+    "plain": _with_claim(PLAIN_CLAIM),
+    "one_token": _with_claim(ONE_TOKEN_CLAIM),
+}
+CHOSEN = os.environ.get("BENCH_VARIANTS", ",".join(ALL_VARIANTS)).split(",")
+VARIANTS = {name: ALL_VARIANTS[name] for name in CHOSEN}
 
 
 def main() -> None:
