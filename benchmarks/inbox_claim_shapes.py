@@ -116,13 +116,19 @@ def batch_parameters(consumer: str, first: int) -> dict[str, Any]:
     }
 
 
-def current(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
-    with conn.transaction():
-        claimed = conn.execute(CLAIM, params).fetchall()
-    params["tokens"] = [row[1] for row in claimed]
-    with conn.transaction():
-        if len(conn.execute(MARK, params).fetchall()) != BATCH:
-            raise RuntimeError("mark missed rows")
+def _with_claim(claim: bytes) -> Any:
+    def run(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
+        with conn.transaction():
+            claimed = conn.execute(claim, params).fetchall()
+        params["tokens"] = [row[1] for row in claimed]
+        with conn.transaction():
+            if len(conn.execute(MARK, params).fetchall()) != BATCH:
+                raise RuntimeError("mark missed rows")
+
+    return run
+
+
+current = _with_claim(CLAIM)
 
 
 def optimistic(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
@@ -148,18 +154,6 @@ ONE_TOKEN_CLAIM = PLAIN_CLAIM.replace(
     b"nextval('outboxkit.inbox_lease_token_seq')",
     b"(SELECT nextval('outboxkit.inbox_lease_token_seq'))",
 )
-
-
-def _with_claim(claim: bytes) -> Any:
-    def run(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
-        with conn.transaction():
-            claimed = conn.execute(claim, params).fetchall()
-        params["tokens"] = [row[1] for row in claimed]
-        with conn.transaction():
-            if len(conn.execute(MARK, params).fetchall()) != BATCH:
-                raise RuntimeError("mark missed rows")
-
-    return run
 
 
 ALL_VARIANTS = {
