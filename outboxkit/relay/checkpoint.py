@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass
 from uuid import UUID
@@ -28,6 +29,8 @@ from uuid import UUID
 from outboxkit.errors import PublishError
 from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.api import ProduceRequest, TransactionalProducer
+
+logger = logging.getLogger("outboxkit.relay.checkpoint")
 
 TOPIC_REFUSED = "TOPIC_AUTHORIZATION_FAILED"  # the readers' context["error"] for a missing ACL
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000"}
@@ -127,16 +130,22 @@ class CheckpointTopic:
         self._partitions = await self._partition_count(shard_count)
 
     async def _partition_count(self, shard_count: int | None = None) -> int:
-        """The topic's partition count; with ``shard_count``, the topic is created if missing."""
+        """The topic's partition count; the topic is created if missing: at start-up with
+        ``shard_count`` partitions, and again if it was deleted while the relay ran (else every
+        takeover failed on it and the shards waited for a restart, which did the same), with as
+        many as it last had, so the partitions checkpoints go to exist."""
         admin = self._kafka.admin()
         try:
             found = await admin.describe_topic(self.topic)
-            if found is None and shard_count is None:
-                raise PublishError(
-                    f"checkpoint topic {self.topic} does not exist: it was deleted after this"
-                    " relay started (a restart creates it again)"
-                )
-            if found is None and shard_count is not None:
+            if found is None:
+                if shard_count is None:
+                    shard_count = self._partitions or 1
+                    logger.error(
+                        "checkpoint topic %s was deleted while the relay ran: created again; the"
+                        " rows of a Kafka transaction that committed before the deletion and"
+                        " were not marked yet may be published again",
+                        self.topic,
+                    )
                 await admin.create_topic(
                     self.topic, max(1, shard_count), dict(CHECKPOINT_TOPIC_CONFIG)
                 )
