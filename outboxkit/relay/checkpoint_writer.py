@@ -6,13 +6,18 @@ and retrying the same transaction cannot help. Instead the transaction is aborte
 it is marked, so it is retried whole and in order, exactly once) and the shard's transactions
 are capped at half the refused rows, again until a checkpoint fits. A one-row checkpoint that
 does not fit is a configuration error: said as such, and retried with back-off, never hot.
+
+The cap is tried higher again a minute after the last halving (twice as many rows, at most what
+the settings allow), so raising the topic's limit takes effect without a restart; while the
+limit stays low, that costs one aborted transaction a minute.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from outboxkit.errors import PublishError
 from outboxkit.kafka.api import ProduceRequest, RecordError, TransactionalProducer
@@ -23,6 +28,9 @@ from outboxkit.relay.lease import LeaseTerm
 from outboxkit.settings import RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
+
+# Seconds after the last halving before transactions are tried twice as large again.
+CAP_PROBE_SECONDS = 60.0
 
 
 def too_large(error: RecordError) -> bool:
@@ -39,11 +47,14 @@ class CheckpointWriter:
         shard: int,
         checkpoints: CheckpointTopic | None,
         sizer: ClaimSizer,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._shard = shard
         self._checkpoints = checkpoints
         self._sizer = sizer
+        self._clock = clock
+        self._capped_at: float | None = None  # when the last halving was
         self._seq = 0  # checkpoint commit order within a term (never reset: lives share a term)
         self._last: tuple[Checkpoint, int] | None = None  # the last one built, and its bytes
         self._told = False  # the size refusal is explained once per shard, not at every halving
@@ -54,12 +65,28 @@ class CheckpointWriter:
         """The transaction's checkpoint record: every row it carries."""
         if self._checkpoints is None:
             return []
+        self._probe()
         group = self._config.group
         checkpoint = Checkpoint(group, self._shard, term.token, tuple(rows), slot, self._seq)
         self._seq += 1
         request = self._checkpoints.request(checkpoint)
         self._last = (checkpoint, len(request.value) + len(request.key or b""))
         return [request]
+
+    def _probe(self) -> None:
+        """A minute after the last halving, let the next transactions be twice as large."""
+        if self._capped_at is None or self._clock() - self._capped_at < CAP_PROBE_SECONDS:
+            return
+        self._sizer.cap(self._sizer.max_rows * 2)
+        self._capped_at = self._clock() if self._sizer.capped else None
+        level = logging.DEBUG if self._sizer.capped else logging.INFO
+        logger.log(
+            level,
+            "shard %s: transactions of up to %d rows are tried again%s",
+            self._shard,
+            self._sizer.max_rows,
+            "" if self._sizer.capped else " (as the settings allow: the checkpoint fits again)",
+        )
 
     async def send_alone(
         self,
@@ -98,10 +125,11 @@ class CheckpointWriter:
         if rows <= 1:
             raise PublishError(
                 f"even a one-row checkpoint ({size} bytes) is larger than"
-                f" {limit} ({error}); nothing is published until it is raised, and the"
-                " relay restarted (its transactions stay one row long until then)"
+                f" {limit} ({error}); nothing is published until it is raised (then its"
+                " transactions grow back to full size, doubling each minute)"
             )
         self._sizer.cap(rows // 2)
+        self._capped_at = self._clock()
         level = logging.DEBUG if self._told else logging.WARNING
         self._told = True
         full = self._config.transaction_max_rows
@@ -109,8 +137,9 @@ class CheckpointWriter:
             level,
             "shard %s: a checkpoint of %d rows (%d bytes) is larger than %s (%s): the"
             " transaction is aborted and retried at once with at most %d rows, halved again"
-            " until its checkpoint fits (transactions stay that small until a restart); a"
-            " transaction of transaction_max_rows = %d rows needs about %d bytes",
+            " until its checkpoint fits (and tried twice as large each minute, so a raised"
+            " limit takes effect without a restart); a transaction of transaction_max_rows ="
+            " %d rows needs about %d bytes",
             self._shard,
             rows,
             size,

@@ -24,6 +24,7 @@ class ClaimSizer:
         self.full = False  # the last claim came back full (rows or bytes): there is a backlog
         self.max_rows = self.high  # rows of one transaction (of several claims)
         self.max_ms = 0.0  # how long one transaction may take more claims; 0: one claim each
+        self._uncapped: tuple[int, int, int] | None = None  # (low, high, max_rows) before a cap
 
     @classmethod
     def for_relay(cls, config: RelaySettings) -> ClaimSizer:
@@ -51,10 +52,19 @@ class ClaimSizer:
             self.size = self.low
 
     def cap(self, rows: int) -> None:
-        """No claim nor transaction of more than ``rows`` from now on (a checkpoint too large)."""
-        self.max_rows = min(self.max_rows, rows)
-        self.low, self.high = min(self.low, rows), min(self.high, rows)
-        self.size = min(self.size, rows)
+        """No claim nor transaction of more than ``rows`` from now on (a checkpoint too large),
+        nor of more than the settings allow: a larger ``rows`` lifts an earlier cap that far."""
+        if self._uncapped is None:
+            self._uncapped = (self.low, self.high, self.max_rows)
+        low, high, max_rows = self._uncapped
+        self.max_rows = min(max_rows, rows)
+        self.low, self.high = min(low, rows), min(high, rows)
+        self.size = min(max(self.size, self.low), self.high)
+
+    @property
+    def capped(self) -> bool:
+        """Transactions are held below what the settings allow."""
+        return self._uncapped is not None and self.max_rows < self._uncapped[2]
 
     def reset(self) -> None:
         """Back to the latency setting (after a permanent error: the retry stays small)."""
