@@ -32,6 +32,11 @@ BYTES_CONTENT_TYPE = "application/octet-stream"
 
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")  # fullmatch: "$" would let a final "\n" through
 MAX_TOPIC_LENGTH = 249
+# Kafka's own topics: a transactional producer cannot write to them (the broker refuses the
+# partition, and confluent-kafka then fails the whole transaction at every try).
+INTERNAL_TOPICS = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
+)
 
 
 def validate_topic(topic: object) -> str:
@@ -43,7 +48,7 @@ def validate_topic(topic: object) -> str:
             f"topic name is {len(topic)} characters long; Kafka allows {MAX_TOPIC_LENGTH}",
             topic=topic,
         )
-    if topic in (".", ".."):
+    if topic in (".", "..") or topic in INTERNAL_TOPICS:
         raise InvalidTopicError(f"topic name {topic!r} is reserved by Kafka", topic=topic)
     if not _TOPIC_RE.fullmatch(topic):
         raise InvalidTopicError(

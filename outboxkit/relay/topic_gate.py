@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from outboxkit.events import INTERNAL_TOPICS
 from outboxkit.kafka.api import RecordError, TransactionalProducer
 from outboxkit.kafka.errors import with_topic_write_hint
 from outboxkit.relay.broker_limits import BrokerLimits
@@ -37,6 +38,7 @@ logger = logging.getLogger("outboxkit.relay.shard_worker")
 Conn = psycopg.AsyncConnection[Any]
 
 CHECKPOINT_TOPIC_REFUSED = "the relay's checkpoint topic takes only the relay's own records"
+INTERNAL_TOPIC_REFUSED = "a Kafka-internal topic takes no application records"
 
 T = TypeVar("T")
 
@@ -115,7 +117,7 @@ class TopicGate:
         and known-good topics not at all, not per row)."""
         problems: dict[str, RecordError] = {}
         unknown = topics - self._known_topics
-        new = unknown - {self._checkpoint_topic}
+        new = unknown - {self._checkpoint_topic} - INTERNAL_TOPICS
         if new:  # what the producer asks beyond metadata: in one request, under one wait
             logger.debug("shard %s: asking Kafka about topic(s) %s", self.shard, sorted(new))
             await self._asked(producer.ask_ahead(new))
@@ -123,6 +125,9 @@ class TopicGate:
         for topic in unknown:
             if topic == self._checkpoint_topic:
                 problems[topic] = RecordError("CHECKPOINT_TOPIC", CHECKPOINT_TOPIC_REFUSED)
+                continue
+            if topic in INTERNAL_TOPICS:  # written by hand or by an older writer
+                problems[topic] = RecordError("INTERNAL_TOPIC", INTERNAL_TOPIC_REFUSED)
                 continue
             problem = await self._asked(producer.topic_problem(topic))
             term.check()

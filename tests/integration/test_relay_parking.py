@@ -342,3 +342,36 @@ async def test_rows_of_no_shard_are_parked_and_retried_into_their_keys_shard(
     assert all(shard == expected for _, shard, expected in shards), shards
     got = consume(outboxkit_kafka_bootstrap, topic, expect=4)
     assert sorted(r.key for r in got) == ["high", "low", "ok", "ok"]
+
+
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+async def test_a_row_for_a_kafka_internal_topic_is_parked_and_its_shard_goes_on(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    client: str,
+) -> None:
+    """A row for ``__consumer_offsets`` (written by hand or by an older writer: the writer
+    refuses the name) is parked with its reason. Before, with confluent-kafka in exactly-once
+    mode the broker refused the partition, the whole transaction failed at every try and the
+    shard published nothing more; aiokafka parked it as a topic that does not exist."""
+    set_shard_count(outboxkit_db_url, 1)
+    topic = outboxkit_topic()
+    insert_rows(outboxkit_db_url, "__consumer_offsets", [("internal", b"{}")])
+    insert_rows(outboxkit_db_url, topic, payloads("ok", 3))
+    settings = relay_settings(
+        outboxkit_db_url, outboxkit_kafka_bootstrap, client=client, mode="exactly_once"
+    )
+    async with running_relay(settings):
+        await wait_for_async(
+            lambda: (
+                states_by_key(outboxkit_db_url) == {"internal": ["parked"], "ok": ["published"] * 3}
+            ),
+            what="the internal-topic row parked, the others published",
+        )
+    [parked] = json.loads(cli_ok(outboxkit_db_url, "outbox", "parked", "--json"))
+    assert parked["reason"] == (
+        "INTERNAL_TOPIC: a Kafka-internal topic takes no application records"
+    )
+    got = consume(outboxkit_kafka_bootstrap, topic, expect=3)
+    assert [r.value for r in got] == [v for _, v in payloads("ok", 3)]

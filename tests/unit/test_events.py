@@ -109,7 +109,13 @@ def test_valid_topics(name: str) -> None:
     assert validate_topic(name) == name
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "x" * 250, "a b", "ü", "a/b", "a:b", None, 3])
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("", ".", "..", "x" * 250, "a b", "ü", "a/b", "a:b", None, 3),
+        *("__consumer_offsets", "__transaction_state"),
+    ],
+)
 def test_invalid_topics(name: Any) -> None:
     with pytest.raises(InvalidTopicError):
         validate_topic(name)
