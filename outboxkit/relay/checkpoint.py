@@ -52,6 +52,7 @@ class Checkpoint:
     slot: int = 0
     seq: int = 0  # commit order within the token's term (the slots commit strictly in turn)
     partitions: int = 0  # the topic's partition count it was written with (0: not recorded)
+    outbox: str = ""  # the outbox whose relay wrote it (OUTBOX_IDENTITY; "": not recorded)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -64,6 +65,7 @@ class Checkpoint:
                 "token": self.token,
                 "seq": self.seq,
                 "partitions": self.partitions,
+                **({"outbox": self.outbox} if self.outbox else {}),
                 "ids": [row_id for row_id, _ in self.rows],
                 "event_ids": [event_id for _, event_id in self.rows],
             }
@@ -80,7 +82,10 @@ class Checkpoint:
             pairs = zip(body["ids"], body["event_ids"], strict=True)
             rows = tuple((_integer(i), str(UUID(e))) for i, e in pairs)
             token, seq = _integer(body["token"]), _integer(body.get("seq", 0))
-            return cls(group, shard, token, rows, slot, seq, _integer(body.get("partitions", 0)))
+            partitions, outbox = _integer(body.get("partitions", 0)), body.get("outbox", "")
+            if type(outbox) is not str:
+                raise TypeError(f"{type(outbox).__name__} where an outbox identity belongs")
+            return cls(group, shard, token, rows, slot, seq, partitions, outbox)
         except (
             ValueError,
             TypeError,
@@ -105,9 +110,10 @@ def _integer(value: object) -> int:
 class CheckpointTopic:
     """Where checkpoints go and how the last committed one is read back (either Kafka client)."""
 
-    def __init__(self, kafka: KafkaClients, topic: str) -> None:
+    def __init__(self, kafka: KafkaClients, topic: str, outbox: str = "") -> None:
         self._kafka = kafka
         self.topic = topic
+        self.outbox = outbox  # this relay's outbox identity ("": unknown, nothing checked)
         self._partitions: int | None = None
         self._writable_for: set[object] = set()  # the terms whose takeover found Write granted
         self._counted_for: dict[int, int] = {}  # shard -> the token whose takeover asked the count
@@ -115,7 +121,9 @@ class CheckpointTopic:
     def request(self, checkpoint: Checkpoint) -> ProduceRequest:
         """On the shard's partition by the count last asked, which the checkpoint records."""
         assert self._partitions is not None, "ensure() first"
-        checkpoint = dataclasses.replace(checkpoint, partitions=self._partitions)
+        checkpoint = dataclasses.replace(
+            checkpoint, partitions=self._partitions, outbox=self.outbox
+        )
         return ProduceRequest(
             topic=self.topic,
             key=checkpoint_key(checkpoint.group, checkpoint.shard, checkpoint.slot),
@@ -209,7 +217,22 @@ class CheckpointTopic:
                 for slot, checkpoint in more.items():
                     if slot not in found or checkpoint.order > found[slot].order:
                         found[slot] = checkpoint
+        for checkpoint in found.values():
+            self._check_ours(checkpoint)
         return sorted(found.values(), key=lambda c: c.order)
+
+    def _check_ours(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint another outbox's relay wrote under our key names rows of another
+        table: trusted, it would mark ours published unsent, or leave ours to be sent twice."""
+        if checkpoint.outbox and self.outbox and checkpoint.outbox != self.outbox:
+            key = checkpoint_key(checkpoint.group, checkpoint.shard, checkpoint.slot).decode()
+            raise PublishError(
+                f"the checkpoint under key {key!r} in {self.topic} was written by the relay of"
+                f" another outbox (another database or schema): two outboxes share relay group"
+                f" {checkpoint.group!r} on this Kafka cluster, and with it the checkpoint keys"
+                " and transactional ids. Give each outbox its own group (OUTBOXKIT_RELAY_GROUP,"
+                f" [relay] group); shard {checkpoint.shard} publishes nothing until then"
+            )
 
     async def read(
         self, partition: int, group: str, shard: int, keys: dict[bytes, int]

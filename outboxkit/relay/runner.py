@@ -14,6 +14,7 @@ import random
 import socket
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -63,6 +64,16 @@ def make_producer_factory(
     return factory
 
 
+def _identity(conn: psycopg.Connection[Any], schema: str) -> str:
+    """The outbox's identity (``outbox_identity``); "" where the server keeps
+    ``pg_control_system()`` from this role (a managed service may): nothing is checked then."""
+    try:
+        row = db.one(conn, db.query("relay", "outbox_identity", schema), {"schema": schema})
+    except psycopg.errors.InsufficientPrivilege:
+        return ""
+    return str(row[0]) if row is not None else ""
+
+
 def _listed(shards: list[int]) -> str:
     return ", ".join(map(str, shards))
 
@@ -94,9 +105,11 @@ class Relay:
         # ends, as statements still waiting STATEMENT_GRACE_SECONDS after it are ended.
         self.connections = db.OpenConnections()
         self.startup_waits = 0  # start-up attempts that found PostgreSQL or Kafka unavailable
+        self.outbox = ""  # the outbox's identity for checkpoints ("": not readable here)
 
     def _check_schema(self) -> int:
-        """Schema check and shard count, on one connection of our own (blocking)."""
+        """Schema check, shard count and the outbox's identity, on one connection of our own
+        (blocking)."""
         schema = self.settings.schema_name
         with db.connect(
             self.database_url,
@@ -105,6 +118,7 @@ class Relay:
         ) as conn:
             migrator.require_current(conn, schema)
             row = db.one(conn, db.query("relay", "shard_count", schema))
+            self.outbox = _identity(conn, schema)
         assert row is not None
         return int(row[0])
 
@@ -138,7 +152,7 @@ class Relay:
     async def _checkpoints(self, shards: list[int]) -> CheckpointTopic | None:
         if self.config.mode is not Mode.EXACTLY_ONCE:
             return None
-        checkpoints = CheckpointTopic(self.kafka, self.config.checkpoint_topic)
+        checkpoints = CheckpointTopic(self.kafka, self.config.checkpoint_topic, self.outbox)
         await checkpoints.ensure(max(shards, default=0) + 1)
         return checkpoints
 
