@@ -1,0 +1,128 @@
+"""The writer and text encodings, on every path (add; add_many's INSERT; its COPY), sync and
+async, against the real PostgreSQL.
+
+- A caller's session whose ``client_encoding`` is not UTF8 is refused before anything is sent.
+  Before, SJIS broke COPY's escapes (key ``表n`` stored as ``表`` and a newline) and EUC_JP or
+  SJIS merged different idempotency keys (``¥`` arrived as a backslash: the second event was
+  reported a duplicate and never written).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.events import Message
+from outboxkit.outbox import Outbox, OutboxConfig
+from tests.relay_support import row_states
+
+pytestmark = pytest.mark.integration
+
+OUTBOX = Outbox(OutboxConfig(copy_min_rows=100))
+PATHS = {"one": 1, "insert": 3, "copy": 150}  # add; add_many below and above copy_min_rows
+
+
+def _messages(count: int, **last: Any) -> list[Message]:
+    """``count`` messages; the last one with ``last``'s fields."""
+    items = [Message("t", {"n": n}, key="k", idempotency_key=f"i-{n}") for n in range(count - 1)]
+    return [*items, Message("t", {"n": count}, **{"idempotency_key": "last", **last})]
+
+
+def _write(target: Session | sa.Connection, count: int, **last: Any) -> None:
+    if count == 1:
+        OUTBOX.add(target, _messages(1, **last)[0])
+    else:
+        OUTBOX.add_many(target, _messages(count, **last))
+
+
+async def _write_async(target: AsyncSession | AsyncConnection, count: int, **last: Any) -> None:
+    if count == 1:
+        await OUTBOX.add_async(target, _messages(1, **last)[0])
+    else:
+        await OUTBOX.add_many_async(target, _messages(count, **last))
+
+
+# -- a caller's session not in UTF8 -------------------------------------------------------------
+
+
+def _not_utf8_told(error: ConfigurationError, encoding: str) -> None:
+    text = str(error)
+    assert f"client_encoding is {encoding}" in text, text
+    assert "connect_args={'client_encoding': 'UTF8'}" in text, text
+
+
+@pytest.mark.parametrize("encoding", ["SJIS", "EUC_JP", "LATIN1"])
+@pytest.mark.parametrize("count", PATHS.values(), ids=PATHS)
+@pytest.mark.parametrize("on", ["connection", "session"])
+def test_a_session_not_in_utf8_is_refused_before_anything_is_sent(
+    sa_url: str, outboxkit_db_url: str, encoding: str, count: int, on: str
+) -> None:
+    """Whatever the text (plain ASCII here): nothing is sent, the transaction goes on."""
+    engine = sa.create_engine(sa_url, connect_args={"client_encoding": encoding})
+    try:
+        with engine.connect() as conn:
+            target = conn if on == "connection" else Session(bind=conn)
+            with pytest.raises(ConfigurationError) as refused:
+                _write(target, count)
+            _not_utf8_told(refused.value, encoding)
+            conn.execute(sa.text("CREATE TABLE after_refusal (n int)"))  # still usable
+            conn.commit()
+    finally:
+        engine.dispose()
+    assert row_states(outboxkit_db_url) == {}
+
+
+@pytest.mark.parametrize("encoding", ["SJIS", "EUC_JP"])
+@pytest.mark.parametrize("count", PATHS.values(), ids=PATHS)
+@pytest.mark.parametrize("on", ["connection", "session"])
+async def test_an_async_session_not_in_utf8_is_refused_before_anything_is_sent(
+    sa_url: str, outboxkit_db_url: str, encoding: str, count: int, on: str
+) -> None:
+    engine = create_async_engine(sa_url, connect_args={"client_encoding": encoding})
+    try:
+        async with engine.connect() as conn:
+            target = conn if on == "connection" else AsyncSession(bind=conn)
+            with pytest.raises(ConfigurationError) as refused:
+                await _write_async(target, count)
+            _not_utf8_told(refused.value, encoding)
+            await conn.execute(sa.text("CREATE TABLE after_refusal (n int)"))
+            await conn.commit()
+    finally:
+        await engine.dispose()
+    assert row_states(outboxkit_db_url) == {}
+
+
+@pytest.mark.parametrize("count", PATHS.values(), ids=PATHS)
+def test_a_database_defaulting_to_sjis_is_written_intact_on_a_utf8_session(
+    sa_url: str, outboxkit_db_url: str, count: int
+) -> None:
+    """The remedy the refusal names: the keys arrive as sent, and two keys stay two."""
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as admin:
+        database = outboxkit_db_url.rsplit("/", 1)[1]
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} SET client_encoding = 'SJIS'").format(
+                sql.Identifier(database)
+            )
+        )
+    engine = sa.create_engine(sa_url, connect_args={"client_encoding": "UTF8"})
+    try:
+        with engine.begin() as conn:
+            _write(conn, count, key="表n", idempotency_key="charge-¥")
+        with engine.begin() as conn:
+            assert not OUTBOX.add(conn, Message("t", {}, idempotency_key="charge-\\")).duplicate
+            stored = conn.execute(
+                sa.text(
+                    "SELECT idempotency_key, message_key FROM outboxkit.outbox_message"
+                    " WHERE idempotency_key LIKE 'charge-%' ORDER BY id"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert [tuple(row) for row in stored] == [("charge-¥", "表n"), ("charge-\\", None)]
