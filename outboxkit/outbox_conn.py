@@ -1,12 +1,14 @@
 """The writer's hold on the caller's connection, apart from what it writes: refused before
 anything is sent when it cannot be written on (autocommit, a client_encoding not UTF8), and
-the writer's statements on it.
+the writer's statements on it, with text the database's encoding lacks told as a
+:class:`ConfigurationError` instead of the driver's error.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -20,14 +22,30 @@ AsyncTarget = AsyncSession | AsyncConnection
 
 
 def execute(conn: Connection, schema: str, name: str, params: dict[str, Any]) -> list[Any]:
-    """One statement on the caller's connection (binary parameters: cheaper arrays)."""
-    return db.run(conn, db.query("outbox", name, schema), params, binary=True).rows
+    """One statement on the caller's connection (binary parameters: cheaper arrays). Text the
+    database's encoding lacks is a ConfigurationError (raised outside the handler: no context
+    quoting its bytes); the caller's transaction is aborted, as by any failed statement."""
+    query = db.query("outbox", name, schema)
+    try:
+        return db.run(conn, query, params, binary=True).rows
+    except sa.exc.DataError as exc:
+        error = db.untranslatable(exc, query, conn)
+        if error is None:
+            raise
+    raise error
 
 
 async def execute_async(
     conn: AsyncConnection, schema: str, name: str, params: dict[str, Any]
 ) -> list[Any]:
-    return (await db.run_async(conn, db.query("outbox", name, schema), params, binary=True)).rows
+    query = db.query("outbox", name, schema)
+    try:
+        return (await db.run_async(conn, query, params, binary=True)).rows
+    except sa.exc.DataError as exc:
+        error = db.untranslatable(exc, query, conn)
+        if error is None:
+            raise
+    raise error
 
 
 def _autocommit_refused() -> ConfigurationError:

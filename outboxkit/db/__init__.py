@@ -40,6 +40,7 @@ from outboxkit.db.execute import (
     rows_async,
     run,
     run_async,
+    untranslatable,
 )
 from outboxkit.db.listen import listen, listen_async
 from outboxkit.db.queries import Query, queries, query
@@ -92,5 +93,6 @@ __all__ = [
     "savepoint",
     "savepoint_async",
     "sqlalchemy_url",
+    "untranslatable",
     "url_problem",
 ]

@@ -13,7 +13,7 @@ psycopg parses a timestamp written as text only under ``DateStyle`` ISO. A state
 own transaction runs at READ COMMITTED, and again if it lost a race (``own_transaction``). A
 parameter the caller's session encoding cannot carry is a :class:`ConfigurationError` (our own
 connections use UTF8: ``start_options``); the writer refuses a session not in UTF8 outright
-(:func:`not_utf8`).
+(:func:`not_utf8`), and text its database's encoding lacks (:func:`untranslatable`).
 """
 
 from __future__ import annotations
@@ -128,6 +128,27 @@ def not_utf8(dbapi: object) -> ConfigurationError | None:
         f"outboxkit outbox: the connection's client_encoding is {name}, but the writer needs"
         " UTF8 (in other encodings text can change on its way, and two keys become one); ask"
         " for it, e.g. the engine's connect_args={'client_encoding': 'UTF8'}"
+    )
+
+
+def untranslatable(
+    exc: sa.exc.DBAPIError, query: Query, conn: Connection | AsyncConnection
+) -> ConfigurationError | None:
+    """The server's refusal of text its database's encoding lacks (a LATIN1 database, a key in
+    Japanese) as a :class:`ConfigurationError` naming that encoding, without the text (the
+    server's message quotes the character's bytes); None for any other error."""
+    if not isinstance(exc.orig, psycopg.errors.UntranslatableCharacter):
+        return None
+    sync = conn.sync_connection if isinstance(conn, AsyncConnection) else conn
+    driver = None if sync is None else sync.connection.driver_connection  # not invalidated
+    encoding = None
+    if isinstance(driver, _DRIVERS):
+        encoding = driver.pgconn.parameter_status(b"server_encoding")
+    name = (encoding or b"unknown").decode("ascii", "replace")
+    return ConfigurationError(
+        f"outboxkit {query.area}.{query.name}: a text value (a key, the idempotency key, a"
+        f" header, the event type, an aggregate's type or id) holds a character the database's"
+        f" encoding ({name}) lacks; such text needs a UTF8 database"
     )
 
 

@@ -5,10 +5,15 @@ async, against the real PostgreSQL.
   Before, SJIS broke COPY's escapes (key ``表n`` stored as ``表`` and a newline) and EUC_JP or
   SJIS merged different idempotency keys (``¥`` arrived as a backslash: the second event was
   reported a duplicate and never written).
+- Text a LATIN1 database lacks is a ``ConfigurationError`` naming that encoding, not the
+  driver's ``DataError`` quoting the character's bytes; add_many's savepoint still takes its
+  rows back.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -18,6 +23,8 @@ from psycopg import sql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+from outboxkit.db import migrator, sqlalchemy_url
+from outboxkit.devstack.postgres import database_url_with
 from outboxkit.errors import ConfigurationError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox, OutboxConfig
@@ -27,6 +34,12 @@ pytestmark = pytest.mark.integration
 
 OUTBOX = Outbox(OutboxConfig(copy_min_rows=100))
 PATHS = {"one": 1, "insert": 3, "copy": 150}  # add; add_many below and above copy_min_rows
+LACKING = {  # text LATIN1 lacks, in each field that holds text
+    "key": {"key": "5€"},
+    "idempotency_key": {"idempotency_key": "日本-1"},
+    "header": {"headers": {"region": "東京"}},
+    "event_type": {"event_type": "zahlung.日本"},
+}
 
 
 def _messages(count: int, **last: Any) -> list[Message]:
@@ -126,3 +139,100 @@ def test_a_database_defaulting_to_sjis_is_written_intact_on_a_utf8_session(
     finally:
         engine.dispose()
     assert [tuple(row) for row in stored] == [("charge-¥", "表n"), ("charge-\\", None)]
+
+
+# -- text the database's encoding lacks ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def latin1_url(outboxkit_database_url: str) -> Iterator[str]:
+    """A migrated database in LATIN1 (every test here rolls its writes back)."""
+    name = f"outboxkit_latin1_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(outboxkit_database_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL(
+                "CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
+                " TEMPLATE template0"
+            ).format(sql.Identifier(name))
+        )
+    url = database_url_with(outboxkit_database_url, name)
+    migrator.upgrade(url)
+    try:
+        yield sqlalchemy_url(url)
+    finally:
+        with psycopg.connect(outboxkit_database_url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _lacking_told(error: ConfigurationError) -> None:
+    """Named the encoding; quoted neither the text nor its bytes, nor chained the error that
+    does."""
+    text = str(error)
+    assert "the database's encoding (LATIN1) lacks" in text, text
+    for quoted in ("€", "日本", "東京", "0xe2", "0xe6"):
+        assert quoted not in text, text
+    assert error.__cause__ is None
+    assert error.__context__ is None
+
+
+def _after_refusal(conn: sa.Connection, count: int) -> None:
+    """add_many's savepoint takes its rows back and the transaction goes on; add has none."""
+    if count == 1:
+        with pytest.raises(sa.exc.InternalError, match="InFailedSqlTransaction"):
+            conn.execute(sa.text("SELECT 1"))
+        return
+    assert not OUTBOX.add(conn, Message("t", {}, key="café", idempotency_key="after")).duplicate
+    assert conn.execute(sa.text("SELECT count(*) FROM outboxkit.outbox_message")).scalar() == 1
+
+
+@pytest.mark.parametrize("field", LACKING)
+@pytest.mark.parametrize("count", PATHS.values(), ids=PATHS)
+def test_text_the_database_lacks_is_a_configuration_error(
+    latin1_url: str, field: str, count: int
+) -> None:
+    engine = sa.create_engine(latin1_url, connect_args={"client_encoding": "UTF8"})
+    try:
+        with engine.connect() as conn:
+            with pytest.raises(ConfigurationError) as refused:
+                _write(conn, count, **LACKING[field])
+            _lacking_told(refused.value)
+            _after_refusal(conn, count)
+            conn.rollback()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("field", ["key", "header"])
+@pytest.mark.parametrize("count", PATHS.values(), ids=PATHS)
+async def test_text_the_database_lacks_is_a_configuration_error_async(
+    latin1_url: str, field: str, count: int
+) -> None:
+    engine = create_async_engine(latin1_url, connect_args={"client_encoding": "UTF8"})
+    try:
+        async with engine.connect() as conn:
+            with pytest.raises(ConfigurationError) as refused:
+                await _write_async(conn, count, **LACKING[field])
+            _lacking_told(refused.value)
+            await conn.run_sync(_after_refusal, count)
+            await conn.rollback()
+    finally:
+        await engine.dispose()
+
+
+def test_text_the_database_has_is_written(latin1_url: str) -> None:
+    engine = sa.create_engine(latin1_url, connect_args={"client_encoding": "UTF8"})
+    try:
+        with engine.connect() as conn:
+            _write(conn, PATHS["copy"], key="café", headers={"note": "naïve"})
+            stored = conn.execute(
+                sa.text(
+                    "SELECT message_key, headers->>'note' FROM outboxkit.outbox_message"
+                    " WHERE idempotency_key = 'last'"
+                )
+            ).one()
+            conn.rollback()
+    finally:
+        engine.dispose()
+    assert tuple(stored) == ("café", "naïve")
