@@ -8,12 +8,16 @@ async, against the real PostgreSQL.
 - Text a LATIN1 database lacks is a ``ConfigurationError`` naming that encoding, not the
   driver's ``DataError`` quoting the character's bytes; add_many's savepoint still takes its
   rows back.
+- A ``deliver_after`` whose offset PostgreSQL's text form cannot hold (beyond +-15:59, or
+  with fractional seconds) is stored by the COPY path as by the INSERT path; before, the COPY
+  failed with a ``DataError`` quoting the value.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -34,6 +38,11 @@ pytestmark = pytest.mark.integration
 
 OUTBOX = Outbox(OutboxConfig(copy_min_rows=100))
 PATHS = {"one": 1, "insert": 3, "copy": 150}  # add; add_many below and above copy_min_rows
+OFFSETS = {
+    "+20:00": timedelta(hours=20),
+    "-16:30": -timedelta(hours=16, minutes=30),
+    "+01:00:00.5": timedelta(hours=1, microseconds=500_000),
+}
 LACKING = {  # text LATIN1 lacks, in each field that holds text
     "key": {"key": "5€"},
     "idempotency_key": {"idempotency_key": "日本-1"},
@@ -236,3 +245,38 @@ def test_text_the_database_has_is_written(latin1_url: str) -> None:
     finally:
         engine.dispose()
     assert tuple(stored) == ("café", "naïve")
+
+
+# -- deliver_after offsets -----------------------------------------------------------------------
+
+_STORED = "SELECT deliver_after FROM outboxkit.outbox_message WHERE deliver_after IS NOT NULL"
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("count", PATHS.values(), ids=PATHS)
+def test_deliver_after_with_any_offset_is_stored_on_every_path(
+    engine: sa.Engine, offset: str, count: int
+) -> None:
+    when = datetime(2030, 1, 1, tzinfo=timezone(OFFSETS[offset]))
+    with engine.begin() as conn:
+        _write(conn, count, deliver_after=when)
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text(_STORED)).scalars().all()
+    assert stored == [when]  # the same instant (aware datetimes compare as instants)
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("count", [PATHS["one"], PATHS["copy"]], ids=["one", "copy"])
+async def test_deliver_after_with_any_offset_is_stored_on_every_path_async(
+    sa_url: str, offset: str, count: int
+) -> None:
+    when = datetime(2030, 1, 1, tzinfo=timezone(OFFSETS[offset]))
+    engine = create_async_engine(sa_url)
+    try:
+        async with engine.begin() as conn:
+            await _write_async(conn, count, deliver_after=when)
+        async with engine.connect() as conn:
+            stored = (await conn.execute(sa.text(_STORED))).scalars().all()
+    finally:
+        await engine.dispose()
+    assert stored == [when]
