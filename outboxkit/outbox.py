@@ -25,13 +25,17 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, NestedTransaction
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError
 from outboxkit.ids import uuid7_batch
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
+from outboxkit.outbox_conn import AsyncTarget, SyncTarget
+from outboxkit.outbox_conn import connection as _connection
+from outboxkit.outbox_conn import connection_async as _connection_async
+from outboxkit.outbox_conn import execute as _execute
+from outboxkit.outbox_conn import execute_async as _execute_async
 from outboxkit.outbox_copy import (
     COPY_LOCK,
     CopiedIds,
@@ -54,9 +58,6 @@ logger = logging.getLogger("outboxkit.outbox")
 
 _NOTIFY_INFO_KEY = "outboxkit.notified"
 
-SyncTarget = Session | Connection
-AsyncTarget = AsyncSession | AsyncConnection
-
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "AsyncTarget",
@@ -66,47 +67,6 @@ __all__ = [
     "Writable",
     "WriteResult",
 ]
-
-
-def _execute(conn: Connection, schema: str, name: str, params: dict[str, Any]) -> list[Any]:
-    """One statement on the caller's connection (binary parameters: cheaper arrays)."""
-    return db.run(conn, db.query("outbox", name, schema), params, binary=True).rows
-
-
-async def _execute_async(
-    conn: AsyncConnection, schema: str, name: str, params: dict[str, Any]
-) -> list[Any]:
-    return (await db.run_async(conn, db.query("outbox", name, schema), params, binary=True)).rows
-
-
-def _autocommit_refused() -> ConfigurationError:
-    return ConfigurationError(
-        "the outbox writes in the caller's transaction, but this connection is in autocommit"
-        " mode (isolation_level='AUTOCOMMIT'): the row would commit at once, apart from the"
-        " caller's own changes; write on a Session or Connection in a transaction"
-    )
-
-
-def _connection(target: SyncTarget) -> Connection:
-    """The caller's connection, refused in autocommit mode before anything is written: each
-    statement would commit on its own (one transaction or neither no longer holds) and
-    add_many's savepoint would fail. One attribute read, no round trip: the write is hot."""
-    conn = target.connection() if isinstance(target, Session) else target
-    if getattr(conn.connection.dbapi_connection, "autocommit", False):
-        raise _autocommit_refused()
-    return conn
-
-
-async def _connection_async(target: AsyncTarget) -> AsyncConnection:
-    conn = await target.connection() if isinstance(target, AsyncSession) else target
-    sync = conn.sync_connection  # None until started: the write then fails as it would have
-    if sync is None:
-        return conn
-    # An invalidated connection reconnects on first use, which is I/O: only in a greenlet.
-    raw = await conn.get_raw_connection() if sync.invalidated else sync.connection
-    if getattr(raw.dbapi_connection, "autocommit", False):
-        raise _autocommit_refused()
-    return conn
 
 
 def _innermost_savepoint(conn: Connection | AsyncConnection) -> NestedTransaction | None:

@@ -33,12 +33,14 @@ from outboxkit.db.execute import (
     SyncTarget,
     execute,
     execute_async,
+    not_utf8,
     one,
     one_async,
     rows,
     rows_async,
     run,
     run_async,
+    untranslatable,
 )
 from outboxkit.db.listen import listen, listen_async
 from outboxkit.db.queries import Query, queries, query
@@ -75,6 +77,7 @@ __all__ = [
     "listen",
     "listen_async",
     "migrator",
+    "not_utf8",
     "one",
     "one_async",
     "prompt_free",
@@ -90,5 +93,6 @@ __all__ = [
     "savepoint",
     "savepoint_async",
     "sqlalchemy_url",
+    "untranslatable",
     "url_problem",
 ]

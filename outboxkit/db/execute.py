@@ -12,7 +12,8 @@ PostgreSQL's binary format: a database's output settings (``DateStyle``, ``Inter
 psycopg parses a timestamp written as text only under ``DateStyle`` ISO. A statement that is its
 own transaction runs at READ COMMITTED, and again if it lost a race (``own_transaction``). A
 parameter the caller's session encoding cannot carry is a :class:`ConfigurationError` (our own
-connections use UTF8: ``start_options``).
+connections use UTF8: ``start_options``); the writer refuses a session not in UTF8 outright
+(:func:`not_utf8`), and text its database's encoding lacks (:func:`untranslatable`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,54 @@ def _unencodable(
         f"outboxkit {query.area}.{query.name}: a value sent holds a character the connection's"
         f" client_encoding ({encoding}) cannot carry; outboxkit's statements need UTF8 (e.g. the"
         " engine's connect_args={'client_encoding': 'UTF8'})"
+    )
+
+
+_DRIVERS = (psycopg.Connection, psycopg.AsyncConnection)
+
+
+def not_utf8(dbapi: object) -> ConfigurationError | None:
+    """A caller's connection (the DBAPI one SQLAlchemy's pool holds: psycopg's, or SQLAlchemy's
+    asyncio adapter of it) whose ``client_encoding`` is not UTF8 (a database or role default,
+    ``PGCLIENTENCODING``): the writer's refusal, before anything is sent. Python's codecs and
+    PostgreSQL's conversions disagree on some characters (EUC_JP, SJIS: ``¥`` is stored as a
+    backslash, so two idempotency keys become one) and an SJIS character ending in byte 0x5C
+    breaks COPY's escapes. Read from the session's parameter status, no round trip (the single
+    write is hot). Another driver is not asked."""
+    driver = (
+        dbapi if type(dbapi) is psycopg.Connection else getattr(dbapi, "driver_connection", dbapi)
+    )
+    if not isinstance(driver, _DRIVERS):
+        return None
+    encoding = driver.pgconn.parameter_status(b"client_encoding")
+    if encoding == b"UTF8":
+        return None
+    name = (encoding or b"unknown").decode("ascii", "replace")
+    return ConfigurationError(
+        f"outboxkit outbox: the connection's client_encoding is {name}, but the writer needs"
+        " UTF8 (in other encodings text can change on its way, and two keys become one); ask"
+        " for it, e.g. the engine's connect_args={'client_encoding': 'UTF8'}"
+    )
+
+
+def untranslatable(
+    exc: sa.exc.DBAPIError, query: Query, conn: Connection | AsyncConnection
+) -> ConfigurationError | None:
+    """The server's refusal of text its database's encoding lacks (a LATIN1 database, a key in
+    Japanese) as a :class:`ConfigurationError` naming that encoding, without the text (the
+    server's message quotes the character's bytes); None for any other error."""
+    if not isinstance(exc.orig, psycopg.errors.UntranslatableCharacter):
+        return None
+    sync = conn.sync_connection if isinstance(conn, AsyncConnection) else conn
+    driver = None if sync is None else sync.connection.driver_connection  # not invalidated
+    encoding = None
+    if isinstance(driver, _DRIVERS):
+        encoding = driver.pgconn.parameter_status(b"server_encoding")
+    name = (encoding or b"unknown").decode("ascii", "replace")
+    return ConfigurationError(
+        f"outboxkit {query.area}.{query.name}: a text value (a key, the idempotency key, a"
+        f" header, the event type, an aggregate's type or id) holds a character the database's"
+        f" encoding ({name}) lacks; such text needs a UTF8 database"
     )
 
 

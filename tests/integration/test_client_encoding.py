@@ -6,8 +6,9 @@ Before, our own connections took the database's default: the server refused to s
 so a relay's claim failed on it at every try and its shard stalled behind it, and the operator
 commands failed on it. Every connection and engine of ours now asks for UTF8 at start-up. On
 the application's own connection, which stays in the application's encoding, the writer refuses
-such a value with a ``ConfigurationError`` that says why, instead of psycopg's
-``UnicodeEncodeError``.
+to write at all unless that encoding is UTF8, with a ``ConfigurationError`` that says why (it
+refused only a value the encoding could not carry, with psycopg's ``UnicodeEncodeError`` before
+that; other encodings than LATIN1 changed text on its way: ``test_writes_encodings``).
 """
 
 from __future__ import annotations
@@ -180,33 +181,41 @@ async def _write_async(outbox: Outbox, conn: AsyncConnection, count: int) -> obj
 
 def _refused(error: ConfigurationError) -> None:
     text = str(error)
-    assert "client_encoding (LATIN1)" in text, text
-    assert "need UTF8" in text, text
+    assert "client_encoding is LATIN1" in text, text
+    assert "needs UTF8" in text, text
     assert "日本" not in text, text
 
 
 @pytest.mark.parametrize("count", [1, 3, 150], ids=["one", "insert", "copy"])
-def test_the_writer_refuses_text_the_callers_session_cannot_carry(
-    latin1_db_url: str, count: int
-) -> None:
-    """On the application's connection (LATIN1 here): a clear error, nothing written, and the
-    caller's transaction still usable (nothing was sent, or the COPY's savepoint is undone)."""
+def test_the_writer_refuses_a_session_not_in_utf8(latin1_db_url: str, count: int) -> None:
+    """On the application's connection (LATIN1 here): a clear error whatever the text (it was
+    only for text LATIN1 lacks, and text LATIN1 has was written), nothing written, and the
+    caller's transaction still usable (nothing was sent). Asking for UTF8 is the remedy."""
     outbox = Outbox(OutboxConfig(copy_min_rows=100))
-    engine = sa.create_engine(latin1_db_url.replace("postgresql://", "postgresql+psycopg://"))
+    url = latin1_db_url.replace("postgresql://", "postgresql+psycopg://")
+    engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
             with pytest.raises(ConfigurationError) as refused:
                 _write(outbox, conn, count)
             _refused(refused.value)
             assert conn.execute(sa.text("SELECT 1")).scalar() == 1
-            assert outbox.add(conn, Message("t", {"n": 0}, key="naïve")).duplicate is False
+            with pytest.raises(ConfigurationError):
+                outbox.add(conn, Message("t", {"n": 0}, key="naïve"))
     finally:
         engine.dispose()
-    assert row_states(latin1_db_url) == {"pending": 1}
+    assert row_states(latin1_db_url) == {}
+    engine = sa.create_engine(url, connect_args={"client_encoding": "UTF8"})
+    try:
+        with engine.begin() as conn:
+            _write(outbox, conn, count)
+    finally:
+        engine.dispose()
+    assert row_states(latin1_db_url) == {"pending": count}
 
 
 @pytest.mark.parametrize("count", [1, 3, 150], ids=["one", "insert", "copy"])
-async def test_the_async_writer_refuses_text_the_callers_session_cannot_carry(
+async def test_the_async_writer_refuses_a_session_not_in_utf8(
     latin1_db_url: str, count: int
 ) -> None:
     outbox = Outbox(OutboxConfig(copy_min_rows=100))

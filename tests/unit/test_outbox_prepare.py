@@ -8,7 +8,7 @@ import threading
 import types
 import uuid
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -16,7 +16,7 @@ from outboxkit.errors import PayloadTooLargeError, SerializationError, Validatio
 from outboxkit.events import Event, Message, encode_payload
 from outboxkit.ids import uuid7, uuid7_batch, uuid7_time_ms
 from outboxkit.outbox import Outbox, OutboxConfig
-from outboxkit.outbox_copy import Stream
+from outboxkit.outbox_copy import Stream, copy_instant
 from outboxkit.outbox_plan import prepare
 
 
@@ -313,3 +313,21 @@ class _Headers(Mapping[str, str]):
 
     def __len__(self) -> int:
         return 1
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [timedelta(hours=20), -timedelta(hours=16, minutes=30), timedelta(seconds=3600.5), timedelta()],
+)
+def test_the_copy_sends_deliver_after_as_the_same_instant_in_utc(offset: timedelta) -> None:
+    when = datetime(2030, 1, 1, tzinfo=timezone(offset))
+    sent = copy_instant(when)
+    assert sent == when
+    assert sent.utcoffset() == timedelta()
+
+
+def test_a_deliver_after_without_a_utc_form_goes_as_it_is() -> None:
+    """Within a day of datetime's range: Python cannot convert it (PostgreSQL reads it, if its
+    offset is within +-15:59)."""
+    when = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=10)))
+    assert copy_instant(when) is when
