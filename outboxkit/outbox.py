@@ -25,11 +25,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, NestedTransaction
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, SerializationError
 from outboxkit.ids import uuid7_batch
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
 from outboxkit.outbox_copy import (
@@ -48,14 +47,20 @@ from outboxkit.outbox_plan import (
     WriteResult,
     prepare,
 )
+from outboxkit.outbox_target import (
+    WRITING,
+    AsyncTarget,
+    SyncTarget,
+    check,
+    connection,
+    connection_async,
+    shared_connection,
+)
 from outboxkit.tracing import current_trace_headers
 
 logger = logging.getLogger("outboxkit.outbox")
 
 _NOTIFY_INFO_KEY = "outboxkit.notified"
-
-SyncTarget = Session | Connection
-AsyncTarget = AsyncSession | AsyncConnection
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -77,36 +82,6 @@ async def _execute_async(
     conn: AsyncConnection, schema: str, name: str, params: dict[str, Any]
 ) -> list[Any]:
     return (await db.run_async(conn, db.query("outbox", name, schema), params, binary=True)).rows
-
-
-def _autocommit_refused() -> ConfigurationError:
-    return ConfigurationError(
-        "the outbox writes in the caller's transaction, but this connection is in autocommit"
-        " mode (isolation_level='AUTOCOMMIT'): the row would commit at once, apart from the"
-        " caller's own changes; write on a Session or Connection in a transaction"
-    )
-
-
-def _connection(target: SyncTarget) -> Connection:
-    """The caller's connection, refused in autocommit mode before anything is written: each
-    statement would commit on its own (one transaction or neither no longer holds) and
-    add_many's savepoint would fail. One attribute read, no round trip: the write is hot."""
-    conn = target.connection() if isinstance(target, Session) else target
-    if getattr(conn.connection.dbapi_connection, "autocommit", False):
-        raise _autocommit_refused()
-    return conn
-
-
-async def _connection_async(target: AsyncTarget) -> AsyncConnection:
-    conn = await target.connection() if isinstance(target, AsyncSession) else target
-    sync = conn.sync_connection  # None until started: the write then fails as it would have
-    if sync is None:
-        return conn
-    # An invalidated connection reconnects on first use, which is I/O: only in a greenlet.
-    raw = await conn.get_raw_connection() if sync.invalidated else sync.connection
-    if getattr(raw.dbapi_connection, "autocommit", False):
-        raise _autocommit_refused()
-    return conn
 
 
 def _innermost_savepoint(conn: Connection | AsyncConnection) -> NestedTransaction | None:
@@ -188,6 +163,10 @@ class Outbox:
         if event_id is not None:
             options["event_id"] = event_id
         if headers is not None:
+            if not isinstance(headers, Mapping):  # as a Message's headers are refused
+                raise SerializationError(
+                    f"headers must map str to str, got {type(headers).__name__}"
+                )
             options["headers"] = dict(headers)
         if deliver_after is not None:
             options["deliver_after"] = deliver_after
@@ -228,16 +207,22 @@ class Outbox:
             return self._run_copy(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
+            check(target, asynchronous=False)
             return []
         return self._run(target, plan)
 
     def _run(self, target: SyncTarget, plan: Plan) -> list[WriteResult]:
-        conn = _connection(target)
-        if plan.needs_savepoint:
-            with db.savepoint(conn):
+        conn, key = connection(target)
+        if WRITING.setdefault(key, plan) is not plan:  # another write runs there
+            raise shared_connection()
+        try:
+            if plan.needs_savepoint:
+                with db.savepoint(conn):
+                    results = self._write(conn, plan)
+            else:
                 results = self._write(conn, plan)
-        else:
-            results = self._write(conn, plan)
+        finally:
+            del WRITING[key]
         _notified_put(conn, self.config.schema, plan)
         return results
 
@@ -255,15 +240,20 @@ class Outbox:
     def _run_copy(self, target: SyncTarget, items: list[Writable]) -> list[WriteResult]:
         """add_many by COPY, in a savepoint; a taken key or event id (the COPY fails) or a
         database that is not UTF8 takes the INSERT path instead, in the same savepoint."""
-        conn = _connection(target)
-        schema = self.config.schema
-        notified = _notified_get(conn, schema)
-        with db.savepoint(conn):
-            plan = self._copy(conn, items, notified)
-            if plan is None:
-                plan = self._plan_many(items)
-                self._write(conn, plan)
-            results = plan.outcome()
+        conn, key = connection(target)
+        if WRITING.setdefault(key, items) is not items:  # another write runs there
+            raise shared_connection()
+        try:
+            schema = self.config.schema
+            notified = _notified_get(conn, schema)
+            with db.savepoint(conn):
+                plan = self._copy(conn, items, notified)
+                if plan is None:
+                    plan = self._plan_many(items)
+                    self._write(conn, plan)
+                results = plan.outcome()
+        finally:
+            del WRITING[key]
         _notified_put(conn, schema, plan)
         return results
 
@@ -317,16 +307,22 @@ class Outbox:
             return await self._run_copy_async(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
+            check(target, asynchronous=True)
             return []
         return await self._run_async(target, plan)
 
     async def _run_async(self, target: AsyncTarget, plan: Plan) -> list[WriteResult]:
-        conn = await _connection_async(target)
-        if plan.needs_savepoint:
-            async with db.savepoint_async(conn):
+        conn, key = await connection_async(target)
+        if WRITING.setdefault(key, plan) is not plan:  # another write runs there
+            raise shared_connection()
+        try:
+            if plan.needs_savepoint:
+                async with db.savepoint_async(conn):
+                    results = await self._write_async(conn, plan)
+            else:
                 results = await self._write_async(conn, plan)
-        else:
-            results = await self._write_async(conn, plan)
+        finally:
+            del WRITING[key]
         _notified_put(conn, self.config.schema, plan)
         return results
 
@@ -345,15 +341,20 @@ class Outbox:
     async def _run_copy_async(
         self, target: AsyncTarget, items: list[Writable]
     ) -> list[WriteResult]:
-        conn = await _connection_async(target)
-        schema = self.config.schema
-        notified = _notified_get(conn, schema)
-        async with db.savepoint_async(conn):
-            plan = await self._copy_async(conn, items, notified)
-            if plan is None:
-                plan = self._plan_many(items)
-                await self._write_async(conn, plan)
-            results = plan.outcome()
+        conn, key = await connection_async(target)
+        if WRITING.setdefault(key, items) is not items:  # another write runs there
+            raise shared_connection()
+        try:
+            schema = self.config.schema
+            notified = _notified_get(conn, schema)
+            async with db.savepoint_async(conn):
+                plan = await self._copy_async(conn, items, notified)
+                if plan is None:
+                    plan = self._plan_many(items)
+                    await self._write_async(conn, plan)
+                results = plan.outcome()
+        finally:
+            del WRITING[key]
         _notified_put(conn, schema, plan)
         return results
 
