@@ -256,14 +256,16 @@ def _with_constants(schema: Any) -> Any:
 
 
 def _serializer(cls: type[BaseModel]) -> SchemaSerializer:
+    if not cls.__pydantic_complete__:  # forward references (an instance made unvalidated)
+        cls.model_rebuild(raise_errors=False)
     try:
         loud = SchemaSerializer(
             _with_constants(cls.__pydantic_core_schema__),
             {"ser_json_inf_nan": "constants"},
             _use_prebuilt=False,  # nested models' own serializers would write null
         )
-    except Exception:  # a pydantic whose internals differ: its own serializer, unchecked
-        loud = cls.__pydantic_serializer__
+    except Exception:  # still incomplete (its own serializer says why), or other internals
+        return cls.__pydantic_serializer__  # not kept: a later write tries again
     _constants[cls] = loud
     return loud
 

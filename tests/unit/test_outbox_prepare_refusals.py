@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, computed_field
 
 from outboxkit.errors import SerializationError, ValidationError
 from outboxkit.events import Event, Message
@@ -89,6 +89,22 @@ def test_nan_in_a_computed_field_is_refused() -> None:
     with pytest.raises(SerializationError, match="Averaged has a NaN"):
         prepare(Averaged(total=1, count=0), CONFIG)
     assert json.loads(prepare(Averaged(total=1, count=2), CONFIG).payload)["mean"] == 0.5
+
+
+def test_a_model_completed_after_its_first_write_is_checked_once_complete() -> None:
+    class Pending(Event, topic="prices"):
+        line: LateLine  # not defined yet: pydantic cannot serialise the class
+
+    with pytest.raises(PydanticUserError, match="not fully defined"):  # as model_dump_json
+        prepare(Pending.model_construct(line=None), CONFIG)
+
+    class LateLine(BaseModel):
+        price: float
+
+    Pending.model_rebuild()
+    with pytest.raises(SerializationError, match="NaN or Infinity"):
+        prepare(Pending(line=LateLine(price=NAN)), CONFIG)
+    assert prepare(Pending(line=LateLine(price=1)), CONFIG).payload == b'{"line":{"price":1.0}}'
 
 
 @pytest.mark.parametrize(
