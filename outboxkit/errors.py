@@ -45,6 +45,16 @@ class OutOfRangeError(ConfigurationError, ValueError):
     ``ValueError``, which these checks raised before they joined the one root."""
 
 
+class WrongTargetError(OutboxkitError, TypeError):
+    """The outbox was given something to write on that is not a SQLAlchemy Session or
+    Connection of its kind (sync or async). Also a ``TypeError``: a wrong argument type."""
+
+
+class SharedConnectionError(ConfigurationError):
+    """A second outbox write started on a connection while another was running on it (tasks
+    or threads sharing one session): refused before it sent anything."""
+
+
 def unlistenable(host: str, port: int, exc: BaseException, section: str) -> ConfigurationError:
     """A metrics address a process cannot bind (taken, unresolvable, privileged port): a setting
     to fix, told in one line naming it, not a traceback. ``section`` is ``relay`` or

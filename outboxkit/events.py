@@ -22,7 +22,7 @@ from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, SchemaSerializer
 
 from outboxkit.errors import ConfigurationError, InvalidTopicError, SerializationError
 from outboxkit.wire import JSON_CONTENT_TYPE
@@ -159,12 +159,7 @@ class Event(BaseModel):
         return None
 
     def outbox_payload(self) -> bytes:
-        try:
-            return self.model_dump_json().encode()
-        except (PydanticSerializationError, ValueError, TypeError) as exc:
-            raise SerializationError(
-                f"{type(self).__name__} could not be serialised: {exc}"
-            ) from exc
+        return model_json(self, type(self).__name__)
 
 
 @dataclass(frozen=True)
@@ -236,6 +231,69 @@ def _json_encoder() -> Any:
 _json_encode = _json_encoder()
 
 
+# A model class -> its serializer writing NaN and Infinity as bare constants (built at its first
+# write, when pydantic has completed the class; a later forced model_rebuild is not seen).
+_constants: dict[type[BaseModel], SchemaSerializer] = {}
+_CONFIGURED = ("model", "dataclass", "typed-dict")
+
+
+def _with_constants(schema: Any) -> Any:
+    """A copy of a core schema whose models write NaN/Infinity as bare ``NaN``/``Infinity``
+    (pydantic's default writes ``null``: the value silently lost); ``"strings"`` is kept."""
+    if isinstance(schema, list):
+        return [_with_constants(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    copy = {name: _with_constants(value) for name, value in schema.items()}
+    config = copy.get("config")
+    if (
+        copy.get("type") in _CONFIGURED
+        and isinstance(config, dict)
+        and config.get("ser_json_inf_nan") != "strings"
+    ):
+        copy["config"] = {**config, "ser_json_inf_nan": "constants"}
+    return copy
+
+
+def _serializer(cls: type[BaseModel]) -> SchemaSerializer:
+    if not cls.__pydantic_complete__:  # forward references (an instance made unvalidated)
+        cls.model_rebuild(raise_errors=False)
+    try:
+        loud = SchemaSerializer(
+            _with_constants(cls.__pydantic_core_schema__),
+            {"ser_json_inf_nan": "constants"},
+            _use_prebuilt=False,  # nested models' own serializers would write null
+        )
+    except Exception:  # still incomplete (its own serializer says why), or other internals
+        return cls.__pydantic_serializer__  # not kept: a later write tries again
+    _constants[cls] = loud
+    return loud
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def model_json(model: BaseModel, what: str = "payload") -> bytes:
+    """A pydantic model's JSON (as ``model_dump_json``), refusing NaN and Infinity: JSON has
+    neither. Written as bare constants, so the precise check (a parse) runs only on the rare
+    output that has those bytes, e.g. inside a string."""
+    try:
+        cls = type(model)
+        data = (_constants.get(cls) or _serializer(cls)).to_json(model)
+    except (PydanticSerializationError, ValueError, TypeError) as exc:
+        raise SerializationError(f"{what} could not be serialised: {exc}") from exc
+    if data.find(b"NaN") >= 0 or data.find(b"Infinity") >= 0:  # find: cheaper than "in"
+        try:
+            json.loads(data, parse_constant=_no_constant)
+        except ValueError:
+            raise SerializationError(
+                f"{what} has a NaN or Infinity value, which JSON cannot hold (pydantic would"
+                " write null or an invalid token); use None or a string"
+            ) from None
+    return data
+
+
 def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes, str]:
     """Serialise a payload to bytes and pick its content type (or raise SerializationError)."""
     kind = type(payload)
@@ -250,10 +308,7 @@ def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes
             except UnicodeEncodeError as exc:
                 raise SerializationError(f"payload is not valid UTF-8 text: {exc}") from exc
         if isinstance(payload, BaseModel):
-            try:
-                return payload.model_dump_json().encode(), content_type or JSON_CONTENT_TYPE
-            except (PydanticSerializationError, ValueError, TypeError) as exc:
-                raise SerializationError(f"payload could not be serialised: {exc}") from exc
+            return model_json(payload), content_type or JSON_CONTENT_TYPE
     try:
         text = _json_encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -28,12 +28,10 @@ from sqlalchemy.engine import Connection, NestedTransaction
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from outboxkit import db
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, SerializationError
 from outboxkit.ids import uuid7_batch
 from outboxkit.limits import DEFAULT_MAX_MESSAGE_BYTES
-from outboxkit.outbox_conn import AsyncTarget, SyncTarget
-from outboxkit.outbox_conn import connection as _connection
-from outboxkit.outbox_conn import connection_async as _connection_async
+from outboxkit.outbox_conn import AsyncTarget, SyncTarget, connection, connection_async
 from outboxkit.outbox_conn import execute as _execute
 from outboxkit.outbox_conn import execute_async as _execute_async
 from outboxkit.outbox_copy import (
@@ -52,6 +50,7 @@ from outboxkit.outbox_plan import (
     WriteResult,
     prepare,
 )
+from outboxkit.outbox_target import WRITING, check, shared_connection
 from outboxkit.tracing import current_trace_headers
 
 logger = logging.getLogger("outboxkit.outbox")
@@ -148,6 +147,10 @@ class Outbox:
         if event_id is not None:
             options["event_id"] = event_id
         if headers is not None:
+            if not isinstance(headers, Mapping):  # as a Message's headers are refused
+                raise SerializationError(
+                    f"headers must map str to str, got {type(headers).__name__}"
+                )
             options["headers"] = dict(headers)
         if deliver_after is not None:
             options["deliver_after"] = deliver_after
@@ -188,16 +191,22 @@ class Outbox:
             return self._run_copy(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
+            check(target, asynchronous=False)
             return []
         return self._run(target, plan)
 
     def _run(self, target: SyncTarget, plan: Plan) -> list[WriteResult]:
-        conn = _connection(target)
-        if plan.needs_savepoint:
-            with db.savepoint(conn):
+        conn, key = connection(target)
+        if WRITING.setdefault(key, plan) is not plan:  # another write runs there
+            raise shared_connection()
+        try:
+            if plan.needs_savepoint:
+                with db.savepoint(conn):
+                    results = self._write(conn, plan)
+            else:
                 results = self._write(conn, plan)
-        else:
-            results = self._write(conn, plan)
+        finally:
+            del WRITING[key]
         _notified_put(conn, self.config.schema, plan)
         return results
 
@@ -215,15 +224,20 @@ class Outbox:
     def _run_copy(self, target: SyncTarget, items: list[Writable]) -> list[WriteResult]:
         """add_many by COPY, in a savepoint; a taken key or event id (the COPY fails) or a
         database that is not UTF8 takes the INSERT path instead, in the same savepoint."""
-        conn = _connection(target)
-        schema = self.config.schema
-        notified = _notified_get(conn, schema)
-        with db.savepoint(conn):
-            plan = self._copy(conn, items, notified)
-            if plan is None:
-                plan = self._plan_many(items)
-                self._write(conn, plan)
-            results = plan.outcome()
+        conn, key = connection(target)
+        if WRITING.setdefault(key, items) is not items:  # another write runs there
+            raise shared_connection()
+        try:
+            schema = self.config.schema
+            notified = _notified_get(conn, schema)
+            with db.savepoint(conn):
+                plan = self._copy(conn, items, notified)
+                if plan is None:
+                    plan = self._plan_many(items)
+                    self._write(conn, plan)
+                results = plan.outcome()
+        finally:
+            del WRITING[key]
         _notified_put(conn, schema, plan)
         return results
 
@@ -277,16 +291,22 @@ class Outbox:
             return await self._run_copy_async(target, items)
         plan = self._plan_many(items)
         if not plan.rows:
+            check(target, asynchronous=True)
             return []
         return await self._run_async(target, plan)
 
     async def _run_async(self, target: AsyncTarget, plan: Plan) -> list[WriteResult]:
-        conn = await _connection_async(target)
-        if plan.needs_savepoint:
-            async with db.savepoint_async(conn):
+        conn, key = await connection_async(target)
+        if WRITING.setdefault(key, plan) is not plan:  # another write runs there
+            raise shared_connection()
+        try:
+            if plan.needs_savepoint:
+                async with db.savepoint_async(conn):
+                    results = await self._write_async(conn, plan)
+            else:
                 results = await self._write_async(conn, plan)
-        else:
-            results = await self._write_async(conn, plan)
+        finally:
+            del WRITING[key]
         _notified_put(conn, self.config.schema, plan)
         return results
 
@@ -305,15 +325,20 @@ class Outbox:
     async def _run_copy_async(
         self, target: AsyncTarget, items: list[Writable]
     ) -> list[WriteResult]:
-        conn = await _connection_async(target)
-        schema = self.config.schema
-        notified = _notified_get(conn, schema)
-        async with db.savepoint_async(conn):
-            plan = await self._copy_async(conn, items, notified)
-            if plan is None:
-                plan = self._plan_many(items)
-                await self._write_async(conn, plan)
-            results = plan.outcome()
+        conn, key = await connection_async(target)
+        if WRITING.setdefault(key, items) is not items:  # another write runs there
+            raise shared_connection()
+        try:
+            schema = self.config.schema
+            notified = _notified_get(conn, schema)
+            async with db.savepoint_async(conn):
+                plan = await self._copy_async(conn, items, notified)
+                if plan is None:
+                    plan = self._plan_many(items)
+                    await self._write_async(conn, plan)
+                results = plan.outcome()
+        finally:
+            del WRITING[key]
         _notified_put(conn, schema, plan)
         return results
 

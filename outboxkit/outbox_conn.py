@@ -10,12 +10,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
 from outboxkit import db
 from outboxkit.errors import ConfigurationError
+from outboxkit.outbox_target import wrong_target
 
 SyncTarget = Session | Connection
 AsyncTarget = AsyncSession | AsyncConnection
@@ -66,23 +68,37 @@ def _refused(raw: PoolProxiedConnection) -> ConfigurationError | None:
     return db.not_utf8(dbapi)
 
 
-def connection(target: SyncTarget) -> Connection:
-    """The caller's connection, if fit to write on (:func:`_refused`)."""
+def connection(target: SyncTarget) -> tuple[Connection, int]:
+    """The caller's connection, if fit to write on (:func:`_refused`), and its driver
+    connection's id (the key of :data:`~outboxkit.outbox_target.WRITING`). A wrong target is
+    named only once reading its connection failed (no type check on the hot path)."""
     conn = target.connection() if isinstance(target, Session) else target
-    refused = _refused(conn.connection)
+    try:
+        raw = conn.connection
+        dbapi = raw.dbapi_connection
+    except (AttributeError, InvalidRequestError):  # AsyncConnection.connection raises the latter
+        if isinstance(conn, Connection):
+            raise
+        wrong_target(target, asynchronous=False)
+    refused = _refused(raw)
     if refused is not None:
         raise refused
-    return conn
+    return conn, id(dbapi)
 
 
-async def connection_async(target: AsyncTarget) -> AsyncConnection:
-    conn = await target.connection() if isinstance(target, AsyncSession) else target
-    sync = conn.sync_connection  # None until started: the write then fails as it would have
+async def connection_async(target: AsyncTarget) -> tuple[AsyncConnection, int]:
+    try:
+        conn = await target.connection() if isinstance(target, AsyncSession) else target
+        sync = conn.sync_connection  # None until started: the write then fails as it would have
+    except AttributeError:
+        if isinstance(target, AsyncSession | AsyncConnection):
+            raise
+        wrong_target(target, asynchronous=True)
     if sync is None:
-        return conn
+        return conn, id(conn)
     # An invalidated connection reconnects on first use, which is I/O: only in a greenlet.
     raw = await conn.get_raw_connection() if sync.invalidated else sync.connection
     refused = _refused(raw)
     if refused is not None:
         raise refused
-    return conn
+    return conn, id(raw.dbapi_connection)

@@ -84,6 +84,39 @@ _INT4_MAX = 2**31 - 1  # schema_version is an integer column
 _SHORT_KEY = MESSAGE_KEY_MAX_BYTES // 4  # characters: at most 4 UTF-8 bytes each
 
 
+def _kind(value: object) -> str:
+    """A value described without quoting it (it may be a secret, or a megabyte): type, size."""
+    kind = type(value).__name__
+    if isinstance(value, str):
+        return f"{kind} ({len(value)} characters)"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"{kind} ({len(value)} bytes)"
+    return kind
+
+
+def _header(name: object) -> str:
+    """A header by its name, bounded (names are not secrets; values are not shown)."""
+    return (
+        f"header {repr(name)[:80]}"
+        if isinstance(name, str)
+        else f"a header named by a {_kind(name)}"
+    )
+
+
+def _not_utf8(fields: Mapping[str, object], headers: Mapping[str, str]) -> str:
+    """Which text field holds a lone surrogate: looked for only once one was found."""
+    named: list[tuple[str, object]] = [*fields.items()]
+    for name, text in headers.items():
+        named += [(f"the name of {_header(name)}", name), (f"the value of {_header(name)}", text)]
+    for field, value in named:
+        try:
+            if isinstance(value, str):
+                value.encode()
+        except UnicodeEncodeError as exc:
+            return f"{field} is not valid UTF-8 (a lone surrogate at character {exc.start})"
+    return "a text field is not valid UTF-8 (a lone surrogate)"
+
+
 def _text(field: str, value: object) -> None:
     """A text column's value: a str (or None) PostgreSQL can store, i.e. without NUL."""
     if value is None:
@@ -132,7 +165,8 @@ def _optional_fields(
         type(schema_version) is not int or not 1 <= schema_version <= _INT4_MAX
     ):
         raise ValidationError(
-            f"schema_version must be an int from 1 to {_INT4_MAX}, got {schema_version!r}"
+            f"schema_version must be an int from 1 to {_INT4_MAX}, got {_kind(schema_version)}"
+            + (" out of range" if type(schema_version) is int else "")
         )
     if aggregate_type is not None:
         _text("aggregate_type", aggregate_type)
@@ -145,7 +179,8 @@ def _optional_fields(
     ):
         raise ValidationError(
             "deliver_after must be a timezone-aware datetime (a naive one would be read in"
-            f" the database session's time zone), got {deliver_after!r}"
+            f" the database session's time zone), got {_kind(deliver_after)}"
+            + (" without a time zone" if isinstance(deliver_after, datetime) else "")
         )
 
 
@@ -174,10 +209,12 @@ def _long_key(key: str) -> None:
 def _headers_json(headers: Mapping[str, str], event_type: str | None) -> str:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise SerializationError(f"headers must map str to str, got {name!r}: {value!r}")
+            raise SerializationError(
+                f"headers must map str to str: the value of {_header(name)} is {_kind(value)}"
+            )
         if "\x00" in name or "\x00" in value:
             raise SerializationError(
-                f"header {name!r} contains a NUL character, which PostgreSQL cannot store"
+                f"{_header(name)} contains a NUL character, which PostgreSQL cannot store"
             )
         if name in RELAY_HEADERS:
             _relay_named(name, value, event_type)
@@ -259,7 +296,7 @@ def _row(
         validate_topic(topic)  # raises
     if key is not None:
         if not isinstance(key, str):
-            raise ValidationError(f"message key must be a str or None, got {key!r}")
+            raise ValidationError(f"message key must be a str or None, got {_kind(key)}")
         if "\x00" in key:
             raise ValidationError(
                 "message key contains a NUL character, which PostgreSQL cannot store"
@@ -270,7 +307,7 @@ def _row(
         if type(event_type) is not str:  # a StrEnum member is taken as its text
             if not isinstance(event_type, str):
                 raise ValidationError(
-                    f"message event_type must be a str or None, got {event_type!r}"
+                    f"message event_type must be a str or None, got {_kind(event_type)}"
                 )
             event_type = str.__str__(event_type)
         _event_type_ok(event_type)
@@ -325,10 +362,11 @@ def _row(
         digest = content_digest(
             topic=topic, key=key, event_type=event_type, content_type=content_type, payload=data
         )
-    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800") in a text field
-        raise ValidationError(
-            f"a text field is not valid UTF-8 (a lone surrogate at {exc.start}): {exc.object!r:.80}"
-        ) from None
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800") in a text field
+        fields = {"message key": key, "the idempotency key": idempotency_key}
+        fields |= {"content_type": content_type, "event_type": event_type}
+        fields |= {"aggregate_type": aggregate_type, "aggregate_id": aggregate_id}
+        raise ValidationError(_not_utf8(fields, headers)) from None
     if size > config.max_message_bytes:
         raise _too_large(topic, data, size, config.max_message_bytes)
     return Row(

@@ -38,7 +38,7 @@ class Refusing(Event, topic="t", key="order_id"):
         raise LEAKY
 
 
-HEADER = cast(Any, {"authorization": SECRET.encode()})  # bytes: refused, the value quoted
+HEADER = cast(Any, {SECRET: b"x"})  # bytes: refused, the header's name quoted (never a value)
 BAD_ITEMS: dict[str, tuple[Any, type[BaseException]]] = {
     "header": (Message("t", b"x", headers=HEADER), SerializationError),
     "topic": (Message(f"{SECRET}!", b"x"), InvalidTopicError),
