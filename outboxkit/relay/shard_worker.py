@@ -35,7 +35,7 @@ from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
 from outboxkit.relay.retry_log import SHOWN_IN_FULL, RetryLog
 from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
-from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
+from outboxkit.settings import MAX_PRODUCERS_PER_SHARD, Mode, OnPublish, ParkedKeyPolicy, Settings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
 
@@ -357,7 +357,7 @@ class ShardWorker:
                 if not await finished_unless(asyncio.ensure_future(check), self.stop):
                     await self._close_all(producers)
                     return None
-                await self._reconcile(term, conn, self._checkpoints, slots)
+                await self._reconcile(term, conn, self._checkpoints, MAX_PRODUCERS_PER_SHARD)
         except ProducerFencedError as exc:
             await self._close_all(producers)
             raise self._fenced(term, exc) from exc

@@ -18,6 +18,7 @@ from outboxkit.settings.loading import (
 )
 from outboxkit.settings.models import (
     CONFIG_ENV,
+    MAX_PRODUCERS_PER_SHARD,
     PREFIX,
     SCHEMA_ENV,
     SECRETS_DIR_ENV,
@@ -35,6 +36,7 @@ from outboxkit.settings.models import (
 
 __all__ = [
     "CONFIG_ENV",
+    "MAX_PRODUCERS_PER_SHARD",
     "PREFIX",
     "SCHEMA_ENV",
     "SECRETS_DIR_ENV",

@@ -52,6 +52,7 @@ from outboxkit.settings.kafka_names import dead_letter_template, text_problem, t
 PREFIX = "OUTBOXKIT_"
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
 SECRETS_DIR_ENV = "OUTBOXKIT_SECRETS_DIR"
+MAX_PRODUCERS_PER_SHARD = 4  # exactly-once: the most transactional ids (slots) per shard
 SCHEMA_ENV = "OUTBOXKIT_SCHEMA"
 
 #: The longest time span (seconds) of a lease, interval, back-off or wait of a running process.
@@ -230,9 +231,10 @@ class RelaySettings(BaseSettings):
     # A claim also stops at this many bytes of payload, key and headers (>= 1 row): memory.
     max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=MAX_BATCH_BYTES)
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
-    # transaction markers while the other works; docs/tuning.md has the figures behind 2).
-    # Lower it only with every relay of the group stopped cleanly.
-    producers_per_shard: int = Field(2, ge=1, le=4)
+    # transaction markers while the other works; docs/tuning.md has the figures behind 2). Lower
+    # it only with every relay stopped cleanly: a takeover reads every slot's checkpoint up to
+    # MAX_PRODUCERS_PER_SHARD, but fences only its own.
+    producers_per_shard: int = Field(2, ge=1, le=MAX_PRODUCERS_PER_SHARD)
     # Under backlog one Kafka transaction (at-least-once: one database mark) carries several
     # claims, up to this many rows or until this many milliseconds passed since its first claim;
     # a claim that comes back short ends it at once, so an idle relay still sends each row

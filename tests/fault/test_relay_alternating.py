@@ -86,3 +86,28 @@ def test_upgrade_from_one_producer_to_two_reconciles_slot_zero(
         victim, topic, expected, OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD="2"
     )
     assert "reconciled 10 row(s)" in successor.log(), successor.log()
+
+
+@pytest.mark.parametrize("client", KAFKA_CLIENTS)
+def test_a_relay_with_fewer_producers_reconciles_every_slot(
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    processes: list[RelayProcess],
+    client: str,
+) -> None:
+    """A rolling raise of producers_per_shard: a relay with two producers dies after slot 1's
+    commit, before its mark, and one still at one producer takes over. It reads slot 1's
+    checkpoint too (every slot up to the maximum), so the batch is not sent again; before, it
+    read slot 0 only and every row of that batch reached read_committed readers twice."""
+    topic = outboxkit_topic()
+    set_shard_count(outboxkit_db_url, 1)
+    expected = payloads("a", 30)
+    insert_rows(outboxkit_db_url, topic, expected)
+    two = {"OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD": "2", **ONE_CLAIM}
+    run = KillRun(outboxkit_db_url, outboxkit_kafka_bootstrap, processes, client, EXACTLY_ONCE, two)
+    victim = run.killed_at("after_commit_slot1:1")
+    successor = run.finished_exactly_once(
+        victim, topic, expected, OUTBOXKIT_RELAY_PRODUCERS_PER_SHARD="1"
+    )
+    assert "reconciled 10 row(s)" in successor.log(), successor.log()
