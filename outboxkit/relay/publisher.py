@@ -132,8 +132,11 @@ class BatchPublisher:
 
     async def _mark(self, term: LeaseTerm, conn: Conn, ids: list[int]) -> None:
         delete = self.config.on_publish is OnPublish.DELETE
-        await self._store.mark_published(conn, term, ids, delete=delete)
+        changed = await self._store.mark_published(conn, term, ids, delete=delete)
         self.stats.marks += 1  # committed: what tells the worker that its term works
+        # Counted as marked, not at the Kafka commit: a batch whose mark failed is marked by a
+        # later term's reconciliation, which counts it then (before, it was counted twice).
+        self._metrics.published.labels(self._label).inc(changed)
         self._faults.reach("after_mark")
 
     def _next_limit(self, rows: int, started: float) -> int:
@@ -279,8 +282,6 @@ class BatchPublisher:
         ids = [i for i, _ in carried]
         if self._isolate_remaining > 0:
             self._isolate_remaining -= len(ids)
-        self._metrics.published.labels(self._label).inc(len(ids))
-        # Counted first: should the deferred claim fail, its checkpoint is reconciled instead.
         if next_claim is not None:  # the deferred first claim of the next transaction
             clock = time.monotonic()
             following = await next_claim
@@ -351,7 +352,6 @@ class BatchPublisher:
             record, error = failed[0]  # the bad one; at least once, those acked before it stay
             if alone and (acked := sent[: sent.index(record.id)]):  # (its key waits: parked)
                 await self._mark(term, conn, acked)
-                self._metrics.published.labels(self._label).inc(len(acked))
             await self._gate.park(term, conn, record, str(error))
             self._isolate_remaining = max(0, self._isolate_remaining - 1)
             return Outcome.RETRY_NOW
