@@ -7,9 +7,9 @@ it is marked, so it is retried whole and in order, exactly once) and the shard's
 are capped at half the refused rows, again until a checkpoint fits. A one-row checkpoint that
 does not fit is a configuration error: said as such, and retried with back-off, never hot.
 
-The cap is tried higher again a minute after the last halving (twice as many rows, at most what
-the settings allow), so raising the topic's limit takes effect without a restart; while the
-limit stays low, that costs one aborted transaction a minute.
+The cap is tried higher again a minute after the last halving, while transactions fill it (twice
+as many rows, at most what the settings allow), so raising the topic's limit takes effect
+without a restart; while the limit stays low, that costs one aborted transaction a minute.
 """
 
 from __future__ import annotations
@@ -74,11 +74,15 @@ class CheckpointWriter:
         return [request]
 
     def _probe(self) -> None:
-        """A minute after the last halving, let the next transactions be twice as large."""
+        """A minute after the last halving, and while transactions fill the cap (a quiet shard
+        tests nothing), let the next ones be twice as large."""
         if self._capped_at is None or self._clock() - self._capped_at < CAP_PROBE_SECONDS:
+            return
+        if self._last is None or len(self._last[0].rows) < self._sizer.max_rows:
             return
         self._sizer.cap(self._sizer.max_rows * 2)
         self._capped_at = self._clock() if self._sizer.capped else None
+        self._told = self._sizer.capped  # a later refusal is a new story: told again
         level = logging.DEBUG if self._sizer.capped else logging.INFO
         logger.log(
             level,

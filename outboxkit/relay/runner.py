@@ -14,7 +14,6 @@ import random
 import socket
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
@@ -64,16 +63,6 @@ def make_producer_factory(
     return factory
 
 
-def _identity(conn: psycopg.Connection[Any], schema: str) -> str:
-    """The outbox's identity (``outbox_identity``); "" where the server keeps
-    ``pg_control_system()`` from this role (a managed service may): nothing is checked then."""
-    try:
-        row = db.one(conn, db.query("relay", "outbox_identity", schema), {"schema": schema})
-    except psycopg.errors.InsufficientPrivilege:
-        return ""
-    return str(row[0]) if row is not None else ""
-
-
 def _listed(shards: list[int]) -> str:
     return ", ".join(map(str, shards))
 
@@ -105,7 +94,7 @@ class Relay:
         # ends, as statements still waiting STATEMENT_GRACE_SECONDS after it are ended.
         self.connections = db.OpenConnections()
         self.startup_waits = 0  # start-up attempts that found PostgreSQL or Kafka unavailable
-        self.outbox = ""  # the outbox's identity for checkpoints ("": not readable here)
+        self.outbox = ""  # the outbox's identity, for its checkpoints (read at start-up)
 
     def _check_schema(self) -> int:
         """Schema check, shard count and the outbox's identity, on one connection of our own
@@ -118,8 +107,10 @@ class Relay:
         ) as conn:
             migrator.require_current(conn, schema)
             row = db.one(conn, db.query("relay", "shard_count", schema))
-            self.outbox = _identity(conn, schema)
+            identity = db.one(conn, db.query("relay", "outbox_identity", schema))
         assert row is not None
+        assert identity is not None  # the one settings row, with its id since 0006
+        self.outbox = str(identity[0])
         return int(row[0])
 
     async def _shards(self) -> list[int]:

@@ -3,8 +3,8 @@
 Checkpoint keys are ``<group>/<shard>``: the second relay read the first one's checkpoint as its
 own at its takeover, so a batch of its own that committed in Kafka without its mark would be
 sent again, and rows the other checkpoint names would be marked published unsent. Checkpoints
-now carry their outbox's identity (cluster, database, schema, hashed); a relay that finds
-another outbox's under its key publishes nothing on that shard and says why.
+now carry their outbox's identity (``outbox_setting.outbox_id``); a relay that finds another
+outbox's under its key publishes nothing on that shard and says why.
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ def other_db_url(outboxkit_database_url: str, outboxkit_template_database: str) 
                 sql.Identifier(name), sql.Identifier(outboxkit_template_database)
             )
         )
+    url = database_url_with(outboxkit_database_url, name)
+    with psycopg.connect(url, autocommit=True) as conn:  # a clone keeps the template's id
+        conn.execute("UPDATE outboxkit.outbox_setting SET outbox_id = gen_random_uuid()")
     try:
-        yield database_url_with(outboxkit_database_url, name)
+        yield url
     finally:
         with psycopg.connect(outboxkit_database_url, autocommit=True) as conn:
             conn.execute(

@@ -64,7 +64,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
     },
     "relay": {
         "shard_count": set(),
-        "outbox_identity": {"schema"},
+        "outbox_identity": set(),
         "probe": set(),
         "lease_acquire": {"group", "shard", "holder", "ttl", "now"},
         "lease_renew_many": {"group", "holder", "shards", "tokens", "ttl", "now"},
@@ -167,7 +167,7 @@ def test_one_schema_per_load() -> None:
     # Every statement that names a table names it in the custom schema (LISTEN names a channel,
     # shards_lock_timeout only sets the lock timeout, pending_walk_only planner settings,
     # notify_shards only notifies, probe asks whether the server answers, default_isolation
-    # reads a setting, outbox_identity reads the server's control data).
+    # reads a setting.
     no_table = {
         "listen",
         "shards_lock_timeout",
@@ -175,7 +175,6 @@ def test_one_schema_per_load() -> None:
         "notify_shards",
         "probe",
         "default_isolation",
-        "outbox_identity",
     }
     tables = [q for q in all_queries("custom_schema") if q.name not in no_table]
     assert all('"custom_schema".' in q.text for q in tables)

@@ -65,7 +65,8 @@ def test_the_cap_is_tried_twice_as_large_a_minute_after_the_last_halving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A raised topic limit takes effect without a restart: the cap doubles a minute after the
-    last halving, until the settings' size; a refusal meanwhile halves it and waits again."""
+    last halving while transactions fill it, until the settings' size; a refusal meanwhile
+    halves it and waits again."""
     now = [0.0]
     writer, sizer = _writer(lambda: now[0])
     caplog.set_level(logging.DEBUG, "outboxkit.relay")
@@ -82,7 +83,12 @@ def test_the_cap_is_tried_twice_as_large_a_minute_after_the_last_halving(
     _built(writer, 500)
     writer.refused(TOO_LARGE)  # still too large: halved, and a minute to wait again
     assert sizer.max_rows == 250
+    _built(writer, 10)  # a quiet shard: nothing tests a larger size, so none is tried
+    now[0] += CAP_PROBE_SECONDS
+    _built(writer, 10)
+    assert sizer.max_rows == 250
     for expected in (500, 1000, 2000):
+        _built(writer, sizer.max_rows)  # transactions fill the cap
         now[0] += CAP_PROBE_SECONDS
         _built(writer, sizer.max_rows)
         assert sizer.max_rows == expected

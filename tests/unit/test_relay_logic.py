@@ -450,8 +450,9 @@ class _Timeline:
             raise PublishError("the claim failed")
         return list(_rows(self.claimed))
 
-    async def mark_published(self, *args: object, delete: bool) -> None:
+    async def mark_published(self, conn: object, term: object, ids: list[int], delete: bool) -> int:
         self.events.append("mark")
+        return len(ids)  # every row was pending: each one marked
 
     async def sendable(
         self, term: object, conn: object, producer: object, claim: list[object]

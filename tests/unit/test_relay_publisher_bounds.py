@@ -54,10 +54,9 @@ class _Backlog:
         self.asked.append(limit)
         return self.rows(limit)
 
-    async def mark_published(
-        self, conn: object, term: object, ids: list[int], delete: bool
-    ) -> None:
+    async def mark_published(self, conn: object, term: object, ids: list[int], delete: bool) -> int:
         self.marked.extend(ids)
+        return len(ids)
 
     async def sendable(self, term: object, conn: object, producer: object, claim: list[Any]) -> Any:
         return claim

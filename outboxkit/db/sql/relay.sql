@@ -5,12 +5,8 @@
 SELECT shard_count FROM {schema}.outbox_setting;
 
 -- name: outbox_identity
--- Which outbox this is, for the checkpoints its relay writes: this cluster (its system
--- identifier, which a physical replica and a restored backup keep), this database and schema,
--- hashed (no names in Kafka). Two outboxes whose relays share a group and a checkpoint topic
--- would else read each other's checkpoints.
-SELECT md5(concat_ws('/', system_identifier, current_database(), CAST(:schema AS text)))
-FROM pg_control_system();
+-- Which outbox this is, for the checkpoints its relay writes (migration 0006).
+SELECT CAST(outbox_id AS text) FROM {schema}.outbox_setting;
 
 -- name: probe
 -- A stopping process (the relay, `inbox run`) asks whether the server answers at all: a
