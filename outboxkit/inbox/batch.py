@@ -106,7 +106,7 @@ class _Batch:
     claims: BatchClaims = field(init=False)
 
     def __post_init__(self) -> None:
-        self.claims = BatchClaims(self.core.statements, self.core.owed)
+        self.claims = BatchClaims(self.core.statements, self.core.owed, self.core.interruptions)
 
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)

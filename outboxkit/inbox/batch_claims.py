@@ -55,6 +55,11 @@ class Interruptions:
         if self.counts:
             self.counts.pop(event_id, None)
 
+    def outage(self) -> None:
+        """A claim failed: the database itself is in trouble (a restart loop interrupting
+        runs between restarts, say), which no record is to blame for: every count starts over."""
+        self.counts.clear()
+
 
 @dataclass(eq=False, slots=True)
 class OwedClaims:
@@ -82,6 +87,7 @@ class OwedClaims:
 class BatchClaims:
     statements: InboxStatements
     owed: OwedClaims | None = None  # where a failed give-back is left
+    interruptions: Interruptions | None = None  # told when the claim fails
     held: dict[str, Claim] = field(default_factory=dict)  # by event id, as claimed
     released: set[str] = field(default_factory=set)  # event ids given back already
     kept: set[str] = field(default_factory=set)  # event ids whose run counts (see keep)
@@ -89,7 +95,12 @@ class BatchClaims:
     def take(self, items: list[tuple[Identity, Envelope]]) -> Plan[dict[str, Claim]]:
         """Claim the records in one statement -> the claims made, by event id (the others are
         duplicates or reused ids)."""
-        rows = (yield self.statements.claim_batch(items)).rows
+        try:
+            rows = (yield self.statements.claim_batch(items)).rows
+        except Exception:
+            if self.interruptions is not None:
+                self.interruptions.outage()
+            raise
         self.held = {row[0]: Claim.claimed(*row[1:4]) for row in rows}
         return self.held
 

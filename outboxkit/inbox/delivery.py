@@ -217,7 +217,11 @@ class InboxCore:
             return ident
         if self.owed.claims:
             yield from self.owed.repay([ident.event_id])
-        claim = yield from statements.claim_plan(ident, env)
+        try:
+            claim = yield from statements.claim_plan(ident, env)
+        except Exception:
+            self.interruptions.outage()  # no record's fault: interrupted runs start over
+            raise
         if claim.kind != "claimed":
             return (yield from self.not_claimed(env, ident, claim))
         return (yield from self.run_claimed(ClaimedRun(env, ident, claim, dead_letter), revoked))

@@ -29,3 +29,13 @@ def test_interruptions_keep_a_bounded_number_of_events(monkeypatch: pytest.Monke
     seen.free("b")  # the most recent moves to the end, the oldest goes first
     seen.free("e")
     assert list(seen.counts) == ["d", "b", "e"]
+
+
+def test_a_failed_claim_starts_every_count_over() -> None:
+    """A claim that fails is the database's trouble (a restart loop interrupting runs between
+    restarts): no event is charged for the runs it interrupted before."""
+    seen = Interruptions()
+    for _ in range(FREE_INTERRUPTIONS):
+        seen.free("e1")
+    seen.outage()
+    assert seen.free("e1") == (True, 1)
