@@ -42,7 +42,8 @@ INTERNAL_TOPICS = frozenset(
 def validate_topic(topic: object) -> str:
     """The topic name if Kafka would accept it, else :class:`InvalidTopicError` saying why."""
     if not isinstance(topic, str) or not topic:
-        raise InvalidTopicError(f"topic must be a non-empty string, got {topic!r}", topic=topic)
+        given = "an empty string" if topic == "" else type(topic).__name__
+        raise InvalidTopicError(f"topic must be a non-empty string, got {given}", topic=None)
     if len(topic) > MAX_TOPIC_LENGTH:
         raise InvalidTopicError(
             f"topic name is {len(topic)} characters long; Kafka allows {MAX_TOPIC_LENGTH}",
@@ -231,10 +232,29 @@ def _json_encoder() -> Any:
 _json_encode = _json_encoder()
 
 
-# A model class -> its serializer writing NaN and Infinity as bare constants (built at its first
-# write, when pydantic has completed the class; a later forced model_rebuild is not seen).
-_constants: dict[type[BaseModel], SchemaSerializer] = {}
+# A model class's serializer writing NaN and Infinity as bare constants, kept on the class itself
+# (built at its first write, when pydantic has completed the class; a later forced model_rebuild
+# is not seen). On the class, not in a table: the serializer refers to the class, so a table
+# would keep classes made at run time (create_model) alive for ever; read from the class's own
+# __dict__, so a subclass never takes its parent's.
+_LOUD = "__outboxkit_json__"
 _CONFIGURED = ("model", "dataclass", "typed-dict")
+
+
+def _rebuilds_nested() -> bool:
+    """Whether this pydantic-core can build nested models' serializers anew (its private
+    ``_use_prebuilt``); without it a nested model writes NaN with its own prebuilt serializer,
+    as null, and only the outer model's own fields are refused."""
+    try:
+        SchemaSerializer({"type": "int"}, None, _use_prebuilt=False)
+    except TypeError:
+        return False
+    return True
+
+
+_NESTED_OPTIONS = {"_use_prebuilt": False} if _rebuilds_nested() else {}
+# A bare constant in compact JSON follows ":", "," or "[" (inside a string it cannot: quoted).
+_BARE_CONSTANT = re.compile(rb"[:,\[]-?(?:NaN|Infinity)")
 
 
 def _with_constants(schema: Any) -> Any:
@@ -258,15 +278,14 @@ def _with_constants(schema: Any) -> Any:
 def _serializer(cls: type[BaseModel]) -> SchemaSerializer:
     if not cls.__pydantic_complete__:  # forward references (an instance made unvalidated)
         cls.model_rebuild(raise_errors=False)
-    try:
-        loud = SchemaSerializer(
-            _with_constants(cls.__pydantic_core_schema__),
-            {"ser_json_inf_nan": "constants"},
-            _use_prebuilt=False,  # nested models' own serializers would write null
-        )
-    except Exception:  # still incomplete (its own serializer says why), or other internals
+    if not cls.__pydantic_complete__:  # still incomplete: its own serializer says why
         return cls.__pydantic_serializer__  # not kept: a later write tries again
-    _constants[cls] = loud
+    loud = SchemaSerializer(
+        _with_constants(cls.__pydantic_core_schema__),
+        {"ser_json_inf_nan": "constants"},
+        **_NESTED_OPTIONS,  # nested models' own serializers would write null
+    )
+    type.__setattr__(cls, _LOUD, loud)
     return loud
 
 
@@ -280,10 +299,10 @@ def model_json(model: BaseModel, what: str = "payload") -> bytes:
     output that has those bytes, e.g. inside a string."""
     try:
         cls = type(model)
-        data = (_constants.get(cls) or _serializer(cls)).to_json(model)
+        data = (cls.__dict__.get(_LOUD) or _serializer(cls)).to_json(model)
     except (PydanticSerializationError, ValueError, TypeError) as exc:
         raise SerializationError(f"{what} could not be serialised: {exc}") from exc
-    if data.find(b"NaN") >= 0 or data.find(b"Infinity") >= 0:  # find: cheaper than "in"
+    if (data.find(b"NaN") >= 0 or data.find(b"Infinity") >= 0) and _BARE_CONSTANT.search(data):
         try:
             json.loads(data, parse_constant=_no_constant)
         except ValueError:

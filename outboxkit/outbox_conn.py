@@ -11,8 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import InvalidRequestError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.pool import PoolProxiedConnection
 
 from outboxkit import db
@@ -79,6 +79,8 @@ def connection(target: SyncTarget) -> tuple[Connection, int]:
     except (AttributeError, InvalidRequestError):  # AsyncConnection.connection raises the latter
         if isinstance(conn, Connection):
             raise
+        if isinstance(target, scoped_session):  # its scope's session (not on the hot path)
+            return connection(target())
         wrong_target(target, asynchronous=False)
     refused = _refused(raw)
     if refused is not None:
@@ -93,6 +95,8 @@ async def connection_async(target: AsyncTarget) -> tuple[AsyncConnection, int]:
     except AttributeError:
         if isinstance(target, AsyncSession | AsyncConnection):
             raise
+        if isinstance(target, async_scoped_session):  # its scope's session
+            return await connection_async(target())
         wrong_target(target, asynchronous=True)
     if sync is None:
         return conn, id(conn)

@@ -11,11 +11,12 @@ entry per write in progress (``dict.setdefault`` is atomic: two threads cannot b
 
 from __future__ import annotations
 
+import os
 from typing import NoReturn
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+from sqlalchemy.orm import Session, scoped_session
 
 from outboxkit.errors import SharedConnectionError, WrongTargetError
 
@@ -23,6 +24,9 @@ from outboxkit.errors import SharedConnectionError, WrongTargetError
 # entry with ``WRITING.setdefault(key, token) is token`` and deletes it when done: inline in
 # the writer, two dict operations (about 70 ns) on the single add's hot path.
 WRITING: dict[int, object] = {}
+# A child forked while a thread wrote would inherit that entry, and a new connection given the
+# same id() there would refuse every write: the child starts with none.
+os.register_at_fork(after_in_child=WRITING.clear)
 
 
 def wrong_target(target: object, asynchronous: bool) -> NoReturn:
@@ -45,6 +49,8 @@ def wrong_target(target: object, asynchronous: bool) -> NoReturn:
 def check(target: object, asynchronous: bool) -> None:
     """Refuse a wrong target where nothing is written (an empty add_many), as a write would."""
     kinds = (AsyncSession, AsyncConnection) if asynchronous else (Session, Connection)
+    if isinstance(target, async_scoped_session | scoped_session):
+        target = target()  # the current scope's session (Flask-SQLAlchemy's db.session, say)
     if not isinstance(target, kinds):
         wrong_target(target, asynchronous)
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from outboxkit.errors import SharedConnectionError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox, WriteResult
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -86,8 +87,11 @@ def test_threads_sharing_one_session(engine: sa.Engine) -> None:
         OUTBOX.add(blocker, Message("t", {"i": 0}), idempotency_key="first-0")
         first = threading.Thread(target=write, args=("first",))
         first.start()
-        while not _waiting_on_a_lock(engine):
-            first.join(0.01)
+        wait_for(
+            lambda: _waiting_on_a_lock(engine) or not first.is_alive(),
+            what="the first write waiting on the held key",
+        )
+        assert first.is_alive(), outcome  # it waits on the lock, it did not fail
         second = threading.Thread(target=write, args=("second",))
         second.start()
         second.join(10)  # refused at once; before the fix it waited for the first

@@ -98,3 +98,15 @@ async def test_add_refuses_headers_that_are_not_a_mapping(
         with pytest.raises(SerializationError, match="map str to str"):
             await OUTBOX.add_async(aconn, item, headers=headers)
     assert count(engine) == 0
+
+
+def test_a_scoped_session_writes_in_its_scopes_session(engine: sa.Engine) -> None:
+    """A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) is its current session."""
+    scoped = sa.orm.scoped_session(sa.orm.sessionmaker(engine))
+    try:
+        OUTBOX.add(scoped, MESSAGE)
+        assert OUTBOX.add_many(scoped, []) == []
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert count(engine) == 1

@@ -165,3 +165,18 @@ def test_a_long_header_name_is_shown_bounded() -> None:
         prepare(Message("t", b"x", headers={"n" * 10_000: 5}), CONFIG)  # type: ignore[dict-item]
     assert "is int" in str(raised.value)
     assert len(str(raised.value)) < 200
+
+
+def test_a_models_serializer_is_not_kept_once_the_class_is_gone() -> None:
+    """Classes made at run time (create_model) are not kept alive by having been written."""
+    import gc
+    import weakref
+
+    from pydantic import create_model
+
+    made = create_model("Made", price=(float, ...))
+    prepare(Message("t", made(price=1.0)), CONFIG)
+    gone = weakref.ref(made)
+    del made
+    gc.collect()
+    assert gone() is None
