@@ -46,6 +46,7 @@ def _rows(
 def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
     """List parked rows with their reason."""
     rows = _rows(obj, "parked_list", {"limit": limit})
+    total = int(rows[0][8]) if rows else 0
     items = [
         {
             "id": r[0],
@@ -58,16 +59,22 @@ def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
             "parked_at": r[7].isoformat() if r[7] else None,
         }
         for r in rows
+        if r[0] is not None
     ]
+    summary = f"{total} parked row(s)"
+    if total > len(items):
+        summary += f", the first {len(items)} shown (--limit)"
     if as_json:
         click.echo(json.dumps(items))
+        if total > len(items):  # the list stays the list: the rest is said on stderr
+            click.echo(summary, err=True)
         return
     for item in items:
         # Keys and reasons come from producers: a newline would fake a row, an escape sequence
         # drive the operator's terminal. Shown escaped, as `inbox show` does.
         topic, key, reason = (escape(str(item[c])) for c in ("topic", "key", "reason"))
         click.echo(f"{item['id']}\t{topic}\tkey={key}\tshard={item['shard']}\t{reason}")
-    click.echo(f"{len(items)} parked row(s)")
+    click.echo(summary)
 
 
 def _act(obj: dict[str, str | None], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
