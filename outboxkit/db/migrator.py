@@ -152,6 +152,16 @@ def _status(applied: dict[int, str]) -> MigrationStatus:
     )
 
 
+def refuse_unknown(status: MigrationStatus, schema: str) -> None:
+    """``upgrade`` (and ``migrate sql``, which prints what it would run) refuse a schema ahead of
+    this version or with an edited migration: nothing of ours can bring it to a known state."""
+    if status.unknown or status.changed:
+        raise SchemaError(
+            f"schema {schema!r} has migrations this outboxkit does not know"
+            f" (unknown {list(status.unknown)}, changed {list(status.changed)})"
+        )
+
+
 def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = False) -> list[int]:
     """Apply every pending migration in one transaction; returns the versions applied.
 
@@ -163,11 +173,7 @@ def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = Fals
     with _connect(target) as conn, _transaction(conn, joined) as cur:
         _bootstrap(cur, schema)
         status = _status(_applied(cur, schema))
-        if status.unknown or status.changed:
-            raise SchemaError(
-                f"schema {schema!r} has migrations this outboxkit does not know"
-                f" (unknown {list(status.unknown)}, changed {list(status.changed)})"
-            )
+        refuse_unknown(status, schema)
         if not status.pending:
             return []
         cur.execute("SELECT current_setting('search_path')")
