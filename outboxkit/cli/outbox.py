@@ -77,11 +77,32 @@ def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
     click.echo(summary)
 
 
+_UNCHANGED_SHOWN = 10
+
+
 def _act(obj: dict[str, str | None], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
     if not ids and not all_rows:
         raise click.UsageError("name row ids, or --all")
     rows = _rows(obj, name, {"ids": list(ids), "all": all_rows})
     return [int(r[0]) for r in rows]
+
+
+def _unchanged(ids: tuple[int, ...], all_rows: bool, done: list[int]) -> None:
+    """The ids given that named no parked row (a typo, or a row another operator handled), on
+    stderr, a few of them; exit 1 when none was changed: "0 row(s)" and exit 0 read as done."""
+    if all_rows:
+        return
+    changed = set(done)
+    missed = [i for i in dict.fromkeys(ids) if i not in changed]
+    if not missed:
+        return
+    shown = ", ".join(str(i) for i in missed[:_UNCHANGED_SHOWN])
+    more = f" (the first {_UNCHANGED_SHOWN} shown)" if len(missed) > _UNCHANGED_SHOWN else ""
+    click.echo(
+        f"{len(missed)} id(s) not changed (no such row, or not parked): {shown}{more}", err=True
+    )
+    if not done:
+        click.get_current_context().exit(1)
 
 
 @outbox.command()
@@ -92,6 +113,7 @@ def retry(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) -> N
     """Give parked rows back to the relay (same-key rows behind them follow in order)."""
     done = _act(obj, "parked_retry", ids, all_rows)
     click.echo(f"{len(done)} row(s) back to pending: {done}")
+    _unchanged(ids, all_rows, done)
 
 
 @outbox.command()
@@ -102,3 +124,4 @@ def discard(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) ->
     """Give up on parked rows for good (same-key rows behind them flow again)."""
     done = _act(obj, "parked_discard", ids, all_rows)
     click.echo(f"{len(done)} row(s) discarded: {done}")
+    _unchanged(ids, all_rows, done)
