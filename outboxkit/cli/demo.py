@@ -7,6 +7,7 @@ consumer's, the Kafka clients') goes to files in a folder whose path is printed 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import tempfile
 import time
@@ -28,10 +29,48 @@ def _log_to(path: Path) -> None:
     logging.captureWarnings(True)
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``nan`` passes a FloatRange (every comparison with it is false)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds")
+    return value
+
+
+def _logs_in(log_dir: Path) -> None:
+    """The folder made and the log opened, or one line saying why not (no traceback)."""
+    error: OSError
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        _log_to(log_dir / "demo.log")
+        return
+    except OSError as exc:
+        error = exc
+    raise click.ClickException(f"cannot write the logs to {log_dir}: {error.strerror or error}")
+
+
 @click.command()
-@click.option("--writers", default=4, show_default=True, help="Concurrent writer threads.")
-@click.option("--orders", default=20, show_default=True, help="Orders each writer places.")
-@click.option("--seconds", default=10.0, show_default=True, help="Spread the writes over this.")
+@click.option(
+    "--writers",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Concurrent writer threads.",
+)
+@click.option(
+    "--orders",
+    type=click.IntRange(1, 100_000),
+    default=20,
+    show_default=True,
+    help="Orders each writer places.",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(0, 3600),
+    callback=_finite,
+    default=10.0,
+    show_default=True,
+    help="Spread the writes over this.",
+)
 @click.option(
     "--log-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -52,8 +91,7 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
 
     if log_dir is None:
         log_dir = Path(tempfile.mkdtemp(prefix="outboxkit-demo-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    _log_to(log_dir / "demo.log")
+    _logs_in(log_dir)
     click.echo(f"outboxkit demo (logs: {log_dir})")
     click.echo(
         "Starting PostgreSQL and Kafka, unless OUTBOXKIT_* variables name running ones"

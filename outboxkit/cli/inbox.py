@@ -26,7 +26,7 @@ from outboxkit.inbox.readback import (
     stats,
 )
 from outboxkit.inbox.retention import purge_finished
-from outboxkit.schema import InboxState
+from outboxkit.schema import InboxState, name_problem
 from outboxkit.settings import KafkaClient
 from outboxkit.settings.models import CENTURY, MAX_RETENTION_BATCH
 
@@ -85,6 +85,15 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     return value
 
 
+def _consumer_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A name no consumer can have (settings refuse it: :func:`~outboxkit.schema.name_problem`)
+    finds nothing, and ``cancel --before-delivery`` would store a row for it."""
+    problem = None if value is None else name_problem(value)
+    if problem is not None:
+        raise click.BadParameter(f"a consumer name that {problem}: no consumer can have it")
+    return value
+
+
 @click.group()
 def inbox() -> None:
     """Consumer dedup rows: how each event ended for each consumer."""
@@ -93,7 +102,7 @@ def inbox() -> None:
 @inbox.command()
 @database_options
 @_json
-@click.option("--consumer", help="Only this consumer.")
+@click.option("--consumer", callback=_consumer_name, help="Only this consumer.")
 @click.option("--event-id", help="One event (requires --consumer): full detail.")
 @click.option(
     "--state",
@@ -152,7 +161,7 @@ def stats_command(
 
 @inbox.command()
 @database_options
-@click.option("--consumer", required=True)
+@click.option("--consumer", required=True, callback=_consumer_name)
 @click.option("--event-id", required=True)
 @click.option("--reason", default="cancelled by operator", show_default=True)
 @click.option(
@@ -202,7 +211,11 @@ def cancel(
     default=1000,
     show_default=True,
 )
-@click.option("--consumer", help="Only this consumer's rows (its window: --older-than).")
+@click.option(
+    "--consumer",
+    callback=_consumer_name,
+    help="Only this consumer's rows (its window: --older-than).",
+)
 @click.option("--all-consumers", is_flag=True, help="Every consumer's rows, with this one window.")
 def purge(
     config_path: str | None,

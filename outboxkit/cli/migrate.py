@@ -120,8 +120,9 @@ def sql_(
         if after is None:
             after = 0
             if target.url is not None:
-                applied = migrator.status(target.url, target.schema).applied
-                after = max(applied, default=0)
+                current = migrator.status(target.url, target.schema)
+                migrator.refuse_unknown(current, target.schema)  # as `up`: exit 2
+                after = max(current.applied, default=0)
         click.echo(migrator.render_sql(target.schema, after=after), nl=False)
     except (OutboxkitError, psycopg.Error) as exc:
         _fail(exc)

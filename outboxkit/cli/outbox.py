@@ -46,6 +46,7 @@ def _rows(
 def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
     """List parked rows with their reason."""
     rows = _rows(obj, "parked_list", {"limit": limit})
+    total = int(rows[0][8]) if rows else 0
     items = [
         {
             "id": r[0],
@@ -58,16 +59,25 @@ def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
             "parked_at": r[7].isoformat() if r[7] else None,
         }
         for r in rows
+        if r[0] is not None
     ]
+    summary = f"{total} parked row(s)"
+    if total > len(items):
+        summary += f", the first {len(items)} shown (--limit)"
     if as_json:
         click.echo(json.dumps(items))
+        if total > len(items):  # the list stays the list: the rest is said on stderr
+            click.echo(summary, err=True)
         return
     for item in items:
         # Keys and reasons come from producers: a newline would fake a row, an escape sequence
         # drive the operator's terminal. Shown escaped, as `inbox show` does.
         topic, key, reason = (escape(str(item[c])) for c in ("topic", "key", "reason"))
         click.echo(f"{item['id']}\t{topic}\tkey={key}\tshard={item['shard']}\t{reason}")
-    click.echo(f"{len(items)} parked row(s)")
+    click.echo(summary)
+
+
+_UNCHANGED_SHOWN = 10
 
 
 def _act(obj: dict[str, str | None], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
@@ -75,6 +85,24 @@ def _act(obj: dict[str, str | None], name: str, ids: tuple[int, ...], all_rows: 
         raise click.UsageError("name row ids, or --all")
     rows = _rows(obj, name, {"ids": list(ids), "all": all_rows})
     return [int(r[0]) for r in rows]
+
+
+def _unchanged(ids: tuple[int, ...], all_rows: bool, done: list[int]) -> None:
+    """The ids given that named no parked row (a typo, or a row another operator handled), on
+    stderr, a few of them; exit 1 when none was changed: "0 row(s)" and exit 0 read as done."""
+    if all_rows:
+        return
+    changed = set(done)
+    missed = [i for i in dict.fromkeys(ids) if i not in changed]
+    if not missed:
+        return
+    shown = ", ".join(str(i) for i in missed[:_UNCHANGED_SHOWN])
+    more = f" (the first {_UNCHANGED_SHOWN} shown)" if len(missed) > _UNCHANGED_SHOWN else ""
+    click.echo(
+        f"{len(missed)} id(s) not changed (no such row, or not parked): {shown}{more}", err=True
+    )
+    if not done:
+        click.get_current_context().exit(1)
 
 
 @outbox.command()
@@ -85,6 +113,7 @@ def retry(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) -> N
     """Give parked rows back to the relay (same-key rows behind them follow in order)."""
     done = _act(obj, "parked_retry", ids, all_rows)
     click.echo(f"{len(done)} row(s) back to pending: {done}")
+    _unchanged(ids, all_rows, done)
 
 
 @outbox.command()
@@ -95,3 +124,4 @@ def discard(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) ->
     """Give up on parked rows for good (same-key rows behind them flow again)."""
     done = _act(obj, "parked_discard", ids, all_rows)
     click.echo(f"{len(done)} row(s) discarded: {done}")
+    _unchanged(ids, all_rows, done)

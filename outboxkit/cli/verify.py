@@ -4,6 +4,7 @@ of a history file written by an earlier run (``--check``)."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import shutil
@@ -24,12 +25,26 @@ class _UnreadableHistory(click.ClickException):
     exit_code = UNREADABLE_HISTORY
 
 
+#: The longest run: a week of faults is a soak; a longer one overflowed the waits it is cut into.
+MAX_DURATION_SECONDS = 7 * 24 * 3600.0
+
+
 def parse_duration(text: str) -> float:
     """``60``, ``60s``, ``10m``, ``1h`` to seconds."""
     match = _DURATION.match(text)
     if match is None or float(match.group(1)) <= 0:
         raise click.BadParameter(f"{text!r} is not a duration such as 60, 60s, 10m or 1h")
-    return float(match.group(1)) * _UNIT[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    if seconds > MAX_DURATION_SECONDS:
+        raise click.BadParameter(f"{text!r} is longer than a week (168h)")
+    return seconds
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``nan`` passes a FloatRange (every comparison with it is false)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -57,6 +72,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option(
     "--rate",
     type=click.FloatRange(0.1, 1000),
+    callback=_finite,
     default=10.0,
     show_default=True,
     help="Write attempts per second per writer.",

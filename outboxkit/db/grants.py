@@ -16,8 +16,24 @@ from psycopg import sql
 
 from outboxkit.db.execute import one
 from outboxkit.db.queries import queries
+from outboxkit.errors import ConfigurationError
 
 ROLES = ("app", "relay", "consumer")
+
+
+def check_role_name(kind: str, name: str) -> None:
+    """Refuse a name GRANT does not read as one role, quoted or not (PostgreSQL 15): ``public``
+    is the PUBLIC pseudo-role (every role would get the rights), ``none`` is refused by the
+    server, and a ``pg_`` name, which no one may create, is a predefined role (every member of
+    ``pg_read_all_data``, say). A quoted ``current_user`` is a role of that name: let through."""
+    if name in ("public", "none"):
+        why = "PUBLIC, every role" if name == "public" else "reserved by PostgreSQL"
+        raise ConfigurationError(f"--{kind} {name}: GRANT reads this name as {why}")
+    if name.startswith("pg_"):
+        raise ConfigurationError(
+            f"--{kind} {name}: names starting with pg_ are PostgreSQL's predefined roles,"
+            " whose every member would get the rights"
+        )
 
 
 def statements(schema: str, roles: Mapping[str, str]) -> list[sql.Composed]:
@@ -25,6 +41,9 @@ def statements(schema: str, roles: Mapping[str, str]) -> list[sql.Composed]:
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"unknown role kind(s) {sorted(unknown)}; known: {list(ROLES)}")
+    for kind, given in roles.items():
+        if given:
+            check_role_name(kind, given)
     blocks = queries("grants", schema)
     out: list[sql.Composed] = []
     for kind in ROLES:

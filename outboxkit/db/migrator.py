@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from outboxkit.db.connect import Url, connect
+from outboxkit.db.queries import query
 from outboxkit.errors import MigrationError, SchemaError
 from outboxkit.schema import DEFAULT_SCHEMA, quoted, validate_schema_name
 
@@ -100,7 +101,9 @@ def _transaction(conn: psycopg.Connection[Any], joined: bool) -> Iterator[psycop
     ``joined``: the caller has begun a transaction its driver has not opened yet (SQLAlchemy
     sends BEGIN with the first statement): it is opened here, so that ours nests in it instead
     of committing on its own before the caller's; at READ COMMITTED too, for the same reason,
-    unless the caller chose a level."""
+    unless the caller chose a level. No lock or statement timeout in it (``session.sql``,
+    ``migration_timeouts_off``): one set for the application would fail a process waiting for
+    another's migration, or a migration building an index on a big table."""
     ours = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if ours and joined and not conn.autocommit:
         chosen = conn.isolation_level is not None
@@ -109,7 +112,12 @@ def _transaction(conn: psycopg.Connection[Any], joined: bool) -> Iterator[psycop
     with conn.transaction(), conn.cursor() as cur:
         if ours:
             cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        cur.execute(query("session", "migration_timeouts_off", DEFAULT_SCHEMA).psycopg)
+        saved = cur.fetchone()
         yield cur
+        if saved is not None:  # a caller's transaction goes on with its own timeouts
+            back = query("session", "migration_timeouts_back", DEFAULT_SCHEMA)
+            cur.execute(back.psycopg, {"lock_timeout": saved[0], "statement_timeout": saved[1]})
 
 
 def _bootstrap(cur: psycopg.Cursor[Any], schema: str) -> None:
@@ -144,6 +152,16 @@ def _status(applied: dict[int, str]) -> MigrationStatus:
     )
 
 
+def refuse_unknown(status: MigrationStatus, schema: str) -> None:
+    """``upgrade`` (and ``migrate sql``, which prints what it would run) refuse a schema ahead of
+    this version or with an edited migration: nothing of ours can bring it to a known state."""
+    if status.unknown or status.changed:
+        raise SchemaError(
+            f"schema {schema!r} has migrations this outboxkit does not know"
+            f" (unknown {list(status.unknown)}, changed {list(status.changed)})"
+        )
+
+
 def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = False) -> list[int]:
     """Apply every pending migration in one transaction; returns the versions applied.
 
@@ -155,11 +173,7 @@ def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = Fals
     with _connect(target) as conn, _transaction(conn, joined) as cur:
         _bootstrap(cur, schema)
         status = _status(_applied(cur, schema))
-        if status.unknown or status.changed:
-            raise SchemaError(
-                f"schema {schema!r} has migrations this outboxkit does not know"
-                f" (unknown {list(status.unknown)}, changed {list(status.changed)})"
-            )
+        refuse_unknown(status, schema)
         if not status.pending:
             return []
         cur.execute("SELECT current_setting('search_path')")
@@ -230,6 +244,8 @@ def render_sql(schema: str = DEFAULT_SCHEMA, after: int = 0) -> str:
     ident = quoted(schema)  # as upgrade's sql.Identifier: a reserved word (user) is a name too
     parts = [
         "BEGIN ISOLATION LEVEL READ COMMITTED;",  # as upgrade: see _transaction
+        "SET LOCAL lock_timeout = 0;",
+        "SET LOCAL statement_timeout = 0;",
         f"SELECT pg_advisory_xact_lock(hashtext('outboxkit.migrate.{schema}'));",
         f"CREATE SCHEMA IF NOT EXISTS {ident};",
         f"CREATE TABLE IF NOT EXISTS {ident}.schema_migration (version integer PRIMARY KEY,"

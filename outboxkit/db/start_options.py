@@ -7,6 +7,10 @@ such a row every time, and the shard stalled behind it; outboxkit must read ever
 writer stored.
 
 ``sslpassword``: see :data:`NO_PROMPT`.
+
+``connect_timeout``: :data:`~outboxkit.db.abandon.CONNECT_TIMEOUT_SECONDS` unless the URL or
+``PGCONNECT_TIMEOUT`` gives one: a server that accepts the TCP connection and never answers
+(frozen, or behind a partition) held every command without one for ever.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import os
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import SecretStr
+
+from outboxkit.db.abandon import connect_timeout
 
 #: Given as ``sslpassword`` when the URL gives none: libpq then lets OpenSSL ask the terminal for
 #: an encrypted client key's pass phrase, which blocks the process (a relay's event loop, lease
@@ -43,4 +49,4 @@ def prompt_free(url: str | SecretStr) -> dict[str, str]:
 
 def start_options(url: str | SecretStr) -> dict[str, str]:
     """Every option above, for ``url``; the caller's own options go on top."""
-    return {"client_encoding": CLIENT_ENCODING, **prompt_free(url)}
+    return {"client_encoding": CLIENT_ENCODING, **prompt_free(url), **connect_timeout(url)}

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from outboxkit import db
 from outboxkit.errors import InvalidEventIdError
 from outboxkit.inbox.guard import event_id_problem
-from outboxkit.schema import DEFAULT_SCHEMA, InboxState
+from outboxkit.schema import DEFAULT_SCHEMA, InboxState, check_consumer_name
 
 EventId = str | uuid.UUID  # a writer's ``WriteResult.event_id`` is a UUID; rows store its text
 
@@ -150,8 +150,11 @@ def cancel_event(
     A handler running for it is not interrupted by a lock: its lease renewal and its final
     ``succeeded`` update are refused, so its writes roll back. ``before_delivery=True`` also
     cancels an event not seen yet (its later delivery is skipped); it writes a row, so an id the
-    consumer would refuse in the event-id header is an :class:`InvalidEventIdError` instead.
+    consumer would refuse in the event-id header is an :class:`InvalidEventIdError` instead,
+    and a consumer name the settings refuse a :class:`ConfigurationError`.
     """
+    if before_delivery:  # a row for a name no consumer can have (settings refuse it)
+        check_consumer_name("consumer", consumer)
     text = str(event_id)
     problem = event_id_problem(text) if before_delivery else None
     if problem is not None:

@@ -9,6 +9,7 @@ import pytest
 
 from outboxkit.db import grants
 from outboxkit.db.queries import queries
+from outboxkit.errors import ConfigurationError
 
 # What the relay alone may set: a writer setting one could park or fake-publish a row.
 RELAY_COLUMNS = {
@@ -39,6 +40,21 @@ def test_each_kind_gets_its_own_block_and_nothing_else() -> None:
     assert any("inbox_message" in line for line in script.splitlines() if 'TO "c"' in line)
     assert '"billing".outbox_message' in script
     assert grants.render("billing", {"relay": "r"}).count('TO "a"') == 0
+
+
+@pytest.mark.parametrize("name", ["public", "none", "pg_read_all_data", "pg_database_owner"])
+@pytest.mark.parametrize("kind", grants.ROLES)
+def test_names_grant_does_not_read_as_one_role_are_refused(kind: str, name: str) -> None:
+    """A quoted "public" is still PUBLIC to GRANT: every role would get the rights."""
+    with pytest.raises(ConfigurationError, match=f"--{kind} {name}"):
+        grants.render("outboxkit", {kind: name})
+
+
+def test_names_that_only_look_special_are_roles() -> None:
+    """Quoted, these name a role each (PostgreSQL 15 creates them), not PUBLIC or a keyword."""
+    script = grants.render("outboxkit", {"app": "PUBLIC", "relay": "current_user"})
+    assert 'TO "PUBLIC";' in script
+    assert 'TO "current_user";' in script
 
 
 def test_unknown_kinds_are_refused() -> None:

@@ -129,7 +129,11 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "purge_consumers": {"window_seconds", "now"},
     },
     "demo": {"progress": {"topic", "consumer", "group"}},
-    "session": {"default_isolation": set()},
+    "session": {
+        "default_isolation": set(),
+        "migration_timeouts_off": set(),
+        "migration_timeouts_back": {"lock_timeout", "statement_timeout"},
+    },
 }  # fmt: skip
 
 _PSYCOPG_PLACEHOLDER = re.compile(rb"%\((\w+)\)([sb])")
@@ -167,7 +171,7 @@ def test_one_schema_per_load() -> None:
     # Every statement that names a table names it in the custom schema (LISTEN names a channel,
     # shards_lock_timeout only sets the lock timeout, pending_walk_only planner settings,
     # notify_shards only notifies, probe asks whether the server answers, default_isolation
-    # reads a setting.
+    # reads a setting, the migration_timeouts set the migrator's timeouts).
     no_table = {
         "listen",
         "shards_lock_timeout",
@@ -175,6 +179,8 @@ def test_one_schema_per_load() -> None:
         "notify_shards",
         "probe",
         "default_isolation",
+        "migration_timeouts_off",
+        "migration_timeouts_back",
     }
     tables = [q for q in all_queries("custom_schema") if q.name not in no_table]
     assert all('"custom_schema".' in q.text for q in tables)

@@ -416,7 +416,11 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
         "fallback_application_name": "outboxkit-inbox-c",
         "connect_timeout": 10,
     }
-    assert engine_options(SECRET_URL, {}) == {"client_encoding": "UTF8", **no_prompt}
+    assert engine_options(SECRET_URL, {}) == {
+        "client_encoding": "UTF8",
+        **no_prompt,
+        "connect_timeout": 10,
+    }
     code, out = _invoke(
         "inbox",
         *("run", "--consumer", "c", "--group", "g", "--topic", "t", "--handler", "json:dumps"),
@@ -435,6 +439,7 @@ def test_inbox_run_hands_the_kafka_options_to_the_client_unchanged(
     assert engine_options(SECRET_URL, {"prepare_threshold": None}) == {
         "client_encoding": "UTF8",
         **no_prompt,
+        "connect_timeout": 10,
         "prepare_threshold": None,
     }
 

@@ -305,11 +305,20 @@ SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan'
        set_config('enable_sort', 'off', true);
 
 -- name: parked_list
-SELECT id, event_id, topic, message_key, shard, attempts, parked_reason, parked_at
-FROM {schema}.outbox_message
-WHERE state = 'parked'
-ORDER BY id
-LIMIT :limit;
+-- The first :limit parked rows, each with how many are parked in all (one snapshot): the limit
+-- must not pass for the total. No row listed (none parked, or a limit of 0): one row of NULLs
+-- with the total.
+SELECT r.id, r.event_id, r.topic, r.message_key, r.shard, r.attempts, r.parked_reason,
+       r.parked_at, t.total
+FROM (SELECT count(*) AS total FROM {schema}.outbox_message WHERE state = 'parked') t
+LEFT JOIN LATERAL (
+    SELECT id, event_id, topic, message_key, shard, attempts, parked_reason, parked_at
+    FROM {schema}.outbox_message
+    WHERE state = 'parked'
+    ORDER BY id
+    LIMIT :limit
+) r ON true
+ORDER BY r.id;
 
 -- name: parked_retry
 -- Operator action: give parked rows back to the relay; same-key rows behind them follow in order.
