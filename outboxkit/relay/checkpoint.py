@@ -52,7 +52,7 @@ class Checkpoint:
     slot: int = 0
     seq: int = 0  # commit order within the token's term (the slots commit strictly in turn)
     partitions: int = 0  # the topic's partition count it was written with (0: not recorded)
-    outbox: str = ""  # the outbox whose relay wrote it (OUTBOX_IDENTITY; "": not recorded)
+    outbox: str = ""  # the outbox whose relay wrote it (outbox_setting.outbox_id; "": none)
 
     @property
     def order(self) -> tuple[int, int]:

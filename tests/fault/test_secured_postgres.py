@@ -81,6 +81,9 @@ def _env(db_url: str, **extra: str) -> dict[str, str]:
         OUTBOXKIT_DATABASE_URL=db_url,
         OUTBOXKIT_KAFKA_BOOTSTRAP=os.environ["OUTBOXKIT_KAFKA_BOOTSTRAP"],
         OUTBOXKIT_RELAY_POLL_INTERVAL="0.2",
+        # This server's database is another outbox than the suite's: a checkpoint topic of its
+        # own, or relays of the suite's default group would find its checkpoint and stop.
+        OUTBOXKIT_RELAY_CHECKPOINT_TOPIC=f"outboxkit.cp.{uuid.uuid4().hex[:8]}",
         PYTHONPATH=str(ROOT),
         **extra,
     )

@@ -231,6 +231,10 @@ RUNNERS: dict[str, Callable[[pytest.FixtureRequest], Awaitable[None]]] = {
 def example_topic(monkeypatch: pytest.MonkeyPatch) -> str:
     topic = f"example-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("EXAMPLE_TOPIC", topic)
+    # Each test's database is another outbox: on the suite's one Kafka cluster, relays of the
+    # default group sharing the default checkpoint topic would find each other's checkpoints
+    # (and stop, as they must), so each example's relay gets a checkpoint topic of its own.
+    monkeypatch.setenv("OUTBOXKIT_RELAY_CHECKPOINT_TOPIC", f"outboxkit.cp.{topic}")
     return topic
 
 
