@@ -7,7 +7,6 @@ consumer's, the Kafka clients') goes to files in a folder whose path is printed 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import tempfile
 import time
@@ -15,6 +14,8 @@ import uuid
 from pathlib import Path
 
 import click
+
+from outboxkit.cli.options import finite
 
 
 def _log_to(path: Path) -> None:
@@ -27,13 +28,6 @@ def _log_to(path: Path) -> None:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
-
-
-def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """``nan`` passes a FloatRange (every comparison with it is false)."""
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number of seconds")
-    return value
 
 
 def _logs_in(log_dir: Path) -> None:
@@ -66,7 +60,7 @@ def _logs_in(log_dir: Path) -> None:
 @click.option(
     "--seconds",
     type=click.FloatRange(0, 3600),
-    callback=_finite,
+    callback=finite,
     default=10.0,
     show_default=True,
     help="Spread the writes over this.",

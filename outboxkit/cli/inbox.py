@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,7 +13,7 @@ import click
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from outboxkit.cli.options import database_options, resolve_or_exit
+from outboxkit.cli.options import database_options, finite, resolve_or_exit
 from outboxkit.db import redact
 from outboxkit.db.engines import sync_engine
 from outboxkit.inbox.guard import escape
@@ -76,13 +75,6 @@ def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
     click.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for d in shown:
         click.echo("  ".join(d[c].ljust(widths[c]) for c in columns))
-
-
-def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """``nan`` passes a FloatRange (every comparison with it is false): no window at all."""
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number of seconds")
-    return value
 
 
 def _consumer_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -201,7 +193,7 @@ def cancel(
 @click.option(
     "--older-than",
     type=click.FloatRange(min=0, min_open=True, max=CENTURY),
-    callback=_finite,
+    callback=finite,
     required=True,
     help="Window in seconds (above 0: rows of events finished just now recognise redeliveries).",
 )

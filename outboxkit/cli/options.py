@@ -9,6 +9,7 @@ settings' schema (a command that ran on the wrong schema), and ``--help`` shows 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,6 +27,15 @@ MISSING_URL = (
     "the database URL is not set (--database-url, OUTBOXKIT_DATABASE_URL, a file"
     " OUTBOXKIT_DATABASE_URL in $OUTBOXKIT_SECRETS_DIR, or [database] url in the TOML file)"
 )
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A ``click.FloatRange`` callback: ``nan`` passes the range (every comparison with it is
+    false)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
+    return value
+
 
 config_option = click.option(
     "--config",

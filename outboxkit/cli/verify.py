@@ -4,7 +4,6 @@ of a history file written by an earlier run (``--check``)."""
 from __future__ import annotations
 
 import logging
-import math
 import random
 import re
 import shutil
@@ -14,6 +13,8 @@ import time
 from pathlib import Path
 
 import click
+
+from outboxkit.cli.options import finite
 
 UNREADABLE_HISTORY = 2  # no verdict: distinct from 1, "anomalies found" (docs/verify.md)
 
@@ -38,13 +39,6 @@ def parse_duration(text: str) -> float:
     if seconds > MAX_DURATION_SECONDS:
         raise click.BadParameter(f"{text!r} is longer than a week (168h)")
     return seconds
-
-
-def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """``nan`` passes a FloatRange (every comparison with it is false)."""
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number")
-    return value
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -72,7 +66,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option(
     "--rate",
     type=click.FloatRange(0.1, 1000),
-    callback=_finite,
+    callback=finite,
     default=10.0,
     show_default=True,
     help="Write attempts per second per writer.",
