@@ -33,7 +33,12 @@ TopicFactory = Callable[..., str]
 STOPPED_WITHIN = 20.0
 # What each client logs once it has noticed the broker is gone (aiokafka: a fetch failed, so
 # one is in its retry back-off, which made its stop raise before).
-AWAY = {"aiokafka": "Failed fetch messages", "confluent": "Connect to ipv4"}
+# What each client logs once it finds the broker gone (librdkafka says it in several ways, in
+# an order that varies: the connection's end, a failed reconnect, or all brokers down).
+AWAY = {
+    "aiokafka": ("Failed fetch messages",),
+    "confluent": ("Connect to ipv4", "Disconnected", "brokers are down", "Connection refused"),
+}
 
 
 def _state(db_url: str, event_id: str) -> str | None:
@@ -85,7 +90,10 @@ def _stopped_while_away(
     try:
         new = lambda: worker.log.read_bytes()[seen:].decode(errors="replace")  # noqa: E731
         if notices:
-            wait_for(lambda: AWAY[adapter] in new(), what="the consumer noticing Kafka away")
+            wait_for(
+                lambda: any(said in new() for said in AWAY[adapter]),
+                what="the consumer noticing Kafka away",
+            )
         then()
         began = time.monotonic()
         worker.proc.send_signal(signal.SIGTERM)
