@@ -16,6 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from datetime import UTC
 from typing import Any, TypeVar
 
 import click
@@ -279,7 +280,9 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
             "lease_expires_at": r[3].isoformat() if r[3] else None,
             "active": bool(r[4]),
             "backlog": int(r[5]),
-            "oldest_pending_seconds": round(float(r[6]), 3) if r[6] is not None else None,
+            # Clamped: a row written by a transaction that began after this one looks younger
+            # than its reader (a few microseconds below zero).
+            "oldest_pending_seconds": None if r[6] is None else max(round(float(r[6]), 3), 0.0),
             "parked": int(r[7]),
         }
         for r in rows
@@ -288,12 +291,16 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
         click.echo(json.dumps({"group": group, "paused": paused, "shards": shards}))
         return
     click.echo(f"group {group}  paused={paused}")
-    click.echo(f"{'shard':>5} {'holder':<40} {'token':>7} {'backlog':>8} {'oldest_s':>9} parked")
-    for s in shards:
+    click.echo(
+        f"{'shard':>5} {'holder':<40} {'token':>7} {'lease_expires_at (UTC)':<22}"
+        f" {'backlog':>8} {'oldest_s':>9} parked"
+    )
+    for s, r in zip(shards, rows, strict=True):
         oldest = s["oldest_pending_seconds"]
+        expires = r[3].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if r[3] else "-"
         click.echo(
-            f"{s['shard']:>5} {s['holder'] or '-':<40} {s['token'] or '-':>7} {s['backlog']:>8} "
-            f"{oldest if oldest is not None else '-':>9} {s['parked']}"
+            f"{s['shard']:>5} {s['holder'] or '-':<40} {s['token'] or '-':>7} {expires:<22}"
+            f" {s['backlog']:>8} {oldest if oldest is not None else '-':>9} {s['parked']}"
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,9 @@ async def test_status_shows_holder_token_backlog_and_age(
         assert all(s["active"] and s["holder"] == relay.holder for s in after["shards"])
         assert all(s["backlog"] == 0 and s["token"] for s in after["shards"])
         text = _cli(outboxkit_db_url, "relay", "status")
-        assert relay.holder in text
+        lines = [line for line in text.splitlines() if relay.holder in line]
+        assert len(lines) == 3
+        assert all(re.search(r" \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ", line) for line in lines)
 
 
 def test_control_commands_read_a_toml_file(outboxkit_db_url: str, tmp_path: Path) -> None:
