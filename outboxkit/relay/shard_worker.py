@@ -34,8 +34,9 @@ from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
 from outboxkit.relay.retry_log import SHOWN_IN_FULL, RetryLog
+from outboxkit.relay.takeover import fence_slots, reconcile, record_slots
 from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
-from outboxkit.settings import MAX_PRODUCERS_PER_SHARD, Mode, OnPublish, ParkedKeyPolicy, Settings
+from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
 
@@ -78,6 +79,7 @@ class ShardWorker:
         # Lease attempts, renewals and releases: on the process's shared connections.
         self._leases = leases or ProcessLeases(settings)
         self._owns_leases = leases is None  # then this worker closes them when it ends
+        self._schema = settings.schema_name
         self._store = ShardStore(
             settings.schema_name,
             skip_parked_keys=self.config.parked_key_policy is ParkedKeyPolicy.SKIP,
@@ -354,10 +356,20 @@ class ShardWorker:
             self._publisher.new_producer_life()
             if self._checkpoints is not None:
                 check = self._checkpoints.check_writable(producers[0], (self.shard, term.token))
-                if not await finished_unless(asyncio.ensure_future(check), self.stop):
+                retired = range(slots, term.fence_slots)  # an earlier holder's: fenced too
+                if not await finished_unless(asyncio.ensure_future(check), self.stop) or (
+                    retired
+                    and not await fence_slots(
+                        self._producer_factory, self.shard, retired, self.stop
+                    )
+                ):
                     await self._close_all(producers)
                     return None
-                await self._reconcile(term, conn, self._checkpoints, MAX_PRODUCERS_PER_SHARD)
+                delete = self.config.on_publish is OnPublish.DELETE
+                changed = await reconcile(self._store, conn, term, self._checkpoints, delete=delete)
+                self._metrics.published.labels(self._label).inc(changed)
+                if retired:
+                    await record_slots(conn, self._schema, term, slots)
         except ProducerFencedError as exc:
             await self._close_all(producers)
             raise self._fenced(term, exc) from exc
@@ -365,26 +377,6 @@ class ShardWorker:
             await self._close_all(producers)
             raise
         return producers
-
-    async def _reconcile(
-        self, term: LeaseTerm, conn: Conn, checkpoints: CheckpointTopic, slots: int
-    ) -> None:
-        """Mark the rows of every slot's last committed checkpoint, oldest first."""
-        found = await checkpoints.all_committed(self.config.group, self.shard, slots, term.token)
-        term.check()
-        changed = 0
-        for last in found:
-            changed += await self._store.reconcile(
-                conn, term, last.rows, delete=self.config.on_publish is OnPublish.DELETE
-            )
-        if changed:
-            logger.info(
-                "shard %s: reconciled %d row(s) committed to Kafka by token %s",
-                self.shard,
-                changed,
-                found[-1].token,
-            )
-            self._metrics.published.labels(self._label).inc(changed)
 
     async def _retention(self, term: LeaseTerm, conn: Conn) -> None:
         await self.housekeeping.run_if_due(conn, term, self.stop)

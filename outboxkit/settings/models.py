@@ -231,9 +231,9 @@ class RelaySettings(BaseSettings):
     # A claim also stops at this many bytes of payload, key and headers (>= 1 row): memory.
     max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=MAX_BATCH_BYTES)
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
-    # transaction markers while the other works; docs/tuning.md has the figures behind 2). Lower
-    # it only with every relay stopped cleanly: a takeover reads every slot's checkpoint up to
-    # MAX_PRODUCERS_PER_SHARD, but fences only its own.
+    # transaction markers while the other works; docs/tuning.md has the figures behind 2). A
+    # takeover reads every slot's checkpoint up to MAX_PRODUCERS_PER_SHARD and fences every slot
+    # an earlier holder used (relay/takeover.py), so it may be lowered while relays run.
     producers_per_shard: int = Field(2, ge=1, le=MAX_PRODUCERS_PER_SHARD)
     # Under backlog one Kafka transaction (at-least-once: one database mark) carries several
     # claims, up to this many rows or until this many milliseconds passed since its first claim;

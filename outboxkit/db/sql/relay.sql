@@ -23,9 +23,12 @@ SELECT 1;
 -- lock_timeout. The WHERE below still decides under the lock, and a takeover draws its token
 -- there too: one drawn before the lock could be smaller than the token of a holder that took
 -- the lease and gave it up while this statement waited.
-INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
+-- producer_slots: raised to the transactional ids (:slots) this holder will use before it uses
+-- them; returned, it is how many a takeover fences (relay/slot_fencing.py).
+INSERT INTO {schema}.relay_lease AS l
+    (relay_group, shard, holder, token, expires_at, producer_slots)
 SELECT :group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
-       coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
+       coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second', :slots
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.relay_lease
     WHERE relay_group = :group AND shard = :shard AND holder IS NOT NULL AND holder <> :holder
@@ -33,10 +36,19 @@ WHERE NOT EXISTS (
 )
 ON CONFLICT (relay_group, shard) DO UPDATE
 SET holder = excluded.holder, token = nextval('{schema}.relay_fencing_token_seq'),
-    acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
+    acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at,
+    producer_slots = greatest(l.producer_slots, excluded.producer_slots)
 WHERE l.holder IS NULL OR l.holder = excluded.holder
    OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
-RETURNING token;
+RETURNING token, producer_slots;
+
+-- name: lease_slots_fenced
+-- Every slot above :slots was fenced by this term (the one holding :token): only its own may be
+-- in use from now on.
+UPDATE {schema}.relay_lease
+SET producer_slots = :slots
+WHERE relay_group = :group AND shard = :shard AND token = :token
+  AND expires_at > coalesce(CAST(:now AS timestamptz), now());
 
 -- name: lease_renew_many
 -- Every lease one relay process holds, renewed in one statement on one connection (a process
