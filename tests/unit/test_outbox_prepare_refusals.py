@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 import pytest
@@ -125,6 +126,13 @@ def test_payloads_without_nan_are_written_as_pydantic_writes_them(item: Any) -> 
     json.loads(row.payload)
 
 
+class _Leaky(tzinfo):
+    """A time zone whose failure tells a secret (the writer's error must not repeat it)."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        raise RuntimeError(SECRET)
+
+
 SECRET_ITEMS = {
     "header_bytes": Message("t", b"x", headers={"authorization": SECRET.encode()}),  # type: ignore[dict-item]
     "header_surrogate": Message("t", b"x", headers={"authorization": SECRET + "\udc80"}),
@@ -135,6 +143,7 @@ SECRET_ITEMS = {
     "key_surrogate": Message("t", b"x", key=SECRET + "\ud800"),
     "schema_version": Message("t", b"x", schema_version=SECRET),  # type: ignore[arg-type]
     "deliver_after": Message("t", b"x", deliver_after=SECRET),  # type: ignore[arg-type]
+    "deliver_after_tzinfo": Message("t", b"x", deliver_after=datetime(2030, 1, 1, tzinfo=_Leaky())),
 }
 NAMED = {
     "header_bytes": "header 'authorization' is bytes (40 bytes)",
@@ -146,6 +155,7 @@ NAMED = {
     "key_surrogate": "message key is not valid UTF-8",
     "schema_version": "got str (40 characters)",
     "deliver_after": "got str (40 characters)",
+    "deliver_after_tzinfo": "deliver_after refused: its tzinfo (_Leaky) gave no valid UTC offset",
 }
 
 
