@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, SchemaSerializer
 
 from outboxkit.errors import ConfigurationError, InvalidTopicError, SerializationError
+from outboxkit.json_keys import check_json_keys
 from outboxkit.wire import JSON_CONTENT_TYPE
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -332,6 +333,7 @@ def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes
         text = _json_encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from exc
+    check_json_keys(payload)
     try:
         return text.encode(), content_type or JSON_CONTENT_TYPE
     except UnicodeEncodeError as exc:

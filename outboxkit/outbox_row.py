@@ -21,6 +21,7 @@ from outboxkit.errors import PayloadTooLargeError, SerializationError, Validatio
 from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7, uuid_text
 from outboxkit.instant import utc_instant
+from outboxkit.json_keys import check_json_keys
 from outboxkit.limits import (
     MESSAGE_KEY_MAX_BYTES,
     PRODUCER_MESSAGE_MAX_BYTES,
@@ -199,17 +200,22 @@ def _long_key(key: str) -> None:
 
 
 def _headers_json(headers: Mapping[str, str], event_type: str | None) -> str:
+    plain = True  # names all exactly str: no two can be written alike (outboxkit.json_keys)
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise SerializationError(
                 f"headers must map str to str: the value of {_header(name)} is {_kind(value)}"
             )
+        if type(name) is not str:
+            plain = False
         if "\x00" in name or "\x00" in value:
             raise SerializationError(
                 f"{_header(name)} contains a NUL character, which PostgreSQL cannot store"
             )
         if name in RELAY_HEADERS:
             _relay_named(name, value, event_type)
+    if not plain:
+        check_json_keys(headers, "headers")
     return json.dumps(headers, ensure_ascii=False)
 
 

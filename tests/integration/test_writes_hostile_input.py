@@ -4,6 +4,8 @@ caller's transaction still usable.
 
 - A ``deliver_after`` whose tzinfo raises when asked for its offset: before, the tzinfo's own
   exception escaped ``add`` untyped.
+- A dict payload with keys JSON writes alike (``1`` and ``"1"``): before, written with the key
+  twice (a reader keeps one value).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ HOSTILE: dict[str, tuple[Callable[[], Message], str]] = {
         lambda: Message("t", {"n": -1}, deliver_after=datetime(2030, 1, 1, tzinfo=_Failing())),
         "deliver_after",
     ),
+    "keys": (lambda: Message("t", {"n": {1: "a", "1": "b"}}), "same object key"),
 }
 
 

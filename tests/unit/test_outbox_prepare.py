@@ -206,6 +206,8 @@ HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
         {"deliver_after": _at(timezone(timedelta(hours=20)), year=1)},
         "deliver_after .*PostgreSQL",
     ),
+    # What JSON would lose: keys written alike.
+    ("keys 1 and '1'", {"payload": {"a": {1: "x", "1": "y"}}}, r"payload\['a'\] has keys of"),
     # A key the parked rows' index could not hold (the row could never be parked).
     ("1025-byte key", {"key": "k" * 1025}, "1025 bytes in UTF-8"),
     ("key of 513 two-byte characters", {"key": "é" * 513}, "1026 bytes in UTF-8"),
