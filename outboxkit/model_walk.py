@@ -149,6 +149,8 @@ def _planned(cls: type) -> Plan:
     pairs = fields.items() if isinstance(fields, dict) else ((f["name"], f) for f in fields)
     named = []
     for name, field in pairs:
+        if field.get("serialization_exclude") is True:
+            continue  # never written: nothing of it to refuse
         flags = _flags(field, refs, frozenset(), False)
         if flags & _OPAQUE:
             return _OPAQUE_PLAN

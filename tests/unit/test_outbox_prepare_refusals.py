@@ -86,6 +86,10 @@ class Holder:
     held: Any
 
 
+class Unwritten(BaseModel):
+    kept: Any = Field(exclude=True)
+
+
 class StringsLine(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
     price: float
@@ -163,8 +167,9 @@ def test_a_model_completed_after_its_first_write_is_checked_once_complete() -> N
         Message("prices", Plain(price=0.5, note='say "NaN" and Infinity')),
         Untyped(anything=Line(price=1.5), as_any=Line(price=2), by_name={"l": Line(price=3)}),
         Untyped(anything=StringsLine(price=NAN)),  # its own "strings": valid JSON, kept
+        Message("prices", Unwritten(kept=Line(price=NAN))),  # excluded: not written
     ],
-    ids=["text", "key", "strings", "plain_model", "models_untyped", "strings_untyped"],
+    ids=["text", "key", "strings", "plain_model", "models_untyped", "strings_untyped", "excluded"],
 )
 def test_payloads_without_nan_are_written_as_pydantic_writes_them(item: Any) -> None:
     model = item.payload if isinstance(item, Message) else item
