@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from outboxkit.ids import uuid7_batch, uuid_text
@@ -39,19 +38,6 @@ def worth_copying(config: OutboxConfig, items: Sequence[Writable]) -> bool:
     """The COPY path pays one more short statement than the INSERT path (two with notify: one
     NOTIFY per shard); it costs less from about 100 rows on."""
     return config.copy_min_rows is not None and len(items) >= config.copy_min_rows
-
-
-def copy_instant(when: datetime) -> datetime:
-    """``deliver_after`` as COPY sends it, in UTC: COPY sends text, local time and offset, and
-    PostgreSQL reads no offset beyond +-15:59 nor one with fractional seconds, which Python
-    allows and the INSERT path (binary: the instant) stores. Same instant. One within a day of
-    datetime's range has no UTC form in Python: it goes as it is."""
-    if when.tzinfo is UTC:
-        return when
-    try:
-        return when.astimezone(UTC)
-    except OverflowError:
-        return when
 
 
 COPY_LOCK: Statement = ("copy_lock", {})
@@ -93,8 +79,6 @@ class Stream:
             row = prepare(item, config, trace_headers, new_id)
             if add(row):
                 shard = shard_of(row.message_key, row.event_id, shard_count)
-                if row.deliver_after is not None:
-                    row = row._replace(deliver_after=copy_instant(row.deliver_after))
                 shards.add(shard)
                 if ids is None:
                     yield (*row, shard)

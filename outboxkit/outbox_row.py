@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from outboxkit.errors import PayloadTooLargeError, SerializationError, ValidationError
 from outboxkit.events import Event, Message, encode_payload, validate_topic
 from outboxkit.ids import uuid7, uuid_text
+from outboxkit.instant import utc_instant
+from outboxkit.json_keys import check_json_keys
 from outboxkit.limits import (
     MESSAGE_KEY_MAX_BYTES,
     PRODUCER_MESSAGE_MAX_BYTES,
@@ -156,7 +158,6 @@ def _optional_fields(
     aggregate_type: object,
     aggregate_id: object,
     event_id: object,
-    deliver_after: object,
 ) -> None:
     """The fields most messages leave at their defaults, checked only when set."""
     if content_type is not JSON_CONTENT_TYPE:
@@ -174,14 +175,6 @@ def _optional_fields(
         _text("aggregate_id", aggregate_id)
     if event_id is not None and not isinstance(event_id, uuid.UUID):
         raise ValidationError(f"event_id must be a uuid.UUID, got {type(event_id).__name__}")
-    if deliver_after is not None and (
-        not isinstance(deliver_after, datetime) or deliver_after.utcoffset() is None
-    ):
-        raise ValidationError(
-            "deliver_after must be a timezone-aware datetime (a naive one would be read in"
-            f" the database session's time zone), got {_kind(deliver_after)}"
-            + (" without a time zone" if isinstance(deliver_after, datetime) else "")
-        )
 
 
 def _as_message(item: Writable, overrides: Mapping[str, Any]) -> Message:
@@ -207,17 +200,22 @@ def _long_key(key: str) -> None:
 
 
 def _headers_json(headers: Mapping[str, str], event_type: str | None) -> str:
+    plain = True  # names all exactly str: no two can be written alike (outboxkit.json_keys)
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise SerializationError(
                 f"headers must map str to str: the value of {_header(name)} is {_kind(value)}"
             )
+        if type(name) is not str:
+            plain = False
         if "\x00" in name or "\x00" in value:
             raise SerializationError(
                 f"{_header(name)} contains a NUL character, which PostgreSQL cannot store"
             )
         if name in RELAY_HEADERS:
             _relay_named(name, value, event_type)
+    if not plain:
+        check_json_keys(headers, "headers")
     return json.dumps(headers, ensure_ascii=False)
 
 
@@ -327,11 +325,10 @@ def _row(
         or aggregate_type is not None
         or aggregate_id is not None
         or event_id is not None
-        or deliver_after is not None
     ):
-        _optional_fields(
-            content_type, schema_version, aggregate_type, aggregate_id, event_id, deliver_after
-        )
+        _optional_fields(content_type, schema_version, aggregate_type, aggregate_id, event_id)
+    if deliver_after is not None:
+        deliver_after = utc_instant(deliver_after)  # its tzinfo asked once, here
     if type(headers) is not dict:
         if isinstance(headers, Mapping):
             headers = dict(headers)  # json.dumps takes no other mapping (a mappingproxy, ...)

@@ -7,16 +7,18 @@ import enum
 import threading
 import types
 import uuid
-from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime, timedelta, timezone
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from outboxkit.errors import PayloadTooLargeError, SerializationError, ValidationError
 from outboxkit.events import Event, Message, encode_payload
 from outboxkit.ids import uuid7, uuid7_batch, uuid7_time_ms
 from outboxkit.outbox import Outbox, OutboxConfig
-from outboxkit.outbox_copy import Stream, copy_instant
+from outboxkit.outbox_copy import Stream
 from outboxkit.outbox_plan import prepare
 
 
@@ -146,6 +148,37 @@ def test_dict_and_list_payloads_encode_as_before() -> None:
     assert encode_payload(Sub(a=1)) == (b'{"a":1}', "application/json")
 
 
+class _Zone(tzinfo):
+    """A caller's time zone whose offset is ``offset`` (a callable: it may raise)."""
+
+    def __init__(self, offset: Callable[[], object]) -> None:
+        self.offset = offset
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return self.offset()  # type: ignore[return-value]
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+def _raise() -> object:
+    raise RuntimeError("the zone database is gone")
+
+
+def _at(zone: tzinfo, year: int = 2030) -> datetime:
+    return datetime(year, 1, 1, tzinfo=zone)
+
+
+class _Priced(BaseModel):
+    price: float
+
+
+class _Untyped(BaseModel):
+    x: Any
+
+
+NAN = float("nan")
+
 HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
     # What a consumer refuses on arrival (outboxkit.wire.header_problem): refused at the write.
     ("1025-byte idempotency key", {"idempotency_key": "k" * 1025}, "1025 bytes"),
@@ -176,6 +209,18 @@ HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
     ("headers as a list", {"headers": [("a", "b")]}, "headers must map"),
     ("deliver_after as text", {"deliver_after": "tomorrow"}, "timezone-aware"),
     ("naive deliver_after", {"deliver_after": datetime(2030, 1, 1)}, "timezone-aware"),
+    # A caller's tzinfo is the caller's code: asked once, its failure names the field.
+    ("tzinfo raising", {"deliver_after": _at(_Zone(_raise))}, "deliver_after .*RuntimeError"),
+    ("offset an int", {"deliver_after": _at(_Zone(lambda: 5))}, "deliver_after .*TypeError"),
+    ("offset of a day", {"deliver_after": _at(_Zone(lambda: timedelta(1)))}, "deliver_after"),
+    (  # no UTC form in Python, an offset PostgreSQL's text form cannot carry
+        "year 1 at +20:00",
+        {"deliver_after": _at(timezone(timedelta(hours=20)), year=1)},
+        "deliver_after .*PostgreSQL",
+    ),
+    # What JSON would lose: keys written alike, a NaN pydantic would write as null.
+    ("keys 1 and '1'", {"payload": {"a": {1: "x", "1": "y"}}}, r"payload\['a'\] has keys of"),
+    ("NaN where no type is declared", {"payload": _Untyped(x=_Priced(price=NAN))}, "NaN"),
     # A key the parked rows' index could not hold (the row could never be parked).
     ("1025-byte key", {"key": "k" * 1025}, "1025 bytes in UTF-8"),
     ("key of 513 two-byte characters", {"key": "é" * 513}, "1026 bytes in UTF-8"),
@@ -315,19 +360,52 @@ class _Headers(Mapping[str, str]):
         return 1
 
 
+def _sent(when: datetime) -> datetime | None:
+    """``deliver_after`` as every path sends it (the row's value)."""
+    return prepare(Message("t", b"x", deliver_after=when), OutboxConfig()).deliver_after
+
+
 @pytest.mark.parametrize(
     "offset",
     [timedelta(hours=20), -timedelta(hours=16, minutes=30), timedelta(seconds=3600.5), timedelta()],
 )
-def test_the_copy_sends_deliver_after_as_the_same_instant_in_utc(offset: timedelta) -> None:
+def test_deliver_after_is_sent_as_the_same_instant_in_utc(offset: timedelta) -> None:
+    """COPY sends text, local time and offset, and PostgreSQL reads no offset beyond +-15:59
+    nor one with fractional seconds, which Python allows: every path sends UTC."""
     when = datetime(2030, 1, 1, tzinfo=timezone(offset))
-    sent = copy_instant(when)
+    sent = _sent(when)
     assert sent == when
-    assert sent.utcoffset() == timedelta()
+    assert sent is not None
+    assert sent.tzinfo is UTC
 
 
-def test_a_deliver_after_without_a_utc_form_goes_as_it_is() -> None:
-    """Within a day of datetime's range: Python cannot convert it (PostgreSQL reads it, if its
-    offset is within +-15:59)."""
-    when = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=10)))
-    assert copy_instant(when) is when
+def test_a_deliver_after_without_a_utc_form_keeps_its_offset() -> None:
+    """Within a day of datetime's range Python cannot convert it; PostgreSQL reads it (its
+    offset is within +-15:59), as a fixed offset: the caller's tzinfo is not asked again."""
+    when = datetime(1, 1, 1, tzinfo=_Zone(lambda: timedelta(hours=10)))
+    sent = _sent(when)
+    assert sent == when
+    assert sent is not None
+    assert sent.tzinfo == timezone(timedelta(hours=10))
+
+
+def test_the_callers_tzinfo_is_asked_once() -> None:
+    """A tzinfo that answers once and then fails (or answers otherwise) cannot make the row
+    differ from what was checked: the row holds UTC."""
+    answers = iter([timedelta(hours=2)])
+    sent = _sent(datetime(2030, 1, 1, 12, tzinfo=_Zone(lambda: next(answers))))
+    assert sent == datetime(2030, 1, 1, 10, tzinfo=UTC)
+
+
+class _Falsy(_Zone):
+    def __bool__(self) -> bool:
+        return False
+
+
+def test_a_false_tzinfo_is_not_taken_for_none() -> None:
+    """psycopg tests ``if obj.tzinfo``: with a false one the INSERT failed with a bare
+    TypeError (naive minus aware)."""
+    sent = _sent(datetime(2030, 1, 1, 12, tzinfo=_Falsy(lambda: timedelta(hours=2))))
+    assert sent == datetime(2030, 1, 1, 10, tzinfo=UTC)
+    assert sent is not None
+    assert sent.tzinfo is UTC
