@@ -25,8 +25,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, SchemaSerializer
 
 from outboxkit.errors import ConfigurationError, InvalidTopicError, SerializationError
-from outboxkit.json_keys import check_json_keys, merged_in
-from outboxkit.model_walk import NOTHING, PLAN_ATTRIBUTE, Plan, plan_of, walk_model
+from outboxkit.json_keys import check_json_keys
 from outboxkit.wire import JSON_CONTENT_TYPE
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -277,12 +276,11 @@ def _with_constants(schema: Any) -> Any:
     return copy
 
 
-def _serializer(cls: type[Any]) -> SchemaSerializer:
-    if not cls.__pydantic_complete__ and hasattr(cls, "model_rebuild"):  # forward references
-        cls.model_rebuild(raise_errors=False)  # (an instance made unvalidated)
+def _serializer(cls: type[BaseModel]) -> SchemaSerializer:
+    if not cls.__pydantic_complete__:  # forward references (an instance made unvalidated)
+        cls.model_rebuild(raise_errors=False)
     if not cls.__pydantic_complete__:  # still incomplete: its own serializer says why
-        own: SchemaSerializer = cls.__pydantic_serializer__
-        return own  # not kept: a later write tries again
+        return cls.__pydantic_serializer__  # not kept: a later write tries again
     loud = SchemaSerializer(
         _with_constants(cls.__pydantic_core_schema__),
         {"ser_json_inf_nan": "constants"},
@@ -296,12 +294,10 @@ def _no_constant(name: str) -> Any:
     raise ValueError(name)
 
 
-def model_json(model: Any, what: str = "payload") -> bytes:
+def model_json(model: BaseModel, what: str = "payload") -> bytes:
     """A pydantic model's JSON (as ``model_dump_json``), refusing NaN and Infinity: JSON has
     neither. Written as bare constants, so the precise check (a parse) runs only on the rare
-    output that has those bytes, e.g. inside a string. Then what no setting refuses, for the
-    classes that can hold it (outboxkit.model_walk): a model where no type was declared (its
-    NaN), keys written twice. ``model``: a BaseModel, or a pydantic dataclass met in one."""
+    output that has those bytes, e.g. inside a string."""
     try:
         cls = type(model)
         data = (cls.__dict__.get(_LOUD) or _serializer(cls)).to_json(model)
@@ -315,21 +311,7 @@ def model_json(model: Any, what: str = "payload") -> bytes:
                 f"{what} has a NaN or Infinity value, which JSON cannot hold (pydantic would"
                 " write null or an invalid token); use None or a string"
             ) from None
-    plan = cls.__dict__.get(PLAN_ATTRIBUTE) or plan_of(cls)
-    if plan is not NOTHING:
-        _walked(model, plan, data, what)
     return data
-
-
-def _walked(model: Any, plan: Plan, data: bytes, what: str) -> None:
-    def alone(nested: Any) -> None:  # written by its own serializer: its own payload
-        model_json(nested, f"{what}'s {type(nested).__name__}")
-
-    try:
-        if walk_model(model, plan, alone):
-            merged_in(data, what)
-    except RecursionError:
-        raise SerializationError(f"{what} is nested too deeply to be checked") from None
 
 
 def encode_payload(payload: Any, content_type: str | None = None) -> tuple[bytes, str]:

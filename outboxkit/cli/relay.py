@@ -282,7 +282,7 @@ def status(ctx: click.Context, /, as_json: bool, **options: Any) -> None:
             "backlog": int(r[5]),
             # Clamped: a row written by a transaction that began after this one looks younger
             # than its reader (a few microseconds below zero).
-            "oldest_pending_seconds": None if r[6] is None else max(round(float(r[6]), 3), 0.0),
+            "oldest_pending_seconds": None if r[6] is None else round(max(0.0, float(r[6])), 3),
             "parked": int(r[7]),
         }
         for r in rows

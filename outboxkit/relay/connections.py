@@ -25,7 +25,6 @@ from outboxkit.db.availability import with_pooler_hint
 from outboxkit.log_limit import LimitedLines, normalised
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.standby import LazyConnection, StandbyConnection
-from outboxkit.relay.takeover import producer_slots
 from outboxkit.settings import Settings
 
 logger = logging.getLogger("outboxkit.relay.connections")
@@ -55,9 +54,7 @@ class ProcessLeases:
         connections: db.OpenConnections | None = None,
     ) -> None:
         self._config = settings.relay
-        self._leases = leases or LeaseStore(
-            settings.schema_name, slots=producer_slots(settings.relay)
-        )
+        self._leases = leases or LeaseStore(settings.schema_name)
         # Every connection of the process, so a stop that the database does not answer ends.
         self.connections = db.OpenConnections() if connections is None else connections
         self._owns_connections = connections is None  # then close() lets go of them

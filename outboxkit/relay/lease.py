@@ -52,9 +52,6 @@ class LeaseTerm:
     lost_reason: str | None = None
     lost_cause: LeaseLoss | None = None
     wall: Clock = field(default=time.time, repr=False)
-    # Transactional ids (slots) a holder may have used since they were last fenced, as the
-    # acquire found it (relay/slot_fencing.py): this term fences those above its own.
-    fence_slots: int = 0
     _offset: float = field(default=0.0, init=False, repr=False)  # wall - monotonic at the send
 
     def __post_init__(self) -> None:
@@ -120,15 +117,9 @@ class LeaseStore:
     """
 
     def __init__(
-        self,
-        schema: str,
-        *,
-        clock: Clock = time.monotonic,
-        wall: Clock = time.time,
-        slots: int = 0,
+        self, schema: str, *, clock: Clock = time.monotonic, wall: Clock = time.time
     ) -> None:
         self._schema = schema
-        self._slots = slots  # the transactional ids a holder uses (slot_fencing.producer_slots)
         self._clock = clock
         self._wall = wall
 
@@ -147,19 +138,11 @@ class LeaseStore:
         row = await db.one_async(
             conn,
             db.query("relay", "lease_acquire", self._schema),
-            {
-                "group": group,
-                "shard": shard,
-                "holder": holder,
-                "ttl": ttl,
-                "now": now,
-                "slots": self._slots,
-            },
+            {"group": group, "shard": shard, "holder": holder, "ttl": ttl, "now": now},
         )
         if row is None:
             return None
         term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock, wall=self._wall)
-        term.fence_slots = int(row[1])
         term.extend(sent_at, sent_wall)
         logger.log(
             level,

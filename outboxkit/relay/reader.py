@@ -242,6 +242,14 @@ class ShardStore:
             await token_check_failed(conn, self._schema, term, name, now=now)
         return changed
 
+    async def raise_producer_slots(self, conn: Conn, term: LeaseTerm, slots: int) -> int:
+        """The slots a takeover must fence: the shard's recorded count raised to ``slots``."""
+        return await self._fenced(conn, "producer_slots_raise", term, now=None, slots=slots)
+
+    async def record_producer_slots(self, conn: Conn, term: LeaseTerm, slots: int) -> None:
+        """The slots above ``slots`` were fenced: only this term's own may be in use."""
+        await self._fenced(conn, "producer_slots_fenced", term, now=None, slots=slots)
+
     async def mark_published(
         self,
         conn: Conn,

@@ -34,7 +34,7 @@ from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
 from outboxkit.relay.retry_log import SHOWN_IN_FULL, RetryLog
-from outboxkit.relay.takeover import fence_slots, reconcile, record_slots
+from outboxkit.relay.takeover import fence_slots, reconcile
 from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
 from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
 
@@ -79,7 +79,6 @@ class ShardWorker:
         # Lease attempts, renewals and releases: on the process's shared connections.
         self._leases = leases or ProcessLeases(settings)
         self._owns_leases = leases is None  # then this worker closes them when it ends
-        self._schema = settings.schema_name
         self._store = ShardStore(
             settings.schema_name,
             skip_parked_keys=self.config.parked_key_policy is ParkedKeyPolicy.SKIP,
@@ -344,6 +343,10 @@ class ShardWorker:
         slots = self.config.producers_per_shard if self._checkpoints is not None else 1
         producers: list[TransactionalProducer] = []
         try:
+            # Raised to our own count before any slot is used: up to it, a takeover fences.
+            fence_up_to = slots
+            if self._checkpoints is not None:
+                fence_up_to = await self._store.raise_producer_slots(conn, term, slots)
             for slot in range(slots):
                 producers.append(self._producer_factory(self.shard, slot))
                 if not await finished_unless(
@@ -356,12 +359,10 @@ class ShardWorker:
             self._publisher.new_producer_life()
             if self._checkpoints is not None:
                 check = self._checkpoints.check_writable(producers[0], (self.shard, term.token))
-                retired = range(slots, term.fence_slots)  # an earlier holder's: fenced too
+                retired = range(slots, fence_up_to)  # an earlier holder's: fenced too
                 if not await finished_unless(asyncio.ensure_future(check), self.stop) or (
                     retired
-                    and not await fence_slots(
-                        self._producer_factory, self.shard, retired, self.stop
-                    )
+                    and not await fence_slots(self._producer_factory, term, retired, self.stop)
                 ):
                     await self._close_all(producers)
                     return None
@@ -369,7 +370,7 @@ class ShardWorker:
                 changed = await reconcile(self._store, conn, term, self._checkpoints, delete=delete)
                 self._metrics.published.labels(self._label).inc(changed)
                 if retired:
-                    await record_slots(conn, self._schema, term, slots)
+                    await self._store.record_producer_slots(conn, term, slots)
         except ProducerFencedError as exc:
             await self._close_all(producers)
             raise self._fenced(term, exc) from exc

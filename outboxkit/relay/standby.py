@@ -20,7 +20,6 @@ from outboxkit import db
 from outboxkit.db.abandon import shut
 from outboxkit.db.engines import ended_while_idle
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
-from outboxkit.relay.takeover import producer_slots
 from outboxkit.settings import Settings
 
 Conn = psycopg.AsyncConnection[Any]
@@ -80,9 +79,7 @@ class StandbyConnection:
         leases: LeaseStore | None = None,
         track: db.OpenConnections | None = None,
     ) -> None:
-        self._leases = leases or LeaseStore(
-            settings.schema_name, slots=producer_slots(settings.relay)
-        )
+        self._leases = leases or LeaseStore(settings.schema_name)
         self._conn = LazyConnection(
             settings.database_url,
             "outboxkit-relay-standby",

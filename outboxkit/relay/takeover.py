@@ -3,67 +3,75 @@
 Reconcile: the rows of every slot's last committed checkpoint are marked published (the holder
 before may have died between the Kafka commit and its mark).
 
-Fence: an exactly-once holder uses ``producers_per_shard`` transactional ids (slots) in turn; a
-takeover fences the old holder's producers by initialising each id again. A holder started
+Fence: an exactly-once holder uses ``producers_per_shard`` transactional ids (slots) in turn;
+a takeover fences the old holder's producers by initialising each id again. A holder started
 with fewer slots than the one before (``producers_per_shard`` lowered) would leave the old
 holder's other ids unfenced, and a zombie stalled inside a commit on one of them could still
-commit after the takeover: its rows would go out twice. So every acquire raises
-``relay_lease.producer_slots`` to its own count before any slot is used, and a takeover fences
-every slot up to what it finds there, reconciles their checkpoints, then records its own count.
+commit after the takeover: its rows would go out twice. So a takeover first raises the shard's
+recorded count (``relay_producer_slots``) to its own, before any slot is used, fences every
+slot up to what it found there, reconciles, then records its own count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
-from outboxkit import db
+from outboxkit.errors import PublishError
 from outboxkit.kafka.api import TransactionalProducer
 from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.reader import ShardStore
 from outboxkit.relay.waiting import finished_unless
-from outboxkit.settings import MAX_PRODUCERS_PER_SHARD, Mode, RelaySettings
+from outboxkit.settings import MAX_PRODUCERS_PER_SHARD
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")  # the takeover's lines, as before
 
 ProducerFactory = Callable[[int, int], TransactionalProducer]
 
 
-def producer_slots(config: RelaySettings) -> int:
-    """The transactional ids a holder uses: none in at-least-once mode."""
-    return config.producers_per_shard if config.mode is Mode.EXACTLY_ONCE else 0
-
-
 async def fence_slots(
-    factory: ProducerFactory, shard: int, slots: range, stop: asyncio.Event
+    factory: ProducerFactory, term: LeaseTerm, slots: range, stop: asyncio.Event
 ) -> bool:
     """Initialise the ids of ``slots`` (fencing their zombies, ending their open transactions),
     all at once, then close those producers; False if ``stop`` came first."""
-    producers = [factory(shard, slot) for slot in slots]
+    term.check()  # a term lost meanwhile must not fence a successor's producers
+    producers = [factory(term.shard, slot) for slot in slots]
+    starts = [asyncio.ensure_future(producer.start()) for producer in producers]
     try:
-        started = asyncio.gather(*(producer.start() for producer in producers))
-        return await finished_unless(asyncio.ensure_future(started), stop)
+        done = await finished_unless(asyncio.ensure_future(_all(starts)), stop)
+    except Exception as exc:
+        raise PublishError(
+            f"shard {term.shard}: fencing the transactional ids of slots"
+            f" {slots.start}-{slots.stop - 1}, which an earlier holder of the shard used"
+            f" (producers_per_shard was higher), failed: {exc}"
+        ) from exc
     finally:
+        for start in starts:  # none left running while its producer closes
+            start.cancel()
+        await asyncio.gather(*starts, return_exceptions=True)
         for producer in producers:
-            await producer.close()
+            with contextlib.suppress(Exception):
+                await producer.close()
+    if done:
+        logger.info(
+            "shard %s: fenced slots %d-%d, which an earlier holder used",
+            term.shard,
+            slots.start,
+            slots.stop - 1,
+        )
+    return done
 
 
-async def record_slots(
-    conn: psycopg.AsyncConnection[Any],
-    schema: str,
-    term: LeaseTerm,
-    slots: int,
-    now: datetime | None = None,
-) -> None:
-    """Only this term's own slots may be in use from now on (the others were fenced)."""
-    params = {**term.sql_params(now), "slots": slots}
-    await db.execute_async(conn, db.query("relay", "lease_slots_fenced", schema), params)
+async def _all(starts: Sequence[asyncio.Future[Any]]) -> None:
+    """Every start, failing as soon as one fails."""
+    for finished in asyncio.as_completed(starts):
+        await finished
 
 
 async def reconcile(

@@ -233,7 +233,7 @@ class RelaySettings(BaseSettings):
     # Exactly-once: transactional ids per shard, used in turn (one waits out the broker's
     # transaction markers while the other works; docs/tuning.md has the figures behind 2). A
     # takeover reads every slot's checkpoint up to MAX_PRODUCERS_PER_SHARD and fences every slot
-    # an earlier holder used (relay/takeover.py), so it may be lowered while relays run.
+    # an earlier holder recorded (relay/takeover.py): it may be lowered while relays run.
     producers_per_shard: int = Field(2, ge=1, le=MAX_PRODUCERS_PER_SHARD)
     # Under backlog one Kafka transaction (at-least-once: one database mark) carries several
     # claims, up to this many rows or until this many milliseconds passed since its first claim;

@@ -169,6 +169,7 @@ def test_migrations_declare_the_runtime_tables() -> None:
     declared = _declared_tables()
     assert set(declared) == {
         "schema_migration", "outbox_setting", "outbox_message", "relay_lease", "relay_control",
+        "relay_producer_slots",
         "inbox_message", "inbox_rejection",
     }  # fmt: skip
     assert declared["outbox_message"][:3] == ["id", "event_id", "idempotency_key"]

@@ -3,7 +3,7 @@ holder's other transactional ids too.
 
 The zombie is a producer on slot 1's transactional id with a transaction open (a holder that
 used two producers and stalled inside a commit). A relay with one producer takes the shard
-over: the lease row says two slots may be in use (``relay_lease.producer_slots``), so the
+over: the shard's record says two slots may be in use (``relay_producer_slots``), so the
 takeover initialises slot 1's id as well and the zombie's commit is refused. Before, only
 slot 0 was fenced, the zombie's commit went through and its record reached read_committed
 readers next to the successor's own publication of the same rows.
@@ -38,7 +38,7 @@ TopicFactory = Callable[..., str]
 def _slots(db_url: str) -> int:
     with psycopg.connect(db_url) as conn:
         row = conn.execute(
-            "SELECT producer_slots FROM outboxkit.relay_lease"
+            "SELECT slots FROM outboxkit.relay_producer_slots"
             " WHERE relay_group = 'default' AND shard = 0"
         ).fetchone()
     assert row is not None
@@ -54,12 +54,10 @@ async def test_a_takeover_with_fewer_producers_fences_the_slots_it_does_not_use(
 ) -> None:
     topic = outboxkit_topic()
     set_shard_count(outboxkit_db_url, 1)
-    with psycopg.connect(outboxkit_db_url) as conn:  # an expired holder that used two slots
+    with psycopg.connect(outboxkit_db_url) as conn:  # an earlier holder used two slots
         conn.execute(
-            "INSERT INTO outboxkit.relay_lease"
-            " (relay_group, shard, holder, token, expires_at, producer_slots)"
-            " VALUES ('default', 0, 'old', nextval('outboxkit.relay_fencing_token_seq'),"
-            " now() - interval '1 second', 2)"
+            "INSERT INTO outboxkit.relay_producer_slots (relay_group, shard, slots)"
+            " VALUES ('default', 0, 2)"
         )
     zombie = Producer(
         {

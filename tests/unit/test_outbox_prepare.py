@@ -9,10 +9,8 @@ import types
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
-from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from outboxkit.errors import PayloadTooLargeError, SerializationError, ValidationError
 from outboxkit.events import Event, Message, encode_payload
@@ -169,14 +167,6 @@ def _at(zone: tzinfo, year: int = 2030) -> datetime:
     return datetime(year, 1, 1, tzinfo=zone)
 
 
-class _Priced(BaseModel):
-    price: float
-
-
-class _Untyped(BaseModel):
-    x: Any
-
-
 NAN = float("nan")
 
 HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
@@ -218,9 +208,8 @@ HOSTILE_FIELDS: list[tuple[str, dict[str, object], str]] = [
         {"deliver_after": _at(timezone(timedelta(hours=20)), year=1)},
         "deliver_after .*PostgreSQL",
     ),
-    # What JSON would lose: keys written alike, a NaN pydantic would write as null.
-    ("keys 1 and '1'", {"payload": {"a": {1: "x", "1": "y"}}}, r"payload\['a'\] has keys of"),
-    ("NaN where no type is declared", {"payload": _Untyped(x=_Priced(price=NAN))}, "NaN"),
+    # What JSON would lose: keys written alike.
+    ("keys 1 and '1'", {"payload": {"a": {1: "x", "1": "y"}}}, r"payload\[str key\] has keys of"),
     # A key the parked rows' index could not hold (the row could never be parked).
     ("1025-byte key", {"key": "k" * 1025}, "1025 bytes in UTF-8"),
     ("key of 513 two-byte characters", {"key": "é" * 513}, "1026 bytes in UTF-8"),

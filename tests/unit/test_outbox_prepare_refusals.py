@@ -1,25 +1,14 @@
 """What preparing a row refuses, and what its errors say: NaN and Infinity in pydantic payloads
-(JSON has neither: pydantic wrote null, or a bare invalid token; also in a model where no type
-is declared, which pydantic writes with that model's own settings), and never the caller's values
+(JSON has neither: pydantic wrote null, or a bare invalid token), and never the caller's values
 (a header may be a bearer token, or a megabyte) but the field, its type and size."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-import pydantic
 import pytest
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PydanticUserError,
-    SerializeAsAny,
-    computed_field,
-)
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, computed_field
 
 from outboxkit.errors import SerializationError, ValidationError
 from outboxkit.events import Event, Message
@@ -67,34 +56,6 @@ class Plain(BaseModel):
     note: str = ""
 
 
-class Untyped(Event, topic="prices"):
-    """Models where no type is declared: pydantic writes them with their own serializer."""
-
-    model_config = ConfigDict(extra="allow")
-    anything: Any = None
-    as_any: SerializeAsAny[Line] | None = None
-    by_name: dict[str, Any] = Field(default_factory=dict)
-
-
-@pydantic.dataclasses.dataclass
-class Priced:
-    price: float
-
-
-@dataclasses.dataclass
-class Holder:
-    held: Any
-
-
-class Unwritten(BaseModel):
-    kept: Any = Field(exclude=True)
-
-
-class StringsLine(BaseModel):
-    model_config = ConfigDict(ser_json_inf_nan="strings")
-    price: float
-
-
 @pytest.mark.parametrize(
     "item",
     [
@@ -105,21 +66,9 @@ class StringsLine(BaseModel):
         Basket(lines=[], totals={"x": INF}),
         Message("prices", Plain(price=NAN)),
         Message("prices", Basket(lines=[Line(price=-INF)])),
-        Untyped(anything=Line(price=NAN)),
-        Untyped(anything=[{"deep": Line(price=INF)}]),
-        Untyped(as_any=Line(price=NAN)),
-        Untyped(by_name={"line": Line(price=NAN)}),
-        Untyped(extra_line=Line(price=NAN)),  # type: ignore[call-arg]
-        Untyped(anything=Priced(price=NAN)),
-        Untyped(anything=Holder(held=Line(price=NAN))),
-        Message("prices", Untyped(anything=Untyped(anything=Line(price=NAN)))),
     ],
-    ids=[
-        "nan", "-inf", "constants", "nested", "dict", "plain_model", "event_as_payload",
-        "in_any", "deep_in_any", "serialize_as_any", "dict_of_any", "extra", "pydantic_dataclass",
-        "dataclass_in_any", "twice_untyped",
-    ],
-)  # fmt: skip
+    ids=["nan", "-inf", "constants", "nested", "dict", "plain_model", "event_as_payload"],
+)
 def test_nan_and_infinity_in_pydantic_payloads_are_refused(item: Any) -> None:
     with pytest.raises(SerializationError, match="NaN or Infinity"):
         prepare(item, CONFIG)
@@ -165,11 +114,8 @@ def test_a_model_completed_after_its_first_write_is_checked_once_complete() -> N
         Basket(lines=[Line(price=2.25)], totals={"Infinity": 1}),
         AsStrings(sku="s", price=NAN),  # the model asks for "NaN" strings: valid JSON
         Message("prices", Plain(price=0.5, note='say "NaN" and Infinity')),
-        Untyped(anything=Line(price=1.5), as_any=Line(price=2), by_name={"l": Line(price=3)}),
-        Untyped(anything=StringsLine(price=NAN)),  # its own "strings": valid JSON, kept
-        Message("prices", Unwritten(kept=Line(price=NAN))),  # excluded: not written
     ],
-    ids=["text", "key", "strings", "plain_model", "models_untyped", "strings_untyped", "excluded"],
+    ids=["text", "key", "strings", "plain_model"],
 )
 def test_payloads_without_nan_are_written_as_pydantic_writes_them(item: Any) -> None:
     model = item.payload if isinstance(item, Message) else item
@@ -177,13 +123,6 @@ def test_payloads_without_nan_are_written_as_pydantic_writes_them(item: Any) -> 
     assert row.payload == model.model_dump_json().encode()
     assert row.content_type == "application/json"
     json.loads(row.payload)
-
-
-class _Leaky(tzinfo):
-    """A time zone whose failure tells a secret (the writer's error must not repeat it)."""
-
-    def utcoffset(self, dt: datetime | None) -> timedelta:
-        raise RuntimeError(SECRET)
 
 
 SECRET_ITEMS = {
@@ -196,7 +135,6 @@ SECRET_ITEMS = {
     "key_surrogate": Message("t", b"x", key=SECRET + "\ud800"),
     "schema_version": Message("t", b"x", schema_version=SECRET),  # type: ignore[arg-type]
     "deliver_after": Message("t", b"x", deliver_after=SECRET),  # type: ignore[arg-type]
-    "deliver_after_tzinfo": Message("t", b"x", deliver_after=datetime(2030, 1, 1, tzinfo=_Leaky())),
 }
 NAMED = {
     "header_bytes": "header 'authorization' is bytes (40 bytes)",
@@ -208,7 +146,6 @@ NAMED = {
     "key_surrogate": "message key is not valid UTF-8",
     "schema_version": "got str (40 characters)",
     "deliver_after": "got str (40 characters)",
-    "deliver_after_tzinfo": "deliver_after refused: its tzinfo (_Leaky) gave no valid UTC offset",
 }
 
 

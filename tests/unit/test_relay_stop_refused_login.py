@@ -84,7 +84,11 @@ async def _stopped_while(producer: _NeverStarts, checkpoints: object = None) -> 
     async def not_paused(conn: object, group: str) -> bool:
         return False
 
+    async def no_earlier_slots(conn: object, term: object, slots: int) -> int:
+        return slots
+
     worker._store.paused = not_paused  # type: ignore[method-assign]
+    worker._store.raise_producer_slots = no_earlier_slots  # type: ignore[method-assign,assignment]
     worker._checkpoints = checkpoints  # type: ignore[assignment]
     worker._producer_factory = lambda shard, slot: producer  # type: ignore[assignment,return-value]
     running = asyncio.create_task(worker.run())

@@ -24,6 +24,7 @@ GRANT SELECT ON {schema}.outbox_setting TO {role};
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_message TO {role};
 GRANT SELECT, INSERT, UPDATE ON {schema}.relay_lease TO {role};
+GRANT SELECT, INSERT, UPDATE ON {schema}.relay_producer_slots TO {role};
 GRANT SELECT ON {schema}.relay_control TO {role};
 GRANT USAGE ON SEQUENCE {schema}.relay_fencing_token_seq TO {role};
 GRANT SELECT ON {schema}.outbox_setting TO {role};

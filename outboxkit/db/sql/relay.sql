@@ -23,12 +23,9 @@ SELECT 1;
 -- lock_timeout. The WHERE below still decides under the lock, and a takeover draws its token
 -- there too: one drawn before the lock could be smaller than the token of a holder that took
 -- the lease and gave it up while this statement waited.
--- producer_slots: raised to the transactional ids (:slots) this holder will use before it uses
--- them; returned, it is how many a takeover fences (relay/slot_fencing.py).
-INSERT INTO {schema}.relay_lease AS l
-    (relay_group, shard, holder, token, expires_at, producer_slots)
+INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
 SELECT :group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
-       coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second', :slots
+       coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.relay_lease
     WHERE relay_group = :group AND shard = :shard AND holder IS NOT NULL AND holder <> :holder
@@ -36,19 +33,10 @@ WHERE NOT EXISTS (
 )
 ON CONFLICT (relay_group, shard) DO UPDATE
 SET holder = excluded.holder, token = nextval('{schema}.relay_fencing_token_seq'),
-    acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at,
-    producer_slots = greatest(l.producer_slots, excluded.producer_slots)
+    acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
 WHERE l.holder IS NULL OR l.holder = excluded.holder
    OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
-RETURNING token, producer_slots;
-
--- name: lease_slots_fenced
--- Every slot above :slots was fenced by this term (the one holding :token): only its own may be
--- in use from now on.
-UPDATE {schema}.relay_lease
-SET producer_slots = :slots
-WHERE relay_group = :group AND shard = :shard AND token = :token
-  AND expires_at > coalesce(CAST(:now AS timestamptz), now());
+RETURNING token;
 
 -- name: lease_renew_many
 -- Every lease one relay process holds, renewed in one statement on one connection (a process
@@ -139,6 +127,27 @@ lease AS (
       AND expires_at > coalesce(CAST(:now AS timestamptz), now())
     FOR SHARE
 )
+
+-- name: producer_slots_raise
+-- An exactly-once takeover, before it uses a slot: the count of slots any holder of the shard
+-- may have used since they were last fenced, raised to this holder's own (:slots); "changed" is
+-- the count after that, up to which the takeover fences (relay/takeover.py).
+WITH {_lease_held}, raised AS (
+    INSERT INTO {schema}.relay_producer_slots AS s (relay_group, shard, slots)
+    SELECT :group, :shard, :slots WHERE EXISTS (SELECT 1 FROM lease)
+    ON CONFLICT (relay_group, shard) DO UPDATE SET slots = greatest(s.slots, excluded.slots)
+    RETURNING s.slots
+)
+SELECT (SELECT count(*) FROM lease) AS held, coalesce((SELECT slots FROM raised), 0) AS changed;
+
+-- name: producer_slots_fenced
+-- Every slot above :slots was fenced by this term: only its own may be in use from now on.
+WITH {_lease_held}, done AS (
+    UPDATE {schema}.relay_producer_slots SET slots = :slots
+    WHERE relay_group = :group AND shard = :shard AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: mark_published
 WITH {_lease_held}, done AS (
