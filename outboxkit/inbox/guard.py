@@ -117,10 +117,10 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
     """
     try:
         return _error_text(exc, detail)
-    except Exception as failure:
+    except BaseException as failure:  # a handler's str() may raise anything, SystemExit too
         try:
             return _unprintable(exc, failure, detail)
-        except Exception:  # not even its class's name can be read
+        except BaseException:  # not even its class's name can be read
             return "unprintable exception"
 
 
@@ -129,7 +129,7 @@ def message(exc: BaseException) -> str:
     raise its own subclass of one of ours)."""
     try:
         return str(exc)
-    except Exception:
+    except BaseException:  # a handler's str() may raise anything, SystemExit too
         return error_text(exc)
 
 
@@ -161,7 +161,7 @@ def _error_text(exc: BaseException, detail: bool) -> str:
     return bounded(with_pooler_hint(f"{type(exc).__name__} (SQLSTATE {sqlstate}): {first}", exc))
 
 
-def _unprintable(exc: BaseException, failure: Exception, detail: bool) -> str:
+def _unprintable(exc: BaseException, failure: BaseException, detail: bool) -> str:
     """``Class: message (str() raised Error)``, quoting the first line of the message the
     exception was built with only if that is plain text and, unless ``detail``, the exception
     is no database error (whose message may quote row values). Calls none of its methods."""

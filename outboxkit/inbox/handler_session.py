@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
+import weakref
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
@@ -38,7 +40,10 @@ AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}  # the claims, marks and renewals
 # At REPEATABLE READ or SERIALIZABLE a lease renewal of the event's row during the handler made
 # the token-conditional mark fail with a serialization failure (a handler outliving the renewal
 # interval never succeeded); on an AUTOCOMMIT engine each handler statement committed at once.
-HANDLER_ISOLATION = {"isolation_level": "READ COMMITTED"}
+# The handler's connection is marked too (an execution option: it goes with this Connection
+# object only, not with the pooled connection under it), so its own commit can be refused.
+_HANDLER = "outboxkit_handler"
+HANDLER_ISOLATION: dict[str, Any] = {"isolation_level": "READ COMMITTED", _HANDLER: True}
 
 
 class HandlerSession(Session):
@@ -53,6 +58,61 @@ class HandlerSession(Session):
 def _refuse_handler_commit(session: Session) -> None:
     if not session.info.get(COMMIT_ALLOWED):
         raise HandlerCommitError()
+
+
+_OURS = "outboxkit_commit_allowed"  # our own commit of the handler's connection
+# Transaction control sent as SQL (``session.execute(text("COMMIT"))``, ``exec_driver_sql``):
+# it would end the transaction the handlers' writes must commit in, with their marks, behind
+# the session's back (a COMMIT made them durable before the token check; a ROLLBACK lost the
+# earlier handlers' writes of a batch, which were then marked succeeded). Savepoints pass.
+_ENDS_TRANSACTION = re.compile(
+    r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*"
+    r"(?:COMMIT|END|ABORT|BEGIN|START\s+TRANSACTION|PREPARE\s+TRANSACTION"
+    r"|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b))\b",
+    re.IGNORECASE | re.DOTALL,
+)
+_GUARDED: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _refuse_sql_transaction_control(
+    conn: Connection, cursor: Any, statement: str, *args: Any
+) -> None:
+    if conn.get_execution_options().get(_HANDLER) and _ENDS_TRANSACTION.match(statement):
+        raise HandlerCommitError(
+            "a handler must not end its transaction (COMMIT, ROLLBACK, PREPARE TRANSACTION or"
+            " the like sent as SQL): its writes commit with the dedup row, after it returns"
+        )
+
+
+def _refuse_connection_commit(conn: Connection) -> None:
+    """A handler's ``Connection.commit()``: SQLAlchemy has ended its side of the transaction by
+    now whatever this raises, so the connection is closed (invalidated, its transaction rolled
+    back on the server) rather than left to go on in a new one. In a batch the run then goes on
+    one event at a time, where this handler fails alone."""
+    options = conn.get_execution_options()
+    if options.get(_HANDLER) and not options.get(_OURS):
+        conn.invalidate()
+        raise HandlerCommitError(
+            "a handler must not commit its connection: its writes commit with the dedup row,"
+            " after it returns (its connection was closed, its transaction rolled back)"
+        )
+
+
+def _guarded(engine: Engine) -> Engine:
+    """``engine`` with the listeners that refuse a handler's own commit on its connection."""
+    if engine not in _GUARDED:
+        sa_event.listen(engine, "before_cursor_execute", _refuse_sql_transaction_control)
+        sa_event.listen(engine, "commit", _refuse_connection_commit)
+        _GUARDED.add(engine)
+    return engine
+
+
+def allow_commit(session: Session | AsyncSession, conn: Connection | AsyncConnection) -> None:
+    """Our own commit of the handler's session and connection (theirs are refused)."""
+    session.info[COMMIT_ALLOWED] = True
+    sync = _sync(conn)
+    assert sync is not None
+    sync.execution_options(**{_OURS: True})
 
 
 def transaction_ended(
@@ -156,9 +216,19 @@ def releasing(session: Session, conn: Connection | AsyncConnection | None) -> It
 
 
 def returned_nothing(value: Any) -> None:
-    """A sync handler returns None: a coroutine back means an async handler given to Inbox."""
-    if value is not None:
-        raise ConfigurationError("an Inbox handler must not return a value (async handler?)")
+    """What a sync handler returned is ignored (a batch handler may return its results), unless
+    its body has not run: a coroutine or a generator means an async handler, or a generator
+    function, given to Inbox."""
+    if value is None or not (
+        inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value)
+    ):
+        return
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited, on purpose: no warning for it
+    raise ConfigurationError(
+        "an Inbox handler must run when called: it returned a coroutine or a generator (an"
+        " async handler, or a generator function?)"
+    )
 
 
 def awaited(returned: Any) -> Awaitable[Any]:
@@ -203,7 +273,7 @@ def committed(conn: Connection | AsyncConnection) -> None:
         raise HandlerTransactionAbortedError("the handler's transaction did not commit")
 
 
-def isolated(conn: Connection, options: dict[str, str]) -> Connection:
+def isolated(conn: Connection, options: dict[str, Any]) -> Connection:
     """``conn`` at the level ``options`` name. What an ``engine_connect`` listener of yours ran
     on it (``SET application_name``, say) began a transaction, in which no level can be set:
     it is committed first."""
@@ -213,7 +283,7 @@ def isolated(conn: Connection, options: dict[str, str]) -> Connection:
     return conn
 
 
-async def isolated_async(conn: AsyncConnection, options: dict[str, str]) -> AsyncConnection:
+async def isolated_async(conn: AsyncConnection, options: dict[str, Any]) -> AsyncConnection:
     """:func:`isolated` for asyncio."""
     if conn.in_transaction():
         await conn.commit()
@@ -225,7 +295,7 @@ def handler_session(engine: Engine) -> tuple[HandlerSession, Connection]:
     """A handler's session bound to a connection of its own at READ COMMITTED: every
     transaction the session begins on it keeps the level, also after a handler's own rollback
     (a session bound to the engine would take another connection, at the engine's level)."""
-    conn = engine.connect()
+    conn = _guarded(engine).connect()
     try:
         session = HandlerSession(bind=isolated(conn, HANDLER_ISOLATION), **_OWNED)
         return session, conn
@@ -236,6 +306,7 @@ def handler_session(engine: Engine) -> tuple[HandlerSession, Connection]:
 
 async def handler_session_async(engine: AsyncEngine) -> tuple[AsyncSession, AsyncConnection]:
     """:func:`handler_session` for asyncio."""
+    _guarded(engine.sync_engine)
     conn = await engine.connect()
     try:
         await isolated_async(conn, HANDLER_ISOLATION)

@@ -22,7 +22,7 @@ from outboxkit.inbox.delivery import DeadLetterStep, InboxCore, InboxSettings, R
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.handler_session import (
     AUTOCOMMIT,
-    COMMIT_ALLOWED,
+    allow_commit,
     awaited,
     committed,
     driver_of,
@@ -210,7 +210,7 @@ class _SyncSteps(_Steps):
         assert session is not None
         assert conn is not None
         with conn, session:
-            session.info[COMMIT_ALLOWED] = True
+            allow_commit(session, conn)
             session.commit()
             committed(conn)
 
@@ -350,7 +350,7 @@ class _AsyncSteps(_Steps):
         assert conn is not None
         try:  # (an AsyncConnection has no `async with` once started)
             async with session:
-                session.info[COMMIT_ALLOWED] = True
+                allow_commit(session, conn)
                 await session.commit()
                 committed(conn)
         finally:

@@ -529,6 +529,39 @@ def test_a_handler_swallowing_a_database_error_in_a_batch_fails_alone(
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, b])
 
 
+@pytest.mark.parametrize("statement", ["ROLLBACK", "COMMIT"])
+def test_a_handler_ending_the_batchs_transaction_with_sql_fails_alone(
+    start: Start,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    statement: str,
+) -> None:
+    """Batch a, ender, b (one partition): ender sends ROLLBACK or COMMIT as SQL, behind the
+    session's back. It is refused before it is sent (HandlerCommitError): ender fails (retried,
+    then dead) alone; a and b apply once. Before, a ROLLBACK lost a's effect while a was marked
+    succeeded (the marks ran in a new transaction), and a COMMIT made a's effect durable before
+    its mark, so the batch's rerun applied it again."""
+    topic = outboxkit_topic()
+    a, ender, b = (str(uuid.uuid4()) for _ in range(3))
+    for event_id in (a, ender, b):
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    start(
+        [topic],
+        Behaviour(sql={ender: text(statement)}),
+        policy=RetryPolicy(max_attempts=2, initial_delay=0.1),
+        dead_letter=outboxkit_topic(prefix="dlq"),
+        consumer_options={"batch_max_ms": 300.0},
+    )
+    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the ender")
+    assert _state(outboxkit_db_url, a) == "succeeded"
+    row = inbox_row(outboxkit_db_url, "billing", ender)
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("dead", 2)
+    assert "HandlerCommitError" in row["last_error"]
+    assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a, b])
+
+
 class _Keyed(DeclarativeBase):
     pass
 

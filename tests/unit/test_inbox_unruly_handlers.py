@@ -91,6 +91,37 @@ def test_error_text_of_an_exception_whose_str_raises_names_its_class(detail: boo
     assert error_text(Anonymous("x"), detail=detail) == "unprintable exception"
 
 
+class ExitsWhenPrinted(Exception):
+    """Its ``str()`` raises what is no ``Exception``: before, it escaped the settling and
+    stopped the consumer, after every run of the event (a crash loop)."""
+
+    def __str__(self) -> str:
+        raise SystemExit(3)
+
+
+def test_error_text_of_an_exception_whose_str_raises_a_base_exception() -> None:
+    assert error_text(ExitsWhenPrinted("x")) == "ExitsWhenPrinted: x (str() raised SystemExit)"
+    assert message(ExitsWhenPrinted("x")) == "ExitsWhenPrinted: x (str() raised SystemExit)"
+
+
+def test_a_sync_handler_may_return_a_value_but_not_an_unrun_body() -> None:
+    from outboxkit.errors import ConfigurationError
+    from outboxkit.inbox.handler_session import returned_nothing
+
+    returned_nothing(None)
+    returned_nothing(["result", 1])  # ignored (a batch handler's results, say)
+
+    async def coroutine() -> None:
+        pass
+
+    def generator() -> Any:
+        yield 1
+
+    for unrun in (coroutine(), generator()):
+        with pytest.raises(ConfigurationError, match="coroutine or a generator"):
+            returned_nothing(unrun)
+
+
 def test_error_text_of_an_unprintable_database_error_quotes_no_value() -> None:
     text = error_text(LooksLikeADatabaseError(f"value {SECRET} refused"))
     assert text == "LooksLikeADatabaseError (str() raised AttributeError)"
