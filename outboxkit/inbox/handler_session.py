@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import re
-import weakref
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
@@ -27,6 +25,7 @@ from outboxkit.errors import (
     HandlerTransactionAbortedError,
     LeaseLostError,
 )
+from outboxkit.inbox.commit_guard import guard
 from outboxkit.inbox.steps import RunInSavepoint, RunInTransaction
 
 COMMIT_ALLOWED = "outboxkit.inbox.commit_allowed"
@@ -40,10 +39,7 @@ AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}  # the claims, marks and renewals
 # At REPEATABLE READ or SERIALIZABLE a lease renewal of the event's row during the handler made
 # the token-conditional mark fail with a serialization failure (a handler outliving the renewal
 # interval never succeeded); on an AUTOCOMMIT engine each handler statement committed at once.
-# The handler's connection is marked too (an execution option: it goes with this Connection
-# object only, not with the pooled connection under it), so its own commit can be refused.
-_HANDLER = "outboxkit_handler"
-HANDLER_ISOLATION: dict[str, Any] = {"isolation_level": "READ COMMITTED", _HANDLER: True}
+HANDLER_ISOLATION: dict[str, Any] = {"isolation_level": "READ COMMITTED"}
 
 
 class HandlerSession(Session):
@@ -60,59 +56,9 @@ def _refuse_handler_commit(session: Session) -> None:
         raise HandlerCommitError()
 
 
-_OURS = "outboxkit_commit_allowed"  # our own commit of the handler's connection
-# Transaction control sent as SQL (``session.execute(text("COMMIT"))``, ``exec_driver_sql``):
-# it would end the transaction the handlers' writes must commit in, with their marks, behind
-# the session's back (a COMMIT made them durable before the token check; a ROLLBACK lost the
-# earlier handlers' writes of a batch, which were then marked succeeded). Savepoints pass.
-_ENDS_TRANSACTION = re.compile(
-    r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*"
-    r"(?:COMMIT|END|ABORT|BEGIN|START\s+TRANSACTION|PREPARE\s+TRANSACTION"
-    r"|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b))\b",
-    re.IGNORECASE | re.DOTALL,
-)
-_GUARDED: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-def _refuse_sql_transaction_control(
-    conn: Connection, cursor: Any, statement: str, *args: Any
-) -> None:
-    if conn.get_execution_options().get(_HANDLER) and _ENDS_TRANSACTION.match(statement):
-        raise HandlerCommitError(
-            "a handler must not end its transaction (COMMIT, ROLLBACK, PREPARE TRANSACTION or"
-            " the like sent as SQL): its writes commit with the dedup row, after it returns"
-        )
-
-
-def _refuse_connection_commit(conn: Connection) -> None:
-    """A handler's ``Connection.commit()``: SQLAlchemy has ended its side of the transaction by
-    now whatever this raises, so the connection is closed (invalidated, its transaction rolled
-    back on the server) rather than left to go on in a new one. In a batch the run then goes on
-    one event at a time, where this handler fails alone."""
-    options = conn.get_execution_options()
-    if options.get(_HANDLER) and not options.get(_OURS):
-        conn.invalidate()
-        raise HandlerCommitError(
-            "a handler must not commit its connection: its writes commit with the dedup row,"
-            " after it returns (its connection was closed, its transaction rolled back)"
-        )
-
-
-def _guarded(engine: Engine) -> Engine:
-    """``engine`` with the listeners that refuse a handler's own commit on its connection."""
-    if engine not in _GUARDED:
-        sa_event.listen(engine, "before_cursor_execute", _refuse_sql_transaction_control)
-        sa_event.listen(engine, "commit", _refuse_connection_commit)
-        _GUARDED.add(engine)
-    return engine
-
-
-def allow_commit(session: Session | AsyncSession, conn: Connection | AsyncConnection) -> None:
-    """Our own commit of the handler's session and connection (theirs are refused)."""
+def allow_commit(session: Session | AsyncSession) -> None:
+    """Our own commit of the handler's session (the handler's are refused)."""
     session.info[COMMIT_ALLOWED] = True
-    sync = _sync(conn)
-    assert sync is not None
-    sync.execution_options(**{_OURS: True})
 
 
 def transaction_ended(
@@ -295,9 +241,10 @@ def handler_session(engine: Engine) -> tuple[HandlerSession, Connection]:
     """A handler's session bound to a connection of its own at READ COMMITTED: every
     transaction the session begins on it keeps the level, also after a handler's own rollback
     (a session bound to the engine would take another connection, at the engine's level)."""
-    conn = _guarded(engine).connect()
+    conn = engine.connect()
     try:
         session = HandlerSession(bind=isolated(conn, HANDLER_ISOLATION), **_OWNED)
+        guard(driver_of(conn), engine)
         return session, conn
     except BaseException:
         conn.close()
@@ -306,10 +253,10 @@ def handler_session(engine: Engine) -> tuple[HandlerSession, Connection]:
 
 async def handler_session_async(engine: AsyncEngine) -> tuple[AsyncSession, AsyncConnection]:
     """:func:`handler_session` for asyncio."""
-    _guarded(engine.sync_engine)
     conn = await engine.connect()
     try:
         await isolated_async(conn, HANDLER_ISOLATION)
+        guard(driver_of(conn.sync_connection), engine.sync_engine)
         return AsyncSession(bind=conn, sync_session_class=HandlerSession, **_OWNED), conn
     except BaseException:
         await conn.close()

@@ -210,7 +210,7 @@ class _SyncSteps(_Steps):
         assert session is not None
         assert conn is not None
         with conn, session:
-            allow_commit(session, conn)
+            allow_commit(session)
             session.commit()
             committed(conn)
 
@@ -350,7 +350,7 @@ class _AsyncSteps(_Steps):
         assert conn is not None
         try:  # (an AsyncConnection has no `async with` once started)
             async with session:
-                allow_commit(session, conn)
+                allow_commit(session)
                 await session.commit()
                 committed(conn)
         finally:
