@@ -20,28 +20,46 @@ import weakref
 from typing import Any
 
 import psycopg
+from psycopg.sql import Composable
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 
 from outboxkit.errors import HandlerCommitError
 
-_ENDS_TRANSACTION = re.compile(
-    r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*"
+_GAP = r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))"  # whitespace and comments between tokens
+_KEYWORD = (
     r"(?:COMMIT|END|ABORT|BEGIN|START\s+TRANSACTION|PREPARE\s+TRANSACTION"
-    r"|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b))\b",
-    re.IGNORECASE | re.DOTALL,
+    rf"|ROLLBACK(?!{_GAP}+(?:(?:WORK|TRANSACTION){_GAP}+)?TO\b))\b"
 )
-_GUARDED_CLASSES: dict[type[Any], type[Any]] = {}  # a cursor class -> its guarded subclass
-_WATCHED: weakref.WeakSet[Engine] = weakref.WeakSet()
+_ENDS_TRANSACTION = re.compile(rf"{_GAP}*{_KEYWORD}", re.IGNORECASE | re.DOTALL)
+# A query without parameters goes by the simple protocol, which runs several statements: one
+# after a ";" counts too (a ";" inside a string literal followed by such a word is refused
+# as well: rare, and only without parameters).
+_ENDS_LATER = re.compile(rf";{_GAP}*{_KEYWORD}", re.IGNORECASE | re.DOTALL)
 
 
-def _refuse(query: object) -> None:
+def _refuse(query: object, params: object, cursor: Any) -> None:
+    if isinstance(query, Composable):
+        query = query.as_string(cursor.connection)
     text = query.decode("utf-8", "replace") if isinstance(query, bytes) else query
-    if isinstance(text, str) and _ENDS_TRANSACTION.match(text):
+    if isinstance(text, str) and (
+        _ENDS_TRANSACTION.match(text) or (not params and _ENDS_LATER.search(text))
+    ):
         raise HandlerCommitError(
             "a handler must not end its transaction (COMMIT, ROLLBACK, PREPARE TRANSACTION or"
             " the like sent as SQL): its writes commit with the dedup row, after it returns"
         )
+
+
+def _base(factory: Any) -> type[Any] | None:
+    """The cursor class a guarded one was made from (None: not a guarded class)."""
+    return getattr(factory, _BASE, None)
+
+
+_BASE = "_outboxkit_unguarded"
+# A cursor class -> its guarded subclass (two threads may each make one: both are marked)
+_GUARDED_CLASSES: dict[type[Any], type[Any]] = {}
+_WATCHED: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def _guarded_class(base: type[Any]) -> type[Any]:
@@ -51,19 +69,36 @@ def _guarded_class(base: type[Any]) -> type[Any]:
     if issubclass(base, psycopg.AsyncCursor):
 
         class GuardedAsync(base):  # type: ignore[misc]
-            async def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-                _refuse(query)
-                return await super().execute(query, *args, **kwargs)
+            async def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                _refuse(query, params, self)
+                return await super().execute(query, params, **kw)
+
+            async def executemany(self, query: Any, params_seq: Any, **kw: Any) -> Any:
+                _refuse(query, None, self)
+                return await super().executemany(query, params_seq, **kw)
+
+            def stream(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                _refuse(query, params, self)
+                return super().stream(query, params, **kw)
 
         found = GuardedAsync
     else:
 
         class Guarded(base):  # type: ignore[misc]
-            def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-                _refuse(query)
-                return super().execute(query, *args, **kwargs)
+            def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                _refuse(query, params, self)
+                return super().execute(query, params, **kw)
+
+            def executemany(self, query: Any, params_seq: Any, **kw: Any) -> Any:
+                _refuse(query, None, self)
+                return super().executemany(query, params_seq, **kw)
+
+            def stream(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                _refuse(query, params, self)
+                return super().stream(query, params, **kw)
 
         found = Guarded
+    setattr(found, _BASE, base)  # recognised (and undone) whichever thread made it
     _GUARDED_CLASSES[base] = found
     return found
 
@@ -72,7 +107,7 @@ def guard(driver: Any, engine: Engine) -> None:
     """Refuse transaction control sent as SQL on ``driver`` (a psycopg connection) until the
     pool of ``engine`` (a sync engine) gets it back."""
     factory = getattr(driver, "cursor_factory", None)
-    if factory is None or factory in _GUARDED_CLASSES.values():
+    if factory is None or _base(factory) is not None:
         return
     if engine not in _WATCHED:
         sa_event.listen(engine.pool, "checkin", _unguard)
@@ -82,6 +117,6 @@ def guard(driver: Any, engine: Engine) -> None:
 
 def _unguard(dbapi_connection: Any, record: Any) -> None:
     driver: Any = getattr(record, "driver_connection", None)
-    factory = getattr(driver, "cursor_factory", None)
-    if factory is not None and factory in _GUARDED_CLASSES.values():
-        driver.cursor_factory = factory.__bases__[0]
+    base = _base(getattr(driver, "cursor_factory", None))
+    if base is not None:
+        driver.cursor_factory = base

@@ -117,10 +117,12 @@ def error_text(exc: BaseException, *, detail: bool = False) -> str:
     """
     try:
         return _error_text(exc, detail)
+    except KeyboardInterrupt:  # a Ctrl-C that came meanwhile is a stop, not the text
+        raise
     except BaseException as failure:  # a handler's str() may raise anything, SystemExit too
         try:
             return _unprintable(exc, failure, detail)
-        except BaseException:  # not even its class's name can be read
+        except Exception:  # not even its class's name can be read
             return "unprintable exception"
 
 
@@ -129,6 +131,8 @@ def message(exc: BaseException) -> str:
     raise its own subclass of one of ours)."""
     try:
         return str(exc)
+    except KeyboardInterrupt:
+        raise
     except BaseException:  # a handler's str() may raise anything, SystemExit too
         return error_text(exc)
 

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from psycopg import sql as psycopg_sql
 
 from outboxkit.errors import HandlerCommitError
 from outboxkit.inbox.handler_session import allow_commit, handler_session
 
 pytestmark = pytest.mark.integration
 
-ENDS = ["COMMIT", "rollback and chain", "/* x */ END", "-- a\nABORT", "PREPARE TRANSACTION 'x'"]
+ENDS = [
+    "COMMIT",
+    "rollback and chain",
+    "/* x */ END",
+    "-- a\nABORT",
+    "PREPARE TRANSACTION 'x'",
+    "SELECT 1; COMMIT",  # without parameters psycopg sends it as one simple query
+]
 COUNT = sa.text("SELECT count(*) FROM public.guarded")
 
 
@@ -33,6 +41,11 @@ def test_the_handler_connection_refuses_transaction_control_as_sql(outboxkit_db_
                     conn.exec_driver_sql(statement)
                 with pytest.raises(HandlerCommitError):
                     conn.connection.driver_connection.execute(statement)
+                with pytest.raises(HandlerCommitError):
+                    conn.connection.driver_connection.cursor().executemany(statement, [()])
+            with pytest.raises(HandlerCommitError):
+                conn.connection.driver_connection.execute(psycopg_sql.SQL("COMMIT"))
+            session.execute(sa.text("SELECT 'a; commit' WHERE :n = 1"), {"n": 1})  # parameters
             nested = session.begin_nested()  # SAVEPOINT, ROLLBACK TO SAVEPOINT: allowed
             session.execute(sa.text("INSERT INTO public.guarded VALUES (2)"))
             nested.rollback()

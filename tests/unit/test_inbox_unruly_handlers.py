@@ -104,6 +104,18 @@ def test_error_text_of_an_exception_whose_str_raises_a_base_exception() -> None:
     assert message(ExitsWhenPrinted("x")) == "ExitsWhenPrinted: x (str() raised SystemExit)"
 
 
+class InterruptedWhilePrinted(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt  # a Ctrl-C that lands while the text is made
+
+
+def test_a_ctrl_c_while_the_error_text_is_made_is_not_swallowed() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        error_text(InterruptedWhilePrinted("x"))
+    with pytest.raises(KeyboardInterrupt):
+        message(InterruptedWhilePrinted("x"))
+
+
 def test_a_sync_handler_may_return_a_value_but_not_an_unrun_body() -> None:
     from outboxkit.errors import ConfigurationError
     from outboxkit.inbox.handler_session import returned_nothing
