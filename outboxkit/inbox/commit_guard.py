@@ -20,7 +20,6 @@ import weakref
 from typing import Any
 
 import psycopg
-from psycopg.sql import Composable
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 
@@ -39,7 +38,7 @@ _ENDS_LATER = re.compile(rf";{_GAP}*{_KEYWORD}", re.IGNORECASE | re.DOTALL)
 
 
 def _refuse(query: object, params: object, cursor: Any) -> None:
-    if isinstance(query, Composable):
+    if not isinstance(query, str | bytes) and hasattr(query, "as_string"):  # a psycopg sql object
         query = query.as_string(cursor.connection)
     text = query.decode("utf-8", "replace") if isinstance(query, bytes) else query
     if isinstance(text, str) and (
