@@ -123,7 +123,11 @@ def _transaction(conn: psycopg.Connection[Any], joined: bool) -> Iterator[psycop
 def _bootstrap(cur: psycopg.Cursor[Any], schema: str) -> None:
     ident = sql.Identifier(schema)
     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"outboxkit.migrate.{schema}",))
-    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    # Only when it is missing: PostgreSQL checks CREATE on the database before IF NOT EXISTS, and
+    # a schema's owner needs that privilege the first time only.
+    cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+    if cur.fetchone() is None:
+        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
     cur.execute(
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.schema_migration ("
@@ -247,7 +251,8 @@ def render_sql(schema: str = DEFAULT_SCHEMA, after: int = 0) -> str:
         "SET LOCAL lock_timeout = 0;",
         "SET LOCAL statement_timeout = 0;",
         f"SELECT pg_advisory_xact_lock(hashtext('outboxkit.migrate.{schema}'));",
-        f"CREATE SCHEMA IF NOT EXISTS {ident};",
+        # (after a first migration the schema exists: no CREATE on the database needed)
+        *([f"CREATE SCHEMA IF NOT EXISTS {ident};"] if after == 0 else []),
         f"CREATE TABLE IF NOT EXISTS {ident}.schema_migration (version integer PRIMARY KEY,"
         " name text NOT NULL, checksum text NOT NULL,"
         " applied_at timestamptz NOT NULL DEFAULT now());",

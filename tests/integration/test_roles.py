@@ -273,3 +273,22 @@ def test_migrate_grants_warns_when_the_app_may_still_set_state_through_another_g
     assert f"warning: role {names['app']} may still INSERT outboxkit.outbox_message.state" in (
         result.output
     )
+
+
+def test_an_owner_without_create_on_the_database_upgrades_its_existing_schema(
+    roles: dict[str, str], outboxkit_db_url: str
+) -> None:
+    """CREATE on the database is needed the first time only: once the schema exists, its
+    owner upgrades it without (before, every `migrate up` ran CREATE SCHEMA IF NOT EXISTS,
+    which PostgreSQL refuses without the privilege even when the schema is there)."""
+    owner = str(urlsplit(roles["owner"]).username)
+    dbname = urlsplit(outboxkit_db_url).path.lstrip("/")
+    migrator.upgrade(roles["owner"], "outboxkit")
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(f'REVOKE CREATE ON DATABASE "{dbname}" FROM {owner}, PUBLIC')
+        conn.execute("DELETE FROM outboxkit.schema_migration WHERE version = 7")
+        conn.execute("DROP TABLE outboxkit.relay_producer_slots")
+    _refused(roles["owner"], "CREATE SCHEMA elsewhere")
+    assert migrator.upgrade(roles["owner"], "outboxkit") == [7]
+    assert migrator.upgrade(roles["owner"], "outboxkit") == []
+    assert "CREATE SCHEMA" not in migrator.render_sql("outboxkit", after=6)
