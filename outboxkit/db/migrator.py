@@ -10,6 +10,7 @@ transaction-pooling PgBouncer.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,11 @@ from outboxkit.errors import MigrationError, SchemaError
 from outboxkit.schema import DEFAULT_SCHEMA, quoted, validate_schema_name
 
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# Runs of one ``upgrade`` on a connection of its own while PostgreSQL picks it as the victim of
+# a deadlock (each run waits for the other side's locks: no back-off is needed).
+DEADLOCK_RUNS = 5
+
+logger = logging.getLogger("outboxkit.migrate")
 
 
 @dataclass(frozen=True)
@@ -172,8 +178,27 @@ def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = Fals
     On a caller's connection that is inside a transaction (an Alembic revision; ``joined``: one
     begun but not yet opened by the driver) this runs in a savepoint of it, and the
     ``search_path`` the migrations need is put back afterwards.
+
+    On a connection of its own (a URL), a transaction PostgreSQL ends as a deadlock's victim is
+    run again, up to :data:`DEADLOCK_RUNS` times in all: several pending migrations hold their
+    locks until the one commit, so running relays and consumers (a retention sweep, a handler
+    writing outbox rows) can take the same tables in the other order. Nothing was applied, and
+    the other side has what it waited for. A caller's transaction is the caller's to run again.
     """
     validate_schema_name(schema)
+    runs = 1 if isinstance(target, psycopg.Connection) else DEADLOCK_RUNS
+    for run in range(1, runs + 1):
+        try:
+            return _upgrade(target, schema, joined)
+        except (MigrationError, psycopg.errors.DeadlockDetected) as exc:
+            cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+            if run == runs or not isinstance(cause, psycopg.errors.DeadlockDetected):
+                raise
+            logger.warning("migrate up: %s; nothing applied, running it again (%d)", exc, run + 1)
+    raise AssertionError("unreachable")
+
+
+def _upgrade(target: Target, schema: str, joined: bool) -> list[int]:
     with _connect(target) as conn, _transaction(conn, joined) as cur:
         _bootstrap(cur, schema)
         status = _status(_applied(cur, schema))
