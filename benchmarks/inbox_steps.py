@@ -1,12 +1,12 @@
 """Where a middleware event's time goes: each step the inbox core hands its driver, timed.
 
-``consumer.py --steps`` wraps the drivers' executor (``outboxkit.inbox.middleware._Steps``) for
-one variant's run and prints the seconds spent in each kind of step (``Sql`` and ``HandlerSql``
-by statement name) per event. A step that returns an awaitable (the async driver) is timed
-until it is awaited to the end, so with aiokafka a step's time also holds whatever else the
-event loop ran meanwhile (the client's fetcher, the lease task): there the figures overlap.
-What is left of the run's time is the core's own Python, the loop and the start-up. Benchmark
-code, not part of outboxkit.
+``consumer.py --steps`` wraps the drivers' executor (``StepsBase`` of
+``outboxkit.inbox.executor_base``) for one variant's run and prints the seconds spent in each
+kind of step (``Sql`` and ``HandlerSql`` by statement name) per event. A step that returns an
+awaitable (the async driver) is timed until it is awaited to the end, so with aiokafka a step's
+time also holds whatever else the event loop ran meanwhile (the client's fetcher, the lease
+task): there the figures overlap. What is left of the run's time is the core's own Python, the
+loop and the start-up. Benchmark code, not part of outboxkit.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from outboxkit.inbox import middleware
+from outboxkit.inbox import executor_base
 from outboxkit.inbox.steps import HandlerSql, Sql
 
 
@@ -31,7 +31,7 @@ def _name(step: Any) -> str:
 def timed_steps() -> Iterator[dict[str, float]]:
     """Seconds per step kind while the block runs (the executor is restored afterwards)."""
     spent: dict[str, float] = defaultdict(float)
-    original = middleware._Steps.__call__
+    original = executor_base.StepsBase.__call__
 
     async def _until_done(awaitable: Awaitable[Any], name: str, started: float) -> Any:
         try:
@@ -39,7 +39,7 @@ def timed_steps() -> Iterator[dict[str, float]]:
         finally:
             spent[name] += time.perf_counter() - started
 
-    def timed(self: middleware._Steps, step: Any) -> Any:
+    def timed(self: executor_base.StepsBase, step: Any) -> Any:
         name, started = _name(step), time.perf_counter()
         try:
             result = original(self, step)
@@ -51,11 +51,11 @@ def timed_steps() -> Iterator[dict[str, float]]:
         spent[name] += time.perf_counter() - started
         return result
 
-    middleware._Steps.__call__ = timed  # type: ignore[method-assign]
+    executor_base.StepsBase.__call__ = timed  # type: ignore[method-assign]
     try:
         yield spent
     finally:
-        middleware._Steps.__call__ = original  # type: ignore[method-assign]
+        executor_base.StepsBase.__call__ = original  # type: ignore[method-assign]
 
 
 def print_steps(label: str, spent: dict[str, float], events: int, seconds: float) -> None:

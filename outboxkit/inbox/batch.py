@@ -25,10 +25,10 @@
 6. then settles the failures (retry or dead, one by one) and the lost leases.
 
 Both runs belong to the same claim, so a rolled-back optimistic run is not an attempt. A batch
-that fails as a whole gives back every claim it did not settle (:mod:`.batch_claims`).
-
-The loop commits the offsets after that. Outcomes are returned only for records no earlier
-record of the same partition holds back; the records to deliver again are handed back.
+that fails as a whole gives back every claim it did not settle, and so does a stop, but for the
+handler running then (:mod:`.batch_claims`). The loop commits the offsets after that. Outcomes
+are returned only for records no earlier record of the same partition holds back; the records
+to deliver again are handed back.
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ class _Batch:
     def __post_init__(self) -> None:
         self.claims = BatchClaims(self.core.statements, self.core.owed, self.core.interruptions)
 
+    def ended_ids(self) -> list[str]:  # failed or lost: their runs count once committed
+        return [item.run.ident.event_id for item, _ in (*self.failed, *self.lost)]
+
     def holds(self, item: _Item) -> bool:
         first = self.held.get(item.tp)
         return first is not None and first < item.index
@@ -160,7 +163,7 @@ class _Batch:
                 items.append(self._item(p, claim))
         items = yield from self._prepare(items)
         succeeded = yield from self._transaction(items)
-        self.claims.keep([item.run.ident.event_id for item, _ in (*self.failed, *self.lost)])
+        self.claims.keep(self.ended_ids())
         for item in succeeded:
             self.done[item.index] = Outcome.succeeded(
                 item.run.ident.event_id, item.run.claim.attempts
@@ -271,7 +274,8 @@ class _Batch:
             ids = {row[0] for row in marked.rows}
             if len(ids) == len(ran):
                 fault_point("before_db_commit")
-                yield CommitHandler()
+                with self.claims.committing(self.ended_ids()):
+                    yield CommitHandler()
                 fault_point("after_db_commit")
                 return ran
             # Cancelled or fenced meanwhile: its writes must not commit, so none of this
@@ -383,13 +387,9 @@ def _taken(claims: dict[str, Claim], ident: Identity) -> bool:
 
 
 def deliver_batch(
-    core: InboxCore,
-    envs: list[Envelope],
-    revoked: RevokedPartition,
-    dead_letter: DeadLetterStep,
+    core: InboxCore, envs: list[Envelope], revoked: RevokedPartition, dead_letter: DeadLetterStep
 ) -> Plan[BatchResult]:
-    """Process ``envs`` as one batch (see the module docs); ends by releasing leases and
-    session."""
+    """Process ``envs`` as one batch (see the module docs); ends by releasing leases, session."""
     try:
         result = yield from _Batch(core, revoked, dead_letter).deliver(envs)
     except Exception:

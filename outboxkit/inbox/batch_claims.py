@@ -16,12 +16,20 @@ it retries under the policy and ends ``dead`` instead of holding its partition f
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from outboxkit.inbox.envelope import Envelope, Identity
 from outboxkit.inbox.guard import error_text
-from outboxkit.inbox.steps import CloseHandler, Plan
+from outboxkit.inbox.steps import (
+    CallHandler,
+    ClaimsHeld,
+    CloseHandler,
+    Plan,
+    RunInTransaction,
+    Step,
+)
 from outboxkit.inbox.store import Claim, InboxStatements
 
 logger = logging.getLogger("outboxkit.inbox.batch")
@@ -102,13 +110,46 @@ class BatchClaims:
                 self.interruptions.outage()
             raise
         self.held = {row[0]: Claim.claimed(*row[1:4]) for row in rows}
+        if self.held:
+            yield ClaimsHeld(self)
         return self.held
+
+    def at_stop(self, in_flight: Step | None) -> Plan[None]:
+        """A stop (``KeyboardInterrupt``, ``SystemExit``, a task's cancellation) ended the batch
+        (``in_flight``: the step it came in): give back the claims whose runs do not count. The
+        handlers' transaction is rolled back, so none of its runs counts but the one the stop
+        came in (a handler that stops the process at every run must end ``dead``, not loop).
+        Rows another transaction holds are skipped: a stop must not wait. A failure is logged
+        and owed, never raised over the stop."""
+        skip = self.released | self.kept | _running(in_flight)
+        keys = [(e, claim.token) for e, claim in self.held.items() if e not in skip]
+        if not keys:
+            return
+        try:
+            yield self.statements.release_stopped_batch(keys)
+        except Exception as exc:
+            logger.warning("claims of a stopped batch not given back: %s", error_text(exc))
+            if self.owed is not None:
+                self.owed.owe(keys)
 
     def release(self, keys: list[tuple[str, int]]) -> Plan[None]:
         """Give claims back, ``(event_id, token)`` each."""
         if keys:
             yield self.statements.release_batch(keys)
             self.released.update(event_id for event_id, _ in keys)
+
+    @contextmanager
+    def committing(self, event_ids: Iterable[str]) -> Iterator[None]:
+        """Around the commit of the handlers' transaction: the runs of ``event_ids`` (failed
+        or lost in it) count once the commit is sent, even if a stop comes in it; not if it
+        raises (the batch then fails as a whole: nothing of it counts)."""
+        ended = set(event_ids) - self.kept
+        self.kept |= ended
+        try:
+            yield
+        except Exception:
+            self.kept -= ended
+            raise
 
     def keep(self, event_ids: Iterable[str]) -> None:
         """These runs count, whatever fails later: a record run alone (one delivery), and once
@@ -134,3 +175,12 @@ class BatchClaims:
             logger.warning("claims of a failed batch not given back: %s", error_text(exc))
             if self.owed is not None:
                 self.owed.owe(keys)
+
+
+def _running(step: Step | None) -> set[str]:
+    """The event ids whose handler ``step`` runs (a batch handler's call: all of its events)."""
+    if isinstance(step, RunInTransaction):
+        return {ctx.event_id for ctx in step.contexts}
+    if isinstance(step, CallHandler):
+        return {step.ctx.event_id}
+    return set()

@@ -8,6 +8,7 @@ autocommit connection of its own, the ``succeeded`` mark in the handler's transa
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -20,6 +21,7 @@ from outboxkit.errors import BatchTransactionEndedError, ConfigurationError
 from outboxkit.inbox.context import HandlerContext
 from outboxkit.inbox.delivery import DeadLetterStep, InboxCore, InboxSettings, Revoked
 from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.executor_base import STOP_GIVE_BACK_SECONDS, StepsBase, cut_short
 from outboxkit.inbox.handler_session import (
     AUTOCOMMIT,
     allow_commit,
@@ -38,8 +40,8 @@ from outboxkit.inbox.handler_session import (
     transaction_aborted,
     transaction_ended,
 )
-from outboxkit.inbox.lease import LeaseHandle, LeaseTask, LeaseThread
 from outboxkit.inbox.lease import LeaseSchedule as _Schedule
+from outboxkit.inbox.lease import LeaseTask, LeaseThread
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.steps import (
     Call,
@@ -52,8 +54,6 @@ from outboxkit.inbox.steps import (
     RunInSavepoint,
     RunInTransaction,
     Sql,
-    StartLease,
-    StartLeases,
     Step,
     StepTable,
     drive_async,
@@ -89,64 +89,7 @@ def _never() -> bool:
     return False
 
 
-def _call(step: Call) -> Any:
-    return step.fn(*step.args)
-
-
-_METHODS: dict[type[Step], str] = {
-    HandlerSql: "handler_sql",
-    CallHandler: "call_handler",
-    CommitHandler: "commit_handler",
-    CloseHandler: "close_handler",
-    OpenHandler: "open_handler",
-    RunInSavepoint: "run_in_savepoint",
-    RunInTransaction: "run_in_transaction",
-    StartLease: "start_lease",
-    StartLeases: "start_leases",
-    EndDelivery: "end_delivery",
-}
-
-
-class _Steps:
-    """One driver's executor: the open handler session and the running lease live here.
-
-    Subclasses provide the methods named in ``_METHODS`` (sync, or coroutines).
-    """
-
-    def __init__(
-        self, keeper: LeaseThread | LeaseTask, sql: Callable[[Sql], Any], extra: StepTable
-    ) -> None:
-        self.keeper = keeper
-        self.leases: list[LeaseHandle] = []
-        self.driver: Any = None  # the open handler transaction's driver connection
-        self.table: dict[type[Step], Callable[[Any], Any]] = {
-            kind: getattr(self, name) for kind, name in _METHODS.items()
-        }
-        self.table.update({Sql: sql, Call: _call, **extra})
-
-    def __call__(self, step: Step) -> Any:
-        return self.table[type(step)](step)
-
-    def release(self) -> Any:
-        return self.table[EndDelivery](EndDelivery())
-
-    def start_lease(self, step: StartLease) -> LeaseHandle:
-        lease = self.keeper.begin(step.event_id, step.token)
-        self.leases.append(lease)
-        return lease
-
-    def start_leases(self, step: StartLeases) -> list[LeaseHandle]:
-        leases = self.keeper.begin_all(step.claims)
-        self.leases.extend(leases)
-        return leases
-
-    def stop_lease(self) -> None:
-        leases, self.leases = self.leases, []
-        for lease in leases:
-            self.keeper.schedule.end(lease)
-
-
-class _SyncSteps(_Steps):
+class _SyncSteps(StepsBase):
     def __init__(self, inbox: Inbox, extra: StepTable) -> None:
         self.inbox = inbox
         self.session: Session | None = None
@@ -222,8 +165,20 @@ class _SyncSteps(_Steps):
                     session.close()  # rolls back what the handler wrote
 
     def end_delivery(self, step: EndDelivery) -> None:
-        self.close_handler(CloseHandler())
         self.stop_lease()
+        self.close_handler(CloseHandler())
+
+    def release(self, in_flight: Step | None) -> None:
+        held = self.stopped()
+        try:
+            self.end_delivery(EndDelivery())  # rolls back first: a mark locks the rows
+        finally:
+            if held is not None:
+                try:
+                    drive_sync(held.claims.at_stop(in_flight), self)
+                except BaseException as exc:
+                    cut_short(exc)
+                    raise
 
 
 EngineT = TypeVar("EngineT", Engine, AsyncEngine)
@@ -284,7 +239,7 @@ class Inbox(_InboxDriver[Engine, SyncHandler]):
         self.lease.close()
 
 
-class _AsyncSteps(_Steps):
+class _AsyncSteps(StepsBase):
     def __init__(self, inbox: AsyncInbox, extra: StepTable) -> None:
         self.inbox = inbox
         self.session: AsyncSession | None = None
@@ -368,6 +323,20 @@ class _AsyncSteps(_Steps):
     async def end_delivery(self, step: EndDelivery) -> None:
         self.stop_lease()
         await self.close_handler(CloseHandler())
+
+    async def release(self, in_flight: Step | None) -> None:
+        held = self.stopped()
+        try:
+            await self.end_delivery(EndDelivery())
+        finally:
+            if held is not None:
+                try:  # bounded: nothing else would end it (a cancellation comes once)
+                    async with asyncio.timeout(STOP_GIVE_BACK_SECONDS):
+                        await drive_async(held.claims.at_stop(in_flight), self)
+                except BaseException as exc:
+                    cut_short(exc)
+                    if not isinstance(exc, TimeoutError):
+                        raise
 
 
 class AsyncInbox(_InboxDriver[AsyncEngine, AsyncHandler]):

@@ -78,6 +78,23 @@ class RunInSavepoint(RunInTransaction):
     rolled back to (the error raised), so the transaction goes on without this handler's writes."""
 
 
+class StopGiveBack(Protocol):
+    """A batch's claims, as the driver sees them at a stop (see :class:`ClaimsHeld`)."""
+
+    def at_stop(self, in_flight: Step | None) -> Plan[None]:
+        """Give back the claims whose runs do not count; raises no ``Exception``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimsHeld(Step):
+    """The claims a batch holds, until its :class:`EndDelivery`. If a stop (a ``BaseException``:
+    ``KeyboardInterrupt``, ``SystemExit``, the task's cancellation) ends the plan, the driver
+    runs the plan ``claims.at_stop(in_flight)`` (``in_flight``: the step running then, if
+    any), so the records whose runs do not count are not charged an attempt."""
+
+    claims: StopGiveBack
+
+
 class CommitHandler(Step):
     """Commit the handler's transaction (with the ``succeeded`` mark in it) and close it."""
 
@@ -211,8 +228,9 @@ class Executor(Protocol):
 
     def __call__(self, step: Step) -> Any: ...
 
-    def release(self) -> Any:
-        """Free what an unfinished plan left open (it was interrupted by a BaseException)."""
+    def release(self, in_flight: Step | None) -> Any:
+        """Free what an unfinished plan left open, and give a stopped batch's claims back (a
+        BaseException ended the plan; ``in_flight``: the step it came in, if any)."""
 
 
 StepTable = Mapping[type[Step], Callable[[Any], Any]]
@@ -227,7 +245,7 @@ class TableExecutor:
     def __call__(self, step: Step) -> Any:
         return self.table[type(step)](step)
 
-    def release(self) -> Any:
+    def release(self, in_flight: Step | None) -> Any:
         return None
 
 
@@ -274,10 +292,12 @@ def _drive(
     ``yield from``, so the same loop serves :func:`drive_sync` (which never sees one) and
     :func:`drive_async`. Only ``Exception`` goes back into the plan, and a handler's own
     ``CancelledError`` as a :class:`HandlerCancelledError` (:func:`handler_cancelled`); any
-    other ``BaseException`` (cancellation, interrupt) ends the drive after ``release``.
+    other ``BaseException`` (cancellation, interrupt) ends the drive after ``release``, told
+    the step it came in (``None``: it came in the plan's own code, between steps).
     """
     reply: Any = None
     error: Exception | None = None
+    in_flight: Step | None = None  # the step being executed: a stop may come in it
     try:
         while True:
             try:
@@ -285,6 +305,7 @@ def _drive(
             except StopIteration as done:
                 result: T = done.value
                 return result
+            in_flight = step
             try:
                 reply, error = execute(step), None
                 # Per step, so the common replies skip ``isawaitable`` (an ABC check): none (most
@@ -302,13 +323,14 @@ def _drive(
                 if error is None:
                     raise
                 reply = None
+            in_flight = None
     except GeneratorExit:  # closed unfinished: nothing can be awaited any more
-        released = execute.release()
+        released = execute.release(in_flight)
         if inspect.iscoroutine(released):
             released.close()
         raise
     except BaseException:
-        released = execute.release()
+        released = execute.release(in_flight)
         if inspect.isawaitable(released):
             yield from _await(released)
         raise

@@ -116,6 +116,12 @@ class InboxStatements:
         interrupted (no attempt counted)."""
         return Sql(self._queries["release_batch"], {**self._tokens(claims), "now": self.now})
 
+    def release_stopped_batch(self, claims: list[tuple[str, int]]) -> Sql:
+        """:meth:`release_batch` at a stop: rows another transaction holds are skipped."""
+        return Sql(
+            self._queries["release_stopped_batch"], {**self._tokens(claims), "now": self.now}
+        )
+
     def succeeded_batch(self, claims: list[tuple[str, int]]) -> HandlerSql:
         """The ``succeeded`` marks of a batch, in its transaction -> the event ids marked."""
         return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims), binary=True)

@@ -50,8 +50,8 @@ class _AtCloseConsumer:
             self.target.cancel()
         return self.inner(step)
 
-    def release(self) -> Any:
-        return self.inner.release()
+    def release(self, in_flight: Step | None) -> Any:
+        return self.inner.release(in_flight)
 
 
 @contextlib.asynccontextmanager

@@ -58,13 +58,15 @@ class Script:
         self.answer = answer
         self.steps: list[Step] = []
         self.released = 0
+        self.in_flight: list[Step | None] = []  # told at each release
 
     def __call__(self, step: Step) -> Any:
         self.steps.append(step)
         return self.answer(step)
 
-    def release(self) -> None:
+    def release(self, in_flight: Step | None) -> None:
         self.released += 1
+        self.in_flight.append(in_flight)
 
     def names(self) -> list[str]:
         return [_name(s) for s in self.steps]

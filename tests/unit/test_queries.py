@@ -107,6 +107,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
             "owner", "lease_seconds", "topics", "kafka_partitions", "kafka_offsets", "now",
         },
         "release_batch": {"consumer", "event_ids", "tokens", "now"},
+        "release_stopped_batch": {"consumer", "event_ids", "tokens", "now"},
         "mark_succeeded_batch": {"consumer", "event_ids", "tokens"},
         "get_state": _INBOX_KEY,
         "count_duplicate": _INBOX_KEY,

@@ -89,6 +89,24 @@ FROM {_batch_keys}
 WHERE m.consumer = g.consumer AND m.event_id = g.event_id AND m.state = 'processing'
   AND m.lease_token = g.token;
 
+-- name: release_stopped_batch
+-- `release_batch` at a stop (KeyboardInterrupt, SystemExit, the task's cancellation) that ended
+-- a batch: a row another transaction holds is skipped, not waited for (nothing would end that
+-- wait: a stop is not repeated), and stays counted.
+WITH free AS (
+    SELECT m.consumer, m.event_id
+    FROM {_batch_keys} JOIN {schema}.inbox_message AS m
+        ON m.consumer = g.consumer AND m.event_id = g.event_id
+    WHERE m.state = 'processing' AND m.lease_token = g.token
+    FOR UPDATE OF m SKIP LOCKED
+)
+UPDATE {schema}.inbox_message AS m
+SET attempts = m.attempts - 1, updated_at = now(),
+    lease_token = nextval('{schema}.inbox_lease_token_seq'),
+    lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
+FROM free
+WHERE m.consumer = free.consumer AND m.event_id = free.event_id;
+
 -- name: get_state
 -- The attempts and last error too: a delivery that finds its event finished acknowledges the
 -- outcome as recorded (the delivery that finished it may have died before acknowledging it).
