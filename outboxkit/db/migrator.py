@@ -194,7 +194,13 @@ def upgrade(target: Target, schema: str = DEFAULT_SCHEMA, *, joined: bool = Fals
             cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
             if run == runs or not isinstance(cause, psycopg.errors.DeadlockDetected):
                 raise
-            logger.warning("migrate up: %s; nothing applied, running it again (%d)", exc, run + 1)
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            logger.warning(
+                "migrate up: %s; nothing applied, running it again (run %d of %d)",
+                first_line,
+                run + 1,
+                runs,
+            )
     raise AssertionError("unreachable")
 
 

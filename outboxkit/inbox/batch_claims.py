@@ -119,18 +119,28 @@ class BatchClaims:
         (``in_flight``: the step it came in): give back the claims whose runs do not count. The
         handlers' transaction is rolled back, so none of its runs counts but the one the stop
         came in (a handler that stops the process at every run must end ``dead``, not loop).
-        Rows another transaction holds are skipped: a stop must not wait. A failure is logged
-        and owed, never raised over the stop."""
+        Rows another transaction holds are skipped: a stop must not wait. The give-back is owed
+        until it is made (a failure is logged, never raised over the stop)."""
         skip = self.released | self.kept | _running(in_flight)
         keys = [(e, claim.token) for e, claim in self.held.items() if e not in skip]
         if not keys:
             return
+        if self.owed is not None:  # owed until made: a second stop may cut the statement short
+            self.owed.owe(keys)
         try:
-            yield self.statements.release_stopped_batch(keys)
+            done = yield self.statements.release_stopped_batch(keys)
         except Exception as exc:
             logger.warning("claims of a stopped batch not given back: %s", error_text(exc))
-            if self.owed is not None:
-                self.owed.owe(keys)
+            return
+        if self.owed is not None:
+            for event_id, _ in keys:
+                self.owed.claims.pop(event_id, None)
+        if done.rowcount < len(keys):
+            logger.info(
+                "stopped batch: %d of %d claims held by another transaction stay counted",
+                len(keys) - done.rowcount,
+                len(keys),
+            )
 
     def release(self, keys: list[tuple[str, int]]) -> Plan[None]:
         """Give claims back, ``(event_id, token)`` each."""

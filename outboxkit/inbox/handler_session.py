@@ -85,11 +85,14 @@ def instead_of_failure(
     ended by the server: ``idle_in_transaction_session_timeout`` after an earlier handler's
     long wait would otherwise count as the failure of the handler that ran next), or the
     handler rolled back in its savepoint (:func:`transaction_ended`). Run alone, each event
-    then counts its own failures. A stop (not an ``Exception``) or a lost lease is never taken
-    for a lost connection; without a savepoint any other failure stays itself (the transaction
-    is rolled back anyway, and the handler's own error is the one to report)."""
-    ours = isinstance(exc, Exception) and not isinstance(exc, LeaseLostError)
-    if ours and (lost := _connection_lost(conn)) is not None:
+    then counts its own failures. A stop (not an ``Exception``) is never replaced (before, one in
+    a savepoint the handler had rolled back became a rerun, and the consumer went on); a lost
+    lease is never taken for a lost connection; without a savepoint any other failure stays
+    itself (the transaction is rolled back anyway, and the handler's own error is the one to
+    report)."""
+    if not isinstance(exc, Exception):  # a stop stays a stop, whatever the transaction did
+        return None
+    if not isinstance(exc, LeaseLostError) and (lost := _connection_lost(conn)) is not None:
         return lost
     if not isinstance(step, RunInSavepoint):
         return None

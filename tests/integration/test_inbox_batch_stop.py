@@ -15,10 +15,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
+from outboxkit.errors import BatchTransactionEndedError
 from outboxkit.inbox import AsyncInbox, HandlerContext, InboxSettings, RetryPolicy
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+from outboxkit.inbox.handler_session import instead_of_failure
+from outboxkit.inbox.steps import RunInSavepoint
 from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
     EFFECT_DDL,
@@ -161,3 +166,26 @@ def test_cancelling_an_async_consumer_mid_batch_gives_the_other_claims_back(
 
     assert asyncio.run(main()) == event_ids[:2]
     _only_the_running_one_charged(outboxkit_db_url, event_ids, waiting)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, asyncio.CancelledError])
+def test_a_stop_in_a_savepoint_the_handler_rolled_back_stays_a_stop(
+    sa_url: str, stop: type[BaseException]
+) -> None:
+    """The handler rolled back (the whole transaction, in SQLAlchemy 2), then the stop came:
+    before, it became a ``BatchTransactionEndedError`` (the batch run again one by one) and
+    the consumer went on; a handler's own failure still does."""
+    engine = create_engine(sa_url)
+    try:
+        with Session(engine) as session:
+            session.begin()
+            outer = session.get_transaction()
+            session.begin_nested()
+            session.execute(text("SELECT 1"))
+            session.rollback()
+            step = RunInSavepoint(lambda *a: None, (), ())
+            assert instead_of_failure(stop(), None, session, outer, step) is None
+            ended = instead_of_failure(RuntimeError("boom"), None, session, outer, step)
+            assert isinstance(ended, BatchTransactionEndedError)
+    finally:
+        engine.dispose()

@@ -92,7 +92,7 @@ class Stack:
             return self._sql(step.query.name, step.params)
         return None
 
-    def release(self) -> None:
+    def release(self, in_flight: Step | None) -> None:
         """The drivers' release of an interrupted plan: nothing held here."""
 
     def _claim(self, event_id: str) -> tuple[int, int, str | None] | None:

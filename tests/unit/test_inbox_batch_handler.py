@@ -202,7 +202,7 @@ class Db:
             self.leases[event_id].mark("cancelled")
         return self.leases[event_id]
 
-    def release(self) -> None:
+    def release(self, in_flight: Step | None) -> None:
         return None
 
     def calls(self) -> list[list[str]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from outboxkit.db import Result
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.batch_claims import BatchClaims, OwedClaims
 from outboxkit.inbox.steps import (
@@ -139,6 +140,26 @@ def test_a_give_back_that_fails_at_a_stop_is_owed_and_logged(
         plan.throw(RuntimeError("server gone"))
     assert owed.claims == {"a": 7}
     assert "claims of a stopped batch not given back: RuntimeError: server gone" in caplog.text
+
+
+def test_a_give_back_at_a_stop_is_owed_until_made_and_tells_rows_it_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Owed before it is sent: a second stop (a timeout, another cancellation) may cut it short,
+    and a process that goes on consuming then makes it before claiming those events again."""
+    owed = OwedClaims(_statements())
+    claims = BatchClaims(_statements(), owed)
+    claims.held = {"a": Claim.claimed(7, 1, None), "b": Claim.claimed(8, 1, None)}
+    plan = claims.at_stop(None)
+    next(plan)
+    assert owed.claims == {"a": 7, "b": 8}
+    with (
+        caplog.at_level(logging.INFO, logger="outboxkit.inbox.batch"),
+        pytest.raises(StopIteration),
+    ):
+        plan.send(Result([], 1))  # one row was held by another transaction
+    assert owed.claims == {}
+    assert "1 of 2 claims held by another transaction stay counted" in caplog.text
 
 
 def _statements() -> InboxStatements:
