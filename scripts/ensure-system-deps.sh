@@ -25,8 +25,10 @@ command -v mvn >/dev/null 2>&1 || kafka+=(maven)
 command -v openssl >/dev/null 2>&1 || kafka+=(openssl)
 if ! command -v python3 >/dev/null 2>&1; then
   base+=(python3 python3-venv)
-elif [ ! -x "$venv/bin/python" ] && ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
-  # Debian's python3 comes without ensurepip: `python3 -m venv` would fail.
+elif ! "$venv/bin/python" -m pip --version >/dev/null 2>&1 \
+     && ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+  # Debian's python3 comes without ensurepip: `python3 -m venv` would fail (the venv is made,
+  # or made again after a run cut short left it without pip).
   base+=(python3-venv)
 fi
 
