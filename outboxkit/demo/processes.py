@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outboxkit.devstack.process import dies_with_parent
 from outboxkit.faults import FAULT_ENV
 from outboxkit.kafka import resolve_client
 from outboxkit.settings import DatabaseSettings, KafkaClient, KafkaSettings
@@ -76,7 +77,14 @@ class DemoProcess:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # Killed with the demo (a SIGKILL or SIGTERM skips its clean-up): before, the
+                # relay and the consumer went on against servers that had died with it.
+                preexec_fn=dies_with_parent,  # fork-safe: libc was loaded before
             )
 
     def rename(self, name: str) -> None:

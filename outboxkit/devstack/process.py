@@ -27,11 +27,29 @@ logger = logging.getLogger("outboxkit.devstack")
 _PR_SET_PDEATHSIG = 1
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not glibc: the registry still cleans up after a killed run
+        return None
+
+
+# Loaded once, in the parent: a dlopen between fork and exec could wait for ever on a loader
+# lock another thread held at the fork (the demo forks while its writer threads run).
+_LIBC = _libc()
+
+
+def dies_with_parent() -> None:
+    """A ``preexec_fn``: the child is SIGKILLed when the thread that started it ends (the
+    demo's relay and consumer outlive a killed demo otherwise)."""
+    if _LIBC is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _die_with_parent() -> None:
-    """Runs in the child between fork and exec."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    """Runs in the child between fork and exec; its own process group too."""
+    dies_with_parent()
     os.setpgrp()
 
 
