@@ -78,7 +78,6 @@ class PostgresServer(ManagedServer):
             base_dir, self._dir_token = make_owned_dir("outboxkit-pg-")
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
-        self.socket_dir = self.base_dir / "sock"
         self.port = free_port()
         self.user = "outboxkit"
         self.password = secrets.token_urlsafe(18)
@@ -137,7 +136,6 @@ class PostgresServer(ManagedServer):
 
     def _initdb(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_dir.mkdir(exist_ok=True)
         pwfile = self.base_dir / "pwfile"
         write_private(pwfile, self.password + "\n")  # 0600 from the start; chowned below
         os.chmod(self.base_dir, 0o755)
@@ -169,7 +167,9 @@ class PostgresServer(ManagedServer):
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "port": str(self.port),
-            "unix_socket_directories": f"'{self.socket_dir}'",
+            # TCP only: a socket path in a long TMPDIR passes the 107-byte limit, and
+            # PostgreSQL would not start
+            "unix_socket_directories": "''",
             "max_connections": "200",
             "wal_level": "logical",
             "max_replication_slots": "8",
