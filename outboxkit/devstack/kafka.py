@@ -371,5 +371,6 @@ class KafkaServer(ManagedServer):
                 start_timeout=timeout,
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
+                secrets=(self._sasl_password, self._store_password),
             )
         self._service.start()

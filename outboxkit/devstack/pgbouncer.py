@@ -194,5 +194,6 @@ class PgBouncer(ManagedServer):
                 stop_signal=signal.SIGQUIT if version >= (1, 23) else signal.SIGTERM,
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
+                secrets=(self._password,),
             )
         self._service.start()

@@ -59,6 +59,10 @@ hostnossl all all ::/0 reject
 hostssl all {CERT_USER} 127.0.0.1/32 cert
 hostssl all all 127.0.0.1/32 scram-sha-256
 """
+#: Set in every URL of the server: it has no GSSAPI, and it is the one server to reach (a libpq
+#: service, ``PGSERVICE``, cannot be overridden from a URL; a wrong one is told by the start's
+#: error).
+_PINNED = "gssencmode=disable&target_session_attrs=any"
 
 
 class PostgresServer(ManagedServer):
@@ -101,13 +105,16 @@ class PostgresServer(ManagedServer):
         return make_server_pem(self.base_dir / "tls", CERT_USER)
 
     def url_for(self, database: str, *, sslmode: str | None = None) -> str:
-        """With ``sslmode`` ``verify-ca``/``verify-full`` the URL names the dev CA too."""
+        """Every URL names its ``sslmode`` (default ``disable``; with ``tls=True`` libpq's own
+        default, ``prefer``) and :data:`_PINNED`, so the developer's ``PGSSLMODE``,
+        ``PGGSSENCMODE`` or ``PGTARGETSESSIONATTRS`` cannot change how it is reached. With
+        ``verify-ca``/``verify-full`` it names the dev CA too."""
+        mode = sslmode or ("prefer" if self.tls else "disable")
         url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
-        if sslmode is None:
-            return url
-        if sslmode in ("verify-ca", "verify-full"):
-            return f"{url}?sslmode={sslmode}&sslrootcert={self.tls_files.ca_pem}"
-        return f"{url}?sslmode={sslmode}"
+        url += f"?sslmode={mode}"
+        if mode in ("verify-ca", "verify-full"):
+            url += f"&sslrootcert={self.tls_files.ca_pem}"
+        return f"{url}&{_PINNED}"
 
     def cert_url_for(self, database: str) -> str:
         """:data:`CERT_USER` with its client certificate, verifying the server (no password)."""
@@ -115,7 +122,7 @@ class PostgresServer(ManagedServer):
         return (
             f"postgresql://{CERT_USER}@127.0.0.1:{self.port}/{database}?sslmode=verify-full"
             f"&sslrootcert={files.ca_pem}&sslcert={files.client_certificate}"
-            f"&sslkey={files.client_key}"
+            f"&sslkey={files.client_key}&{_PINNED}"
         )
 
     def _write_tls(self) -> dict[str, str]:
@@ -251,6 +258,7 @@ class PostgresServer(ManagedServer):
                 user=self._os_user,
                 start_timeout=60,
                 stop_signal=2,  # SIGINT: "fast" shutdown
+                secrets=(self.password,),
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
             )

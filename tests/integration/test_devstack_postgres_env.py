@@ -38,3 +38,17 @@ def test_postgres_starts_in_a_long_tmpdir(long_tmpdir: Path) -> None:
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         server.destroy()
+
+
+def test_the_developers_libpq_variables_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each would make its clients (the readiness probe first) fail to reach the server."""
+    monkeypatch.setenv("PGSSLMODE", "require")
+    monkeypatch.setenv("PGGSSENCMODE", "require")
+    monkeypatch.setenv("PGTARGETSESSIONATTRS", "standby")
+    server = PostgresServer()
+    try:
+        server.start()
+        with psycopg.connect(server.url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.destroy()
