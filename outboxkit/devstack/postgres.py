@@ -13,14 +13,16 @@ from pathlib import Path
 
 import psycopg
 
-from outboxkit.devstack.files import make_owned_dir, write_private
+from outboxkit.devstack.files import write_private
 from outboxkit.devstack.process import (
     ManagedServer,
     ServiceProcess,
+    _die_with_parent,
     chown_tree,
     free_port,
     service_user,
 )
+from outboxkit.devstack.registry import make_registered_dir
 from outboxkit.devstack.tls import ServerPem, make_server_pem
 from outboxkit.errors import DevStackError
 
@@ -79,7 +81,7 @@ class PostgresServer(ManagedServer):
     ) -> None:
         self._dir_token: str | None = None
         if base_dir is None:
-            base_dir, self._dir_token = make_owned_dir("outboxkit-pg-")
+            base_dir, self._dir_token = make_registered_dir("outboxkit-pg-")
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
         self.port = free_port()
@@ -166,6 +168,7 @@ class PostgresServer(ManagedServer):
                 text=True,
                 user=self._os_user,
                 check=False,
+                preexec_fn=_die_with_parent,  # not left running by a SIGKILLed owner
             )
         finally:
             pwfile.unlink(missing_ok=True)

@@ -235,3 +235,4 @@ class ManagedServer:
     def destroy(self) -> None:
         self.kill()
         shutil.rmtree(self.base_dir, ignore_errors=True)
+        registry.unregister_dir(self.base_dir)

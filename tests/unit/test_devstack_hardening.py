@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,13 @@ from outboxkit.devstack.files import (
     make_owned_dir,
     write_private,
 )
-from outboxkit.devstack.registry import reap_orphans, registry_dir, start_ticks
+from outboxkit.devstack.registry import (
+    make_registered_dir,
+    reap_orphans,
+    registry_dir,
+    start_ticks,
+    unregister_dir,
+)
 from outboxkit.devstack.stack import export_lines, redact_url
 from outboxkit.devstack.state import DevUpState, live_states, pick_state, write_state
 from outboxkit.errors import ConfigurationError, DevStackError
@@ -179,6 +186,28 @@ def test_reaper_does_not_kill_a_process_that_reused_a_pid() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_registered_directory_is_reaped_once_its_owner_died_before_any_service() -> None:
+    """A run killed in initdb or Kafka's format had started no service: its directory is in
+    the registry from its creation, so the next run's reaper still removes it."""
+    script = (
+        "from outboxkit.devstack.registry import make_registered_dir;"
+        " print(make_registered_dir('outboxkit-test-')[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    orphan = Path(out.stdout.strip())
+    assert orphan.is_dir()
+    mine, _ = make_registered_dir("outboxkit-test-")  # its owner, this process, lives
+    try:
+        assert reap_orphans() == 0
+        assert not orphan.exists()
+        assert mine.is_dir()
+        assert [path.name for path in registry_dir().iterdir()] == [f"dir-{mine.name}.json"]
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+        unregister_dir(mine)
+    assert list(registry_dir().iterdir()) == []
 
 
 # --- dev env: quoting and one state file per stack ---------------------------------------------
