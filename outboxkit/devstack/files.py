@@ -16,17 +16,33 @@ import stat
 import tempfile
 from pathlib import Path
 
+from outboxkit.errors import ConfigurationError
+
 OWNED_PREFIX = "outboxkit-"
 MARKER_NAME = ".outboxkit-devstack"
 
 
 def cache_dir() -> Path:
-    """Where fetched artefacts (Kafka jars), the service registry and state files live."""
+    """Where fetched artefacts (Kafka jars), the service registry and state files live.
+
+    One that cannot be made or written (``XDG_CACHE_HOME`` a file, a read-only home) is a
+    one-line error naming it and the way out, not a traceback from deep in the stack."""
     root = os.environ.get("OUTBOXKIT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "outboxkit"
     )
     path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
+    problem = None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    if problem is None and not os.access(path, os.W_OK | os.X_OK):
+        problem = "not writable"
+    if problem is not None:
+        raise ConfigurationError(
+            f"the dev stack's cache directory {path} cannot be used ({problem});"
+            " set OUTBOXKIT_CACHE_DIR to a writable directory"
+        )
     return path
 
 

@@ -21,12 +21,13 @@ from typing import Literal
 from pydantic import SecretStr
 
 from outboxkit.devstack.aio import run_coroutine
-from outboxkit.devstack.files import make_owned_dir, write_private
+from outboxkit.devstack.files import write_private
 from outboxkit.devstack.kafka_jars import KAFKA_VERSION as KAFKA_VERSION
 from outboxkit.devstack.kafka_jars import kafka_libs as kafka_libs
 from outboxkit.devstack.kafka_jars import maven_copy_dependencies as maven_copy_dependencies
 from outboxkit.devstack.mtls import MutualTlsListener, listener_tls_props
-from outboxkit.devstack.process import ManagedServer, ServiceProcess, free_port
+from outboxkit.devstack.process import ManagedServer, ServiceProcess, _die_with_parent, free_port
+from outboxkit.devstack.registry import make_registered_dir
 from outboxkit.devstack.sasl import (
     OAUTHBEARER,
     SCRAM_SHA_512,
@@ -157,7 +158,7 @@ class KafkaServer(ManagedServer):
         self.oauthbearer_enabled = oauthbearer
         self._dir_token: str | None = None
         if base_dir is None:
-            base_dir, self._dir_token = make_owned_dir("outboxkit-kafka-")
+            base_dir, self._dir_token = make_registered_dir("outboxkit-kafka-")
         self.base_dir = Path(base_dir)
         self.version = version
         self.security: BrokerSecurity = security
@@ -336,6 +337,7 @@ class KafkaServer(ManagedServer):
                 text=True,
                 check=False,
                 timeout=120,
+                preexec_fn=_die_with_parent,  # not left running by a SIGKILLed owner
             )
         finally:
             argfile.unlink(missing_ok=True)
@@ -371,5 +373,6 @@ class KafkaServer(ManagedServer):
                 start_timeout=timeout,
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
+                secrets=(self._sasl_password, self._store_password),
             )
         self._service.start()

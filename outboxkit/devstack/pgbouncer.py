@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 import psycopg
 
-from outboxkit.devstack.files import cache_dir, make_owned_dir, write_private
+from outboxkit.devstack.files import cache_dir, write_private
 from outboxkit.devstack.postgres import database_url_with
 from outboxkit.devstack.process import (
     ManagedServer,
@@ -34,6 +34,7 @@ from outboxkit.devstack.process import (
     free_port,
     service_user,
 )
+from outboxkit.devstack.registry import make_registered_dir
 from outboxkit.errors import DevStackError
 
 BINARY_ENV = "OUTBOXKIT_PGBOUNCER"
@@ -136,7 +137,7 @@ class PgBouncer(ManagedServer):
         self._user = unquote(parts.username)
         self._password = unquote(parts.password or "")
         self.pool_size = pool_size
-        self.base_dir, self._dir_token = make_owned_dir("outboxkit-pgbouncer-")
+        self.base_dir, self._dir_token = make_registered_dir("outboxkit-pgbouncer-")
         self.port = free_port()
         self._os_user = service_user()  # PgBouncer refuses to run as root, as PostgreSQL does
         self._service: ServiceProcess | None = None
@@ -194,5 +195,6 @@ class PgBouncer(ManagedServer):
                 stop_signal=signal.SIGQUIT if version >= (1, 23) else signal.SIGTERM,
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
+                secrets=(self._password,),
             )
         self._service.start()

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import psycopg
 
-from outboxkit.devstack.files import make_owned_dir, write_private
+from outboxkit.devstack.files import write_private
 from outboxkit.devstack.process import (
     ManagedServer,
     ServiceProcess,
+    _die_with_parent,
     chown_tree,
     free_port,
     service_user,
 )
+from outboxkit.devstack.registry import make_registered_dir
 from outboxkit.devstack.tls import ServerPem, make_server_pem
 from outboxkit.errors import DevStackError
 
@@ -59,6 +61,10 @@ hostnossl all all ::/0 reject
 hostssl all {CERT_USER} 127.0.0.1/32 cert
 hostssl all all 127.0.0.1/32 scram-sha-256
 """
+#: Set in every URL of the server: it has no GSSAPI, and it is the one server to reach (a libpq
+#: service, ``PGSERVICE``, cannot be overridden from a URL; a wrong one is told by the start's
+#: error).
+_PINNED = "gssencmode=disable&target_session_attrs=any"
 
 
 class PostgresServer(ManagedServer):
@@ -75,10 +81,9 @@ class PostgresServer(ManagedServer):
     ) -> None:
         self._dir_token: str | None = None
         if base_dir is None:
-            base_dir, self._dir_token = make_owned_dir("outboxkit-pg-")
+            base_dir, self._dir_token = make_registered_dir("outboxkit-pg-")
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
-        self.socket_dir = self.base_dir / "sock"
         self.port = free_port()
         self.user = "outboxkit"
         self.password = secrets.token_urlsafe(18)
@@ -102,13 +107,16 @@ class PostgresServer(ManagedServer):
         return make_server_pem(self.base_dir / "tls", CERT_USER)
 
     def url_for(self, database: str, *, sslmode: str | None = None) -> str:
-        """With ``sslmode`` ``verify-ca``/``verify-full`` the URL names the dev CA too."""
+        """Every URL names its ``sslmode`` (default ``disable``; with ``tls=True`` libpq's own
+        default, ``prefer``) and :data:`_PINNED`, so the developer's ``PGSSLMODE``,
+        ``PGGSSENCMODE`` or ``PGTARGETSESSIONATTRS`` cannot change how it is reached. With
+        ``verify-ca``/``verify-full`` it names the dev CA too."""
+        mode = sslmode or ("prefer" if self.tls else "disable")
         url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
-        if sslmode is None:
-            return url
-        if sslmode in ("verify-ca", "verify-full"):
-            return f"{url}?sslmode={sslmode}&sslrootcert={self.tls_files.ca_pem}"
-        return f"{url}?sslmode={sslmode}"
+        url += f"?sslmode={mode}"
+        if mode in ("verify-ca", "verify-full"):
+            url += f"&sslrootcert={self.tls_files.ca_pem}"
+        return f"{url}&{_PINNED}"
 
     def cert_url_for(self, database: str) -> str:
         """:data:`CERT_USER` with its client certificate, verifying the server (no password)."""
@@ -116,7 +124,7 @@ class PostgresServer(ManagedServer):
         return (
             f"postgresql://{CERT_USER}@127.0.0.1:{self.port}/{database}?sslmode=verify-full"
             f"&sslrootcert={files.ca_pem}&sslcert={files.client_certificate}"
-            f"&sslkey={files.client_key}"
+            f"&sslkey={files.client_key}&{_PINNED}"
         )
 
     def _write_tls(self) -> dict[str, str]:
@@ -137,7 +145,6 @@ class PostgresServer(ManagedServer):
 
     def _initdb(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_dir.mkdir(exist_ok=True)
         pwfile = self.base_dir / "pwfile"
         write_private(pwfile, self.password + "\n")  # 0600 from the start; chowned below
         os.chmod(self.base_dir, 0o755)
@@ -161,6 +168,7 @@ class PostgresServer(ManagedServer):
                 text=True,
                 user=self._os_user,
                 check=False,
+                preexec_fn=_die_with_parent,  # not left running by a SIGKILLed owner
             )
         finally:
             pwfile.unlink(missing_ok=True)
@@ -169,7 +177,9 @@ class PostgresServer(ManagedServer):
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "port": str(self.port),
-            "unix_socket_directories": f"'{self.socket_dir}'",
+            # TCP only: a socket path in a long TMPDIR passes the 107-byte limit, and
+            # PostgreSQL would not start
+            "unix_socket_directories": "''",
             "max_connections": "200",
             "wal_level": "logical",
             "max_replication_slots": "8",
@@ -251,6 +261,7 @@ class PostgresServer(ManagedServer):
                 user=self._os_user,
                 start_timeout=60,
                 stop_signal=2,  # SIGINT: "fast" shutdown
+                secrets=(self.password,),
                 owned_dir=self.base_dir,
                 dir_token=self._dir_token,
             )

@@ -85,6 +85,7 @@ class ServiceProcess:
         stop_signal: int = signal.SIGTERM,
         owned_dir: Path | None = None,
         dir_token: str | None = None,
+        secrets: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -98,6 +99,7 @@ class ServiceProcess:
         # when dir_token proves the dev stack created it (see files.is_own_dir).
         self.owned_dir = owned_dir
         self.dir_token = dir_token
+        self.secrets = [secret for secret in secrets if secret]  # masked in start's errors
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -126,6 +128,7 @@ class ServiceProcess:
             log.close()
         registry.register(self.proc.pid, self.name, self.owned_dir, self.dir_token)
         deadline = time.monotonic() + self.start_timeout
+        last_failure = "none ran"
         while time.monotonic() < deadline:
             if not self.is_running():
                 raise DevStackError(
@@ -136,14 +139,23 @@ class ServiceProcess:
                 if self.ready():
                     logger.info("%s ready (pid %s)", self.name, self.pid)
                     return
+                last_failure = "the readiness probe answered not ready"
             except Exception as exc:  # readiness probes fail in many ways while starting
-                logger.debug("%s not ready yet: %s", self.name, exc)
+                last_failure = self._masked(f"{type(exc).__name__}: {exc}".strip())
+                logger.debug("%s not ready yet: %s", self.name, last_failure)
             time.sleep(0.2)
         self.kill()
+        # The probe's last failure first: a server whose log says it is ready but that its
+        # clients cannot reach (a libpq variable of the developer's, say) is told why.
         raise DevStackError(
             f"{self.name} did not become ready within {self.start_timeout:.0f}s;"
-            f" log tail:\n{log_tail(self.log_path)}"
+            f" last probe: {last_failure}; log tail:\n{log_tail(self.log_path)}"
         )
+
+    def _masked(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def stop(self, timeout: float = 30.0) -> None:
         """Graceful stop; escalates to SIGKILL after ``timeout``."""
@@ -241,3 +253,4 @@ class ManagedServer:
     def destroy(self) -> None:
         self.kill()
         shutil.rmtree(self.base_dir, ignore_errors=True)
+        registry.unregister_dir(self.base_dir)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outboxkit.devstack.files import cache_dir, is_own_dir, write_private
+from outboxkit.devstack.files import cache_dir, is_own_dir, make_owned_dir, write_private
 
 logger = logging.getLogger("outboxkit.devstack")
 
@@ -77,6 +77,31 @@ def unregister(pid: int) -> None:
         (registry_dir() / f"{pid}.json").unlink()
 
 
+def make_registered_dir(prefix: str) -> tuple[Path, str]:
+    """:func:`make_owned_dir`, entered in the registry at once (no service pid): an owner killed
+    before its service started (during ``initdb`` or Kafka's format) leaves it to the next run's
+    reaper rather than for good. :func:`unregister_dir` ends the entry."""
+    path, token = make_owned_dir(prefix)
+    entry = {
+        "owner": os.getpid(),
+        "owner_ticks": start_ticks(os.getpid()),
+        "pid": None,
+        "name": "directory",
+        "dir": str(path),
+        "token": token,
+    }
+    write_private(_dir_entry(path), json.dumps(entry))
+    return path, token
+
+
+def unregister_dir(path: Path) -> None:
+    _dir_entry(path).unlink(missing_ok=True)
+
+
+def _dir_entry(path: Path) -> Path:
+    return registry_dir() / f"dir-{path.name}.json"
+
+
 def _names_dir(pid: int, owned_dir: str | None) -> bool:
     """Guards against a recycled pid: the process must still mention its data directory."""
     if owned_dir is None:
@@ -100,23 +125,30 @@ def _as_int(value: Any) -> int | None:
 def reap_orphans() -> int:
     """Kill services whose owning process is gone; returns how many were killed."""
     killed = 0
-    for entry_path in registry_dir().glob("*.json"):
+    # Services first: a directory's own entry must not delete it under a running service.
+    entries = sorted(registry_dir().glob("*.json"), key=lambda path: path.name.startswith("dir-"))
+    for entry_path in entries:
         try:
             entry = json.loads(entry_path.read_text())
-            owner, pid = int(entry["owner"]), int(entry["pid"])
+            owner = int(entry["owner"])
+            pid = None if entry["pid"] is None else int(entry["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             entry_path.unlink(missing_ok=True)
             continue
         if alive(owner, _as_int(entry.get("owner_ticks"))):
             continue
         owned_dir = entry.get("dir") if isinstance(entry.get("dir"), str) else None
-        if alive(pid, _as_int(entry.get("ticks"))) and _names_dir(pid, owned_dir):
+        if (
+            pid is not None
+            and alive(pid, _as_int(entry.get("ticks")))
+            and _names_dir(pid, owned_dir)
+        ):
             logger.warning("killing orphaned %s (pid %s)", entry.get("name"), pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             killed += 1
             _wait_gone(pid)
-        if owned_dir is not None:
+        if owned_dir is not None and os.path.lexists(owned_dir):  # both entries may name it
             token = entry.get("token")
             if isinstance(token, str) and is_own_dir(owned_dir, token):
                 shutil.rmtree(owned_dir, ignore_errors=True)

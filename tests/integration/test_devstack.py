@@ -82,6 +82,23 @@ def test_reaper_removes_the_data_dir_of_a_sigkilled_owner() -> None:
     assert _wait_for(lambda: (reap_orphans() or True) and not base_dir.exists())
 
 
+def test_reaper_removes_the_dir_of_an_owner_killed_before_its_server_started() -> None:
+    """As one killed during initdb: no server pid was registered yet, the directory was."""
+    script = textwrap.dedent("""
+        import os, signal
+        from outboxkit.devstack import PostgresServer
+        pg = PostgresServer()
+        print(pg.base_dir, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    owner = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert owner.returncode == -signal.SIGKILL
+    base_dir = Path(owner.stdout.strip())
+    assert base_dir.is_dir()
+    reap_orphans()
+    assert not base_dir.exists()
+
+
 def test_password_file_is_never_readable_by_others(monkeypatch: pytest.MonkeyPatch) -> None:
     """Even with umask 000, the file initdb reads the password from is 0600 while it exists."""
     seen: list[int] = []

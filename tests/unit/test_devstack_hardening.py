@@ -8,18 +8,33 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from outboxkit.cli import main
 from outboxkit.devstack import DevStack, SaslSslListener
-from outboxkit.devstack.files import MARKER_NAME, is_own_dir, make_owned_dir, write_private
-from outboxkit.devstack.registry import reap_orphans, registry_dir, start_ticks
+from outboxkit.devstack.files import (
+    MARKER_NAME,
+    cache_dir,
+    is_own_dir,
+    make_owned_dir,
+    write_private,
+)
+from outboxkit.devstack.registry import (
+    make_registered_dir,
+    reap_orphans,
+    registry_dir,
+    start_ticks,
+    unregister_dir,
+)
 from outboxkit.devstack.stack import export_lines, redact_url
 from outboxkit.devstack.state import DevUpState, live_states, pick_state, write_state
-from outboxkit.errors import DevStackError
+from outboxkit.errors import ConfigurationError, DevStackError
 
 pytestmark = pytest.mark.unit
 
@@ -173,6 +188,28 @@ def test_reaper_does_not_kill_a_process_that_reused_a_pid() -> None:
         sleeper.wait()
 
 
+def test_a_registered_directory_is_reaped_once_its_owner_died_before_any_service() -> None:
+    """A run killed in initdb or Kafka's format had started no service: its directory is in
+    the registry from its creation, so the next run's reaper still removes it."""
+    script = (
+        "from outboxkit.devstack.registry import make_registered_dir;"
+        " print(make_registered_dir('outboxkit-test-')[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    orphan = Path(out.stdout.strip())
+    assert orphan.is_dir()
+    mine, _ = make_registered_dir("outboxkit-test-")  # its owner, this process, lives
+    try:
+        assert reap_orphans() == 0
+        assert not orphan.exists()
+        assert mine.is_dir()
+        assert [path.name for path in registry_dir().iterdir()] == [f"dir-{mine.name}.json"]
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+        unregister_dir(mine)
+    assert list(registry_dir().iterdir()) == []
+
+
 # --- dev env: quoting and one state file per stack ---------------------------------------------
 
 
@@ -311,3 +348,25 @@ def test_an_external_url_is_shown_without_any_spelling_of_its_password(url: str)
     stack._choose_external({"OUTBOXKIT_DATABASE_URL": url, "OUTBOXKIT_KAFKA_BOOTSTRAP": "k:9092"})
     shown = "\n".join([*stack.describe(), repr(stack)])
     assert "s3cret" not in shown, shown
+
+
+# --- the cache directory -----------------------------------------------------------------------
+
+
+def test_an_unusable_cache_location_is_a_one_line_error_naming_the_way_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    not_a_dir = tmp_path / "xdg-cache"
+    not_a_dir.write_text("a regular file")
+    monkeypatch.delenv("OUTBOXKIT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_dir))
+    with pytest.raises(ConfigurationError) as caught:
+        cache_dir()
+    assert str(not_a_dir / "outboxkit") in str(caught.value)
+    assert "OUTBOXKIT_CACHE_DIR" in str(caught.value)
+
+    result = CliRunner().invoke(main, ["dev", "env"])  # what a user sees: one line, no traceback
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: the dev stack's cache directory")
+    assert result.output.count("\n") == 1
+    assert not isinstance(result.exception, ConfigurationError)

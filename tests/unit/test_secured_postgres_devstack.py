@@ -20,11 +20,11 @@ def _no_binaries_needed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     monkeypatch.setattr(postgres_module, "find_bindir", lambda: tmp_path)
 
 
-def test_without_it_the_urls_are_as_before(tmp_path: Path) -> None:
+def test_without_it_the_urls_are_as_before_but_for_the_pinned_settings(tmp_path: Path) -> None:
     server = PostgresServer(tmp_path / "pg")
-    assert "?" not in server.url
     assert server.url_for("db") == (
         f"postgresql://outboxkit:{server.password}@127.0.0.1:{server.port}/db"
+        "?sslmode=disable&gssencmode=disable&target_session_attrs=any"
     )
     with pytest.raises(DevStackError, match="without tls=True"):
         server.tls_files  # noqa: B018
@@ -53,11 +53,14 @@ def test_the_config_refuses_tcp_without_tls(tmp_path: Path) -> None:
 def test_the_urls_name_the_ca_and_the_client_certificate(tmp_path: Path) -> None:
     server = PostgresServer(tmp_path / "pg", tls=True)
     files = server.tls_files
+    pinned = "&gssencmode=disable&target_session_attrs=any"
     assert server.url_for("db", sslmode="verify-full").endswith(
-        f"/db?sslmode=verify-full&sslrootcert={files.ca_pem}"
+        f"/db?sslmode=verify-full&sslrootcert={files.ca_pem}{pinned}"
     )
-    assert server.url_for("db", sslmode="disable").endswith("/db?sslmode=disable")
+    assert server.url_for("db", sslmode="disable").endswith(f"/db?sslmode=disable{pinned}")
+    assert server.url_for("db").endswith(f"/db?sslmode=prefer{pinned}")
     cert_url = server.cert_url_for("db")
     assert server.password not in cert_url
     assert f"sslcert={files.client_certificate}&sslkey={files.client_key}" in cert_url
     assert f"sslrootcert={files.ca_pem}" in cert_url
+    assert cert_url.endswith(pinned)
