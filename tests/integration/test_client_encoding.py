@@ -48,6 +48,7 @@ from tests.relay_support import (
     running_relay,
     set_shard_count,
 )
+from tests.support.db_names import database_of
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
@@ -63,7 +64,7 @@ def latin1_db_url(outboxkit_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str
     of UTF8-only text to a connection that asks for nothing (and none is asked for here)."""
     monkeypatch.delenv("PGCLIENTENCODING", raising=False)
     monkeypatch.delenv("PGOPTIONS", raising=False)
-    database = outboxkit_db_url.rsplit("/", 1)[1]
+    database = database_of(outboxkit_db_url)
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("ALTER DATABASE {} SET client_encoding = 'LATIN1'").format(
@@ -133,7 +134,7 @@ def other_encoding_url(
     if request.param == "PGCLIENTENCODING":
         with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
             conn.execute(sql.SQL("ALTER DATABASE {} RESET client_encoding").format(
-                sql.Identifier(outboxkit_db_url.rsplit("/", 1)[1])))  # fmt: skip
+                sql.Identifier(database_of(outboxkit_db_url))))  # fmt: skip
         monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
         with psycopg.connect(outboxkit_db_url) as conn:
             assert conn.info.parameter_status("client_encoding") == "LATIN1"

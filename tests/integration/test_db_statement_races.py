@@ -19,6 +19,7 @@ from psycopg import sql
 from outboxkit import db
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from tests.relay_support import set_shard_count
+from tests.support.db_names import database_of
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,7 @@ CHANGE_THE_LEASE_ROW = "UPDATE outboxkit.relay_lease SET renewed_at = renewed_at
 
 @pytest.fixture(params=["repeatable read", "serializable"])
 def strict_db_url(outboxkit_db_url: str, request: pytest.FixtureRequest) -> str:
-    database = outboxkit_db_url.rsplit("/", 1)[1]
+    database = database_of(outboxkit_db_url)
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = {}").format(

@@ -20,6 +20,7 @@ from psycopg import sql
 from outboxkit.inbox import HandlerContext, RetryPolicy
 from tests.integration.inbox_support import Behaviour, Harness, effects, inbox_row, produce_event
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
+from tests.support.db_names import database_of
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ class IdleAfterWrite(Behaviour):
 
 
 def _idle_timeout(db_url: str) -> None:
-    database = db_url.rsplit("/", 1)[1]
+    database = database_of(db_url)
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = '1s'").format(

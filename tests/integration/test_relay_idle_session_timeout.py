@@ -25,6 +25,7 @@ from tests.integration.test_relay_status_sampler import (
     _take_lease,
 )
 from tests.relay_support import relay_settings, running_relay, set_shard_count
+from tests.support.db_names import database_of
 from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ def _idle_timeout(db_url: str, ms: int) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("ALTER DATABASE {} SET idle_session_timeout = {}").format(
-                sql.Identifier(db_url.rsplit("/", 1)[1]), sql.Literal(ms)
+                sql.Identifier(database_of(db_url)), sql.Literal(ms)
             )
         )
 

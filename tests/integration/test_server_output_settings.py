@@ -23,6 +23,7 @@ from outboxkit.relay.lease import LeaseStore
 from outboxkit.relay.lease_loss import LeaseLoss
 from tests.integration.test_relay_status_sampler import _sampling, _series, _take_lease
 from tests.relay_support import cli_ok, insert_rows, set_shard_count
+from tests.support.db_names import database_of
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ OUTPUT_SETTINGS = {
 def odd_db_url(outboxkit_db_url: str) -> str:
     """The test's database with every setting above as its default, checked to defeat a text
     read of a timestamp (what the tests here guard against)."""
-    database = outboxkit_db_url.rsplit("/", 1)[1]
+    database = database_of(outboxkit_db_url)
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         for name, value in OUTPUT_SETTINGS.items():
             conn.execute(

@@ -33,6 +33,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.events import Message
 from outboxkit.outbox import Outbox, OutboxConfig
 from tests.relay_support import row_states
+from tests.support.db_names import database_of
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +128,7 @@ def test_a_database_defaulting_to_sjis_is_written_intact_on_a_utf8_session(
 ) -> None:
     """The remedy the refusal names: the keys arrive as sent, and two keys stay two."""
     with psycopg.connect(outboxkit_db_url, autocommit=True) as admin:
-        database = outboxkit_db_url.rsplit("/", 1)[1]
+        database = database_of(outboxkit_db_url)
         admin.execute(
             sql.SQL("ALTER DATABASE {} SET client_encoding = 'SJIS'").format(
                 sql.Identifier(database)
