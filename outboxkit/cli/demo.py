@@ -7,15 +7,35 @@ consumer's, the Kafka clients') goes to files in a folder whose path is printed 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import click
 
 from outboxkit.cli.options import finite
+
+# What a Kafka of one's own needs of OUTBOXKIT_KAFKA_*: which client, and its name.
+_KAFKA_KEPT = ("OUTBOXKIT_KAFKA_CLIENT", "OUTBOXKIT_KAFKA_CLIENT_ID")
+
+
+def forget_other_kafka(environ: MutableMapping[str, str]) -> list[str]:
+    """With no ``OUTBOXKIT_KAFKA_BOOTSTRAP`` the demo starts a plaintext Kafka of its own: the
+    other ``OUTBOXKIT_KAFKA_*`` variables (security, credentials, properties) describe another
+    cluster, and its clients would fail on them. They are taken out of ``environ`` (so out of
+    the relays' and consumer's too) -> their names, never their values."""
+    if environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP"):
+        return []
+    names = sorted(
+        name for name in environ if name.startswith("OUTBOXKIT_KAFKA_") and name not in _KAFKA_KEPT
+    )
+    for name in names:
+        del environ[name]
+    return names
 
 
 def _log_to(path: Path) -> None:
@@ -91,6 +111,8 @@ def demo(writers: int, orders: int, seconds: float, log_dir: Path | None) -> Non
         "Starting PostgreSQL and Kafka, unless OUTBOXKIT_* variables name running ones"
         " (a first run also fetches Kafka with Maven)..."
     )
+    if ignored := forget_other_kafka(os.environ):
+        click.echo(f"  ignoring {', '.join(ignored)}: they describe another Kafka, not its own")
     started = time.monotonic()
     plan = WritePlan(writers=writers, orders_per_writer=orders, seconds=seconds)
     with DevStack() as stack:
