@@ -10,9 +10,10 @@ PYTEST_WORKERS ?= -n 4 --dist loadfile
 
 $(STAMP): pyproject.toml
 	@bash scripts/ensure-system-deps.sh
+	test -x $(PY) || python3 -m venv $(VENV)
 	@# A venv cut short while it was made (Ctrl-C during ensurepip) has a python but no pip:
-	@# made again, or every later run would stop at "No module named pip".
-	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && python3 -m venv $(VENV); }
+	@# pip is put in, or every later run would stop at "No module named pip".
+	$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip --upgrade
 	$(PY) -m pip install -q --upgrade "pip>=25.1"
 	$(PY) -m pip install -q -e . --group dev
 	touch $(STAMP)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -61,10 +62,10 @@ hostnossl all all ::/0 reject
 hostssl all {CERT_USER} 127.0.0.1/32 cert
 hostssl all all 127.0.0.1/32 scram-sha-256
 """
-#: Set in every URL of the server: it has no GSSAPI, and it is the one server to reach (a libpq
-#: service, ``PGSERVICE``, cannot be overridden from a URL; a wrong one is told by the start's
-#: error).
-_PINNED = "gssencmode=disable&target_session_attrs=any"
+#: Set in every URL of the server: it has no GSSAPI, and it is the one server to reach (a
+#: ``PGHOSTADDR`` would replace the URL's host; a libpq service, ``PGSERVICE``, cannot be
+#: overridden from a URL, and a wrong one is told by the start's error).
+_PINNED = "hostaddr=127.0.0.1&gssencmode=disable&target_session_attrs=any"
 
 
 class PostgresServer(ManagedServer):
@@ -284,12 +285,9 @@ def _children(pid: int) -> list[int]:
 
 
 def database_url_with(url: str, database: str) -> str:
-    """The same server and credentials, another database."""
-    base, _, _ = url.rpartition("/")
-    query = ""
-    if "?" in url.rsplit("/", 1)[1]:
-        query = "?" + url.rsplit("?", 1)[1]
-    return f"{base}/{database}{query}"
+    """The same server, credentials and options, another database (split where libpq splits:
+    a '/' in the options, ``sslrootcert=/path``, is not the database's)."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
 
 
 def sqlalchemy_url(url: str, *, driver: str = "psycopg") -> str:

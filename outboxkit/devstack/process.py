@@ -34,17 +34,19 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-# Loaded once, in the parent: a dlopen between fork and exec could wait for ever on a loader
-# lock another thread held at the fork (the demo forks while its writer threads run).
+# Loaded and looked up once, in the parent: a dlopen or symbol look-up between fork and exec
+# could wait for ever on a loader lock another thread held at the fork (the demo forks while
+# its writer threads run).
 _LIBC = _libc()
+_PRCTL = getattr(_LIBC, "prctl", None)
 
 
 def dies_with_parent() -> None:
     """A ``preexec_fn``: the child is SIGKILLed when the thread that started it ends (the
     demo's relay and consumer outlive a killed demo otherwise)."""
-    if _LIBC is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        with contextlib.suppress(OSError):
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _die_with_parent() -> None:

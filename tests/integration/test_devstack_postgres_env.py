@@ -45,6 +45,7 @@ def test_the_developers_libpq_variables_change_nothing(monkeypatch: pytest.Monke
     monkeypatch.setenv("PGSSLMODE", "require")
     monkeypatch.setenv("PGGSSENCMODE", "require")
     monkeypatch.setenv("PGTARGETSESSIONATTRS", "standby")
+    monkeypatch.setenv("PGHOSTADDR", "192.0.2.1")  # TEST-NET-1: would replace the host
     server = PostgresServer()
     try:
         server.start()

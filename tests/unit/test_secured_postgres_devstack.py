@@ -10,6 +10,7 @@ import pytest
 
 from outboxkit.devstack import PostgresServer
 from outboxkit.devstack import postgres as postgres_module
+from outboxkit.devstack.postgres import database_url_with
 from outboxkit.errors import DevStackError
 
 pytestmark = pytest.mark.unit
@@ -24,7 +25,7 @@ def test_without_it_the_urls_are_as_before_but_for_the_pinned_settings(tmp_path:
     server = PostgresServer(tmp_path / "pg")
     assert server.url_for("db") == (
         f"postgresql://outboxkit:{server.password}@127.0.0.1:{server.port}/db"
-        "?sslmode=disable&gssencmode=disable&target_session_attrs=any"
+        "?sslmode=disable&hostaddr=127.0.0.1&gssencmode=disable&target_session_attrs=any"
     )
     with pytest.raises(DevStackError, match="without tls=True"):
         server.tls_files  # noqa: B018
@@ -53,7 +54,7 @@ def test_the_config_refuses_tcp_without_tls(tmp_path: Path) -> None:
 def test_the_urls_name_the_ca_and_the_client_certificate(tmp_path: Path) -> None:
     server = PostgresServer(tmp_path / "pg", tls=True)
     files = server.tls_files
-    pinned = "&gssencmode=disable&target_session_attrs=any"
+    pinned = "&hostaddr=127.0.0.1&gssencmode=disable&target_session_attrs=any"
     assert server.url_for("db", sslmode="verify-full").endswith(
         f"/db?sslmode=verify-full&sslrootcert={files.ca_pem}{pinned}"
     )
@@ -64,3 +65,13 @@ def test_the_urls_name_the_ca_and_the_client_certificate(tmp_path: Path) -> None
     assert f"sslcert={files.client_certificate}&sslkey={files.client_key}" in cert_url
     assert f"sslrootcert={files.ca_pem}" in cert_url
     assert cert_url.endswith(pinned)
+
+
+def test_another_database_keeps_options_holding_a_path() -> None:
+    """Split where libpq splits: before, the '/' of ``sslrootcert=/path`` was taken for the one
+    before the database name, and the per-test URL lost its options."""
+    url = "postgresql://u:p@127.0.0.1:5/postgres?sslmode=verify-full&sslrootcert=/tmp/x/ca.pem"
+    assert database_url_with(url, "db2") == (
+        "postgresql://u:p@127.0.0.1:5/db2?sslmode=verify-full&sslrootcert=/tmp/x/ca.pem"
+    )
+    assert database_url_with("postgresql://u@h/postgres", "db2") == "postgresql://u@h/db2"
