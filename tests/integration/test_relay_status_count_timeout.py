@@ -23,7 +23,7 @@ from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
-ROWS = 60_000
+ROWS = 150_000
 STALE_AFTER = 1.0
 FAILED = "backlog count failed"
 
@@ -51,8 +51,10 @@ async def test_holders_and_pause_are_read_while_the_count_times_out(
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         conn.execute(_FILL, {"rows": ROWS})
         conn.execute("VACUUM ANALYZE outboxkit.outbox_message")
-    took = min(_count_ms(outboxkit_db_url) for _ in range(3))
-    timeout = int(took / 3)
+    # A tenth of the quickest of five walks: a walk measured slow (the machine busy then) gave
+    # a timeout a later, quicker walk finished within once, and /healthz saw its backlog.
+    took = min(_count_ms(outboxkit_db_url) for _ in range(5))
+    timeout = int(took / 10)
     assert timeout >= 3, f"the count takes {took:.1f} ms: too fast to time out reliably"
     with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
         name = conn.execute("SELECT current_database()").fetchone()
