@@ -58,7 +58,10 @@ async def test_a_producer_given_up_during_an_outage_does_not_fence_its_successor
         with pytest.raises(RuntimeError):
             handle.list_topics(timeout=0.1)  # ended: a call on it is refused
 
-    successor = clients.transactional_producer(transactional_id)
+    # Its own timeout is longer: the restarted broker may still be loading the transaction log
+    # (NOT_COORDINATOR, which librdkafka retries within the timeout; 3 s fell short once on a
+    # busy machine). The old handle's request, had it lived, would come within it all the same.
+    successor = KafkaClients(settings, timeout=60).transactional_producer(transactional_id)
     try:
         await successor.start()
         for n in range(10):  # the old handle's request, had it lived, lands within these
