@@ -20,12 +20,8 @@ from outboxkit.inbox.deadletter import (
     check_dead_letter_topic,
 )
 from outboxkit.inbox.kafka_steps import StopEvent, kafka_steps
-from outboxkit.inbox.loop import (
-    BATCH_MAX_MS,
-    BATCH_MAX_RECORDS,
-    ConsumerLoop,
-    LoopOptions,
-)
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import BATCH_MAX_MS, BATCH_MAX_RECORDS, LoopOptions
 from outboxkit.inbox.middleware import AsyncInbox, Inbox
 from outboxkit.inbox.retention import Retention
 from outboxkit.inbox.steps import Executor

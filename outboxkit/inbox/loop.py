@@ -18,27 +18,21 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from outboxkit.db.availability import grant_hint, not_the_records
 from outboxkit.inbox.acks import Acknowledger
 from outboxkit.inbox.batch import deliver_batch
-from outboxkit.inbox.deadletter import (
-    DEAD_LETTER_MAX_BYTES,
-    DEFAULT_DEAD_LETTER_TOPIC,
-    DeadLetterCheck,
-    DeadLetterTopic,
-    dead_letter_record,
-)
+from outboxkit.inbox.deadletter import dead_letter_record
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
 from outboxkit.inbox.gate import PartitionGate, end_gone, without
 from outboxkit.inbox.guard import error_text
+from outboxkit.inbox.loop_options import ERROR_RETRY_SECONDS, LoopOptions
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.rejoin import Rejoin
-from outboxkit.inbox.retention import Purger, Retention
+from outboxkit.inbox.retention import Purger
 from outboxkit.inbox.settle import commit, settle, settled_quietly
 from outboxkit.inbox.steps import (
     CloseConsumer,
@@ -54,42 +48,11 @@ from outboxkit.inbox.topic_check import check_topics
 from outboxkit.kafka.api import ConsumedRecord, TopicPartition
 from outboxkit.log_limit import LimitedLines, normalised
 
-if TYPE_CHECKING:
-    from outboxkit.inbox.metrics import InboxMetrics
-
 logger = logging.getLogger("outboxkit.inbox.consumer")
 DATABASE_BACK = "the database works again after %.0f s; processing goes on"
 # An outage ends in the log once a record ran and no database-away line came for this long: an
 # overloaded server refusing connections now and then is one outage, not many.
 OUTAGE_QUIET_SECONDS = 5.0
-
-# An unexpected error around a delivery (database down, a value the database refuses, a bug):
-# the partition is held and the delivery retried after this long, at most
-# ``max_unexpected_errors`` times in a row before it is given up (recorded, offset advanced).
-ERROR_RETRY_SECONDS = 1.0
-# Batched processing: at most this many records per transaction (each handler in a savepoint;
-# PostgreSQL keeps 64 subtransactions per transaction in shared memory, more slow every
-# snapshot), and at most this long spent topping a batch up after its first record.
-BATCH_MAX_RECORDS = 50
-BATCH_MAX_MS = 5.0
-
-
-@dataclass(frozen=True)
-class LoopOptions:
-    topics: list[str]
-    dead_letter: DeadLetterTopic | None = DEFAULT_DEAD_LETTER_TOPIC
-    acks_topic: str | None = None
-    offset_commit_interval: float = 0.0
-    poll_timeout: float = 0.5
-    max_records: int = 100
-    metrics: InboxMetrics | None = None
-    max_unexpected_errors: int = 5
-    dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES
-    retention: Retention | None = None
-    dead_letter_check: DeadLetterCheck = "fail"
-    batch_max_records: int = BATCH_MAX_RECORDS
-    batch_max_ms: float = BATCH_MAX_MS
-    offset_reset: str = "earliest"  # the client's auto.offset.reset (GroupConsumer.offset_reset)
 
 
 class ConsumerLoop:
@@ -105,6 +68,9 @@ class ConsumerLoop:
         interval = options.offset_commit_interval
         self.pending = PendingOffsets(interval, clock()) if interval > 0 else None
         self.buffer: deque[ConsumedRecord] = deque()
+        # Taken out of the buffer, not settled yet: what a stop cut short (a cancelled poll, a
+        # KeyboardInterrupt) left, put back first by the next poll (the client is past them).
+        self.unsettled: dict[tuple[str, int, int], ConsumedRecord] = {}
         self.assigned: set[TopicPartition] = set()
         self.inflight: set[TopicPartition] = set()  # partitions of the records being processed
         self.revoked: set[TopicPartition] = set()  # ... revoked while they were
@@ -147,6 +113,13 @@ class ConsumerLoop:
         gone = set(partitions)
         self.gate.forget(list(gone))
         self.buffer = without(self.buffer, gone)
+        self.unsettled = {k: r for k, r in self.unsettled.items() if k[:2] not in gone}
+
+    def _put_back_unsettled(self) -> None:
+        """Before anything else in a poll: what a stop left unsettled comes first, in fetch order,
+        or a later settle would commit past records that never ran (their rows ``processing``)."""
+        self.buffer.extendleft(reversed(self.unsettled.values()))
+        self.unsettled = {}
 
     # -- plans ------------------------------------------------------------------------------------
     def start(self) -> Plan[bool]:
@@ -181,6 +154,7 @@ class ConsumerLoop:
     def poll_batch(self, timeout: float | None = None) -> Plan[list[Outcome]]:
         """Process up to ``batch_max_records`` records in one transaction (one record when
         batching is off); their outcomes in order."""
+        self._put_back_unsettled()
         if self.options.batch_max_records <= 1 or self.single > 0:
             self.single = max(self.single - 1, 0)
             outcome = yield from self.poll_once(timeout)
@@ -204,13 +178,15 @@ class ConsumerLoop:
             kind = ("batch", normalised(text)) if not_the_records(exc) else None
             self._say(logging.WARNING, kind, "batch of %d failed (%s); one by one", len(envs), text)
             self.buffer.extendleft(reversed(records))
-            self.single = len(records)
+            self.unsettled, self.single = {}, len(records)
             self._count_rerun("one_by_one", 1)
             return []
         finally:
             self.inflight = set()
         self._count_rerun("rolled_back", result.reruns)
         self.buffer.extendleft(reversed([records[i] for i in result.rest]))
+        for i in result.rest:
+            self.unsettled.pop(_where(records[i]), None)
         stopped: set[TopicPartition] = set()  # held for an acknowledgement in this batch
         for env, outcome in result.outcomes:
             if self.failures:
@@ -218,6 +194,7 @@ class ConsumerLoop:
             self._observe(outcome, began)
             if not settled_quietly(self, env, outcome):  # no plan per event when none is needed
                 yield from settle(self, env, outcome, stopped)
+            self.unsettled.pop((env.topic, env.partition, env.offset), None)
         return [outcome for _, outcome in result.outcomes]
 
     def _take(self, timeout: float | None) -> Plan[list[ConsumedRecord]]:
@@ -245,6 +222,7 @@ class ConsumerLoop:
             tp = (record.topic, record.partition)
             if tp in self.assigned and self.gate.accept(tp, record.offset):
                 taken.append(record)
+                self.unsettled[_where(record)] = record
         return taken
 
     def _housekeeping(self) -> Plan[bool]:
@@ -273,6 +251,7 @@ class ConsumerLoop:
 
     def poll_once(self, timeout: float | None = None) -> Plan[Outcome | None]:
         """Process one buffered or fetched record on its own; ``None`` if nothing was."""
+        self._put_back_unsettled()
         if not (yield from self._housekeeping()):
             return None
         if not self.buffer:
@@ -285,6 +264,8 @@ class ConsumerLoop:
         record = self.buffer.popleft()
         tp = (record.topic, record.partition)
         accepted = tp in self.assigned and self.gate.accept(tp, record.offset)
+        if accepted:
+            self.unsettled = {_where(record): record}
         if self.acks is not None:
             yield from self._gone_acks()
         if not accepted:
@@ -301,6 +282,7 @@ class ConsumerLoop:
         finally:
             self.inflight = set()
         yield from self._observed(env, outcome, began)
+        self.unsettled = {}
         return outcome
 
     def _count_rerun(self, reason: str, count: int) -> None:
@@ -390,3 +372,7 @@ class ConsumerLoop:
             return None
         ours = {"consumer": consumer, "event_id": event_id, "error": error, "attempts": attempts}
         return dead_letter_record(options.dead_letter, env, options.dead_letter_max_bytes, **ours)
+
+
+def _where(record: ConsumedRecord) -> tuple[str, int, int]:
+    return (record.topic, record.partition, record.offset)

@@ -13,7 +13,8 @@ from sqlalchemy.engine import Engine
 
 from outboxkit.cli import main
 from outboxkit.inbox import Inbox, InboxSettings
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import LoopOptions
 from outboxkit.inbox.retention import Retention, purge_finished
 from outboxkit.inbox.steps import drive_sync
 from tests.integration.inbox_support import REGISTRY, fetch

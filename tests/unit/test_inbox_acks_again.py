@@ -24,7 +24,8 @@ from outboxkit.inbox.acks import ack_record
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.gate import Gone, end_gone
 from outboxkit.inbox.lease import LeaseHandle
-from outboxkit.inbox.loop import BATCH_MAX_MS, ERROR_RETRY_SECONDS, ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import BATCH_MAX_MS, ERROR_RETRY_SECONDS, LoopOptions
 from outboxkit.inbox.steps import (
     Commit,
     HandlerSql,

@@ -19,7 +19,8 @@ from outboxkit.inbox.acks import GONE_ACK_ATTEMPTS, Acknowledger, HeldAck
 from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.gate import Gone, PartitionGate, end_gone
-from outboxkit.inbox.loop import ERROR_RETRY_SECONDS, ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import ERROR_RETRY_SECONDS, LoopOptions
 from outboxkit.inbox.outcome import Outcome, Recorded
 from outboxkit.inbox.steps import Publish, Resume, Seek, Step, drive_sync
 from tests.unit.test_inbox_acks_again import (

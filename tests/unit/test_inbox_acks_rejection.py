@@ -19,7 +19,8 @@ from outboxkit.inbox import Envelope, EventRegistry, InboxSettings, OutcomeKind
 from outboxkit.inbox.acks import GONE_ACK_ATTEMPTS, ack_record
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.gate import Gone, end_gone
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import LoopOptions
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.steps import (
     Plan,

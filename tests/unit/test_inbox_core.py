@@ -19,7 +19,8 @@ from outboxkit.inbox.batch import BatchResult
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.gate import SEEK_RETRY_SECONDS
 from outboxkit.inbox.lease import REFUSED, LeaseHandle, LeaseSchedule
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import LoopOptions
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.policy import RetryPolicy
 from outboxkit.inbox.steps import (

@@ -16,7 +16,8 @@ from outboxkit.errors import PublishError
 from outboxkit.inbox import Envelope, OutcomeKind
 from outboxkit.inbox.deadletter import dead_letter_headers, record_size
 from outboxkit.inbox.guard import InvalidHeaderError, check_headers, error_text, escape, excerpt
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import LoopOptions
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.retention import Retention
 from outboxkit.inbox.steps import (

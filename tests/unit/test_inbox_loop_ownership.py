@@ -12,7 +12,8 @@ from outboxkit.inbox import loop as loop_module
 from outboxkit.inbox.batch import BatchResult
 from outboxkit.inbox.deadletter import DeadLetterCheck
 from outboxkit.inbox.envelope import Envelope
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import LoopOptions
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.steps import Commit, Plan, Poll, Step, Subscribe, TopicExists, drive_sync
 from tests.unit.test_inbox_core import ONE, Script, _core, _record

@@ -15,7 +15,8 @@ import pytest
 from outboxkit.errors import PublishError
 from outboxkit.inbox import Envelope, OutcomeKind
 from outboxkit.inbox.gate import SEEK_ATTEMPTS, SEEK_RETRY_SECONDS, PartitionGate
-from outboxkit.inbox.loop import ConsumerLoop, LoopOptions
+from outboxkit.inbox.loop import ConsumerLoop
+from outboxkit.inbox.loop_options import LoopOptions
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.rejoin import RESUBSCRIBE_RETRY_SECONDS
 from outboxkit.inbox.steps import (
