@@ -8,6 +8,13 @@ it fails. Errors reach the caller as :func:`outboxkit.db.run` raises them.
 An error of the rows themselves (an item refused while the COPY streams) ends the COPY with a
 fixed message: psycopg would send the error's text, which the server logs and which may quote
 an item's values (a header, a key). The caller still gets its own exception, unchanged.
+
+A stop (a task's cancellation, a ``KeyboardInterrupt``) that comes while psycopg starts the COPY
+can leave the server in it with nothing to end it: psycopg's cancel request does not reach a
+server waiting for COPY data, and the object that would end it was never made. Such a
+connection answers every later statement with "another command is already in progress", and
+that error replaced the stop for the caller (a rollback, a pool's reset). It is invalidated
+(closed, if it is the caller's psycopg connection) and the stop goes on unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncCopy, Copy
+from psycopg.pq import TransactionStatus
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -31,6 +39,12 @@ class _RowRefused(Exception):
 
     def __init__(self) -> None:
         super().__init__("outboxkit stopped the COPY: a row was refused before it was sent")
+
+
+def _mid_copy(driver: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a statement is still under way on ``driver``: after a COPY that raised, one
+    that a stop left the server in (nothing else ends it)."""
+    return driver.pgconn.transaction_status == TransactionStatus.ACTIVE
 
 
 def _check(query: Query) -> None:
@@ -116,7 +130,12 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     the connection's driver is not psycopg."""
     _check(query)
     if isinstance(target, psycopg.Connection):
-        _copy_in(target, query, rows)
+        try:
+            _copy_in(target, query, rows)
+        except BaseException:
+            if _mid_copy(target):
+                target.close()
+            raise
         return True
     conn = target.connection() if isinstance(target, Session) else target
     if not conn.in_transaction():
@@ -130,6 +149,10 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
         if driver.broken:
             conn.invalidate(exc)
         raise _wrap(exc, query, driver.broken) from exc
+    except BaseException as exc:
+        if _mid_copy(driver):
+            conn.invalidate(exc)
+        raise
     return True
 
 
@@ -161,7 +184,12 @@ async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool
     """:func:`copy_rows` for async targets."""
     _check(query)
     if isinstance(target, psycopg.AsyncConnection):
-        await _copy_in_async(target, query, rows)
+        try:
+            await _copy_in_async(target, query, rows)
+        except BaseException:
+            if _mid_copy(target):
+                await target.close()
+            raise
         return True
     conn = await target.connection() if isinstance(target, AsyncSession) else target
     if not conn.in_transaction():
@@ -175,4 +203,8 @@ async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool
         if driver.broken:
             await conn.invalidate(exc)
         raise _wrap(exc, query, driver.broken) from exc
+    except BaseException as exc:
+        if _mid_copy(driver):
+            await conn.invalidate(exc)
+        raise
     return True

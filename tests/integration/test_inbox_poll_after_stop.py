@@ -61,6 +61,11 @@ def _options(batch: int) -> dict[str, Any]:
     return {"batch_max_records": batch, "batch_max_ms": 2000.0 if batch > 1 else 5.0}
 
 
+def _poll_until_stopped(consumer: ConfluentInboxConsumer) -> None:
+    for _ in range(200):
+        consumer.poll_batch(0.2)
+
+
 @pytest.mark.parametrize("batch", [1, 5])
 def test_a_sync_consumer_polled_again_after_a_keyboard_interrupt_runs_the_cut_records(
     outboxkit_db_url: str,
@@ -94,8 +99,7 @@ def test_a_sync_consumer_polled_again_after_a_keyboard_interrupt_runs_the_cut_re
     try:
         with consumer:
             with pytest.raises(KeyboardInterrupt):
-                for _ in range(200):
-                    consumer.poll_batch(0.2)
+                _poll_until_stopped(consumer)
             later = _produce(outboxkit_kafka_bootstrap, topic, 2)
             for _ in range(400):
                 if _all_succeeded(outboxkit_db_url, first + later):
