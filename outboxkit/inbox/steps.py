@@ -293,7 +293,9 @@ def _drive(
     :func:`drive_async`. Only ``Exception`` goes back into the plan, and a handler's own
     ``CancelledError`` as a :class:`HandlerCancelledError` (:func:`handler_cancelled`); any
     other ``BaseException`` (cancellation, interrupt) ends the drive after ``release``, told
-    the step it came in (``None``: it came in the plan's own code, between steps).
+    the step it came in (``None``: it came in the plan's own code, between steps). A
+    cancellation of the consumer's task that a step swallowed (a handler's ``except
+    CancelledError: pass``) is raised once the step ends: otherwise nothing would stop it.
     """
     reply: Any = None
     error: Exception | None = None
@@ -305,7 +307,7 @@ def _drive(
             except StopIteration as done:
                 result: T = done.value
                 return result
-            in_flight = step
+            in_flight, pending = step, cancelling()
             try:
                 reply, error = execute(step), None
                 # Per step, so the common replies skip ``isawaitable`` (an ABC check): none (most
@@ -316,6 +318,8 @@ def _drive(
                     reply = yield from reply.__await__()
                 elif inspect.isawaitable(reply):
                     reply = yield from _await(reply)
+                if cancelling() > pending:  # this task was cancelled and a handler swallowed it
+                    raise asyncio.CancelledError
             except Exception as exc:
                 reply, error = None, exc
             except asyncio.CancelledError as exc:

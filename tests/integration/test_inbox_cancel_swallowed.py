@@ -1,0 +1,98 @@
+"""The consumer's task cancelled while a handler swallows the ``CancelledError`` (``except
+CancelledError: pass``): the consumer stops all the same once the handler returns, as for a
+cancellation the handler let through (its run counts, its writes are rolled back).
+
+Before, the cancellation was lost: the task went on processing records until something else
+stopped it, so a shutdown that cancels tasks and awaits them hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from outboxkit.inbox import AsyncInbox, HandlerContext, InboxSettings
+from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+from outboxkit.settings import KafkaSettings
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    INSERT_EFFECT,
+    REGISTRY,
+    PaymentRequested,
+    effects,
+    inbox_row,
+    produce_event,
+)
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
+    outboxkit_db_url: str,
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    batch: int,
+) -> None:
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    topic = outboxkit_topic()
+    event_ids = [str(uuid.uuid4()) for _ in range(3)]
+    for event_id in event_ids:
+        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+
+    async def main() -> list[str]:
+        engine = create_async_engine(sa_url)
+        reached, runs = asyncio.Event(), list[str]()
+
+        async def handle(event: PaymentRequested, ctx: HandlerContext, session: Any) -> None:
+            params = {"order_id": event.order_id, "amount": event.amount, "attempt": 1}
+            await session.execute(INSERT_EFFECT, {"event_id": ctx.event_id, **params})
+            runs.append(ctx.event_id)
+            if not reached.is_set():
+                reached.set()
+                with contextlib.suppress(asyncio.CancelledError):  # returns as if all went well
+                    await asyncio.Event().wait()
+
+        consumer = AiokafkaInboxConsumer(
+            AsyncInbox(engine, handle, InboxSettings(consumer="billing", registry=REGISTRY)),
+            KafkaSettings(bootstrap=outboxkit_kafka_bootstrap),
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+            topics=[topic],
+            dead_letter=None,
+            batch_max_records=batch,
+            batch_max_ms=2000.0,
+        )
+        try:
+            async with consumer:
+
+                async def consume() -> None:
+                    while True:
+                        await consumer.poll_batch(0.2)
+
+                task = asyncio.create_task(consume())
+                await asyncio.wait_for(reached.wait(), 60)
+                task.cancel()
+                done, _ = await asyncio.wait([task], timeout=30)
+                assert done, "the cancelled consumer went on"
+                assert task.cancelled()
+                assert runs == event_ids[:1]  # nothing ran after the cancellation
+                row = await asyncio.to_thread(inbox_row, outboxkit_db_url, "billing", runs[0])
+                assert row is not None
+                assert (row["state"], row["attempts"]) == ("processing", 1)  # its run counted
+                assert await asyncio.to_thread(effects, outboxkit_db_url) == []  # rolled back
+        finally:
+            await engine.dispose()
+        return runs
+
+    asyncio.run(main())
