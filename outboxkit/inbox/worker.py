@@ -26,7 +26,6 @@ from outboxkit.errors import (
     ConfigurationError,
     PermanentPublishError,
     PublishError,
-    unlistenable,
 )
 from outboxkit.inbox.delivery import InboxSettings
 from outboxkit.inbox.policy import RetryPolicy
@@ -111,16 +110,20 @@ def retention(consumer: ConsumerSettings) -> Retention | None:
 def _metrics(consumer: ConsumerSettings) -> Any:
     if consumer.metrics_port is None:
         return None
-    from prometheus_client import start_http_server
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    from outboxkit.http_endpoint import Answer, serve
     from outboxkit.inbox.metrics import InboxMetrics
 
     metrics = InboxMetrics()
-    host, port = consumer.metrics_host, consumer.metrics_port
-    try:
-        start_http_server(port, addr=host, registry=metrics.registry)
-    except (OSError, ValueError, TypeError) as exc:  # unresolvable, taken, privileged port
-        raise unlistenable(host, port, exc, "consumer") from None
+
+    def scrape() -> Answer:
+        return (200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
+
+    # "/" too: prometheus_client's own server, used before, answered every path.
+    serve(
+        {"/metrics": scrape, "/": scrape}, consumer.metrics_host, consumer.metrics_port, "consumer"
+    )
     return metrics
 
 

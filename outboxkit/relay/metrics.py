@@ -12,10 +12,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from outboxkit.errors import ConfigurationError, unlistenable
+from outboxkit.errors import ConfigurationError
+from outboxkit.http_endpoint import Answer, serve
 
 try:
     from prometheus_client import (
@@ -185,33 +186,16 @@ class RelayMetrics:
         start-up in one line naming the settings, not a traceback."""
         if not HAVE_PROMETHEUS:
             raise ConfigurationError(METRICS_EXTRA_MISSING)
-        metrics = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.startswith("/healthz"):
-                    ok, detail = metrics.healthy()
-                    body = json.dumps({"ok": ok, **detail}).encode()
-                    self.send_response(200 if ok else 503)
-                    self.send_header("Content-Type", "application/json")
-                elif self.path.startswith("/metrics"):
-                    body = generate_latest(metrics.registry)
-                    self.send_response(200)
-                    self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                else:
-                    body = b"not found\n"
-                    self.send_response(404)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def health() -> Answer:
+            ok, detail = self.healthy()
+            return (
+                200 if ok else 503,
+                "application/json",
+                json.dumps({"ok": ok, **detail}).encode(),
+            )
 
-            def log_message(self, format: str, *args: Any) -> None:
-                return
+        def metrics() -> Answer:
+            return (200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
 
-        try:
-            server = ThreadingHTTPServer((host, port), Handler)
-        except (OSError, ValueError, TypeError) as exc:  # unresolvable, taken, privileged port
-            raise unlistenable(host, port, exc, "relay") from None
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, name="outboxkit-metrics", daemon=True).start()
-        return server
+        return serve({"/healthz": health, "/metrics": metrics}, host, port, "relay")
