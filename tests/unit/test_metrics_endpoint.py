@@ -61,3 +61,20 @@ def test_the_consumer_metrics_port_in_use_is_a_configuration_error_naming_it() -
     assert f"'127.0.0.1' port {port}" in text
     assert "OUTBOXKIT_CONSUMER_METRICS_PORT" in text
     assert "\n" not in text
+
+
+def test_the_consumer_metrics_endpoint_answers_its_metrics() -> None:
+    import urllib.request
+
+    from outboxkit.inbox import worker
+    from outboxkit.settings import ConsumerSettings
+
+    with socket.socket() as probe:  # a free port (the endpoint's thread outlives the test)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    metrics = worker._metrics(ConsumerSettings(name="c", metrics_port=port))
+    assert metrics is not None
+    for path in ("/metrics", "/"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            assert answer.status == 200
+            assert b"outboxkit_inbox_" in answer.read()
