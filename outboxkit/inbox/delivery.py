@@ -355,8 +355,9 @@ class InboxCore:
 
     def _dead(self, run: ClaimedRun, error: str, own: bool = True) -> Plan[Outcome]:
         # Dead-letter record first, then the row: a crash in between repeats the record
-        # (at-least-once, carrying the event id) rather than losing it. A cancelled or
-        # taken-over event gets no dead letter (checked by renewing the lease by token).
+        # (at-least-once, carrying the event id) rather than losing it. An event cancelled or
+        # taken over before the renewal (by token) gets no dead letter; a cancel during the
+        # publish leaves both, the row cancelled (documented: check the row before a replay).
         event_id, claim = run.ident.event_id, run.claim
         if (yield self.statements.renew(event_id, claim.token)).rowcount != 1:
             return (yield from self.lease_lost(run, f"not dead-lettered: {error}"))

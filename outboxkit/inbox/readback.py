@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from outboxkit import db
 from outboxkit.errors import InvalidEventIdError
-from outboxkit.inbox.guard import event_id_problem
+from outboxkit.inbox.guard import bounded, event_id_problem
 from outboxkit.schema import DEFAULT_SCHEMA, InboxState, check_consumer_name
 
 EventId = str | uuid.UUID  # a writer's ``WriteResult.event_id`` is a UUID; rows store its text
@@ -161,7 +161,9 @@ def cancel_event(
         raise InvalidEventIdError(
             f"event id refused ({problem}): the consumer refuses such an event-id header"
         )
-    key = {"consumer": consumer, "event_id": text, "reason": reason}
+    # Stored and sent as the acknowledgement's reason: capped as every stored reason is (a
+    # reason of megabytes made the ``cancelled`` acknowledgement too large to publish).
+    key = {"consumer": consumer, "event_id": text, "reason": bounded(reason)}
     queries = db.queries("inbox", schema)
     with engine.begin() as conn:
         done = db.execute(conn, queries["cancel"], key) == 1
