@@ -13,7 +13,7 @@ import click
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from outboxkit.cli.options import database_options, finite, resolve_or_exit
+from outboxkit.cli.options import LIMIT_MAX, database_options, finite, resolve_or_exit
 from outboxkit.db import redact
 from outboxkit.db.engines import sync_engine
 from outboxkit.inbox.guard import escape
@@ -101,7 +101,7 @@ def inbox() -> None:
     type=click.Choice([s.value for s in InboxState]),
 )
 @click.option("--rejections", is_flag=True, help="Show the rejection log instead.")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(0, LIMIT_MAX))
 def show(
     config_path: str | None,
     database_url: str | None,

@@ -10,7 +10,7 @@ import click
 import psycopg
 
 from outboxkit import db
-from outboxkit.cli.options import database_options, resolve_or_exit
+from outboxkit.cli.options import LIMIT_MAX, database_options, resolve_or_exit
 from outboxkit.inbox.guard import escape
 
 
@@ -40,7 +40,7 @@ def _rows(
 
 
 @outbox.command()
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(0, LIMIT_MAX))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:

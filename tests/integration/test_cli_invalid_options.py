@@ -22,6 +22,7 @@ CASES = [
     ["relay", "pause", "--reason", "\x00"],
     ["migrate", "grants", "--app", "a\x00b", "--apply"],
     ["inbox", "show", "--limit", HUGE],
+    ["inbox", "show", "--limit", "-1"],
     ["inbox", "show", "--schema", "Bad"],
     ["inbox", "stats", "--schema", "Bad"],
     ["inbox", "purge", "--older-than", "60", "--batch-size", "0"],
@@ -51,3 +52,6 @@ def test_no_traceback(args: list[str], outboxkit_db_url: str) -> None:
     assert "parameters" not in result.output.lower()
     if args[:2] not in (["outbox", "discard"], ["outbox", "retry"]):  # no such row: 0 changed
         assert result.exit_code in (1, 2), result.output
+    if "--limit" in args:  # refused by the option, before the database is asked
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for '--limit'" in result.output
