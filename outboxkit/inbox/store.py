@@ -19,6 +19,11 @@ from outboxkit.inbox.guard import bounded, hashed
 from outboxkit.inbox.steps import HandlerSql, Plan, Sql
 from outboxkit.schema import DEFAULT_SCHEMA, TERMINAL_INBOX_STATES, InboxState
 
+# The least time a handler's session may stay quiet after its ``succeeded`` mark before the
+# server ends it (``lease_seconds`` when longer): only the COMMIT is sent there, so this is
+# reached only by a process frozen or cut off, whose locks would hold up the next owner.
+QUIET_AFTER_MARK_MIN_SECONDS = 10.0
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -62,6 +67,8 @@ class InboxStatements:
         self.owner = owner
         self.schema = schema
         self.lease_seconds = lease_seconds
+        # A handler's session quiet after its mark is ended by the server after this long.
+        self.quiet_ms = str(int(max(lease_seconds, QUIET_AFTER_MARK_MIN_SECONDS) * 1000))
         self.now = now
         self._queries = db.queries("inbox", schema)
 
@@ -124,7 +131,8 @@ class InboxStatements:
 
     def succeeded_batch(self, claims: list[tuple[str, int]]) -> HandlerSql:
         """The ``succeeded`` marks of a batch, in its transaction -> the event ids marked."""
-        return HandlerSql(self._queries["mark_succeeded_batch"], self._tokens(claims), binary=True)
+        params = {**self._tokens(claims), "idle_ms": self.quiet_ms}
+        return HandlerSql(self._queries["mark_succeeded_batch"], params, binary=True)
 
     def reject_plainly(
         self, env: Envelope, reason: str, ident: Identity | None
@@ -177,7 +185,7 @@ class InboxStatements:
 
     def succeeded(self, event_id: str, token: int) -> HandlerSql:
         """The ``succeeded`` mark, run in the handler's own transaction."""
-        step = self._sql("mark_succeeded", event_id, token=token)
+        step = self._sql("mark_succeeded", event_id, token=token, idle_ms=self.quiet_ms)
         return HandlerSql(step.query, step.params)
 
     def record_failure(self, event_id: str, token: int, error: str) -> Sql:

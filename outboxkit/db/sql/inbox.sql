@@ -133,17 +133,29 @@ SET lease_expires_at = coalesce(CAST(:now AS timestamptz), now())
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
   AND lease_token = :token;
 
+-- name: _quiet_bound
+-- After the mark only the COMMIT is left. A session that goes quiet there (its process frozen,
+-- a network partition that sends no reset) would keep the marked rows locked, and the new
+-- owner's claim of them waits for as long: hours, until TCP keepalive ends the session. For the
+-- rest of this transaction the server ends a session idle in it for :idle_ms instead.
+bounded AS (
+    SELECT set_config('idle_in_transaction_session_timeout', CAST(:idle_ms AS text), true)
+)
+
 -- name: mark_succeeded
+WITH {_quiet_bound}
 UPDATE {schema}.inbox_message
 SET state = 'succeeded', finished_at = now(), updated_at = now(), lease_expires_at = NULL
+FROM bounded
 WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
   AND lease_token = :token;
 
 -- name: mark_succeeded_batch
 -- The successes of a batch, in its one transaction: each conditional on its own token.
+WITH {_quiet_bound}
 UPDATE {schema}.inbox_message AS m
 SET state = 'succeeded', finished_at = now(), updated_at = now(), lease_expires_at = NULL
-FROM {_batch_keys}
+FROM {_batch_keys} CROSS JOIN bounded
 WHERE m.consumer = g.consumer AND m.event_id = g.event_id AND m.state = 'processing'
   AND m.lease_token = g.token
 RETURNING m.event_id;
