@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncCopy, Copy
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -43,8 +43,13 @@ class _RowRefused(Exception):
 
 def _mid_copy(driver: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether a statement is still under way on ``driver``: after a COPY that raised, one
-    that a stop left the server in (nothing else ends it)."""
-    return driver.pgconn.transaction_status == TransactionStatus.ACTIVE
+    that a stop left the server in (nothing else ends it). In pipeline mode (where psycopg
+    refuses a COPY) commands queued are under way too: that connection is fine."""
+    pgconn = driver.pgconn
+    return (
+        pgconn.transaction_status == TransactionStatus.ACTIVE
+        and pgconn.pipeline_status == PipelineStatus.OFF
+    )
 
 
 def _check(query: Query) -> None:
@@ -132,6 +137,8 @@ def copy_rows(target: SyncTarget, query: Query, rows: Rows) -> bool:
     if isinstance(target, psycopg.Connection):
         try:
             _copy_in(target, query, rows)
+        except psycopg.Error:
+            raise  # the connection's state is psycopg's to tell
         except BaseException:
             if _mid_copy(target):
                 target.close()
@@ -186,6 +193,8 @@ async def copy_rows_async(target: AsyncTarget, query: Query, rows: Rows) -> bool
     if isinstance(target, psycopg.AsyncConnection):
         try:
             await _copy_in_async(target, query, rows)
+        except psycopg.Error:
+            raise  # the connection's state is psycopg's to tell
         except BaseException:
             if _mid_copy(target):
                 await target.close()

@@ -295,7 +295,8 @@ def _drive(
     other ``BaseException`` (cancellation, interrupt) ends the drive after ``release``, told
     the step it came in (``None``: it came in the plan's own code, between steps). A
     cancellation of the consumer's task that a step swallowed (a handler's ``except
-    CancelledError: pass``) is raised once the step ends: otherwise nothing would stop it.
+    CancelledError: pass``, or one raising its own error instead) is raised once the step
+    ends: otherwise nothing would stop it.
     """
     reply: Any = None
     error: Exception | None = None
@@ -321,6 +322,8 @@ def _drive(
                 if cancelling() > pending:  # this task was cancelled and a handler swallowed it
                     raise asyncio.CancelledError
             except Exception as exc:
+                if cancelling() > pending:  # ... or made it an error of its own: still a stop
+                    raise asyncio.CancelledError from exc
                 reply, error = None, exc
             except asyncio.CancelledError as exc:
                 error = handler_cancelled(step, exc, cancelling())

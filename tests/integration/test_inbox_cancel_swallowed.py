@@ -1,6 +1,7 @@
 """The consumer's task cancelled while a handler swallows the ``CancelledError`` (``except
-CancelledError: pass``): the consumer stops all the same once the handler returns, as for a
-cancellation the handler let through (its run counts, its writes are rolled back).
+CancelledError: pass``, or raising an error of its own instead): the consumer stops all the
+same once the handler ends, as for a cancellation the handler let through (its run counts,
+its writes are rolled back).
 
 Before, the cancellation was lost: the task went on processing records until something else
 stopped it, so a shutdown that cancels tasks and awaits them hung.
@@ -9,7 +10,6 @@ stopped it, so a shutdown that cancels tasks and awaits them hung.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -36,13 +36,19 @@ pytestmark = pytest.mark.integration
 TopicFactory = Callable[..., str]
 
 
+class HandlerError(Exception):
+    """What a handler raises instead of the cancellation it caught."""
+
+
 @pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("instead", ["returns", "raises its own error"])
 def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
     outboxkit_db_url: str,
     sa_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     batch: int,
+    instead: str,
 ) -> None:
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
@@ -61,8 +67,12 @@ def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
             runs.append(ctx.event_id)
             if not reached.is_set():
                 reached.set()
-                with contextlib.suppress(asyncio.CancelledError):  # returns as if all went well
+                try:
                     await asyncio.Event().wait()
+                except asyncio.CancelledError as exc:
+                    if instead == "raises its own error":
+                        raise HandlerError("interrupted") from exc
+                    # else returns as if all went well
 
         consumer = AiokafkaInboxConsumer(
             AsyncInbox(engine, handle, InboxSettings(consumer="billing", registry=REGISTRY)),

@@ -120,7 +120,8 @@ def test_an_async_consumer_polled_again_after_a_cancelled_poll_runs_the_cut_reco
     outboxkit_topic: TopicFactory,
     batch: int,
 ) -> None:
-    """``asyncio.timeout`` around a poll, caught, and the consumer polled again."""
+    """A poll's task cancelled (as ``asyncio.timeout`` around it does), and the consumer
+    polled again."""
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
     topic = outboxkit_topic()

@@ -113,3 +113,30 @@ async def test_a_psycopg_connection_left_in_the_copy_is_closed(
         assert conn.closed
     finally:
         await conn.close()
+
+
+def test_a_sync_psycopg_connection_left_in_the_copy_is_closed(
+    outboxkit_db_url: str, stop_at_copy_start: list[int]
+) -> None:
+    copy = Query("test", "copy", "COPY copied (n) FROM STDIN")
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute("CREATE TEMPORARY TABLE copied (n integer)")
+        with pytest.raises(KeyboardInterrupt):
+            db.copy_rows(conn, copy, [(n,) for n in range(30)])
+        assert conn.closed
+
+
+def test_a_copy_refused_in_pipeline_mode_leaves_the_connection_open(
+    outboxkit_db_url: str,
+) -> None:
+    """Commands queued in a pipeline are under way too (libpq says ACTIVE): psycopg refuses the
+    COPY there, and the caller's connection is fine, so it stays open."""
+    copy = Query("test", "copy", "COPY copied (n) FROM STDIN")
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute("CREATE TEMPORARY TABLE copied (n integer)")
+        with conn.pipeline():
+            conn.execute("SELECT 1")
+            with pytest.raises(psycopg.NotSupportedError):
+                db.copy_rows(conn, copy, [(1,)])
+        assert not conn.closed
+        assert conn.execute("SELECT 1").fetchone() == (1,)
