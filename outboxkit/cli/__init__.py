@@ -42,6 +42,19 @@ class OneLineErrors(click.Group):
 
 
 class _LazyGroup(OneLineErrors):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """An argument that is not UTF-8 (Python keeps its bytes as surrogates) is refused
+        here, naming its position, never its text (it may be a password): further on it was
+        sent to PostgreSQL, whose refusal blamed the connection's encoding settings."""
+        for position, arg in enumerate(args, start=1):
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                raise click.UsageError(
+                    f"argument {position} is not valid UTF-8 (its bytes are not shown)", ctx
+                ) from None
+        return super().parse_args(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*_COMMANDS, *super().list_commands(ctx)})
 
