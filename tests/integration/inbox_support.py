@@ -139,6 +139,30 @@ def produce_event(
     produce(bootstrap, topic, [message], partition)
 
 
+def produce_events(bootstrap: str, topic: str, count: int) -> list[str]:
+    """``count`` new events (order "o", amount 1) on partition 0; their ids in order."""
+    event_ids = [str(uuid.uuid4()) for _ in range(count)]
+    for event_id in event_ids:
+        produce_event(bootstrap, topic, event_id, "o", 1)
+    return event_ids
+
+
+def billing_aiokafka_consumer(
+    engine: Any, handle: Any, bootstrap: str, topic: str, **options: Any
+) -> Any:
+    """An aiokafka consumer "billing" of ``topic`` in a group of its own, no dead letters."""
+    from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+
+    return AiokafkaInboxConsumer(
+        AsyncInbox(engine, handle, InboxSettings(consumer="billing", registry=REGISTRY)),
+        KafkaSettings(bootstrap=bootstrap),
+        group_id=f"g-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        dead_letter=None,
+        **options,
+    )
+
+
 def run_sql(engine: Engine, step: Sql) -> db.Result:
     """One inbox statement on an autocommit connection (what the drivers do)."""
     with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:

@@ -10,7 +10,6 @@ stopped it, so a shutdown that cancels tasks and awaits them hung.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,17 +17,15 @@ import psycopg
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outboxkit.inbox import AsyncInbox, HandlerContext, InboxSettings
-from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
-from outboxkit.settings import KafkaSettings
+from outboxkit.inbox import HandlerContext
 from tests.integration.inbox_support import (
     EFFECT_DDL,
     INSERT_EFFECT,
-    REGISTRY,
     PaymentRequested,
+    billing_aiokafka_consumer,
     effects,
     inbox_row,
-    produce_event,
+    produce_events,
 )
 
 pytestmark = pytest.mark.integration
@@ -53,9 +50,7 @@ def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
     topic = outboxkit_topic()
-    event_ids = [str(uuid.uuid4()) for _ in range(3)]
-    for event_id in event_ids:
-        produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
+    event_ids = produce_events(outboxkit_kafka_bootstrap, topic, 3)
 
     async def main() -> list[str]:
         engine = create_async_engine(sa_url)
@@ -74,12 +69,11 @@ def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
                         raise HandlerError("interrupted") from exc
                     # else returns as if all went well
 
-        consumer = AiokafkaInboxConsumer(
-            AsyncInbox(engine, handle, InboxSettings(consumer="billing", registry=REGISTRY)),
-            KafkaSettings(bootstrap=outboxkit_kafka_bootstrap),
-            group_id=f"g-{uuid.uuid4().hex[:8]}",
-            topics=[topic],
-            dead_letter=None,
+        consumer = billing_aiokafka_consumer(
+            engine,
+            handle,
+            outboxkit_kafka_bootstrap,
+            topic,
             batch_max_records=batch,
             batch_max_ms=2000.0,
         )

@@ -20,8 +20,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
-from outboxkit.inbox import AsyncInbox, HandlerContext, Inbox, InboxSettings
-from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
+from outboxkit.inbox import HandlerContext, Inbox, InboxSettings
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
 from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
@@ -29,22 +28,16 @@ from tests.integration.inbox_support import (
     INSERT_EFFECT,
     REGISTRY,
     PaymentRequested,
+    billing_aiokafka_consumer,
     effects,
     inbox_row,
-    produce_event,
+    produce_events,
 )
 
 pytestmark = pytest.mark.integration
 
 TopicFactory = Callable[..., str]
 DEADLINE = 60.0
-
-
-def _produce(bootstrap: str, topic: str, count: int) -> list[str]:
-    event_ids = [str(uuid.uuid4()) for _ in range(count)]
-    for event_id in event_ids:
-        produce_event(bootstrap, topic, event_id, "o", 1)
-    return event_ids
 
 
 def _all_succeeded(db_url: str, event_ids: list[str]) -> bool:
@@ -77,7 +70,7 @@ def test_a_sync_consumer_polled_again_after_a_keyboard_interrupt_runs_the_cut_re
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
     topic = outboxkit_topic()
-    first = _produce(outboxkit_kafka_bootstrap, topic, 5)
+    first = produce_events(outboxkit_kafka_bootstrap, topic, 5)
     engine = create_engine(sa_url)
     runs: list[tuple[str, int]] = []
 
@@ -100,7 +93,7 @@ def test_a_sync_consumer_polled_again_after_a_keyboard_interrupt_runs_the_cut_re
         with consumer:
             with pytest.raises(KeyboardInterrupt):
                 _poll_until_stopped(consumer)
-            later = _produce(outboxkit_kafka_bootstrap, topic, 2)
+            later = produce_events(outboxkit_kafka_bootstrap, topic, 2)
             for _ in range(400):
                 if _all_succeeded(outboxkit_db_url, first + later):
                     break
@@ -125,7 +118,7 @@ def test_an_async_consumer_polled_again_after_a_cancelled_poll_runs_the_cut_reco
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
     topic = outboxkit_topic()
-    first = _produce(outboxkit_kafka_bootstrap, topic, 5)
+    first = produce_events(outboxkit_kafka_bootstrap, topic, 5)
 
     async def main() -> list[str]:
         engine = create_async_engine(sa_url)
@@ -139,13 +132,8 @@ def test_an_async_consumer_polled_again_after_a_cancelled_poll_runs_the_cut_reco
                 reached.set()
                 await asyncio.Event().wait()  # until the poll is cancelled
 
-        consumer = AiokafkaInboxConsumer(
-            AsyncInbox(engine, handle, InboxSettings(consumer="billing", registry=REGISTRY)),
-            KafkaSettings(bootstrap=outboxkit_kafka_bootstrap),
-            group_id=f"g-{uuid.uuid4().hex[:8]}",
-            topics=[topic],
-            dead_letter=None,
-            **_options(batch),
+        consumer = billing_aiokafka_consumer(
+            engine, handle, outboxkit_kafka_bootstrap, topic, **_options(batch)
         )
         try:
             async with consumer:
@@ -159,7 +147,7 @@ def test_an_async_consumer_polled_again_after_a_cancelled_poll_runs_the_cut_reco
                 polling.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await polling
-                later = await asyncio.to_thread(_produce, outboxkit_kafka_bootstrap, topic, 2)
+                later = await asyncio.to_thread(produce_events, outboxkit_kafka_bootstrap, topic, 2)
                 for _ in range(400):
                     if await asyncio.to_thread(_all_succeeded, outboxkit_db_url, first + later):
                         break
