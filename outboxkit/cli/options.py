@@ -22,8 +22,8 @@ from outboxkit.schema import validate_schema_name
 from outboxkit.settings import load_database_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
-# The most rows a listing's --limit asks for (past a bigint, PostgreSQL refused it: a traceback
-# of the database's error instead of the option's).
+# The most rows a listing's --limit asks for: refused by the option above it (a negative limit,
+# or one past a bigint, failed in PostgreSQL instead: its error, not the option's).
 LIMIT_MAX = 2**31 - 1
 
 MISSING_URL = (

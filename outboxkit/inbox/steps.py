@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import types
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from outboxkit.db import Query
 from outboxkit.errors import HandlerCancelledError
 from outboxkit.inbox.guard import error_text
 from outboxkit.kafka.api import Headers, TopicPartition
+
+logger = logging.getLogger("outboxkit.inbox.consumer")
 
 T = TypeVar("T")
 Plan = Generator["Step", Any, T]
@@ -323,6 +326,7 @@ def _drive(
                     raise asyncio.CancelledError
             except Exception as exc:
                 if cancelling() > pending:  # ... or made it an error of its own: still a stop
+                    _taken_as_the_stop(exc)
                     raise asyncio.CancelledError from exc
                 reply, error = None, exc
             except asyncio.CancelledError as exc:
@@ -341,6 +345,16 @@ def _drive(
         if inspect.isawaitable(released):
             yield from _await(released)
         raise
+
+
+def _taken_as_the_stop(exc: Exception) -> None:
+    """Said, as the stop's cause is otherwise silent: a helper in the handler that cancels the
+    task for a timeout of its own and does not undo it (``Task.uncancel``) lands here too."""
+    logger.warning(
+        "the consumer's task was cancelled during a step that then raised %s instead: taken as"
+        " the stop (a timeout helper that cancels the task without uncancel() looks the same)",
+        error_text(exc).rstrip(": "),
+    )
 
 
 def _await(awaitable: Awaitable[Any]) -> Generator[Any, Any, Any]:

@@ -19,10 +19,11 @@ from outboxkit.inbox.guard import bounded, hashed
 from outboxkit.inbox.steps import HandlerSql, Plan, Sql
 from outboxkit.schema import DEFAULT_SCHEMA, TERMINAL_INBOX_STATES, InboxState
 
-# The least time a handler's session may stay quiet after its ``succeeded`` mark before the
-# server ends it (``lease_seconds`` when longer): only the COMMIT is sent there, so this is
-# reached only by a process frozen or cut off, whose locks would hold up the next owner.
-QUIET_AFTER_MARK_MIN_SECONDS = 10.0
+# How long a handler's session may stay quiet after its ``succeeded`` mark before the server
+# ends it (a shorter idle_in_transaction_session_timeout of the session's own is kept): only
+# the COMMIT is sent there, so this is reached only by a process frozen or cut off, whose row
+# locks would hold up the next owner's claim (which does not wait for the lease to expire).
+QUIET_AFTER_MARK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,7 @@ class InboxStatements:
         self.owner = owner
         self.schema = schema
         self.lease_seconds = lease_seconds
-        # A handler's session quiet after its mark is ended by the server after this long.
-        self.quiet_ms = str(int(max(lease_seconds, QUIET_AFTER_MARK_MIN_SECONDS) * 1000))
+        self.quiet_ms = int(QUIET_AFTER_MARK_SECONDS * 1000)
         self.now = now
         self._queries = db.queries("inbox", schema)
 

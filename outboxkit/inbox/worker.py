@@ -110,20 +110,13 @@ def retention(consumer: ConsumerSettings) -> Retention | None:
 def _metrics(consumer: ConsumerSettings) -> Any:
     if consumer.metrics_port is None:
         return None
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    from outboxkit.http_endpoint import Answer, serve
+    from outboxkit.http_endpoint import scrape, serve
     from outboxkit.inbox.metrics import InboxMetrics
 
     metrics = InboxMetrics()
-
-    def scrape() -> Answer:
-        return (200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
-
+    route, host, port = scrape(metrics.registry), consumer.metrics_host, consumer.metrics_port
     # "/" too: prometheus_client's own server, used before, answered every path.
-    serve(
-        {"/metrics": scrape, "/": scrape}, consumer.metrics_host, consumer.metrics_port, "consumer"
-    )
+    serve({"/metrics": route, "/": route}, host, port, "consumer")
     return metrics
 
 

@@ -16,24 +16,13 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.http_endpoint import Answer, serve
+from outboxkit.http_endpoint import Answer, scrape, serve
 
 try:
-    from prometheus_client import (
-        CONTENT_TYPE_LATEST,
-        CollectorRegistry,
-        Counter,
-        Gauge,
-        Histogram,
-        generate_latest,
-    )
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     HAVE_PROMETHEUS = True
 except ImportError:  # the `metrics` extra is optional: count into nothing
-    from outboxkit.relay.null_metrics import (  # type: ignore[assignment]
-        CONTENT_TYPE_LATEST,
-        generate_latest,
-    )
     from outboxkit.relay.null_metrics import NullMetric as Counter  # type: ignore[assignment]
     from outboxkit.relay.null_metrics import NullMetric as Gauge  # type: ignore[assignment]
     from outboxkit.relay.null_metrics import NullMetric as Histogram  # type: ignore[assignment]
@@ -187,15 +176,10 @@ class RelayMetrics:
         if not HAVE_PROMETHEUS:
             raise ConfigurationError(METRICS_EXTRA_MISSING)
 
-        def health() -> Answer:
+        def health(accept: str | None) -> Answer:
             ok, detail = self.healthy()
-            return (
-                200 if ok else 503,
-                "application/json",
-                json.dumps({"ok": ok, **detail}).encode(),
-            )
+            body = json.dumps({"ok": ok, **detail}).encode()
+            return (200 if ok else 503, "application/json", body)
 
-        def metrics() -> Answer:
-            return (200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
-
-        return serve({"/healthz": health, "/metrics": metrics}, host, port, "relay")
+        routes = {"/healthz": health, "/metrics": scrape(self.registry)}
+        return serve(routes, host, port, "relay")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-CONTENT_TYPE_LATEST = "text/plain"
-
 
 class NullMetric:
     """Accepts every call a Counter, Gauge or Histogram does (``labels``, ``inc``, ...)."""
@@ -38,7 +36,3 @@ class NullMetric:
 
 class NullRegistry:
     pass
-
-
-def generate_latest(registry: Any = None) -> bytes:
-    return b""

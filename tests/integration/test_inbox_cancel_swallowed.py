@@ -46,6 +46,7 @@ def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
     outboxkit_topic: TopicFactory,
     batch: int,
     instead: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with psycopg.connect(outboxkit_db_url) as conn:
         conn.execute(EFFECT_DDL)
@@ -100,3 +101,5 @@ def test_a_cancellation_the_handler_swallows_still_stops_the_consumer(
         return runs
 
     asyncio.run(main())
+    said = "raised HandlerError: interrupted instead: taken as the stop"
+    assert (said in caplog.text) == (instead == "raises its own error")

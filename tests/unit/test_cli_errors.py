@@ -208,8 +208,13 @@ def test_outbox_with_a_bad_schema_is_one_line() -> None:
     ids=["escape", "nul", "long", "long_utf8", "surrogate", "empty"],
 )
 def test_cancel_before_delivery_refuses_ids_no_consumer_reads(event_id: str, problem: str) -> None:
-    assert guard.event_id_problem(event_id) == problem
+    assert guard.event_id_problem(event_id) == problem  # the API's refusal
     args = ["inbox", "cancel", "--consumer", "c", "--event-id", event_id, "--before-delivery"]
+    if problem == "not valid UTF-8":  # the command line refuses such an argument first
+        result = _invoke([*args, "--database-url", GOOD_URL])
+        assert result.exit_code == 2
+        assert "argument 6 is not valid UTF-8" in result.output
+        return
     shown = _assert_one_line_error(_invoke([*args, "--database-url", GOOD_URL]), 1)
     assert f"event id refused ({problem})" in shown
     assert "\x1b" not in shown

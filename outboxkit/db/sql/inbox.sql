@@ -137,9 +137,17 @@ WHERE consumer = :consumer AND event_id = :event_id AND state = 'processing'
 -- After the mark only the COMMIT is left. A session that goes quiet there (its process frozen,
 -- a network partition that sends no reset) would keep the marked rows locked, and the new
 -- owner's claim of them waits for as long: hours, until TCP keepalive ends the session. For the
--- rest of this transaction the server ends a session idle in it for :idle_ms instead.
+-- rest of this transaction the server ends a session idle in it for :idle_ms instead, or for
+-- the session's own idle_in_transaction_session_timeout when that is shorter (not 0).
 bounded AS (
-    SELECT set_config('idle_in_transaction_session_timeout', CAST(:idle_ms AS text), true)
+    SELECT set_config(
+        'idle_in_transaction_session_timeout',
+        CAST(CASE WHEN s.ms > 0 AND s.ms < CAST(:idle_ms AS bigint) THEN s.ms
+                  ELSE CAST(:idle_ms AS bigint) END AS text),
+        true)
+    FROM (SELECT CAST(extract(epoch FROM CAST(
+              current_setting('idle_in_transaction_session_timeout') AS interval)) * 1000
+              AS bigint) AS ms) AS s
 )
 
 -- name: mark_succeeded
