@@ -270,7 +270,9 @@ class ShardWorker:
                     await publisher.settle_mark()
                     await self._retention(term, conn)
                     self._retry_log.recovered(term.token)  # a whole pass: the term works
-                    next_retention = time.monotonic() + self.config.poll_interval * 5
+                    behind = self.housekeeping.retention_behind  # then again after one batch
+                    pause = 0.0 if behind else self.config.poll_interval * 5
+                    next_retention = time.monotonic() + pause
                 if not batch:
                     await wait_any([self.wake, self.stop], idle_wait)
                     idle_wait = min(self.config.poll_interval, idle_wait * 2)
