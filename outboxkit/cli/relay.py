@@ -26,6 +26,7 @@ from outboxkit import db
 from outboxkit.cli import OneLineErrors
 from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.gc_tuning import tune_gc
+from outboxkit.relay.open_files import raise_open_files_limit
 from outboxkit.settings import (
     KafkaClient,
     Mode,
@@ -168,6 +169,7 @@ def run(ctx: click.Context, /, json_logs: bool, **options: Any) -> None:
     _setup_logging(json_logs)
     if settings.relay.gc_tuning:  # a process of its own: collector settings for many rows
         tune_gc()
+    raise_open_files_limit()  # a process of its own: an embedded relay leaves its host's alone
 
     async def main() -> None:
         stop = asyncio.Event()

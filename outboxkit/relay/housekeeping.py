@@ -63,6 +63,7 @@ class Housekeeping:
         self.passes = 0  # completed sweeps (tests wait on it)
         self.retention_passes = 0  # completed retention passes of published rows (likewise)
         self.retention_behind = False  # the last pass stopped at its time, rows left to delete
+        self._retained = 0  # deleted by passes since the last one that finished (one log line)
         self.deleted = 0
 
     def windows(self) -> list[tuple[str, float]]:
@@ -125,8 +126,12 @@ class Housekeeping:
                 self.retention_behind = True
                 break
         self.retention_passes += 1
-        if total:
-            logger.info("shard %s: retention removed %d published row(s)", term.shard, total)
+        self._retained += total
+        if self._retained and not self.retention_behind:  # one line for a backlog's passes
+            logger.info(
+                "shard %s: retention removed %d published row(s)", term.shard, self._retained
+            )
+            self._retained = 0
 
     async def _park_strays(
         self, conn: Conn, term: LeaseTerm, stop: asyncio.Event, now: datetime | None

@@ -30,7 +30,7 @@ from outboxkit.relay.checkpoint import CheckpointTopic
 from outboxkit.relay.connections import ProcessLeases
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.notify import listen_forever
-from outboxkit.relay.open_files import ensure_open_files
+from outboxkit.relay.open_files import check_open_files
 from outboxkit.relay.retry_log import SHOWN_IN_FULL
 from outboxkit.relay.shard_worker import ShardWorker
 from outboxkit.relay.status_sampler import sample_forever
@@ -224,7 +224,7 @@ class Relay:
         cap = self.config.max_shards_per_process
         held = len(shards) if cap is None else min(cap, len(shards))
         exactly_once = self.config.mode is Mode.EXACTLY_ONCE
-        ensure_open_files(held, self.config.producers_per_shard, exactly_once)
+        check_open_files(held, self.config.producers_per_shard if exactly_once else 1)
         logger.info(
             "relay %s starting: shards %s (holding at most %s), Kafka client %s, settings %s",
             self.holder,

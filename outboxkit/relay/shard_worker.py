@@ -273,8 +273,9 @@ class ShardWorker:
                     behind = self.housekeeping.retention_behind  # then again after one batch
                     pause = 0.0 if behind else self.config.poll_interval * 5
                     next_retention = time.monotonic() + pause
-                if not batch:
-                    await wait_any([self.wake, self.stop], idle_wait)
+                if not batch:  # idle: behind on retention, only the shortest wait
+                    behind = self.housekeeping.retention_behind
+                    await wait_any([self.wake, self.stop], self._min_wait if behind else idle_wait)
                     idle_wait = min(self.config.poll_interval, idle_wait * 2)
                     continue
                 idle_wait = self._min_wait
