@@ -21,6 +21,12 @@ from outboxkit.outbox_row import Row, Writable, prepare
 from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
 
 _MAX_REREADS = 5
+#: The most one INSERT of ``add_many`` carries, in bytes as estimated by ``_row_bytes``: larger
+#: calls are written by several INSERTs in the call's savepoint. PostgreSQL closes the
+#: connection on a protocol message over 1 GB; a quarter of that leaves room for text that
+#: UTF-8 makes longer than its length, and for the arrays' framing.
+INSERT_MAX_BYTES = 256 * 2**20
+_ROW_FRAMING_BYTES = 256  # a uuid, a digest, an integer, a timestamp and each array entry's header
 #: From this many rows on, add_many COPYs (measured in benchmarks/writes.py; see docs/writes.md).
 DEFAULT_COPY_MIN_ROWS = 100
 
@@ -137,6 +143,7 @@ class Plan:
         self.results: dict[int, WriteResult] = {}
         self.conflict: IdempotencyKeyConflictError | None = None
         self.rereads = 0
+        self.sent: list[int] = []  # the rows of the last INSERT
         self.xact: str | None = None
         self.notified: set[int] = set()
 
@@ -150,13 +157,20 @@ class Plan:
         return [i for i in self.unique if i not in self.results]
 
     def insert_statement(self, notified: tuple[str | None, list[int]]) -> Statement:
-        todo = [self.rows[i] for i in self.pending()]
+        """The INSERT of the next rows still to write, at most ``INSERT_MAX_BYTES`` of them
+        (at least one row)."""
+        self.sent = self._next_rows()
+        todo = [self.rows[i] for i in self.sent]
         if self.config.notify:
             suffix = ""
+            xact, shards = notified
+            if self.xact is not None:  # an earlier INSERT of this call notified these
+                shards = sorted(self.notified.union(shards if xact == self.xact else ()))
+                xact = self.xact
             common = {
                 "channel": notify_channel(self.config.schema),
-                "notified_xact": notified[0],
-                "notified_shards": notified[1],
+                "notified_xact": xact,
+                "notified_shards": shards,
             }
         else:
             suffix, common = "_silent", {}
@@ -168,9 +182,22 @@ class Plan:
         }
         return "insert_many" + suffix, {**common, **arrays}
 
+    def _next_rows(self) -> list[int]:
+        pending = self.pending()
+        if len(pending) == 1:
+            return pending
+        rows, budget = self.rows, INSERT_MAX_BYTES
+        taken: list[int] = []
+        for index in pending:
+            budget -= _row_bytes(rows[index])
+            if budget < 0 and taken:
+                break
+            taken.append(index)
+        return taken
+
     def take_inserted(self, result_rows: Sequence[Any]) -> None:
         """Record the rows an insert wrote (and, with notify on, the shards it notified)."""
-        by_event_id = {self.rows[i].event_id: i for i in self.pending()}
+        by_event_id = {self.rows[i].event_id: i for i in self.sent}
         for row_id, event_id, *notify in result_rows:
             self.results[by_event_id[event_id]] = WriteResult(
                 event_id=event_id, duplicate=False, id=row_id
@@ -186,29 +213,35 @@ class Plan:
         for index, row_id in zip(indexes, ids, strict=True):
             results[index] = WriteResult(rows[index].event_id, False, row_id)  # positional: cheaper
 
+    def _unsettled(self) -> list[int]:
+        """The last INSERT's rows it did not write: their keys are taken."""
+        return [i for i in self.sent if i not in self.results]
+
     def reread_statement(self) -> Statement | None:
-        todo = self.pending()
+        todo = self._unsettled()
         if not todo or self.conflict is not None:
             return None
-        self.rereads += 1
         return "select_by_idempotency_keys", {
             "idempotency_keys": [self.rows[i].idempotency_key for i in todo]
         }
 
     def take_reread(self, result_rows: Sequence[Any]) -> None:
-        by_key = {self.rows[i].idempotency_key: i for i in self.pending()}
+        by_key = {self.rows[i].idempotency_key: i for i in self._unsettled()}
         for key, event_id, digest in result_rows:
             self._existing(by_key[key], event_id, bytes(digest))
 
     def needs_retry(self) -> bool:
-        """Rows whose conflicting row vanished (deleted) between insert and re-read."""
+        """Rows still to write: the next INSERT's, or rows whose conflicting row vanished
+        (deleted) between insert and re-read."""
         if self.conflict is not None or not self.pending():
             return False
-        if self.rereads >= _MAX_REREADS:  # give up; the caller undoes this call's rows
-            self.conflict = IdempotencyKeyConflictError(
-                "could not settle the idempotency keys of this call (rows keep disappearing)"
-            )
-            return False
+        if self._unsettled():
+            self.rereads += 1
+            if self.rereads >= _MAX_REREADS:  # give up; the caller undoes this call's rows
+                self.conflict = IdempotencyKeyConflictError(
+                    "could not settle the idempotency keys of this call (rows keep disappearing)"
+                )
+                return False
         return True
 
     def outcome(self) -> list[WriteResult]:
@@ -235,6 +268,22 @@ class Plan:
                 idempotency_key=row.idempotency_key,
                 existing_event_id=event_id,
             )
+
+
+def _row_bytes(row: Row) -> int:
+    """About what one row adds to an INSERT (text counted by its length)."""
+    return (
+        len(row.payload)
+        + len(row.headers)
+        + len(row.idempotency_key)
+        + len(row.topic)
+        + len(row.message_key or "")
+        + len(row.content_type)
+        + len(row.event_type or "")
+        + len(row.aggregate_type or "")
+        + len(row.aggregate_id or "")
+        + _ROW_FRAMING_BYTES
+    )
 
 
 # insert_many's array parameters, in Row's field order.

@@ -230,6 +230,8 @@ def test_the_writer_passes_exactly_the_insert_parameters() -> None:
             names.add(name)
     assert names == {"insert_one", "insert_many", "insert_one_silent", "insert_many_silent"}
     plan = Plan(config, rows)
+    plan.insert_statement(notified)
+    plan.take_inserted([])  # both keys taken: their rows are read back
     reread = plan.reread_statement()
     assert reread is not None
     assert set(reread[1]) == PARAMETERS["outbox"][reread[0]]
