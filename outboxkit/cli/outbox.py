@@ -1,4 +1,8 @@
-"""``outboxkit outbox parked|retry|discard``: see and act on parked rows."""
+"""``outboxkit outbox parked|retry|discard``: see and act on parked rows.
+
+``--config``, ``--database-url`` and ``--schema`` go before the subcommand or after it (as
+``migrate``'s and ``inbox``'s go after theirs); one given after wins.
+"""
 
 from __future__ import annotations
 
@@ -24,9 +28,20 @@ def outbox(
     ctx.obj = {"config_path": config_path, "url": database_url, "schema": schema}
 
 
-def _rows(
-    obj: dict[str, str | None], name: str, params: dict[str, Any]
-) -> Sequence[tuple[Any, ...]]:
+Where = dict[str, str | None]
+
+
+def _where(
+    group: Where, config_path: str | None, database_url: str | None, schema: str | None
+) -> Where:
+    """The group's database options, overridden by those the subcommand was given."""
+    given = {"config_path": config_path, "url": database_url, "schema": schema}
+    return {
+        name: given[name] if given[name] is not None else value for name, value in group.items()
+    }
+
+
+def _rows(obj: Where, name: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
     """One statement on a connection of our own; a database error is one line, password-free.
     The settings are read here, not in the group: ``outbox parked --help`` needs none."""
     target = resolve_or_exit(obj["config_path"], obj["url"], obj["schema"])
@@ -42,9 +57,18 @@ def _rows(
 @outbox.command()
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(0, LIMIT_MAX))
 @click.option("--json", "as_json", is_flag=True)
+@database_options
 @click.pass_obj
-def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
+def parked(
+    group: Where,
+    limit: int,
+    as_json: bool,
+    config_path: str | None,
+    database_url: str | None,
+    schema: str | None,
+) -> None:
     """List parked rows with their reason."""
+    obj = _where(group, config_path, database_url, schema)
     rows = _rows(obj, "parked_list", {"limit": limit})
     total = int(rows[0][8]) if rows else 0
     items = [
@@ -78,13 +102,22 @@ def parked(obj: dict[str, str | None], limit: int, as_json: bool) -> None:
 
 
 _UNCHANGED_SHOWN = 10
+# The ids a retry or discard lists: `--all` over 100,000 rows printed 689 KB on one line.
+_DONE_SHOWN = 20
 
 
-def _act(obj: dict[str, str | None], name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
+def _done(count_text: str, done: list[int]) -> str:
+    if len(done) <= _DONE_SHOWN:
+        return f"{len(done)} row(s) {count_text}: {done}"
+    shown = ", ".join(str(i) for i in done[:_DONE_SHOWN])
+    return f"{len(done)} row(s) {count_text}: [{shown}, ...] (the first {_DONE_SHOWN} shown)"
+
+
+def _act(obj: Where, name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
     if not ids and not all_rows:
         raise click.UsageError("name row ids, or --all")
     rows = _rows(obj, name, {"ids": list(ids), "all": all_rows})
-    return [int(r[0]) for r in rows]
+    return sorted(int(r[0]) for r in rows)  # the statement returns them in no order
 
 
 def _unchanged(ids: tuple[int, ...], all_rows: bool, done: list[int]) -> None:
@@ -108,20 +141,38 @@ def _unchanged(ids: tuple[int, ...], all_rows: bool, done: list[int]) -> None:
 @outbox.command()
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
+@database_options
 @click.pass_obj
-def retry(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) -> None:
+def retry(
+    group: Where,
+    ids: tuple[int, ...],
+    all_rows: bool,
+    config_path: str | None,
+    database_url: str | None,
+    schema: str | None,
+) -> None:
     """Give parked rows back to the relay (same-key rows behind them follow in order)."""
+    obj = _where(group, config_path, database_url, schema)
     done = _act(obj, "parked_retry", ids, all_rows)
-    click.echo(f"{len(done)} row(s) back to pending: {done}")
+    click.echo(_done("back to pending", done))
     _unchanged(ids, all_rows, done)
 
 
 @outbox.command()
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
+@database_options
 @click.pass_obj
-def discard(obj: dict[str, str | None], ids: tuple[int, ...], all_rows: bool) -> None:
+def discard(
+    group: Where,
+    ids: tuple[int, ...],
+    all_rows: bool,
+    config_path: str | None,
+    database_url: str | None,
+    schema: str | None,
+) -> None:
     """Give up on parked rows for good (same-key rows behind them flow again)."""
+    obj = _where(group, config_path, database_url, schema)
     done = _act(obj, "parked_discard", ids, all_rows)
-    click.echo(f"{len(done)} row(s) discarded: {done}")
+    click.echo(_done("discarded", done))
     _unchanged(ids, all_rows, done)

@@ -84,3 +84,43 @@ def test_a_bad_password_is_one_line_without_the_password(outboxkit_db_url: str) 
     assert "password authentication failed" in done.output
     assert wrong not in done.output
     assert "Traceback" not in done.output
+
+
+def _unreachable(url: str) -> str:
+    """The same database on a port nothing listens on."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.hostname}:1"))
+
+
+def test_database_options_go_before_or_after_the_subcommand(
+    outboxkit_db_url: str, sa_url: str
+) -> None:
+    """As ``migrate`` and ``inbox`` take them after their subcommands, ``outbox`` does too; one
+    given after wins over one given before (the group's is then not used)."""
+    ids = _park(sa_url, 2)
+    runner = CliRunner(env={"OUTBOXKIT_DATABASE_URL": None})
+    bad = _unreachable(outboxkit_db_url)
+    for args in (
+        ["outbox", "parked", "--json", "--database-url", outboxkit_db_url],
+        ["outbox", "--database-url", outboxkit_db_url, "parked", "--json"],
+        ["outbox", "--database-url", bad, "parked", "--json", "--database-url", outboxkit_db_url],
+    ):
+        listed = runner.invoke(main, args)
+        assert listed.exit_code == 0, (args, listed.output)
+        assert [i["id"] for i in json.loads(listed.output)] == ids
+    retried = runner.invoke(main, ["outbox", "retry", "--all", "--database-url", outboxkit_db_url])
+    assert retried.exit_code == 0, retried.output
+    assert f"2 row(s) back to pending: {ids}" in retried.output
+    refused = runner.invoke(main, ["outbox", "discard", str(ids[0]), "--database-url", bad])
+    assert refused.exit_code == 1, refused.output
+
+
+def test_a_long_retry_lists_its_first_ids_and_the_count(outboxkit_db_url: str, sa_url: str) -> None:
+    """``--all`` over 100,000 rows printed every id, 689 KB on one line."""
+    ids = _park(sa_url, 25)
+    env = {"OUTBOXKIT_DATABASE_URL": outboxkit_db_url}
+    retried = CliRunner().invoke(main, ["outbox", "retry", "--all"], env=env)
+    assert retried.exit_code == 0, retried.output
+    shown = ", ".join(str(i) for i in ids[:20])
+    assert retried.output == f"25 row(s) back to pending: [{shown}, ...] (the first 20 shown)\n"
+    assert set(_states(sa_url).values()) == {"pending"}
