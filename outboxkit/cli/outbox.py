@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 import psycopg
@@ -29,6 +29,7 @@ def outbox(
 
 
 Where = dict[str, str | None]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _where(
@@ -138,41 +139,38 @@ def _unchanged(ids: tuple[int, ...], all_rows: bool, done: list[int]) -> None:
         click.get_current_context().exit(1)
 
 
-@outbox.command()
-@click.argument("ids", nargs=-1, type=int)
-@click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
-@database_options
-@click.pass_obj
-def retry(
+def _action(function: F) -> F:
+    """The arguments and options of ``retry`` and ``discard`` (each passes the group's object)."""
+    ids = click.argument("ids", nargs=-1, type=int)
+    every = click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
+    return ids(every(database_options(function)))
+
+
+def _act_and_report(
     group: Where,
+    given: dict[str, str | None],
+    name: str,
+    said: str,
     ids: tuple[int, ...],
     all_rows: bool,
-    config_path: str | None,
-    database_url: str | None,
-    schema: str | None,
 ) -> None:
+    obj = _where(group, given["config_path"], given["database_url"], given["schema"])
+    done = _act(obj, name, ids, all_rows)
+    click.echo(_done(said, done))
+    _unchanged(ids, all_rows, done)
+
+
+@outbox.command()
+@_action
+@click.pass_obj
+def retry(group: Where, /, ids: tuple[int, ...], all_rows: bool, **given: str | None) -> None:
     """Give parked rows back to the relay (same-key rows behind them follow in order)."""
-    obj = _where(group, config_path, database_url, schema)
-    done = _act(obj, "parked_retry", ids, all_rows)
-    click.echo(_done("back to pending", done))
-    _unchanged(ids, all_rows, done)
+    _act_and_report(group, given, "parked_retry", "back to pending", ids, all_rows)
 
 
 @outbox.command()
-@click.argument("ids", nargs=-1, type=int)
-@click.option("--all", "all_rows", is_flag=True, help="Every parked row.")
-@database_options
+@_action
 @click.pass_obj
-def discard(
-    group: Where,
-    ids: tuple[int, ...],
-    all_rows: bool,
-    config_path: str | None,
-    database_url: str | None,
-    schema: str | None,
-) -> None:
+def discard(group: Where, /, ids: tuple[int, ...], all_rows: bool, **given: str | None) -> None:
     """Give up on parked rows for good (same-key rows behind them flow again)."""
-    obj = _where(group, config_path, database_url, schema)
-    done = _act(obj, "parked_discard", ids, all_rows)
-    click.echo(_done("discarded", done))
-    _unchanged(ids, all_rows, done)
+    _act_and_report(group, given, "parked_discard", "discarded", ids, all_rows)
