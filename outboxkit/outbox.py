@@ -184,8 +184,8 @@ class Outbox:
         return self._run(target, plan)[0]
 
     def add_many(self, target: SyncTarget, items: Iterable[Writable]) -> list[WriteResult]:
-        """Add many events with one statement; results in input order. All or nothing: on a
-        conflict no row of this call stays written."""
+        """Add many events with one statement (a call over 256 MB: several); results in input
+        order. All or nothing: on a conflict no row of this call stays written."""
         items = list(items)
         if worth_copying(self.config, items):
             return self._run_copy(target, items)

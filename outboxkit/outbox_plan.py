@@ -21,10 +21,10 @@ from outboxkit.outbox_row import Row, Writable, prepare
 from outboxkit.schema import DEFAULT_SCHEMA, notify_channel, validate_schema_name
 
 _MAX_REREADS = 5
-#: The most one INSERT of ``add_many`` carries, in bytes as estimated by ``_row_bytes``: larger
+#: The most one INSERT of ``add_many`` carries, in bytes as ``_row_bytes`` counts them: larger
 #: calls are written by several INSERTs in the call's savepoint. PostgreSQL closes the
-#: connection on a protocol message over 1 GB; a quarter of that leaves room for text that
-#: UTF-8 makes longer than its length, and for the arrays' framing.
+#: connection on a protocol message over 1 GB, and the server holds the message, its arrays and
+#: their casts at once: a quarter of that keeps one statement's memory in bounds.
 INSERT_MAX_BYTES = 256 * 2**20
 _ROW_FRAMING_BYTES = 256  # a uuid, a digest, an integer, a timestamp and each array entry's header
 #: From this many rows on, add_many COPYs (measured in benchmarks/writes.py; see docs/writes.md).
@@ -232,7 +232,8 @@ class Plan:
 
     def needs_retry(self) -> bool:
         """Rows still to write: the next INSERT's, or rows whose conflicting row vanished
-        (deleted) between insert and re-read."""
+        (deleted) between insert and re-read. Called once after each INSERT (and its re-read):
+        it counts the rounds that left rows unsettled."""
         if self.conflict is not None or not self.pending():
             return False
         if self._unsettled():
@@ -271,19 +272,25 @@ class Plan:
 
 
 def _row_bytes(row: Row) -> int:
-    """About what one row adds to an INSERT (text counted by its length)."""
+    """What one row adds to an INSERT: psycopg sends it in the binary format, text as UTF-8."""
     return (
         len(row.payload)
-        + len(row.headers)
-        + len(row.idempotency_key)
-        + len(row.topic)
-        + len(row.message_key or "")
-        + len(row.content_type)
-        + len(row.event_type or "")
-        + len(row.aggregate_type or "")
-        + len(row.aggregate_id or "")
+        + _utf8_bytes(row.headers)  # JSON that keeps non-ASCII characters as they are
+        + _utf8_bytes(row.idempotency_key)
+        + _utf8_bytes(row.topic)
+        + _utf8_bytes(row.message_key)
+        + _utf8_bytes(row.content_type)
+        + _utf8_bytes(row.event_type)
+        + _utf8_bytes(row.aggregate_type)
+        + _utf8_bytes(row.aggregate_id)
         + _ROW_FRAMING_BYTES
     )
+
+
+def _utf8_bytes(text: str | None) -> int:
+    if text is None:
+        return 0
+    return len(text) if text.isascii() else len(text.encode())
 
 
 # insert_many's array parameters, in Row's field order.

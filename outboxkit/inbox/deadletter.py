@@ -33,7 +33,13 @@ MIN_ERROR_BYTES = 200
 
 def check_dead_letter_topic(setting: DeadLetterTopic | None) -> None:
     """Refuse a template that cannot be filled in (``"{topic}.{x}"``) when the consumer is
-    built, not when the first record dies (:class:`ConfigurationError`)."""
+    built, not when the first record dies (:class:`ConfigurationError`). An empty name would be
+    a topic nobody can create: ``None`` is how no dead letters are asked for (the settings'
+    empty value becomes ``None``)."""
+    if setting == "":
+        raise ConfigurationError(
+            "the dead-letter topic is empty: dead_letter=None sends no dead letters"
+        )
     if isinstance(setting, str):
         problem = topic_template_problem(setting)
         if problem is not None:

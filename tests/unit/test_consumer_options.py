@@ -101,12 +101,22 @@ def test_aiokafka_refuses_a_value_it_takes_but_cannot_start_with(
     assert not [w for w in recwarn if "Unclosed" in str(w.message)]
 
 
-@pytest.mark.parametrize("template", ["{topic}.{x}", "{0}", "{topic"])
-def test_a_consumer_with_an_unusable_dead_letter_template_is_not_built(template: str) -> None:
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("{topic}.{x}", "dead-letter topic template"),
+        ("{0}", "dead-letter topic template"),
+        ("{topic", "dead-letter topic template"),
+        ("", "empty: dead_letter=None sends no dead letters"),  # was the topic ''
+    ],
+)
+def test_a_consumer_with_an_unusable_dead_letter_template_is_not_built(
+    template: str, said: str
+) -> None:
     pytest.importorskip("confluent_kafka")
     from outboxkit.inbox.confluent import ConfluentInboxConsumer
 
-    with pytest.raises(ConfigurationError, match="dead-letter topic template"):
+    with pytest.raises(ConfigurationError, match=said):
         ConfluentInboxConsumer(
             cast(Any, None),  # never reached: the template is checked first
             KafkaSettings(bootstrap=UNREACHABLE),

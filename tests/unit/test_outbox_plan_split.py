@@ -143,3 +143,13 @@ def test_a_later_insert_does_not_notify_a_shard_an_earlier_one_did(
     plan.take_inserted([(2, plan.rows[1].event_id, 3, "42", True)])
     name, params = plan.insert_statement(("42", [7]))
     assert (params["notified_xact"], params["notified_shards"]) == ("42", [2, 3, 7])
+
+
+def test_text_counts_its_utf8_bytes() -> None:
+    """psycopg sends text as UTF-8: a header of 4-byte characters weighs four times its length
+    (counted by length, a statement carried 1.07 GB)."""
+    ascii_row = _plan(1, size=0).rows[0]
+    wide = prepare(Message("t", b"", key="000", headers={"h": "\U0001f600" * 1000}), QUIET)
+    narrow = prepare(Message("t", b"", key="000", headers={"h": "x" * 1000}), QUIET)
+    assert outbox_plan._row_bytes(narrow) - outbox_plan._row_bytes(ascii_row) >= 1000
+    assert outbox_plan._row_bytes(wide) - outbox_plan._row_bytes(narrow) == 3000
