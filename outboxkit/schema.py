@@ -97,6 +97,7 @@ class OutboxState(StrEnum):
     PUBLISHED = "published"
     PARKED = "parked"
     DISCARDED = "discarded"
+    SCHEDULED = "scheduled"  # pending, but not due before its deliver_after (migration 0008)
 
 
 class InboxState(StrEnum):

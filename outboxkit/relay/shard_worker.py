@@ -34,6 +34,7 @@ from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.publisher import BatchPublisher, Outcome
 from outboxkit.relay.reader import OutboxRecord, ShardStore
 from outboxkit.relay.retry_log import SHOWN_IN_FULL, RetryLog
+from outboxkit.relay.scheduling import Scheduling
 from outboxkit.relay.takeover import fence_slots, reconcile
 from outboxkit.relay.waiting import backoff_delay, finished_unless, wait_any
 from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, Settings
@@ -101,6 +102,7 @@ class ShardWorker:
         self.housekeeping = Housekeeping(
             self.config, settings.schema_name, on_parked=lambda count: parked.inc(count)
         )
+        self.scheduling = Scheduling(self.config.poll_interval)
         for counter in (metrics.published, metrics.failed, metrics.parked):
             counter.labels(self._label)  # every series exists from the start, at 0
         for cause in LeaseLoss:
@@ -261,6 +263,7 @@ class ShardWorker:
                 if prefetched:
                     batch, prefetched = prefetched, []
                 else:
+                    await self.scheduling.run_if_due(conn, term, self._store, self.stop)
                     # Cleared before the claim, not after: a hint for rows that commit while it
                     # runs (too late for it) keeps the event set, so the wait below ends at once.
                     self.wake.clear()

@@ -274,7 +274,7 @@ async def test_rows_for_the_checkpoint_topic_are_parked_never_read_back_as_check
                 states_by_key(outboxkit_db_url)
                 == {
                     "ok": ["published"] * 2,
-                    "later": ["pending"],
+                    "later": ["scheduled"],
                     "default/0": ["parked"],
                     "default/0/1": ["parked"],
                 }

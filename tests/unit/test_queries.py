@@ -27,6 +27,7 @@ RELAY_WRITES = (
     "housekeeping_delete_discarded",
     "housekeeping_delete_parked",
     "park_stray",
+    "schedule_rows",
 )
 _FENCE = {"group", "shard", "token"}
 _FENCED = _FENCE | {"now"}  # a fenced write: its lease check takes the clock too (tests)
@@ -83,6 +84,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "housekeeping_delete_discarded": _FENCED | {"keep_seconds", "limit"},
         "housekeeping_delete_parked": _FENCED | {"keep_seconds", "limit"},
         "park_stray": _FENCED | {"limit"},
+        "schedule_rows": _FENCED | {"limit"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

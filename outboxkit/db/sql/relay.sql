@@ -215,6 +215,49 @@ WITH {_lease_held}, done AS (
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
+-- name: schedule_rows
+-- Rows scheduled for later (deliver_after past the database clock; :now in tests) leave the
+-- pending rows while they wait, and come back once due (migration 0008): every claim walks its
+-- shard's pending rows in id order, and read each waiting row below the first one due. Back in
+-- 'pending' a row keeps its id, so its place among its key's due rows; so does a scheduled row
+-- whose deliver_after was cleared by hand. At most :limit rows each way; a row another
+-- transaction holds is skipped (the next pass takes it). Rows a writer has not committed yet
+-- are invisible here and wait in 'pending' until the next pass.
+-- Each move reads only the rows it moves, from outbox_message_schedule_idx: run after
+-- pending_walk_only, in the same transaction (else, with statistics that do not know the rows
+-- yet, the planner may walk the shard's whole pending index, or the whole table).
+WITH {_lease_held}, clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+later AS (
+    SELECT m.id FROM {schema}.outbox_message m
+    WHERE m.shard = :shard AND m.state = 'pending' AND m.deliver_after IS NOT NULL
+      AND m.deliver_after > (SELECT now FROM clock) AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY m.shard, m.state, m.deliver_after
+    LIMIT :limit
+    FOR UPDATE OF m SKIP LOCKED
+), due AS (
+    SELECT m.id FROM {schema}.outbox_message m
+    WHERE m.shard = :shard AND m.state = 'scheduled'
+      AND m.deliver_after <= (SELECT now FROM clock) AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY m.shard, m.state, m.deliver_after
+    LIMIT :limit
+    FOR UPDATE OF m SKIP LOCKED
+), cleared AS (
+    SELECT m.id FROM {schema}.outbox_message m
+    WHERE m.shard = :shard AND m.state = 'scheduled' AND m.deliver_after IS NULL
+      AND EXISTS (SELECT 1 FROM lease)
+    LIMIT :limit
+    FOR UPDATE OF m SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.outbox_message m
+    SET state = CASE WHEN m.state = 'pending' THEN 'scheduled' ELSE 'pending' END
+    FROM (SELECT id FROM later UNION ALL SELECT id FROM due UNION ALL SELECT id FROM cleared) x
+    WHERE m.id = x.id
+    RETURNING m.state
+)
+SELECT (SELECT count(*) FROM lease) AS held,
+       (SELECT count(*) FROM moved WHERE state = 'scheduled') AS waiting,
+       (SELECT count(*) FROM moved WHERE state = 'pending') AS due;
+
 -- name: retention_delete
 -- One small batch of published rows older than the window; the holder of the shard repeats it.
 -- Shard 0's holder also takes rows of no shard (outside 0 .. shard_count - 1: left behind when
@@ -321,7 +364,8 @@ ORDER BY h.shard;
 
 -- name: pending_walk_only
 -- For the rest of this transaction the planner may only walk indexes, in their order: status's
--- count of a backlog is then the pending index's entries, whatever the statistics say.
+-- count of a backlog is then the pending index's entries, whatever the statistics say, and
+-- schedule_rows reads only the schedule index and the rows it moves.
 SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
        set_config('enable_sort', 'off', true);
 
@@ -363,14 +407,16 @@ WHERE m.state = 'parked' AND (:all OR m.id = ANY(:ids))
 RETURNING m.id;
 
 -- name: park_stray
--- Housekeeping by shard 0's holder: pending rows of no shard (outside 0 .. shard_count - 1: not
+-- Housekeeping by shard 0's holder: pending (or scheduled) rows of no shard (outside 0 .. shard_count - 1: not
 -- written by outboxkit's writer) would wait for ever, seen by no relay and no metric. They are
 -- parked with the reason, a small batch per statement (the lease row stays shared meanwhile);
 -- `outbox retry` gives them their key's shard. No worker claims them (claim_batch). They keep
 -- their shard number (the reason names it; rows of their key's shard do not wait behind them)
 -- and count under shard 0 (_shard_holders, housekeeping_delete_*).
--- Each bound on its own, against the partial pending index (shard, id): a join or an ORDER BY id
--- let the planner walk the primary key through every published row instead.
+-- Rows scheduled for later of no shard too (moved to 'scheduled' under a larger shard count): no
+-- holder would bring them back.
+-- Each bound on its own, against the partial pending index (shard, id) or the schedule index: a
+-- join or an ORDER BY id let the planner walk the primary key through every published row.
 WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting), victims AS (
     (SELECT m.id FROM {schema}.outbox_message m
      WHERE m.state = 'pending' AND m.shard >= (SELECT shard_count FROM setting)
@@ -380,6 +426,15 @@ WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting)
     (SELECT m.id FROM {schema}.outbox_message m
      WHERE m.state = 'pending' AND m.shard < 0 AND EXISTS (SELECT 1 FROM lease)
      LIMIT :limit)
+    UNION ALL
+    (SELECT m.id FROM {schema}.outbox_message m
+     WHERE m.state = 'scheduled' AND m.shard >= (SELECT shard_count FROM setting)
+       AND EXISTS (SELECT 1 FROM lease)
+     LIMIT :limit)
+    UNION ALL
+    (SELECT m.id FROM {schema}.outbox_message m
+     WHERE m.state = 'scheduled' AND m.shard < 0 AND EXISTS (SELECT 1 FROM lease)
+     LIMIT :limit)
     LIMIT :limit
 ), done AS (
     UPDATE {schema}.outbox_message m
@@ -388,7 +443,7 @@ WITH {_lease_held}, setting AS (SELECT shard_count FROM {schema}.outbox_setting)
                                ' by the outboxkit writer)', m.shard, s.shard_count - 1),
         last_error = format('STRAY_SHARD: shard %s is outside 0..%s', m.shard, s.shard_count - 1)
     FROM victims v, setting s
-    WHERE m.id = v.id AND m.state = 'pending'
+    WHERE m.id = v.id AND m.state IN ('pending', 'scheduled')
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;

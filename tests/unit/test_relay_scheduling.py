@@ -1,0 +1,79 @@
+"""When the shard holder moves scheduled rows (``Scheduling``), with a pretend store and clock."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, cast
+
+import pytest
+
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.scheduling import PASS_SECONDS, Scheduling
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Store:
+    """Answers each statement with the next (later, due) counts; each takes ``took`` seconds."""
+
+    def __init__(self, clock: Clock, answers: list[tuple[int, int]], took: float = 0.01) -> None:
+        self.clock, self.answers, self.took, self.calls = clock, answers, took, 0
+
+    async def schedule(
+        self, conn: Any, term: Any, limit: int, *, now: Any = None
+    ) -> tuple[int, int]:
+        self.calls += 1
+        self.clock.now += self.took
+        return self.answers.pop(0) if self.answers else (0, 0)
+
+
+def _term() -> LeaseTerm:
+    return LeaseTerm("g", 0, "me", 1, 30.0, time.monotonic() + 30)
+
+
+async def _pass(scheduling: Scheduling, store: Store) -> None:
+    await scheduling.run_if_due(cast(Any, None), _term(), cast(Any, store), asyncio.Event())
+
+
+async def test_a_pass_comes_at_once_then_once_an_interval() -> None:
+    clock = Clock()
+    scheduling, store = Scheduling(2.0, clock=clock, batch=10), Store(clock, [(3, 1)])
+    await _pass(scheduling, store)
+    assert (store.calls, scheduling.moved_later, scheduling.moved_due) == (1, 3, 1)
+    clock.now += 1.5
+    await _pass(scheduling, store)
+    assert store.calls == 1  # not due yet
+    clock.now += 0.6
+    await _pass(scheduling, store)
+    assert (store.calls, scheduling.passes) == (2, 2)
+
+
+async def test_a_full_statement_is_followed_by_another_until_the_pass_time_is_up() -> None:
+    clock = Clock()
+    full = [(10, 0)] * 100
+    scheduling, store = Scheduling(2.0, clock=clock, batch=10), Store(clock, full, took=0.1)
+    await _pass(scheduling, store)
+    assert store.calls == math.ceil(PASS_SECONDS / 0.1)  # then the shard claims and publishes
+    calls = store.calls
+    await _pass(scheduling, store)  # behind: the next pass does not wait an interval
+    assert store.calls > calls
+
+
+async def test_a_pass_ends_when_a_statement_moves_less_than_a_batch_either_way() -> None:
+    clock = Clock()
+    answers = [(0, 10), (10, 4), (2, 0)]
+    scheduling, store = Scheduling(2.0, clock=clock, batch=10), Store(clock, answers)
+    await _pass(scheduling, store)
+    assert (store.calls, scheduling.moved_later, scheduling.moved_due) == (3, 12, 14)
+    await _pass(scheduling, store)
+    assert store.calls == 3  # caught up: the next pass waits its interval
