@@ -28,7 +28,7 @@ from outboxkit.db import migrator
 from outboxkit.devstack.postgres import PostgresServer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.reader import ShardStore
-from outboxkit.relay.scheduling import SCHEDULE_BATCH
+from outboxkit.relay.scheduling import SCHEDULE_BATCH, Scheduling
 
 SCHEMA = "outboxkit"
 
@@ -80,7 +80,7 @@ async def _move_all(
 ) -> tuple[float, int, int]:
     started, later, due = time.perf_counter(), 0, 0
     while True:
-        moved = await store.schedule(conn, term, SCHEDULE_BATCH)
+        moved = await store.schedule(conn, term, SCHEDULE_BATCH, Scheduling(1.0).ahead)
         later, due = later + moved[0], due + moved[1]
         if max(moved) < SCHEDULE_BATCH:
             return time.perf_counter() - started, later, due

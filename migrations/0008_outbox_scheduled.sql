@@ -32,9 +32,25 @@ CREATE INDEX IF NOT EXISTS outbox_message_schedule_idx
     ON outbox_message (shard, state, deliver_after)
     WHERE state = 'scheduled' OR (state = 'pending' AND deliver_after IS NOT NULL);
 
--- The new state. Checking the existing rows reads the whole table while this transaction holds
--- its lock (about 0.2 s a million rows); NOT VALID would skip that, but SQLAlchemy's reflection
--- of such a constraint warns, and Alembic's autogenerate reflects this schema unless filtered.
-ALTER TABLE outbox_message DROP CONSTRAINT IF EXISTS outbox_message_state_check;
+-- The new state. Every check constraint on the state is replaced, whatever its name (0001's
+-- inline one is outbox_message_state_check; a table built otherwise may name it differently, and
+-- a constraint left behind would refuse every move). Checking the existing rows reads the whole
+-- table while this transaction holds its lock (about 0.2 s a million rows); NOT VALID would skip
+-- that, but SQLAlchemy's reflection of such a constraint warns, and Alembic's autogenerate
+-- reflects this schema unless filtered.
+DO $$
+DECLARE
+    found record;
+BEGIN
+    FOR found IN
+        SELECT c.conname FROM pg_constraint AS c
+        WHERE c.conrelid = to_regclass('outbox_message') AND c.contype = 'c'
+          AND c.conkey = ARRAY[(SELECT a.attnum FROM pg_attribute AS a
+                                WHERE a.attrelid = c.conrelid AND a.attname = 'state')]
+    LOOP
+        EXECUTE format('ALTER TABLE outbox_message DROP CONSTRAINT %I', found.conname);
+    END LOOP;
+END
+$$;
 ALTER TABLE outbox_message ADD CONSTRAINT outbox_message_state_check
     CHECK (state IN ('pending', 'published', 'parked', 'discarded', 'scheduled'));

@@ -14,18 +14,22 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from click.testing import CliRunner
 
+from outboxkit import db
 from outboxkit.cli import main as cli_main
 from outboxkit.faults import FaultPoints
 from outboxkit.relay.connections import ProcessLeases
+from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.runner import Relay
 from outboxkit.relay.shard_worker import ShardWorker
@@ -328,3 +332,17 @@ def shard_worker(settings: Settings, *, leases: ProcessLeases | None = None) -> 
         faults=FaultPoints(""),
         leases=leases,
     )
+
+
+def day_lease(url: str, shard: int = 0, now: datetime | None = None) -> LeaseTerm:
+    """A day's lease of ``shard`` in group "default", as of ``now`` (a test's clock; the
+    database's when None): still held at the later clock a fenced call of the test passes."""
+    day = 24 * 3600
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = db.one(
+            conn,
+            db.query("relay", "lease_acquire", SCHEMA),
+            {"group": "default", "shard": shard, "holder": "me", "ttl": day, "now": now},
+        )
+    assert row is not None
+    return LeaseTerm("default", shard, "me", int(row[0]), float(day), time.monotonic() + day)

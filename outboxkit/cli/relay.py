@@ -327,8 +327,8 @@ def shards(ctx: click.Context, /, count: int, **options: Any) -> None:
             raise click.ClickException(
                 f"refused: {found} row(s) in schema {schema}. Changing the shard count moves"
                 " keys to other shards, so rows written afterwards could overtake them."
-                " Let the relay drain the pending rows, retry or discard the parked ones"
-                " (outboxkit outbox parked), then run this again."
+                " Let the relay drain the pending and scheduled rows, retry or discard the"
+                " parked ones (outboxkit outbox parked), then run this again."
             )
         row = db.one(conn, db.query("relay", "shards_set", schema), {"count": count})
     assert row is not None

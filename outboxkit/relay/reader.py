@@ -321,18 +321,24 @@ class ShardStore:
         )
 
     async def schedule(
-        self, conn: Conn, term: LeaseTerm, limit: int, *, now: datetime | None = None
+        self,
+        conn: Conn,
+        term: LeaseTerm,
+        limit: int,
+        ahead_seconds: float,
+        *,
+        now: datetime | None = None,
     ) -> tuple[int, int]:
-        """Move up to ``limit`` rows not due yet to 'scheduled', and up to ``limit`` scheduled
-        rows now due back to 'pending' (``now``, tests only: the clock of both and of the lease
-        check); how many each way."""
+        """Move up to ``limit`` rows due more than ``ahead_seconds`` from now to 'scheduled',
+        and up to ``limit`` scheduled rows due within that back to 'pending' (``now``, tests
+        only: the clock of both and of the lease check); how many each way."""
         # Index walks only, as for status's count: with statistics that do not know the rows
         # yet, the planner sorted the shard's whole pending walk for the first move, and joined
         # the rows to update by reading the whole table (100,000 rows due: 49 s instead of 1).
         async with conn.transaction():
             await db.execute_async(conn, self._query("pending_walk_only"))
             waiting, due = await self._fenced_counts(
-                conn, "schedule_rows", term, now=now, limit=limit
+                conn, "schedule_rows", term, now=now, limit=limit, ahead_seconds=ahead_seconds
             )
         return waiting, due
 

@@ -1,13 +1,15 @@
 """Rows scheduled for later, kept out of the claim's walk while they wait.
 
-Every claim walks its shard's pending rows in id order from the lowest, and read each row whose
+Every claim walks its shard's pending rows in id order from the lowest, and reads each row whose
 ``deliver_after`` had not come yet below the first one due: 300,000 rows scheduled for the next
-day made each claim of their shard take about 40 ms instead of 1. Before its claims, at most
-once a poll interval, the shard's holder moves pending rows not due yet to ``scheduled`` and
-scheduled rows now due back to ``pending`` (``schedule_rows`` in relay.sql, fenced like every
-relay write). A row rejoins the claims within a poll interval of its ``deliver_after``, with its
-id, so in its place among its key's due rows; a row written after a pass waits in ``pending``
-(walked, not claimed) until the next one.
+day made each claim of their shard take about 40 ms instead of 1. Once a poll interval, before a
+claim, the shard's holder moves pending rows due later than :meth:`Scheduling.ahead` seconds
+from now to ``scheduled``, and scheduled rows due within that back to ``pending``
+(``schedule_rows`` in relay.sql, fenced like every relay write), with their ids: there, ahead of
+their time, the claim's own test of ``deliver_after`` lets them go when due, in their place
+among their key's due rows, as before the moves existed. A backlog's prefetched claim is dropped
+when a pass is due (``ShardWorker``), so passes keep their pace under load; a pass runs only
+while nothing is in flight (no Kafka transaction open, no mark outstanding).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ SCHEDULE_BATCH = 1000
 #: A pass with more to move lasts at most this long (at least one statement); the next follows
 #: before the next claim, so a large schedule never holds the shard's publishing for long.
 PASS_SECONDS = 0.25
+#: How far ahead of its time a row comes back, past two poll intervals: enough for the next pass
+#: to come late by a batch's publishing (a row back late would let newer rows of its key that are
+#: due go first).
+AHEAD_MARGIN_SECONDS = 5.0
 
 
 class Scheduling:
@@ -43,10 +49,14 @@ class Scheduling:
         batch: int = SCHEDULE_BATCH,
     ) -> None:
         self._interval, self._clock, self._batch = interval, clock, batch
-        self._due = clock()  # the first pass comes before the first claim
+        self.ahead = 2 * interval + AHEAD_MARGIN_SECONDS
+        self._due = clock()  # the worker's first pass comes before its first claim
         self.passes = 0  # completed passes (tests wait on them)
         self.moved_later = 0  # rows moved to 'scheduled', over the process's life
         self.moved_due = 0  # rows moved back to 'pending'
+
+    def due(self) -> bool:
+        return self._clock() >= self._due
 
     async def run_if_due(
         self,
@@ -59,11 +69,11 @@ class Scheduling:
     ) -> None:
         """A pass if one is due: statements until nothing is left to move or the pass's time
         is up (the next pass then comes before the next claim)."""
-        if self._clock() < self._due:
+        if not self.due():
             return
         ends, behind = self._clock() + PASS_SECONDS, False
         while not stop.is_set():
-            later, due = await store.schedule(conn, term, self._batch, now=now)
+            later, due = await store.schedule(conn, term, self._batch, self.ahead, now=now)
             term.check()
             self.moved_later += later
             self.moved_due += due

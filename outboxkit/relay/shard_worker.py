@@ -244,6 +244,8 @@ class ShardWorker:
                     self._retry_log.recovered(term.token)
                 if renewer.done() and term.lost_reason is None:
                     raise PublishError("lease renewal connection failed")
+                if prefetched and self.scheduling.due():  # a backlog: claimed again after it
+                    prefetched = []
                 if not prefetched:
                     await publisher.settle_mark()
                 if time.monotonic() >= next_pause_check:

@@ -127,9 +127,7 @@ _TABLE_RE = re.compile(r"^CREATE TABLE (\w+) \((.*?)^\);", re.MULTILINE | re.DOT
 _ADD_COLUMN_RE = re.compile(
     r"^ALTER TABLE (\w+) ADD COLUMN (?:IF NOT EXISTS )?(\w+)", re.MULTILINE | re.IGNORECASE
 )
-_CONSTRAINT_RE = re.compile(
-    r"^ALTER TABLE \w+ (?:ADD|DROP) CONSTRAINT", re.MULTILINE | re.IGNORECASE
-)
+_CONSTRAINT_RE = re.compile(r"ALTER TABLE \w+ (?:ADD|DROP) CONSTRAINT", re.IGNORECASE)
 _NOT_A_COLUMN = {"primary", "constraint", "unique", "check", "foreign", "exclude"}
 
 

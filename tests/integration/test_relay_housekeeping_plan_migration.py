@@ -10,6 +10,7 @@ import pytest
 
 from outboxkit.db import migrator
 from outboxkit.schema import quoted
+from tests.support.indexes import index_of
 
 pytestmark = pytest.mark.integration
 
@@ -32,18 +33,7 @@ def _at_0004(url: str, schema: str) -> None:
 
 
 def _index(url: str, schema: str) -> tuple[int, str, bool] | None:
-    """Oid, definition (without the schema) and validity of the schema's index of that name."""
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT c.oid::int,"
-            " replace(pg_get_indexdef(c.oid), ' ON ' || quote_ident(n.nspname) || '.', ' ON '),"
-            " i.indisvalid"
-            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s",
-            (schema, NAME),
-        ).fetchone()
-    return None if row is None else (int(row[0]), str(row[1]), bool(row[2]))
+    return index_of(url, schema, NAME)
 
 
 def _build(conn: psycopg.Connection, schema: str, columns: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,7 +18,14 @@ from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.reader import ShardStore
 from outboxkit.settings import load_settings
-from tests.relay_support import SCHEMA, cli_ok, insert_rows, payloads, set_shard_count
+from tests.relay_support import (
+    SCHEMA,
+    cli_ok,
+    day_lease,
+    insert_rows,
+    payloads,
+    set_shard_count,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +33,7 @@ KEYS = [f"key-{n}" for n in range(24)]  # spread over the 4 shards
 
 
 def _term(url: str, shard: int = 0) -> LeaseTerm:
-    """A day's lease: still held at the later now a housekeeping call passes (its lease check
-    uses that now too)."""
-    day = 24 * 3600
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = db.one(
-            conn,
-            db.query("relay", "lease_acquire", SCHEMA),
-            {"group": "default", "shard": shard, "holder": "me", "ttl": day, "now": None},
-        )
-    assert row is not None
-    return LeaseTerm("default", shard, "me", int(row[0]), float(day), time.monotonic() + day)
+    return day_lease(url, shard)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 from outboxkit.db import migrator
 from outboxkit.schema import quoted
+from tests.support.indexes import index_of
 
 pytestmark = pytest.mark.integration
 
@@ -37,17 +38,7 @@ def _at_0007(url: str, schema: str) -> None:
 
 
 def _index(url: str, schema: str) -> tuple[int, str, bool] | None:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT c.oid::int,"
-            " replace(pg_get_indexdef(c.oid), ' ON ' || quote_ident(n.nspname) || '.', ' ON '),"
-            " i.indisvalid"
-            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s",
-            (schema, NAME),
-        ).fetchone()
-    return None if row is None else (int(row[0]), str(row[1]), bool(row[2]))
+    return index_of(url, schema, NAME)
 
 
 def _build(url: str, schema: str, columns: str) -> None:
@@ -100,3 +91,23 @@ def test_0008_rebuilds_an_index_of_the_same_name_defined_otherwise(
     rebuilt = _index(url, "outboxkit")
     assert rebuilt is not None
     assert rebuilt[1:] == (DEFINITION, True)
+
+
+def test_0008_replaces_a_state_check_of_another_name(outboxkit_empty_db_url: str) -> None:
+    """A table built otherwise (by hand, a naming convention) may name its check differently:
+    left behind, it would refuse every move of the relay, and the shard would publish nothing."""
+    url = outboxkit_empty_db_url
+    _at_0007(url, "outboxkit")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "ALTER TABLE outboxkit.outbox_message"
+            " RENAME CONSTRAINT outbox_message_state_check TO ck_outbox_message_state"
+        )
+    assert migrator.upgrade(url) == [8]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE outboxkit.outbox_message SET state = 'scheduled'")
+        names = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'c'"
+            " AND conrelid = 'outboxkit.outbox_message'::regclass"
+        ).fetchall()
+    assert names == [("outbox_message_state_check",)]

@@ -84,7 +84,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "housekeeping_delete_discarded": _FENCED | {"keep_seconds", "limit"},
         "housekeeping_delete_parked": _FENCED | {"keep_seconds", "limit"},
         "park_stray": _FENCED | {"limit"},
-        "schedule_rows": _FENCED | {"limit"},
+        "schedule_rows": _FENCED | {"limit", "ahead_seconds"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from outboxkit.relay.lease import LeaseTerm
-from outboxkit.relay.scheduling import PASS_SECONDS, Scheduling
+from outboxkit.relay.scheduling import AHEAD_MARGIN_SECONDS, PASS_SECONDS, Scheduling
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ class Store:
         self.clock, self.answers, self.took, self.calls = clock, answers, took, 0
 
     async def schedule(
-        self, conn: Any, term: Any, limit: int, *, now: Any = None
+        self, conn: Any, term: Any, limit: int, ahead: float, *, now: Any = None
     ) -> tuple[int, int]:
         self.calls += 1
         self.clock.now += self.took
@@ -77,3 +77,10 @@ async def test_a_pass_ends_when_a_statement_moves_less_than_a_batch_either_way()
     assert (store.calls, scheduling.moved_later, scheduling.moved_due) == (3, 12, 14)
     await _pass(scheduling, store)
     assert store.calls == 3  # caught up: the next pass waits its interval
+
+
+def test_rows_come_back_ahead_of_their_time_by_more_than_two_intervals() -> None:
+    """A pass may come late by a batch's publishing: a row back after its time would let newer
+    rows of its key that are due go first."""
+    assert Scheduling(1.0).ahead == 2 * 1.0 + AHEAD_MARGIN_SECONDS
+    assert Scheduling(30.0).ahead > 60.0

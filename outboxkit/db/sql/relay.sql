@@ -216,28 +216,33 @@ WITH {_lease_held}, done AS (
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS changed;
 
 -- name: schedule_rows
--- Rows scheduled for later (deliver_after past the database clock; :now in tests) leave the
--- pending rows while they wait, and come back once due (migration 0008): every claim walks its
--- shard's pending rows in id order, and read each waiting row below the first one due. Back in
--- 'pending' a row keeps its id, so its place among its key's due rows; so does a scheduled row
--- whose deliver_after was cleared by hand. At most :limit rows each way; a row another
--- transaction holds is skipped (the next pass takes it). Rows a writer has not committed yet
--- are invisible here and wait in 'pending' until the next pass.
+-- Rows scheduled for later leave the pending rows while they wait, and come back shortly before
+-- they are due (migration 0008): every claim walks its shard's pending rows in id order, and
+-- reads each waiting row below the first one due. A row whose deliver_after is more than
+-- :ahead_seconds past the database clock (:now in tests) goes to 'scheduled'; one within that
+-- (or whose deliver_after was cleared by hand) comes back to 'pending' with its id, ahead of its
+-- time by up to :ahead_seconds (more than the interval between passes): the claim's own test of
+-- deliver_after then lets it go when due, in its place among its key's due rows, as before.
+-- At most :limit rows each way; a row another transaction holds is skipped (the next pass takes
+-- it). Rows a writer has not committed yet are invisible here and wait in 'pending' until the
+-- next pass. Only while nothing is in flight (no Kafka transaction open, no mark outstanding).
 -- Each move reads only the rows it moves, from outbox_message_schedule_idx: run after
 -- pending_walk_only, in the same transaction (else, with statistics that do not know the rows
 -- yet, the planner may walk the shard's whole pending index, or the whole table).
-WITH {_lease_held}, clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
-later AS (
+WITH {_lease_held}, clock AS (
+    SELECT coalesce(CAST(:now AS timestamptz), now())
+           + make_interval(secs => :ahead_seconds) AS ahead
+), later AS (
     SELECT m.id FROM {schema}.outbox_message m
     WHERE m.shard = :shard AND m.state = 'pending' AND m.deliver_after IS NOT NULL
-      AND m.deliver_after > (SELECT now FROM clock) AND EXISTS (SELECT 1 FROM lease)
+      AND m.deliver_after > (SELECT ahead FROM clock) AND EXISTS (SELECT 1 FROM lease)
     ORDER BY m.shard, m.state, m.deliver_after
     LIMIT :limit
     FOR UPDATE OF m SKIP LOCKED
 ), due AS (
     SELECT m.id FROM {schema}.outbox_message m
     WHERE m.shard = :shard AND m.state = 'scheduled'
-      AND m.deliver_after <= (SELECT now FROM clock) AND EXISTS (SELECT 1 FROM lease)
+      AND m.deliver_after <= (SELECT ahead FROM clock) AND EXISTS (SELECT 1 FROM lease)
     ORDER BY m.shard, m.state, m.deliver_after
     LIMIT :limit
     FOR UPDATE OF m SKIP LOCKED
@@ -500,9 +505,10 @@ LOCK TABLE {schema}.outbox_message IN SHARE MODE;
 
 -- name: shards_blockers
 -- Rows still to publish: the switch would move their keys to another shard, and rows written
--- after it could overtake them. Parked rows count too (a retry would publish them late).
+-- after it could overtake them. Parked rows count too (a retry would publish them late), and
+-- scheduled ones (they are pending rows that wait for their time).
 SELECT state, count(*) FROM {schema}.outbox_message
-WHERE state IN ('pending', 'parked')
+WHERE state IN ('pending', 'parked', 'scheduled')
 GROUP BY state ORDER BY state;
 
 -- name: shards_set
