@@ -3,8 +3,9 @@
 What it does depends on the order id's prefix, so one worker can mix behaviours:
 ``slow-`` sleeps ``APP_SLOW_SECONDS`` on the first attempt (checking its lease), ``fail-`` always
 raises, ``held-`` waits until the file ``APP_RELEASE_FILE`` exists (checking its lease), then
-raises, ``paused-`` does the same but returns (it creates ``APP_RELEASE_FILE`` + ``.returned``
-first), ``wait-`` blocks until its lease is lost (cancel), ``pay-`` charges the fake payment
+raises, ``paused-`` does the same but returns (it creates ``APP_RELEASE_FILE`` + ``.waiting``
+once its effect row is written and it waits, and ``.returned`` as it returns), ``wait-`` blocks
+until its lease is lost (cancel), ``pay-`` charges the fake payment
 server at ``APP_PAYMENT_URL`` with the idempotency key. Every handler writes one effect row.
 """
 
@@ -57,6 +58,9 @@ def _held(event: Any, ctx: HandlerContext) -> bool:
     ctx.check()
     release = os.environ["APP_RELEASE_FILE"]
     if not os.path.exists(release):
+        if event.order_id.startswith("paused-") and not os.path.exists(release + ".waiting"):
+            with open(release + ".waiting", "w"):  # its effect row's statement has answered
+                pass
         return True
     if event.order_id.startswith("paused-"):
         with open(release + ".returned", "w"):

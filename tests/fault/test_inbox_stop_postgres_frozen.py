@@ -58,7 +58,9 @@ def test_sigterm_while_postgres_does_not_answer_ends_the_consumer(
         "extra_env": {"APP_RELEASE_FILE": str(release)},
     }
     worker = spawn(topic, **options)
-    wait_for(lambda: _state(outboxkit_db_url, event) == "processing", what="its handler running")
+    # Its handler past its own statement (waiting for the release), not only claimed: frozen
+    # before that statement answered, the handler would wait for the server, never returning.
+    wait_for(lambda: Path(f"{release}.waiting").exists(), what="its handler waiting")
     outboxkit_stack.postgres.freeze()
     try:
         release.touch()  # the handler returns; the batch's mark then waits for the server
