@@ -51,6 +51,12 @@ def normalised(text: str) -> str:
     return text
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: PostgreSQL's HINT and DETAIL, and libpq's reasons, come after line
+    breaks, which split one log record into lines that line-based collectors read as several."""
+    return " ".join(text.split()) if "\n" in text else text
+
+
 def suppressed_note(suppressed: int, seconds: float) -> str:
     """What a shown line says of the lines of its group that were not shown."""
     lines = "line" if suppressed == 1 else "lines"

@@ -16,6 +16,7 @@ from outboxkit.errors import ProducerFencedError, PublishError, detail_of, named
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_metadata import partitions_for
+from outboxkit.kafka.aiokafka_stop import retrieved, stop_or_abandon
 from outboxkit.kafka.api import (
     NOT_SENT,
     Delivery,
@@ -132,6 +133,9 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
             except (KafkaError, TimeoutError, OSError) as exc:
                 await self.close()
                 raise_for(exc, "producer start failed", watch)
+            except AssertionError as exc:  # "Did we not perform bootstrap?" as a broker stops
+                await self.close()
+                raise _unusable(exc, "producer start") from exc
 
     async def topic_problem(self, topic: str) -> RecordError | None:
         try:
@@ -211,6 +215,9 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
                     for index in batch:
                         results[index] = refused
         except TimeoutError as exc:
+            for outcome, _ in sent:  # not awaited: failed later, they would be logged as ERRORs
+                if isinstance(outcome, asyncio.Future):
+                    outcome.add_done_callback(retrieved)
             raise PublishError("delivery not acknowledged in time") from exc
         if fenced is not None:
             raise_for(fenced, "delivery failed")
@@ -286,7 +293,7 @@ class AiokafkaTransactionalProducer(TransactionalProducer):
         try:
             if producer is not None:
                 with contextlib.suppress(KafkaError, TimeoutError, OSError):
-                    await asyncio.wait_for(producer.stop(), self._timeout)
+                    await stop_or_abandon(producer, self._timeout)
         finally:
             admin, self._admin = self._admin, None
             await close_admin_quietly(admin, self._timeout)

@@ -32,6 +32,7 @@ from outboxkit.errors import PermanentPublishError, PublishError, detail_of, nam
 from outboxkit.kafka.acl import ProducerIdRefusal, TopicRefusal, publish_failure
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_metadata import partitions_for
+from outboxkit.kafka.aiokafka_stop import abandon_producer
 from outboxkit.kafka.api import AsyncRecordSender, Headers
 from outboxkit.kafka.config import aiokafka_options
 from outboxkit.kafka.errors import ErrorKind, classify
@@ -143,7 +144,7 @@ class AiokafkaRecordSender(AsyncRecordSender):
             # one to tell (a failure here would take its place).
             with contextlib.suppress(Exception):
                 if abandon:
-                    await _abandoned(producer, self._timeout if within is None else within)
+                    await abandon_producer(producer, self._timeout if within is None else within)
                 else:
                     await asyncio.wait_for(producer.stop(), self._timeout)
 
@@ -151,30 +152,3 @@ class AiokafkaRecordSender(AsyncRecordSender):
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()  # nothing left queued: a record not delivered abandons it
-
-
-async def _abandoned(producer: AIOKafkaProducer, seconds: float) -> None:
-    """Close ``producer`` without delivering the record it holds. Its ``stop()`` first waits for
-    every queued record, which an idempotent producer retries for as long as Kafka is away, and
-    a stop cut short cannot be run again (its sender and connections kept retrying). So its
-    sender task is cancelled, which lets the requests in flight end (at most ``seconds`` are
-    waited for), and its client is closed, which ends them if they have not. A request that
-    then waits for a metadata update (after a connection timed out) would wait for ever, its
-    updater gone with the client: it is told the update failed, and gets ``seconds`` more."""
-    found = getattr(getattr(producer, "_sender", None), "sender_task", None)
-    task = found if isinstance(found, asyncio.Task) and not found.done() else None
-    client = producer.client
-    try:
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task], timeout=seconds)
-    finally:
-        try:
-            await asyncio.wait_for(client.close(), seconds)
-        finally:
-            producer._closed = True  # closed: a stop() of it is a no-op, no "unclosed" warning
-            update = getattr(client, "_md_update_fut", None)
-            if isinstance(update, asyncio.Future) and not update.done():
-                update.set_result(False)
-    if task is not None and not task.done():
-        await asyncio.wait([task], timeout=seconds)

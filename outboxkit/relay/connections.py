@@ -22,7 +22,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db.availability import with_pooler_hint
-from outboxkit.log_limit import LimitedLines, normalised
+from outboxkit.log_limit import LimitedLines, normalised, one_line
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.standby import LazyConnection, StandbyConnection
 from outboxkit.settings import Settings
@@ -212,7 +212,7 @@ class ProcessLeases:
                 async with self._lock:
                     await self._conn.drop()
                 delay = min(interval / 2, 1.0)
-                error = with_pooler_hint(f"{type(exc).__name__}: {exc}", exc)
+                error = one_line(with_pooler_hint(f"{type(exc).__name__}: {exc}", exc))
                 self._said.log(  # while the database is away: once a minute, with a count
                     logging.WARNING,
                     normalised(error),

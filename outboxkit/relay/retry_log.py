@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from outboxkit.log_limit import RepeatLimit, Shown, normalised, suppressed_note
+from outboxkit.log_limit import RepeatLimit, Shown, normalised, one_line, suppressed_note
 
 #: Retries of a streak whose error line is always shown: enough to see the back-off reach its
 #: maximum from the default initial delay (0.2 s doubling to 5 s takes six).
@@ -65,6 +65,7 @@ class RetryLog:
             self._since = self._clock()
         self.attempts += 1
         self.worked = False
+        text = one_line(text)
         line = (error, text, delay)
         if self.attempts <= self._shown_in_full:
             self._show(Shown(None, line))

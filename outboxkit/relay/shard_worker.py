@@ -244,8 +244,7 @@ class ShardWorker:
                     self._retry_log.recovered(term.token)
                 if renewer.done() and term.lost_reason is None:
                     raise PublishError("lease renewal connection failed")
-                if prefetched and self.scheduling.due():  # a backlog: claimed again after it
-                    prefetched = []
+                prefetched = [] if self.scheduling.due() else prefetched  # the pass goes first
                 if not prefetched:
                     await publisher.settle_mark()
                 if time.monotonic() >= next_pause_check:
@@ -266,8 +265,8 @@ class ShardWorker:
                     batch, prefetched = prefetched, []
                 else:
                     await self.scheduling.run_if_due(conn, term, self._store, self.stop)
-                    # Cleared before the claim, not after: a hint for rows that commit while it
-                    # runs (too late for it) keeps the event set, so the wait below ends at once.
+                    # Cleared before the claim: a hint for rows committed while it runs (too late
+                    # for it) keeps the event set, so the wait below ends at once.
                     self.wake.clear()
                     batch = await publisher.claim(conn)
                     term.check()

@@ -510,3 +510,21 @@ class Harness:
                     self.outcomes.extend(await consumer.poll_batch(0.2))
         finally:
             await engine.dispose()
+
+
+def wait_refused_again_and_again(harness: Harness, give_up_after: int) -> None:
+    """Deliveries retried after an error outside the handler (no event settled), far past the
+    point where a record was given up after ``give_up_after`` errors; or the first give-up."""
+    from outboxkit.inbox import OutcomeKind
+
+    def refusals() -> int:
+        kinds = [(o.kind, o.event_id) for o in list(harness.outcomes)]
+        return sum(1 for kind, event_id in kinds if kind is OutcomeKind.RETRY and not event_id)
+
+    def given_up() -> bool:
+        return any(o.kind is OutcomeKind.REJECTED for o in list(harness.outcomes))
+
+    wait_for(
+        lambda: refusals() >= 3 * give_up_after or given_up() or harness.error,
+        what="the refused claims retried",
+    )

@@ -10,7 +10,13 @@ import psycopg
 import pytest
 import sqlalchemy.exc
 
-from outboxkit.db.availability import GRANT_HINT, grant_hint, interrupted, not_the_records
+from outboxkit.db.availability import (
+    GRANT_HINT,
+    database_unavailable,
+    grant_hint,
+    interrupted,
+    not_the_records,
+)
 from outboxkit.inbox import OutcomeKind
 from outboxkit.inbox.steps import CallHandler, CommitHandler, HandlerSql, Step, drive_sync
 from tests.unit.test_inbox_core import ONE, Script, _core, _db, _env, _name
@@ -122,3 +128,19 @@ def test_a_give_back_that_failed_is_made_before_the_event_is_claimed_again() -> 
     assert script.names()[:2] == ["release_batch", "claim"]
     assert script.steps[0].params["tokens"] == [7]  # type: ignore[attr-defined]
     assert core.owed.claims == {}
+
+
+def test_a_server_short_of_shared_resources_is_not_the_records() -> None:
+    """The lock table full ("out of shared memory", 53200), ``temp_file_limit`` (53400): the
+    middleware's own statements, small whatever the record, failed five times and the record
+    was given up ("rejected") while the server lacked them (found against a real server)."""
+    shared = psycopg.errors.OutOfMemory("out of shared memory")
+    limit = psycopg.errors.ConfigurationLimitExceeded("temporary file size exceeds temp_file_limit")
+    own = psycopg.errors.OutOfMemory("out of memory")  # one session's allocation
+    for error in (shared, limit, psycopg.errors.InsufficientResources("x"), own):
+        assert not_the_records(error), error
+        assert not_the_records(_wrapped(error)), error
+    assert database_unavailable(shared)
+    assert database_unavailable(limit)
+    assert not database_unavailable(own)  # for a handler's statements: the record's, as before
+    assert not interrupted(_wrapped(own), own_statement=False)

@@ -175,7 +175,7 @@ def test_an_abandoned_aiokafka_producer_leaves_no_request_waiting_for_metadata()
     whose connection timed out waits for the metadata update that only the client's updater
     (cancelled by ``client.close()``) completes. Without an answer both waited for ever."""
     pytest.importorskip("aiokafka")
-    from outboxkit.kafka.aiokafka_sender import _abandoned
+    from outboxkit.kafka.aiokafka_stop import abandon_producer
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -202,7 +202,7 @@ def test_an_abandoned_aiokafka_producer_leaves_no_request_waiting_for_metadata()
             _sender=types.SimpleNamespace(sender_task=asyncio.ensure_future(routine())),
         )
         await asyncio.sleep(0)  # the routine runs
-        await _abandoned(producer, 0.05)
+        await abandon_producer(producer, 0.05)
         assert closed == [True]
         assert in_flight.done()
         assert producer._sender.sender_task.done()

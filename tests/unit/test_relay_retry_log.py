@@ -233,3 +233,20 @@ async def test_a_term_whose_mark_committed_before_it_failed_worked(
     assert len(waits) == 3, waits
     for base, seconds in zip(bases, waits, strict=True):
         assert base / 2 <= seconds <= base, waits
+
+
+def test_a_retry_line_is_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """PostgreSQL's HINT and libpq's reasons come after line breaks: a full disk's warning was
+    three lines, which line-based log collectors read as three records (found by a test of a
+    server out of disk space)."""
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    log = RetryLog(logging.getLogger(LOGGER), 1, shown_in_full=3, clock=_Clock())
+    text = (
+        'could not extend file "base/16384/16405": No space left on device\n'
+        "HINT:  Check free disk space."
+    )
+    log.retrying("DiskFull", text, 0.5)
+    assert _lines(caplog) == [
+        'shard 1: DiskFull: could not extend file "base/16384/16405": No space left on device'
+        " HINT: Check free disk space.; retrying in 0.50s"
+    ]
