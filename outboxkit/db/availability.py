@@ -6,14 +6,12 @@ attempts. The database's state, whatever the record: a connection that failed (n
 class 08), a server shutting down, starting up or dropping the database (57P01-57P05), too many
 connections (53300), an invalidated connection, a pool timeout; and a server that answers but
 takes no writes: read-only (25006: a replica, or ``default_transaction_read_only``) or out of
-disk space (53100); a server out of a resource every session shares: its lock table or shared
-memory (53200 "out of shared memory"), a configured limit (53400: ``temp_file_limit``), or
-resources it does not name (53000); and a busy one: a statement timed out or cancelled (57014: a
+disk space (53100); and a busy one: a statement timed out or cancelled (57014: a
 ``statement_timeout`` an overloaded server runs into), a lock not available in time (55P03), a
 deadlock or a serialization failure (40P01, 40001); and a pooler that lost a prepared statement
 (26000, 42P05: below). Everything else (a value refused, a value
-too large for an index, a constraint, an I/O error, which may be one bad block's, a bug, a
-session's own out of memory) is the record's.
+too large for an index, a constraint, an I/O error, which may be one bad block's, a bug, out of
+memory) is the record's.
 
 Two finer questions for the consumer (:func:`not_the_records`, :func:`interrupted`): on the
 middleware's own statements, which carry nothing of a record's size, a privilege refused (42501)
@@ -42,14 +40,12 @@ POOLER_HINT = (
 
 # Answered by a server in a state no record brought about, whatever the error's class.
 _SERVER_STATES = (
-    frozenset({"25006", "53000", "53100", "53300", "53400", "57P01", "57P02", "57P03", "57P04"})
-    | {"57P05"}
+    frozenset({"25006", "53100", "53300", "57P01", "57P02", "57P03", "57P04", "57P05"})
     | {"57014", "55P03", "40P01", "40001"}  # busy: retried, as a transaction that lost a race
     | PREPARED_STATEMENT_LOST
 )
 
 
-OUT_OF_MEMORY = "53200"
 # A missing grant: the same statement fails for every record until an operator grants it back.
 PRIVILEGE_REFUSED = "42501"
 GRANT_HINT = (
@@ -96,8 +92,6 @@ def database_unavailable(exc: BaseException) -> bool:
     if sqlstate is None:
         # libpq failed before the server answered: refused, reset, timed out
         return isinstance(driver, psycopg.OperationalError | psycopg.InterfaceError)
-    if sqlstate == OUT_OF_MEMORY:  # the lock table, shared by every session; not one's own
-        return "shared memory" in str(driver.diag.message_primary or driver)
     return str(sqlstate).startswith("08") or sqlstate in _SERVER_STATES
 
 
@@ -114,8 +108,11 @@ def grant_hint(exc: BaseException) -> str:
 def not_the_records(exc: BaseException) -> bool:
     """True when ``exc``, raised by one of the consumer middleware's own statements, is no
     fault of the record: the database away (:func:`database_unavailable`), a grant missing, or
-    the server short of a resource (class 53: those statements are small whatever the record).
-    Only for its own statements: a handler's refused privilege is the application's."""
+    the server short of a resource (class 53: its lock table full, "out of shared memory";
+    ``temp_file_limit``; memory): those statements carry nothing of a record's size. Before, a
+    full lock table had each record given up after ``max_unexpected_errors``. Only for its own
+    statements: a handler's refused privilege, or its statement out of memory, is the
+    application's."""
     sqlstate = sqlstate_of(exc)
     if sqlstate is not None and sqlstate.startswith("53"):
         return True

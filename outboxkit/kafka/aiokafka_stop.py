@@ -138,7 +138,7 @@ async def abandon_producer(producer: AIOKafkaProducer, seconds: float) -> None:
                 update.set_result(False)
     if task is not None and not task.done():
         await asyncio.wait([task], timeout=seconds)
-    _fail_queued(producer)
+    _transaction_error_retrieved(producer)
 
 
 def retrieved(future: asyncio.Future[Any]) -> None:
@@ -148,23 +148,21 @@ def retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _fail_queued(producer: AIOKafkaProducer) -> None:
-    """The batches an abandoned producer still held fail, so a ``stop()`` cut short (its flush
-    of them) ends instead of waiting for ever; their failures, and a transaction error its
-    sender left (ProducerFenced, once the next producer fenced it), are taken as retrieved."""
-    accumulator: Any = getattr(producer, "_message_accumulator", None)
-    if accumulator is not None:
-        queued = [b for bs in getattr(accumulator, "_batches", {}).values() for b in bs]
-        queued += list(getattr(accumulator, "_pending_batches", ()))
-        accumulator.fail_all(KafkaError("the producer was closed with this batch undelivered"))
-        for batch in queued:
-            future = getattr(batch, "future", None)
-            if isinstance(future, asyncio.Future):
-                future.add_done_callback(retrieved)
+def _transaction_error_retrieved(producer: AIOKafkaProducer) -> None:
+    """A transaction error the abandoned producer's sender left (ProducerFenced, once the next
+    producer fenced it) is taken as retrieved: nothing of this producer awaits it any more."""
     manager: Any = getattr(producer, "_txn_manager", None)
     waiter = getattr(manager, "_transaction_waiter", None)
     if isinstance(waiter, asyncio.Future):
         waiter.add_done_callback(retrieved)
+
+
+def _holds_batches(producer: AIOKafkaProducer) -> bool:
+    """Whether records are queued, or sent and unanswered: a ``stop()`` would wait for them."""
+    accumulator: Any = getattr(producer, "_message_accumulator", None)
+    queued = getattr(accumulator, "_batches", None)
+    sent = getattr(accumulator, "_pending_batches", None)
+    return bool(queued and any(queued.values())) or bool(sent)
 
 
 async def stop_or_abandon(producer: AIOKafkaProducer, seconds: float) -> None:
@@ -173,7 +171,12 @@ async def stop_or_abandon(producer: AIOKafkaProducer, seconds: float) -> None:
     they cannot be written: a broker away, NOT_ENOUGH_REPLICAS), and they landed once Kafka took
     them, after newer rows of their keys that the next producer had sent (a 3-broker cluster
     with its in-sync replicas below the minimum for 80 s: 2,639 records landed late, and the
-    last copy of a row came after newer rows of its key)."""
+    last copy of a row came after newer rows of its key). A producer that still holds records
+    (the relay gave up on them: its send failed or timed out) is abandoned at once: a stop that
+    had begun to flush them would leave that flush waiting for ever."""
+    if _holds_batches(producer):
+        await abandon_producer(producer, seconds)
+        return
     try:
         await asyncio.wait_for(producer.stop(), seconds)
     except (KafkaError, TimeoutError, OSError):

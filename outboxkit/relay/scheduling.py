@@ -24,17 +24,20 @@ import psycopg
 
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.reader import ShardStore
+from outboxkit.settings import RelaySettings
 
 Conn = psycopg.AsyncConnection[Any]
 
 #: Rows each way per statement: each statement is a short transaction of its own.
 SCHEDULE_BATCH = 1000
-#: A pass with more to move lasts at most this long (at least one statement); the next follows
-#: before the next claim, so a large schedule never holds the shard's publishing for long.
+#: A pass with more rows to move out lasts at most this long (at least one statement); the next
+#: follows before the next claim, so a large schedule never holds the shard's publishing for
+#: long. Rows coming back are all brought back in the pass, whatever it takes (about 1.7 s for
+#: 100,000): one left out at its time would let newer rows of its key that are due go first.
 PASS_SECONDS = 0.25
-#: How far ahead of its time a row comes back, past two poll intervals: enough for the next pass
-#: to come late by a batch's publishing (a row back late would let newer rows of its key that are
-#: due go first).
+#: How far ahead of its time a row comes back, past two poll intervals and the longest Kafka
+#: transaction (whose claims run without a pass between them): the slack for a pass that a
+#: batch's publishing or its mark delays.
 AHEAD_MARGIN_SECONDS = 5.0
 
 
@@ -45,15 +48,21 @@ class Scheduling:
         self,
         interval: float,
         *,
+        transaction_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         batch: int = SCHEDULE_BATCH,
     ) -> None:
         self._interval, self._clock, self._batch = interval, clock, batch
-        self.ahead = 2 * interval + AHEAD_MARGIN_SECONDS
+        self.ahead = 2 * interval + transaction_seconds + AHEAD_MARGIN_SECONDS
         self._due = clock()  # the worker's first pass comes before its first claim
         self.passes = 0  # completed passes (tests wait on them)
         self.moved_later = 0  # rows moved to 'scheduled', over the process's life
         self.moved_due = 0  # rows moved back to 'pending'
+
+    @classmethod
+    def of(cls, config: RelaySettings) -> Scheduling:
+        """A shard's, with the relay's poll interval and longest Kafka transaction."""
+        return cls(config.poll_interval, transaction_seconds=config.transaction_max_ms / 1000)
 
     def due(self) -> bool:
         return self._clock() >= self._due
@@ -67,8 +76,9 @@ class Scheduling:
         *,
         now: datetime | None = None,
     ) -> None:
-        """A pass if one is due: statements until nothing is left to move or the pass's time
-        is up (the next pass then comes before the next claim)."""
+        """A pass if one is due: statements until nothing is left to move, or, with only rows
+        to move out left, until the pass's time is up (the next pass then comes before the next
+        claim)."""
         if not self.due():
             return
         ends, behind = self._clock() + PASS_SECONDS, False
@@ -77,7 +87,9 @@ class Scheduling:
             term.check()
             self.moved_later += later
             self.moved_due += due
-            behind = max(later, due) >= self._batch
+            behind = later >= self._batch
+            if due >= self._batch:
+                continue  # every row due comes back before the next claim
             if not behind or self._clock() >= ends:
                 break
         self.passes += 1

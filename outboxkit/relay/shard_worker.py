@@ -102,7 +102,7 @@ class ShardWorker:
         self.housekeeping = Housekeeping(
             self.config, settings.schema_name, on_parked=lambda count: parked.inc(count)
         )
-        self.scheduling = Scheduling(self.config.poll_interval)
+        self.scheduling = Scheduling.of(self.config)
         for counter in (metrics.published, metrics.failed, metrics.parked):
             counter.labels(self._label)  # every series exists from the start, at 0
         for cause in LeaseLoss:
