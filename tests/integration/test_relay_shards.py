@@ -88,3 +88,22 @@ def test_waits_for_a_writer_in_flight_then_sees_its_row(outboxkit_db_url: str) -
     assert results[0].exit_code == 1
     assert "refused: 1 pending" in results[0].output
     assert _count(outboxkit_db_url) == 1
+
+
+def test_refuses_with_scheduled_rows(outboxkit_db_url: str) -> None:
+    """A row the relay moved to 'scheduled' (migration 0008) still waits to be published: a
+    new count would send it and newer rows of its key from different shards (found by review:
+    the count changed, and a lowered one parked them as rows of no shard)."""
+    [row_id] = insert_rows(outboxkit_db_url, "t", payloads("k", 1))
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {SCHEMA}.outbox_message SET state = 'scheduled',"
+            " deliver_after = now() + interval '1 day' WHERE id = %s",
+            (row_id,),
+        )
+    before = _count(outboxkit_db_url)
+    result = _shards(outboxkit_db_url, before + 1)
+    assert result.exit_code == 1
+    assert "refused: 1 scheduled row(s)" in result.output
+    assert "drain the pending and scheduled rows" in result.output
+    assert _count(outboxkit_db_url) == before
