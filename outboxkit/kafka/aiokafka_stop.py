@@ -137,6 +137,9 @@ async def abandon_producer(producer: AIOKafkaProducer, seconds: float) -> None:
             if isinstance(update, asyncio.Future) and not update.done():
                 update.set_result(False)
     if task is not None and not task.done():
+        # Its first cancellation went into the sender's wait for its own tasks; a transaction's
+        # commit or abort among them waits for batches nothing will now complete.
+        task.cancel()
         await asyncio.wait([task], timeout=seconds)
     _transaction_error_retrieved(producer)
 

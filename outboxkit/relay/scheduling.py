@@ -35,9 +35,9 @@ SCHEDULE_BATCH = 1000
 #: long. Rows coming back are all brought back in the pass, whatever it takes (about 1.7 s for
 #: 100,000): one left out at its time would let newer rows of its key that are due go first.
 PASS_SECONDS = 0.25
-#: How far ahead of its time a row comes back, past two poll intervals and the longest Kafka
-#: transaction (whose claims run without a pass between them): the slack for a pass that a
-#: batch's publishing or its mark delays.
+#: How far ahead of its time a row comes back, past two poll intervals and
+#: ``transaction_max_ms`` (a Kafka transaction takes further claims for that long, with no pass
+#: between them): the slack for a pass that a batch's publishing or its mark delays.
 AHEAD_MARGIN_SECONDS = 5.0
 
 

@@ -136,7 +136,8 @@ def test_a_server_short_of_resources_is_not_the_records_on_the_middlewares_state
     was given up ("rejected") while the server lacked them (found against a real server)."""
     shared = psycopg.errors.OutOfMemory("out of shared memory")
     limit = psycopg.errors.ConfigurationLimitExceeded("temporary file size exceeds temp_file_limit")
-    for error in (shared, limit, psycopg.errors.InsufficientResources("x")):
+    memory = psycopg.errors.OutOfMemory("out of memory")
+    for error in (shared, limit, memory, psycopg.errors.InsufficientResources("x")):
         assert not_the_records(error), error
         assert not_the_records(_wrapped(error)), error
     # In the handler's statements, as before: the handler's failure, under the retry policy.
