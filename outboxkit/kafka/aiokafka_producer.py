@@ -13,10 +13,11 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.errors import ProducerFencedError, PublishError, detail_of, named
+from outboxkit.futures import retrieved
 from outboxkit.kafka.aiokafka_admin import AiokafkaAdmin
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_metadata import partitions_for
-from outboxkit.kafka.aiokafka_stop import retrieved, stop_or_abandon
+from outboxkit.kafka.aiokafka_stop import stop_or_abandon
 from outboxkit.kafka.api import (
     NOT_SENT,
     Delivery,

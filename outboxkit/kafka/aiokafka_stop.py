@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from outboxkit.errors import PublishError, named
+from outboxkit.futures import retrieved
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
 
@@ -61,18 +62,13 @@ def _coordinator_unknown(consumer: AIOKafkaConsumer) -> bool:
     return coordinator is not None and getattr(coordinator, "coordinator_id", 0) is None
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
 def _orphans_retrieved() -> None:
     """aiokafka sends a commit's request in a shielded task of its own: once the commit is
     cancelled, nothing would read that task's failure, which asyncio then reports as an ERROR
     with a traceback ("exception was never retrieved")."""
     for task in asyncio.all_tasks():
         if getattr(task.get_coro(), "__qualname__", "") == "GroupCoordinator._do_commit_offsets":
-            task.add_done_callback(_retrieve)
+            task.add_done_callback(retrieved)
 
 
 async def commit(
@@ -142,13 +138,6 @@ async def abandon_producer(producer: AIOKafkaProducer, seconds: float) -> None:
         task.cancel()
         await asyncio.wait([task], timeout=seconds)
     _transaction_error_retrieved(producer)
-
-
-def retrieved(future: asyncio.Future[Any]) -> None:
-    """A done callback: the future's exception taken, so asyncio does not log it as never
-    retrieved (an ERROR with a traceback) when nothing is left to await it."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _transaction_error_retrieved(producer: AIOKafkaProducer) -> None:

@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from outboxkit.errors import OutboxkitError
+from outboxkit.futures import retrieved
 from outboxkit.kafka.api import (
     NOT_SENT,
     UNAUTHORISED,
@@ -270,9 +271,9 @@ class BrokerLimits:
             self._failed(producer, topic, exc)
             return
         finally:
+            read.add_done_callback(retrieved)  # also one that failed as the wait timed out
             if not read.done():
                 self._inflight = read
-                read.add_done_callback(lambda r: r.cancelled() or r.exception())  # not used
         self._retry_at.pop(topic, None)
         self._unauthorised.discard(topic)  # readable now: a missing ACL later is said again
         self._learned_until_due(topic)

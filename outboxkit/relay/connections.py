@@ -22,6 +22,7 @@ import psycopg
 
 from outboxkit import db
 from outboxkit.db.availability import with_pooler_hint
+from outboxkit.futures import retrieved
 from outboxkit.log_limit import LimitedLines, normalised, one_line
 from outboxkit.relay.lease import LeaseStore, LeaseTerm
 from outboxkit.relay.standby import LazyConnection, StandbyConnection
@@ -29,12 +30,6 @@ from outboxkit.settings import Settings
 
 logger = logging.getLogger("outboxkit.relay.connections")
 T = TypeVar("T")
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """Its outcome read, so a task given up is never reported as never retrieved."""
-    if not task.cancelled():
-        task.exception()
 
 
 @dataclass
@@ -155,7 +150,7 @@ class ProcessLeases:
         server may still run a statement it had received (a renewal of our own lease: benign)."""
         interval = self._config.lease_renew_interval
         task = asyncio.ensure_future(statements)
-        task.add_done_callback(_retrieved)
+        task.add_done_callback(retrieved)
         shut = False
         try:
             await asyncio.wait({task}, timeout=interval)
