@@ -19,9 +19,15 @@ from psycopg import sql
 from outboxkit import db
 from outboxkit.db import grants
 from outboxkit.inbox import OutcomeKind
-from tests.integration.inbox_support import EFFECT_DDL, Harness, effects, fetch, produce_event
+from tests.integration.inbox_support import (
+    EFFECT_DDL,
+    Harness,
+    effects,
+    fetch,
+    produce_event,
+    wait_refused_again_and_again,
+)
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -68,10 +74,6 @@ def _refusals(harness: Harness) -> int:
     return sum(1 for o in list(harness.outcomes) if o.kind is OutcomeKind.RETRY and not o.event_id)
 
 
-def _given_up(harness: Harness) -> bool:
-    return any(o.kind is OutcomeKind.REJECTED for o in list(harness.outcomes))
-
-
 def test_a_revoked_update_grant_holds_events_until_it_is_back(
     start: Start,  # noqa: F811
     consumer_role: str,
@@ -91,11 +93,7 @@ def test_a_revoked_update_grant_holds_events_until_it_is_back(
     try:
         for n, event_id in enumerate(during):
             produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o-during-{n}", n)
-        # Refused again and again, far past the point where the old code gave the record up.
-        wait_for(
-            lambda: _refusals(harness) >= 3 * GIVE_UP_AFTER or _given_up(harness) or harness.error,
-            what="the refused claims retried",
-        )
+        wait_refused_again_and_again(harness, GIVE_UP_AFTER)
     finally:
         _privilege(outboxkit_db_url, "GRANT UPDATE ON outboxkit.inbox_message TO {}", consumer_role)
     after = str(uuid.uuid4())
