@@ -241,6 +241,17 @@ class ManagedServer:
         if self._service is not None:
             self._service.kill()
 
+    def freeze(self) -> None:
+        """SIGSTOP the server: its connections stay open and nothing on them is answered, as
+        behind a partition that sends no reset (a fault for tests; :meth:`thaw` ends it)."""
+        if self._service is not None:
+            self._service.pause()
+
+    def thaw(self) -> None:
+        """Continue what :meth:`freeze` stopped."""
+        if self._service is not None:
+            self._service.resume()
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -4,6 +4,12 @@ librdkafka keeps an application-paused partition paused through an eager revoke 
 re-assign; a partition paused for a retry whose hold was dropped at revocation would then
 never move again. So every partition assigned is resumed right after the assignment.
 A ``subscribe`` after ``close`` joins again with a new client.
+
+librdkafka never answers an offset commit that was in flight when its broker went away (and
+the client's later polls and its close then wait for it too, for ever): a commit is given
+:data:`COMMIT_SECONDS`, and past that the client is given up. It is closed in a thread nobody
+waits for, its partitions are handed back as lost (nothing can be committed for them), and a
+new client subscribes at the next poll. A close is given :data:`CLOSE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from outboxkit.bounded import Unanswered, call_within
 from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.acl import RefusalNotice
 from outboxkit.kafka.api import (
@@ -37,6 +44,12 @@ logger = logging.getLogger("outboxkit.kafka.consumer")
 
 # A missing ACL: librdkafka says which kind, not what to grant (nor, for a fetch, the topic).
 _REFUSED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
+
+#: Seconds an offset commit may take before its client is given up (a commit deferred while no
+#: coordinator is known fails by itself after the group session's timeout).
+COMMIT_SECONDS = 15.0
+#: Seconds a close may take before its client is left to end on its own.
+CLOSE_SECONDS = 10.0
 
 _FORCED = {
     "enable.auto.commit": False,
@@ -96,6 +109,10 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._config = confluent_config(settings, defaults, options=config, **forced)
         self._consumer = self._create()
         self._closed = False
+        # A commit went unanswered: the client is replaced at the next poll, untouched till then.
+        self._wedged = False
+        self._topics: list[str] = []
+        self._owned: set[TP] = set()  # what the callbacks were told is assigned
         self._assigned_now: list[TopicPartition] = []
         self._notice = RefusalNotice(logger)
         self._on_assign: Rebalance = lambda tps: None
@@ -119,23 +136,61 @@ class ConfluentGroupConsumer(GroupConsumer):
         keeps refusing a seek: nothing of the old one's state is carried over)."""
         if self._closed:
             self._consumer, self._closed, self._assigned_now = self._create(), False, []
-        self._on_assign, self._on_revoke = on_assign, on_revoke
+            self._wedged, self._owned = False, set()
+        self._on_assign, self._on_revoke, self._topics = on_assign, on_revoke, list(topics)
+        self._join()
+
+    def _join(self) -> None:
         self._consumer.subscribe(
-            topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
 
-    # A closed client's callbacks (its close revokes) are not the inbox's any more: it may be
-    # replacing the client, and has already taken over what the revocation would hand back.
+    def _replace(self) -> None:
+        """Give up a client whose commit went unanswered, and subscribe a new one."""
+        old, lost = self._consumer, sorted(self._owned)
+        self._abandon(old)
+        self._consumer, self._wedged, self._owned, self._assigned_now = (
+            self._create(),
+            False,
+            set(),
+            [],
+        )
+        logger.warning(
+            "the Kafka consumer was replaced: an offset commit got no answer within %g s (the"
+            " broker went away while it was in flight); its partitions are taken as lost",
+            COMMIT_SECONDS,
+        )
+        if lost:
+            self._on_revoke(lost)  # not ours any more: nothing can be committed
+        self._join()
+
+    @staticmethod
+    def _abandon(consumer: Consumer) -> None:
+        """Close in a daemon thread nobody waits for (it may never end)."""
+        try:
+            call_within(consumer.close, 0, "outboxkit-consumer-abandoned")
+        except Unanswered:
+            pass
+        except (KafkaException, RuntimeError) as exc:
+            logger.info("consumer close: %s", exc)
+
+    # A closed or replaced client's callbacks (its close revokes) are not the inbox's any more:
+    # it may be replacing the client, and has already taken over what they would hand back.
+    def _current(self, consumer: Any) -> bool:
+        return not self._closed and consumer is self._consumer
+
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        if self._closed:
+        if not self._current(consumer):
             return
+        self._owned.update(_tps(partitions))
         self._on_assign(_tps(partitions))
         # Resumed once the client has applied the assignment (after this callback returns).
         self._assigned_now.extend(partitions)
 
     def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        if self._closed:
+        if not self._current(consumer):
             return
+        self._owned.difference_update(_tps(partitions))
         offsets = self._on_revoke(_tps(partitions))
         if offsets:
             try:
@@ -144,11 +199,14 @@ class ConfluentGroupConsumer(GroupConsumer):
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
 
     def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        if self._closed:
+        if not self._current(consumer):
             return
+        self._owned.difference_update(_tps(partitions))
         self._on_revoke(_tps(partitions))  # not ours any more: nothing can be committed
 
     def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:
+        if self._wedged:
+            self._replace()
         # consume() waits until it has max_records or the timeout passed: wait for one record
         # only, then take what is already fetched without waiting.
         messages = self._consumer.consume(1, timeout)
@@ -178,14 +236,14 @@ class ConfluentGroupConsumer(GroupConsumer):
             self._consumer.resume(still)
 
     def assignment(self) -> set[TP]:
-        return set(_tps(self._consumer.assignment()))
+        return set() if self._wedged else set(_tps(self._consumer.assignment()))
 
     def _only_assigned(self, partitions: list[TP]) -> list[TopicPartition]:
         current = self.assignment()
         return [TopicPartition(t, p) for t, p in partitions if (t, p) in current]
 
     def pause(self, partitions: list[TP]) -> None:
-        found = self._only_assigned(partitions)
+        found = self._only_assigned(partitions)  # none while wedged
         if found:
             self._consumer.pause(found)
 
@@ -207,11 +265,24 @@ class ConfluentGroupConsumer(GroupConsumer):
     def commit(self, offsets: dict[TP, int]) -> None:
         if not offsets:
             return
+        if self._wedged:
+            raise PublishError("offset commit failed: the client is being replaced")
         request = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        consumer = self._consumer
         try:
-            result = self._consumer.commit(offsets=request, asynchronous=False)
+            result = call_within(
+                lambda: consumer.commit(offsets=request, asynchronous=False),
+                COMMIT_SECONDS,
+                "outboxkit-offset-commit",
+            )
         except KafkaException as exc:
             raise PublishError(f"offset commit failed: {exc.args[0]}") from exc
+        except Unanswered as exc:
+            self._wedged = True
+            raise PublishError(
+                f"offset commit failed: no answer within {COMMIT_SECONDS:g} s; the client is"
+                " replaced"
+            ) from exc
         failed = [p for p in result or () if p.error is not None]
         if failed:
             raise PublishError(f"offset commit failed: {failed[0].error}")
@@ -231,8 +302,16 @@ class ConfluentGroupConsumer(GroupConsumer):
 
     def close(self) -> None:
         self._closed = True
+        if self._wedged:
+            self._abandon(self._consumer)
+            return
         try:
-            self._consumer.close()
+            call_within(self._consumer.close, CLOSE_SECONDS, "outboxkit-consumer-close")
+        except Unanswered:
+            logger.warning(
+                "the Kafka consumer did not close within %g s; it is left to end on its own",
+                CLOSE_SECONDS,
+            )
         except (KafkaException, RuntimeError) as exc:
             logger.info("consumer close: %s", exc)
 

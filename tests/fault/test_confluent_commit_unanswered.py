@@ -1,0 +1,137 @@
+"""An offset commit the broker never answers does not hold the confluent-kafka consumer.
+
+librdkafka waits for ever for the answer to a commit that was in flight when its broker went
+away, and the client's later polls and its close wait with it (the inbox's sync consumer then
+logged nothing and ignored SIGTERM, once in CI). Here the broker is frozen (SIGSTOP) while the
+commit is sent, so the commit is never answered while it is bounded: it fails after
+``COMMIT_SECONDS``, the next poll gives the client up (its partitions handed back as lost) and
+subscribes a new one, which takes the partition again once the broker is back; a close after an
+unanswered commit returns at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from outboxkit.devstack import DevStack
+from outboxkit.errors import PublishError
+from outboxkit.kafka import confluent_consumer
+from outboxkit.kafka.api import ConsumedRecord
+from outboxkit.kafka.api import TopicPartition as TP
+from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+from outboxkit.settings import KafkaSettings
+from tests.integration.inbox_support import produce
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.fault
+
+TopicFactory = Callable[..., str]
+COMMIT_SECONDS = 2.0  # the bound, shortened for the test
+SESSION = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
+
+
+class _Member:
+    """A group member and what its rebalance callbacks were told."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.assigned: list[list[TP]] = []
+        self.revoked: list[list[TP]] = []
+        self.records: list[ConsumedRecord] = []
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        self.consumer = ConfluentGroupConsumer(
+            KafkaSettings(bootstrap=bootstrap), group, config=SESSION
+        )
+        self.consumer.subscribe([topic], self.assigned.append, self._revoke)
+
+    def _revoke(self, partitions: list[TP]) -> dict[TP, int]:
+        self.revoked.append(partitions)
+        return {}
+
+    def poll_until(self, done: Callable[[], bool], what: str) -> None:
+        def step() -> bool:
+            self.records += self.consumer.poll(0.2, 10)
+            return done()
+
+        wait_for(step, what=what, timeout=60)
+
+
+@pytest.fixture
+def frozen_kafka(outboxkit_stack: DevStack) -> Iterator[Callable[[], None]]:
+    """``freeze()`` SIGSTOPs the stack's broker; it is thawed whatever happens."""
+    kafka = outboxkit_stack.kafka
+    if kafka is None:
+        pytest.skip("external Kafka: cannot freeze it")
+    try:
+        yield kafka.freeze
+    finally:
+        kafka.thaw()
+
+
+def _offsets(member: _Member) -> list[int]:
+    return [r.offset for r in member.records]
+
+
+def _unanswered_commit(member: _Member, tp: TP, freeze: Callable[[], None]) -> float:
+    """Freeze the broker, commit: the seconds until the commit failed as unanswered."""
+    freeze()
+    began = time.monotonic()
+    with pytest.raises(PublishError, match=f"no answer within {COMMIT_SECONDS:g} s"):
+        member.consumer.commit({tp: 1})
+    return time.monotonic() - began
+
+
+def test_an_unanswered_commit_replaces_the_client_which_takes_the_partition_again(
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    outboxkit_stack: DevStack,
+    frozen_kafka: Callable[[], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(confluent_consumer, "COMMIT_SECONDS", COMMIT_SECONDS)
+    topic = outboxkit_topic()
+    tp = (topic, 0)
+    produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"v", []) for _ in range(3)])
+    member = _Member(outboxkit_kafka_bootstrap, topic)
+    try:
+        member.poll_until(lambda: len(member.records) == 3, "the three records")
+        took = _unanswered_commit(member, tp, frozen_kafka)
+        assert COMMIT_SECONDS <= took < COMMIT_SECONDS + 3, took
+        # Given up untouched: no commit is sent on it, it has no assignment.
+        with pytest.raises(PublishError, match="being replaced"):
+            member.consumer.commit({tp: 1})
+        assert member.consumer.assignment() == set()
+        assert member.revoked == []
+        member.consumer.poll(0, 10)  # replaces it
+        assert member.revoked == [[tp]]  # lost: nothing was committed for it
+        assert outboxkit_stack.kafka is not None
+        outboxkit_stack.kafka.thaw()
+        member.records.clear()
+        member.poll_until(lambda: 2 in _offsets(member), "the last record again, new client")
+        assert member.assigned[-1] == [tp]
+        # From the start, or from 1 if the given-up commit was answered once the broker was back.
+        assert _offsets(member) in ([0, 1, 2], [1, 2])
+        member.consumer.commit({tp: 3})
+        assert member.consumer.committed([tp], timeout=10) == {tp: 3}
+    finally:
+        member.consumer.close()
+
+
+def test_a_close_after_an_unanswered_commit_returns_at_once(
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    frozen_kafka: Callable[[], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(confluent_consumer, "COMMIT_SECONDS", COMMIT_SECONDS)
+    topic = outboxkit_topic()
+    produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"v", [])])
+    member = _Member(outboxkit_kafka_bootstrap, topic)
+    member.poll_until(lambda: len(member.records) == 1, "the record")
+    _unanswered_commit(member, (topic, 0), frozen_kafka)
+    began = time.monotonic()
+    member.consumer.close()
+    assert time.monotonic() - began < 1.0
