@@ -98,6 +98,7 @@ class OutboxState(StrEnum):
     PARKED = "parked"
     DISCARDED = "discarded"
     SCHEDULED = "scheduled"  # pending, but not due before its deliver_after (migration 0008)
+    HELD = "held"  # pending, but behind a parked row of its key (migration 0009)
 
 
 class InboxState(StrEnum):

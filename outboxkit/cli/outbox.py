@@ -42,15 +42,21 @@ def _where(
     }
 
 
-def _rows(obj: Where, name: str, params: dict[str, Any]) -> Sequence[tuple[Any, ...]]:
-    """One statement on a connection of our own; a database error is one line, password-free.
-    The settings are read here, not in the group: ``outbox parked --help`` needs none."""
+def _rows(
+    obj: Where, name: str, params: dict[str, Any], then: str | None = None
+) -> Sequence[tuple[Any, ...]]:
+    """One statement on a connection of our own (and ``then``, without parameters, in its
+    transaction); a database error is one line, password-free. The settings are read here, not
+    in the group: ``outbox parked --help`` needs none."""
     target = resolve_or_exit(obj["config_path"], obj["url"], obj["schema"])
     url = target.require_url()
     query = db.query("relay", name, target.schema)
     try:
-        with db.connect(url) as conn:
-            return db.rows(conn, query, params)
+        with db.connect(url) as conn, conn.transaction():
+            found = db.rows(conn, query, params)
+            if then is not None:
+                db.rows(conn, db.query("relay", then, target.schema), {})
+            return found
     except psycopg.Error as exc:
         raise click.ClickException(str(exc).strip()) from None
 
@@ -117,7 +123,8 @@ def _done(count_text: str, done: list[int]) -> str:
 def _act(obj: Where, name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
     if not ids and not all_rows:
         raise click.UsageError("name row ids, or --all")
-    rows = _rows(obj, name, {"ids": list(ids), "all": all_rows})
+    # Rows held behind the parked ones (migration 0009) go back to pending in the same transaction.
+    rows = _rows(obj, name, {"ids": list(ids), "all": all_rows}, then="held_release")
     return sorted(int(r[0]) for r in rows)  # the statement returns them in no order
 
 

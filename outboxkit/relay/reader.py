@@ -178,6 +178,20 @@ def _json_kind(value: Any) -> str:
     return "boolean" if isinstance(value, bool) else "number"
 
 
+#: How many pending rows, from the front of the claim's walk, a hold pass reads for rows behind a
+#: parked row of their key (hold_rows): what the next claims would read.
+HOLD_WINDOW = 10_000
+
+
+class Moves(NamedTuple):
+    """Rows one statement pair of the scheduling pass moved, each way (schedule_rows, hold_rows)."""
+
+    later: int  # to 'scheduled'
+    due: int  # back from 'scheduled'
+    held: int  # to 'held', behind a parked row of their key
+    released: int  # back from 'held', no parked row of their key left
+
+
 class ShardStore:
     """Claim and fenced writes of one shard, on an autocommit connection."""
 
@@ -328,10 +342,11 @@ class ShardStore:
         ahead_seconds: float,
         *,
         now: datetime | None = None,
-    ) -> tuple[int, int]:
+    ) -> Moves:
         """Move up to ``limit`` rows due more than ``ahead_seconds`` from now to 'scheduled',
         and up to ``limit`` scheduled rows due within that back to 'pending' (``now``, tests
-        only: the clock of both and of the lease check); how many each way."""
+        only: the clock of both and of the lease check); then up to ``limit`` rows behind a
+        parked row of their key to 'held', and up to ``limit`` held rows with none left back."""
         # Index walks only, as for status's count: with statistics that do not know the rows
         # yet, the planner sorted the shard's whole pending walk for the first move, and joined
         # the rows to update by reading the whole table (100,000 rows due: 49 s instead of 1).
@@ -340,7 +355,16 @@ class ShardStore:
             waiting, due = await self._fenced_counts(
                 conn, "schedule_rows", term, now=now, limit=limit, ahead_seconds=ahead_seconds
             )
-        return waiting, due
+            held, released = await self._fenced_counts(
+                conn,
+                "hold_rows",
+                term,
+                now=now,
+                limit=limit,
+                window=HOLD_WINDOW,
+                skip_parked_keys=self._skip_parked_keys,
+            )
+        return Moves(waiting, due, held, released)
 
     async def paused(self, conn: Conn, group: str) -> bool:
         row = await db.one_async(conn, self._query("control_paused"), {"group": group})

@@ -10,6 +10,12 @@ their time, the claim's own test of ``deliver_after`` lets them go when due, in 
 among their key's due rows, as before the moves existed. A backlog's prefetched claim is dropped
 when a pass is due (``ShardWorker``), so passes keep their pace under load; a pass runs only
 while nothing is in flight (no Kafka transaction open, no mark outstanding).
+
+The same pass moves rows that wait behind a parked row of their key (parked-key policy 'wait')
+to ``held`` (``hold_rows``): the claim tests every keyed row it walks for a parked row of its
+key, and 100,000 rows behind one parked key made each claim take about 26 ms instead of 2. A
+retry or discard of the parked row brings them back to ``pending`` in its own transaction, with
+their ids, so they still go before any newer row of their key.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class Scheduling:
         self.passes = 0  # completed passes (tests wait on them)
         self.moved_later = 0  # rows moved to 'scheduled', over the process's life
         self.moved_due = 0  # rows moved back to 'pending'
+        self.moved_held = 0  # rows moved to 'held' (behind a parked row of their key)
+        self.moved_released = 0  # held rows moved back to 'pending' by the pass
 
     @classmethod
     def of(cls, config: RelaySettings) -> Scheduling:
@@ -83,13 +91,15 @@ class Scheduling:
             return
         ends, behind = self._clock() + PASS_SECONDS, False
         while not stop.is_set():
-            later, due = await store.schedule(conn, term, self._batch, self.ahead, now=now)
+            moves = await store.schedule(conn, term, self._batch, self.ahead, now=now)
             term.check()
-            self.moved_later += later
-            self.moved_due += due
-            behind = later >= self._batch
-            if due >= self._batch:
-                continue  # every row due comes back before the next claim
+            self.moved_later += moves.later
+            self.moved_due += moves.due
+            self.moved_held += moves.held
+            self.moved_released += moves.released
+            behind = max(moves.later, moves.held) >= self._batch
+            if max(moves.due, moves.released) >= self._batch:
+                continue  # every row due (or let go) comes back before the next claim
             if not behind or self._clock() >= ends:
                 break
         self.passes += 1

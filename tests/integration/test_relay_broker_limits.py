@@ -79,7 +79,7 @@ async def test_a_record_the_topic_refuses_is_not_overtaken_by_its_key(
             lambda: (
                 states_by_key(outboxkit_db_url)
                 == {
-                    "k": ["published", "parked", "pending", "pending"],
+                    "k": ["published", "parked", "held", "held"],
                     "other": ["published", "published"],
                 }
             ),

@@ -96,7 +96,7 @@ async def test_a_limit_lowered_while_the_relay_runs_cuts_its_sends_after_the_ref
             # the frozen clock it never was, and this waited for its whole timeout.
             clock[0] += RETRY_AFTER
             return states_by_key(outboxkit_db_url) == {
-                "k": ["published", "published", "parked", "pending", "pending"],
+                "k": ["published", "published", "parked", "held", "held"],
                 "other": ["published", "published"],
             }
 

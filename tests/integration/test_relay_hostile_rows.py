@@ -62,7 +62,7 @@ async def test_a_row_whose_headers_nest_too_deeply_is_parked_not_stalling_the_sh
         await wait_for_async(
             lambda: (
                 states_by_key(outboxkit_db_url)
-                == {"ok": ["published"] * 4, "deep": ["parked", "pending"]}
+                == {"ok": ["published"] * 4, "deep": ["parked", "held"]}
             ),
             what="the deep row parked, the other key published",
         )
@@ -113,7 +113,7 @@ async def test_at_least_once_a_row_refused_before_sending_is_not_overtaken_by_it
         await wait_for_async(
             lambda: (
                 states_by_key(outboxkit_db_url)
-                == {"ok": ["published"] * 2, "K": ["parked", "pending"]}
+                == {"ok": ["published"] * 2, "K": ["parked", "held"]}
             ),
             what="the large row parked, the row of its key waiting, the other key published",
         )

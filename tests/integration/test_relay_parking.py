@@ -68,8 +68,8 @@ async def test_oversized_and_unknown_topic_park_and_retry_in_order(
                 states_by_key(outboxkit_db_url)
                 == {
                     "ok": ["published"] * 15,
-                    "big": ["parked", "pending", "pending", "pending"],
-                    "lost": ["parked", "pending", "pending"],
+                    "big": ["parked", "held", "held", "held"],
+                    "lost": ["parked", "held", "held"],
                 }
             ),
             what="bad rows parked, their keys waiting, other keys published",
@@ -148,7 +148,7 @@ async def test_discard_unblocks_waiting_key(
     settings = relay_settings(outboxkit_db_url, outboxkit_kafka_bootstrap)
     async with running_relay(settings):
         await wait_for_async(
-            lambda: states_by_key(outboxkit_db_url) == {"k": ["parked", "pending", "pending"]},
+            lambda: states_by_key(outboxkit_db_url) == {"k": ["parked", "held", "held"]},
             what="waiting behind the parked row",
         )
         assert "1 row(s) discarded" in cli_ok(outboxkit_db_url, "outbox", "discard", "--all")
@@ -188,7 +188,7 @@ async def test_rows_whose_headers_are_not_an_object_are_parked_not_stalling_the_
         await wait_for_async(
             lambda: (
                 states_by_key(outboxkit_db_url)
-                == {"ok": ["published"] * 6, "bad": ["parked", "pending"], "odd": ["parked"]}
+                == {"ok": ["published"] * 6, "bad": ["parked", "held"], "odd": ["parked"]}
             ),
             what="the two rows parked, the other key published",
         )

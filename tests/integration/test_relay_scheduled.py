@@ -80,7 +80,7 @@ async def test_rows_wait_out_of_the_claim_and_come_back_ahead_of_their_time(
     )
     store, term = ShardStore(SCHEMA), _term(outboxkit_db_url)
     # Due within the 5 s ahead: third stays pending (the claim's own test holds it back).
-    assert await store.schedule(conn, term, 10, 5.0, now=AT) == (2, 0)
+    assert (await store.schedule(conn, term, 10, 5.0, now=AT))[:2] == (2, 0)
     states = _states(outboxkit_db_url)
     assert [states[i] for i in (first, second, plain, third)] == [
         "scheduled",
@@ -93,7 +93,7 @@ async def test_rows_wait_out_of_the_claim_and_come_back_ahead_of_their_time(
     # A claim passes scheduled rows by, even at a clock past their time: the pass brings them
     # back before they are due, so that does not happen while passes keep their pace.
     assert [r.id for r in await store.claim(conn, 0, 10, now=AT + 30 * SECOND)] == [plain, third]
-    assert await store.schedule(conn, term, 10, 5.0, now=AT + 6 * SECOND) == (0, 1)
+    assert (await store.schedule(conn, term, 10, 5.0, now=AT + 6 * SECOND))[:2] == (0, 1)
     assert [r.id for r in await store.claim(conn, 0, 10, now=AT + 9 * SECOND)] == [plain, third]
     assert [r.id for r in await store.claim(conn, 0, 10, now=AT + 10 * SECOND)] == [
         second,  # due: before the newer rows of its key, in id order
@@ -111,9 +111,9 @@ async def test_a_row_due_between_passes_keeps_its_place_among_its_keys_due_rows(
     [early] = insert_rows(outboxkit_db_url, "t", payloads("k", 1))
     _schedule(outboxkit_db_url, {early: AT + 10 * SECOND})
     store, term = ShardStore(SCHEMA), _term(outboxkit_db_url)
-    assert await store.schedule(conn, term, 10, 5.0, now=AT) == (1, 0)
+    assert (await store.schedule(conn, term, 10, 5.0, now=AT))[:2] == (1, 0)
     [newer] = insert_rows(outboxkit_db_url, "t", payloads("k", 1, start=1))
-    assert await store.schedule(conn, term, 10, 5.0, now=AT + 6 * SECOND) == (0, 1)
+    assert (await store.schedule(conn, term, 10, 5.0, now=AT + 6 * SECOND))[:2] == (0, 1)
     assert [r.id for r in await store.claim(conn, 0, 10, now=AT + 6 * SECOND)] == [newer]
     found = await store.claim(conn, 0, 10, now=AT + 11 * SECOND)
     assert [r.id for r in found] == [early, newer]
@@ -126,11 +126,11 @@ async def test_moves_are_bounded_and_leave_rows_not_yet_due(
     ids = insert_rows(outboxkit_db_url, "t", payloads("k", 7))
     _schedule(outboxkit_db_url, {row_id: AT + n * SECOND for n, row_id in enumerate(ids)})
     store, term = ShardStore(SCHEMA), _term(outboxkit_db_url)
-    assert await store.schedule(conn, term, 3, 0.0, now=AT) == (3, 0)  # ids[0] is due at AT
-    assert await store.schedule(conn, term, 3, 0.0, now=AT) == (3, 0)
-    assert await store.schedule(conn, term, 3, 0.0, now=AT) == (0, 0)
-    assert await store.schedule(conn, term, 3, 0.0, now=AT + 4 * SECOND) == (0, 3)
-    assert await store.schedule(conn, term, 3, 0.0, now=AT + 4 * SECOND) == (0, 1)
+    assert (await store.schedule(conn, term, 3, 0.0, now=AT))[:2] == (3, 0)  # ids[0] is due at AT
+    assert (await store.schedule(conn, term, 3, 0.0, now=AT))[:2] == (3, 0)
+    assert (await store.schedule(conn, term, 3, 0.0, now=AT))[:2] == (0, 0)
+    assert (await store.schedule(conn, term, 3, 0.0, now=AT + 4 * SECOND))[:2] == (0, 3)
+    assert (await store.schedule(conn, term, 3, 0.0, now=AT + 4 * SECOND))[:2] == (0, 1)
     states = _states(outboxkit_db_url)
     assert [states[i] for i in ids] == ["pending"] * 5 + ["scheduled"] * 2
 
@@ -144,9 +144,9 @@ async def test_a_scheduled_row_whose_time_was_cleared_by_hand_comes_back(
     [row_id] = insert_rows(outboxkit_db_url, "t", payloads("k", 1))
     _schedule(outboxkit_db_url, {row_id: AT + 3600 * SECOND})
     store, term = ShardStore(SCHEMA), _term(outboxkit_db_url)
-    assert await store.schedule(conn, term, 10, 5.0, now=AT) == (1, 0)
+    assert (await store.schedule(conn, term, 10, 5.0, now=AT))[:2] == (1, 0)
     _schedule(outboxkit_db_url, {row_id: None})
-    assert await store.schedule(conn, term, 10, 5.0, now=AT) == (0, 1)
+    assert (await store.schedule(conn, term, 10, 5.0, now=AT))[:2] == (0, 1)
     assert [r.id for r in await store.claim(conn, 0, 10, now=AT)] == [row_id]
 
 

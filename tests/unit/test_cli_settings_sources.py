@@ -74,6 +74,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         def __exit__(self, *exc: object) -> None:
             return None
 
+        def transaction(self) -> Connection:
+            return self
+
     def connect(url: Any, **options: Any) -> Connection:
         found["url"] = url_of(url)
         return Connection()

@@ -28,6 +28,7 @@ RELAY_WRITES = (
     "housekeeping_delete_parked",
     "park_stray",
     "schedule_rows",
+    "hold_rows",
 )
 _FENCE = {"group", "shard", "token"}
 _FENCED = _FENCE | {"now"}  # a fenced write: its lease check takes the clock too (tests)
@@ -85,6 +86,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "housekeeping_delete_parked": _FENCED | {"keep_seconds", "limit"},
         "park_stray": _FENCED | {"limit"},
         "schedule_rows": _FENCED | {"limit", "ahead_seconds"},
+        "hold_rows": _FENCED | {"limit", "window", "skip_parked_keys"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),
@@ -96,6 +98,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "pending_walk_only": set(),
         "parked_list": {"limit"},
         "parked_retry": {"all", "ids"},
+        "held_release": set(),
         "parked_discard": {"all", "ids"},
         "listen": set(),
     },

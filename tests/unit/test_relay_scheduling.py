@@ -10,6 +10,7 @@ from typing import Any, cast
 import pytest
 
 from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.reader import Moves
 from outboxkit.relay.scheduling import AHEAD_MARGIN_SECONDS, PASS_SECONDS, Scheduling
 from outboxkit.settings import load_settings
 
@@ -25,17 +26,19 @@ class Clock:
 
 
 class Store:
-    """Answers each statement with the next (later, due) counts; each takes ``took`` seconds."""
+    """Answers each statement pair with the next (later, due[, held, released]) counts; each
+    takes ``took`` seconds."""
 
-    def __init__(self, clock: Clock, answers: list[tuple[int, int]], took: float = 0.01) -> None:
+    def __init__(self, clock: Clock, answers: list[tuple[int, ...]], took: float = 0.01) -> None:
         self.clock, self.answers, self.took, self.calls = clock, answers, took, 0
 
     async def schedule(
         self, conn: Any, term: Any, limit: int, ahead: float, *, now: Any = None
-    ) -> tuple[int, int]:
+    ) -> Moves:
         self.calls += 1
         self.clock.now += self.took
-        return self.answers.pop(0) if self.answers else (0, 0)
+        answer = self.answers.pop(0) if self.answers else ()
+        return Moves(*answer, *(0,) * (4 - len(answer)))
 
 
 def _term() -> LeaseTerm:
@@ -88,6 +91,22 @@ async def test_a_pass_ends_when_a_statement_moves_less_than_a_batch_either_way()
     assert (store.calls, scheduling.moved_later, scheduling.moved_due) == (3, 12, 14)
     await _pass(scheduling, store)
     assert store.calls == 3  # caught up: the next pass waits its interval
+
+
+async def test_rows_held_behind_a_parked_key_move_as_rows_scheduled_for_later_do() -> None:
+    """Rows to hold keep a pass going until its time is up (then the next comes before the next
+    claim); rows let go all come back in the pass, like rows due."""
+    clock = Clock()
+    answers: list[tuple[int, ...]] = [(0, 0, 10, 0)] * 100
+    scheduling, store = Scheduling(2.0, clock=clock, batch=10), Store(clock, answers, took=0.1)
+    await _pass(scheduling, store)
+    assert store.calls == math.ceil(PASS_SECONDS / 0.1)
+    assert scheduling.moved_held == 10 * store.calls
+    clock2 = Clock()
+    back: list[tuple[int, ...]] = [(0, 0, 0, 10)] * 9 + [(0, 0, 0, 3)]
+    scheduling, store = Scheduling(2.0, clock=clock2, batch=10), Store(clock2, back, took=0.1)
+    await _pass(scheduling, store)
+    assert (store.calls, scheduling.moved_released) == (10, 93)
 
 
 def test_rows_come_back_ahead_of_their_time_by_more_than_a_pass_may_be_late() -> None:
