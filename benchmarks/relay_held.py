@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import time
-from typing import Any
 
 import psycopg
 from click.testing import CliRunner
 from consumer import scratch_database
-from relay_scheduled import _lease
+from relay_scheduled import _claim_ms, _lease
 
 from outboxkit.cli import main as cli_main
 from outboxkit.db import migrator
@@ -60,16 +58,6 @@ def _seed(url: str, behind: int) -> int:
         conn.execute(SEED, {"kind": "n", "key": "k", "keys": 1000, "rows": 20_000})
         conn.execute("VACUUM ANALYZE outboxkit.outbox_message")
         return int(row[0])
-
-
-async def _claim_ms(store: ShardStore, conn: psycopg.AsyncConnection[Any]) -> float:
-    times = []
-    for _ in range(20):
-        started = time.perf_counter()
-        found = await store.claim(conn, 0, 500)
-        times.append((time.perf_counter() - started) * 1000)
-        assert len(found) == 500
-    return statistics.median(times)
 
 
 async def _measure(url: str, behind: int, parked: int) -> None:

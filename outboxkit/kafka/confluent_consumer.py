@@ -6,16 +6,20 @@ never move again. So every partition assigned is resumed right after the assignm
 A ``subscribe`` after ``close`` joins again with a new client.
 
 librdkafka never answers an offset commit that was in flight when its broker went away (and
-the client's later polls and its close then wait for it too, for ever): a commit is given
-:data:`COMMIT_SECONDS`, and past that the client is given up. It is closed in a thread nobody
-waits for, its partitions are handed back as lost (nothing can be committed for them), and a
-new client subscribes at the next poll. A close is given :data:`CLOSE_SECONDS`.
+the client's later polls and its close then wait for it too, for ever): a commit is given the
+group session's timeout and :data:`COMMIT_MARGIN_SECONDS` (a commit deferred while no coordinator
+is known fails by itself at that timeout, so a coordinator's move never costs the client), and
+past that the client is given up. It is closed in a thread nobody waits for, its partitions are
+handed back as lost (nothing can be committed for them), and a new client subscribes at the next
+poll. More than :data:`ABANDONED_MAX` given-up clients still open end the consumer with an error
+(a supervisor's restart frees them). A close is given :data:`CLOSE_SECONDS`.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,9 +49,12 @@ logger = logging.getLogger("outboxkit.kafka.consumer")
 # A missing ACL: librdkafka says which kind, not what to grant (nor, for a fetch, the topic).
 _REFUSED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
 
-#: Seconds an offset commit may take before its client is given up (a commit deferred while no
-#: coordinator is known fails by itself after the group session's timeout).
-COMMIT_SECONDS = 15.0
+#: Seconds past the group session's timeout (``session.timeout.ms``, librdkafka's default 45 s)
+#: an offset commit may take before its client is given up.
+COMMIT_MARGIN_SECONDS = 5.0
+_SESSION_TIMEOUT_MS = 45_000  # librdkafka's default
+#: Given-up clients whose close has not ended yet, past which the consumer stops.
+ABANDONED_MAX = 8
 #: Seconds a close may take before its client is left to end on its own.
 CLOSE_SECONDS = 10.0
 
@@ -113,6 +120,10 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._wedged = False
         self._topics: list[str] = []
         self._owned: set[TP] = set()  # what the callbacks were told is assigned
+        self._abandoned: list[threading.Thread] = []  # closes of given-up clients
+        session = int(self._config.get("session.timeout.ms", _SESSION_TIMEOUT_MS))
+        #: Seconds an offset commit may take before the client is given up (tests shorten it).
+        self.commit_seconds = session / 1000 + COMMIT_MARGIN_SECONDS
         self._assigned_now: list[TopicPartition] = []
         self._notice = RefusalNotice(logger)
         self._on_assign: Rebalance = lambda tps: None
@@ -149,6 +160,12 @@ class ConfluentGroupConsumer(GroupConsumer):
         """Give up a client whose commit went unanswered, and subscribe a new one."""
         old, lost = self._consumer, sorted(self._owned)
         self._abandon(old)
+        open_ = len(self._abandoned)
+        if open_ > ABANDONED_MAX:
+            raise OutboxkitError(
+                f"{open_} Kafka consumer clients given up (an offset commit never answered) are"
+                " still open; stopping so that a restart frees them"
+            )
         self._consumer, self._wedged, self._owned, self._assigned_now = (
             self._create(),
             False,
@@ -157,27 +174,31 @@ class ConfluentGroupConsumer(GroupConsumer):
         )
         logger.warning(
             "the Kafka consumer was replaced: an offset commit got no answer within %g s (the"
-            " broker went away while it was in flight); its partitions are taken as lost",
-            COMMIT_SECONDS,
+            " broker went away while it was in flight); its partitions are taken as lost (%d"
+            " given-up client(s) still closing)",
+            self.commit_seconds,
+            open_,
         )
         if lost:
             self._on_revoke(lost)  # not ours any more: nothing can be committed
         self._join()
 
-    @staticmethod
-    def _abandon(consumer: Consumer) -> None:
-        """Close in a daemon thread nobody waits for (it may never end)."""
-        try:
-            call_within(consumer.close, 0, "outboxkit-consumer-abandoned")
-        except Unanswered:
-            pass
-        except (KafkaException, RuntimeError) as exc:
-            logger.info("consumer close: %s", exc)
+    def _abandon(self, consumer: Consumer) -> None:
+        """Close in a daemon thread nobody waits for (it may never end); counted while open."""
+        closing = threading.Thread(
+            target=_close_quietly,
+            args=(consumer,),
+            name="outboxkit-consumer-abandoned",
+            daemon=True,
+        )
+        closing.start()
+        self._abandoned = [t for t in self._abandoned if t.is_alive()] + [closing]
 
-    # A closed or replaced client's callbacks (its close revokes) are not the inbox's any more:
-    # it may be replacing the client, and has already taken over what they would hand back.
+    # A closed, given-up or replaced client's callbacks (its close revokes) are not the inbox's
+    # any more: it may be replacing the client, and has already taken over what they would hand
+    # back.
     def _current(self, consumer: Any) -> bool:
-        return not self._closed and consumer is self._consumer
+        return not self._closed and not self._wedged and consumer is self._consumer
 
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         if not self._current(consumer):
@@ -210,6 +231,8 @@ class ConfluentGroupConsumer(GroupConsumer):
         # consume() waits until it has max_records or the timeout passed: wait for one record
         # only, then take what is already fetched without waiting.
         messages = self._consumer.consume(1, timeout)
+        if self._wedged:  # a commit in a rebalance callback went unanswered: replaced next time
+            return []  # what it fetched comes again to the new client (its partitions are lost)
         if messages and max_records > 1:
             messages += self._consumer.consume(max_records - 1, 0)
         if self._assigned_now:
@@ -272,7 +295,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         try:
             result = call_within(
                 lambda: consumer.commit(offsets=request, asynchronous=False),
-                COMMIT_SECONDS,
+                self.commit_seconds,
                 "outboxkit-offset-commit",
             )
         except KafkaException as exc:
@@ -280,8 +303,8 @@ class ConfluentGroupConsumer(GroupConsumer):
         except Unanswered as exc:
             self._wedged = True
             raise PublishError(
-                f"offset commit failed: no answer within {COMMIT_SECONDS:g} s; the client is"
-                " replaced"
+                f"offset commit failed: no answer within {self.commit_seconds:g} s; the client"
+                " is replaced"
             ) from exc
         failed = [p for p in result or () if p.error is not None]
         if failed:
@@ -290,6 +313,8 @@ class ConfluentGroupConsumer(GroupConsumer):
     def committed(self, partitions: list[TP], timeout: float) -> dict[TP, int]:
         if not partitions:
             return {}
+        if self._wedged:
+            raise PublishError("reading the committed offsets failed: the client is being replaced")
         request = [TopicPartition(t, p) for t, p in partitions]
         try:
             found = self._consumer.committed(request, timeout=timeout)
@@ -303,7 +328,7 @@ class ConfluentGroupConsumer(GroupConsumer):
     def close(self) -> None:
         self._closed = True
         if self._wedged:
-            self._abandon(self._consumer)
+            self._abandon(self._consumer)  # its close would wait for the unanswered commit
             return
         try:
             call_within(self._consumer.close, CLOSE_SECONDS, "outboxkit-consumer-close")
@@ -314,6 +339,13 @@ class ConfluentGroupConsumer(GroupConsumer):
             )
         except (KafkaException, RuntimeError) as exc:
             logger.info("consumer close: %s", exc)
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except (KafkaException, RuntimeError) as exc:
+        logger.info("consumer close: %s", exc)
 
 
 __all__ = ["ConfluentGroupConsumer"]

@@ -355,16 +355,26 @@ class ShardStore:
             waiting, due = await self._fenced_counts(
                 conn, "schedule_rows", term, now=now, limit=limit, ahead_seconds=ahead_seconds
             )
-            held, released = await self._fenced_counts(
-                conn,
-                "hold_rows",
-                term,
-                now=now,
-                limit=limit,
-                window=HOLD_WINDOW,
-                skip_parked_keys=self._skip_parked_keys,
-            )
+            held, released = await self._hold(conn, term, limit, now)
         return Moves(waiting, due, held, released)
+
+    async def _hold(
+        self, conn: Conn, term: LeaseTerm, limit: int, now: datetime | None
+    ) -> tuple[int, int]:
+        """Rows behind a parked row of their key to 'held', held rows with none left back (see
+        hold_lock, hold_rows and held_orphan_keys in relay.sql for why three statements)."""
+        skip = {"shard": term.shard, "skip_parked_keys": self._skip_parked_keys}
+        await db.execute_async(conn, self._query("hold_lock"), skip)
+        held = await self._fenced(
+            conn, "hold_rows", term, now=now, limit=limit, window=HOLD_WINDOW, **skip
+        )
+        keys = [str(r[0]) for r in await db.rows_async(conn, self._query("held_orphan_keys"), skip)]
+        if not keys:
+            return held, 0
+        released = await self._fenced(
+            conn, "held_orphans_release", term, now=now, limit=limit, keys=keys, **skip
+        )
+        return held, released
 
     async def paused(self, conn: Conn, group: str) -> bool:
         row = await db.one_async(conn, self._query("control_paused"), {"group": group})

@@ -4,9 +4,9 @@ librdkafka waits for ever for the answer to a commit that was in flight when its
 away, and the client's later polls and its close wait with it (the inbox's sync consumer then
 logged nothing and ignored SIGTERM, once in CI). Here the broker is frozen (SIGSTOP) while the
 commit is sent, so the commit is never answered while it is bounded: it fails after
-``COMMIT_SECONDS``, the next poll gives the client up (its partitions handed back as lost) and
-subscribes a new one, which takes the partition again once the broker is back; a close after an
-unanswered commit returns at once.
+``commit_seconds`` (the session timeout and a margin; shortened here), the next poll gives the
+client up (its partitions handed back as lost) and subscribes a new one, which takes the
+partition again once the broker is back; a close after an unanswered commit returns at once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 
 from outboxkit.devstack import DevStack
 from outboxkit.errors import PublishError
-from outboxkit.kafka import confluent_consumer
 from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
@@ -45,6 +44,7 @@ class _Member:
         self.consumer = ConfluentGroupConsumer(
             KafkaSettings(bootstrap=bootstrap), group, config=SESSION
         )
+        self.consumer.commit_seconds = COMMIT_SECONDS
         self.consumer.subscribe([topic], self.assigned.append, self._revoke)
 
     def _revoke(self, partitions: list[TP]) -> dict[TP, int]:
@@ -89,9 +89,7 @@ def test_an_unanswered_commit_replaces_the_client_which_takes_the_partition_agai
     outboxkit_topic: TopicFactory,
     outboxkit_stack: DevStack,
     frozen_kafka: Callable[[], None],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(confluent_consumer, "COMMIT_SECONDS", COMMIT_SECONDS)
     topic = outboxkit_topic()
     tp = (topic, 0)
     produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"v", []) for _ in range(3)])
@@ -124,9 +122,7 @@ def test_a_close_after_an_unanswered_commit_returns_at_once(
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
     frozen_kafka: Callable[[], None],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(confluent_consumer, "COMMIT_SECONDS", COMMIT_SECONDS)
     topic = outboxkit_topic()
     produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"v", [])])
     member = _Member(outboxkit_kafka_bootstrap, topic)

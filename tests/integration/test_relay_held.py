@@ -23,7 +23,7 @@ from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.reader import HOLD_WINDOW, ShardStore
 from outboxkit.settings import load_settings
 from tests.relay_support import SCHEMA, cli_ok, day_lease, insert_rows, payloads, set_shard_count
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.integration
 
@@ -177,21 +177,48 @@ def test_a_retry_that_waited_for_a_pass_releases_what_the_pass_held(
     stay held with nothing parked in front of them.)"""
     parked, behind, _ = keyed
     term = day_lease(outboxkit_db_url, 0, AT)
-    hold = db.query("relay", "hold_rows", SCHEMA)
-    params = {**term.sql_params(AT), "limit": 100, "window": HOLD_WINDOW, "skip_parked_keys": False}
+    skip = {"shard": 0, "skip_parked_keys": False}
+    params = {**term.sql_params(AT), **skip, "limit": 100, "window": HOLD_WINDOW}
     with psycopg.connect(outboxkit_db_url) as passing:
-        db.rows(passing, hold, params)  # the pass, not committed yet
+        db.rows(passing, db.query("relay", "hold_lock", SCHEMA), skip)
+        db.rows(passing, db.query("relay", "hold_rows", SCHEMA), params)  # not committed yet
         retry = threading.Thread(
             target=cli_ok, args=(outboxkit_db_url, "outbox", "retry", str(parked))
         )
         retry.start()
-        wait_for(
-            lambda: _waiting_for_a_lock(outboxkit_db_url), what="the retry waiting for the pass"
-        )
+        wait_for(lambda: _waiting_for_a_lock(outboxkit_db_url), what="the retry waiting")
         passing.commit()
     retry.join(30)
     states = _states(outboxkit_db_url)
     assert [states[i] for i in [parked, *behind]] == ["pending"] * 4
+
+
+async def test_a_pass_that_waited_for_a_retry_holds_nothing_it_released(
+    outboxkit_db_url: str,
+    conn: psycopg.AsyncConnection[Any],
+    keyed: tuple[int, list[int], list[int]],
+) -> None:
+    """The other order: a retry not committed yet when the pass starts. The pass waits for it,
+    and then neither holds the released rows again nor lets a newer row of the key overtake
+    them."""
+    parked, behind, others = keyed
+    await _pass(outboxkit_db_url, conn)  # behind: held
+    with psycopg.connect(outboxkit_db_url) as retrying:
+        db.rows(
+            retrying, db.query("relay", "parked_retry", SCHEMA), {"ids": [parked], "all": False}
+        )
+        db.rows(retrying, db.query("relay", "held_release", SCHEMA), {})
+        passing = asyncio.ensure_future(_pass(outboxkit_db_url, conn))
+        await wait_for_async(
+            lambda: _waiting_for_a_lock(outboxkit_db_url), what="the pass waiting for the retry"
+        )
+        retrying.commit()
+    assert await asyncio.wait_for(passing, 30) == (0, 0)
+    newer = insert_rows(outboxkit_db_url, "t", payloads("k", 1, start=4))
+    states = _states(outboxkit_db_url)
+    assert [states[i] for i in [parked, *behind, *newer]] == ["pending"] * 5
+    store = ShardStore(SCHEMA)
+    assert await _claimed(store, conn) == sorted([parked, *behind, *others, *newer])
 
 
 def _waiting_for_a_lock(url: str) -> bool:

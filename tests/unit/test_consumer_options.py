@@ -124,3 +124,21 @@ def test_a_consumer_with_an_unusable_dead_letter_template_is_not_built(
             topics=["t"],
             dead_letter=template,
         )
+
+
+@pytest.mark.parametrize(
+    ("config", "seconds"), [({}, 50.0), ({"session.timeout.ms": "6000"}, 11.0)]
+)
+def test_an_offset_commit_may_take_the_session_timeout_and_a_margin(
+    config: dict[str, Any], seconds: float
+) -> None:
+    """A commit deferred while no coordinator is known fails by itself at the session timeout:
+    only one not answered past it gives the client up (a coordinator's move never does)."""
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+
+    consumer = ConfluentGroupConsumer(KafkaSettings(bootstrap=UNREACHABLE), "g", config=config)
+    try:
+        assert consumer.commit_seconds == seconds
+    finally:
+        consumer.close()

@@ -29,6 +29,7 @@ RELAY_WRITES = (
     "park_stray",
     "schedule_rows",
     "hold_rows",
+    "held_orphans_release",
 )
 _FENCE = {"group", "shard", "token"}
 _FENCED = _FENCE | {"now"}  # a fenced write: its lease check takes the clock too (tests)
@@ -86,7 +87,10 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "housekeeping_delete_parked": _FENCED | {"keep_seconds", "limit"},
         "park_stray": _FENCED | {"limit"},
         "schedule_rows": _FENCED | {"limit", "ahead_seconds"},
+        "hold_lock": {"shard", "skip_parked_keys"},
         "hold_rows": _FENCED | {"limit", "window", "skip_parked_keys"},
+        "held_orphan_keys": {"shard", "skip_parked_keys"},
+        "held_orphans_release": _FENCED | {"limit", "keys", "skip_parked_keys"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

@@ -263,57 +263,91 @@ SELECT (SELECT count(*) FROM lease) AS held,
        (SELECT count(*) FROM moved WHERE state = 'scheduled') AS waiting,
        (SELECT count(*) FROM moved WHERE state = 'pending') AS due;
 
+-- name: hold_lock
+-- The first statement of a hold pass (hold_rows): the shard's parked keyed rows, each locked
+-- FOR SHARE until the pass's transaction ends. A retry, discard or housekeeping deletion of one
+-- (an UPDATE or DELETE of it) that comes later waits for the pass, and its release (a later
+-- statement, or the same one for the housekeeping) then sees the rows the pass held; one that
+-- came first is waited for here and its row, no longer parked, is not locked, so the next
+-- statement, with a snapshot taken after it, sees its rows already released. Nothing but the
+-- shard's own holder parks rows of the shard, so no parked row appears between the two.
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.outbox_message p
+    WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key IS NOT NULL
+      AND NOT :skip_parked_keys
+    FOR SHARE OF p
+) locked;
+
 -- name: hold_rows
 -- Rows behind a parked row of their key (policy 'wait') wait in 'held' (migration 0009): the
 -- claim tests every keyed row it walks for a parked row of its key, and 100,000 rows behind one
 -- parked key made each claim of the shard take about 26 ms instead of 2. Up to :limit such rows
 -- among the first :window pending rows (the front of the claim's walk) go to 'held', keeping their
 -- ids; a retry or discard of the parked row brings them back in its own transaction (held_release,
--- housekeeping_delete_parked). Up to :limit held rows whose key has no parked row left (one
--- deleted by hand; every held row once the policy is 'skip') come back here. Each parked row is
--- locked FOR SHARE: a retry or discard (an UPDATE of it) waits for this transaction, and its
--- release, a later statement, then sees the rows moved here; one that came first leaves the row
--- no longer parked when this statement reads it. Run in schedule's transaction (pending_walk_only),
--- only while nothing is in flight. The held keys are read one index probe each (a loose scan).
-WITH RECURSIVE {_lease_held}, parked AS (
+-- housekeeping_delete_parked). Run after hold_lock, in the same transaction (schedule's, after
+-- pending_walk_only), only while nothing is in flight. No locking clause and no recursion here:
+-- a row changed meanwhile (released by held_release) is tested again by its state only.
+WITH {_lease_held}, parked AS (
     SELECT p.message_key FROM {schema}.outbox_message p
     WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key IS NOT NULL
-      AND NOT :skip_parked_keys AND EXISTS (SELECT 1 FROM lease)
-    FOR SHARE OF p
+      AND NOT :skip_parked_keys
+      AND :shard < (SELECT shard_count FROM {schema}.outbox_setting)
+      AND EXISTS (SELECT 1 FROM lease)
 ), front AS (
     SELECT m.id, m.message_key FROM {schema}.outbox_message m
     WHERE m.shard BETWEEN :shard AND :shard AND m.state = 'pending'
       AND EXISTS (SELECT 1 FROM parked)
     ORDER BY m.shard, m.id
     LIMIT :window
-), to_hold AS (
-    SELECT f.id FROM front f WHERE f.message_key IN (SELECT message_key FROM parked)
-    LIMIT :limit
-), held_keys(message_key) AS (
+), moved AS (
+    UPDATE {schema}.outbox_message m
+    SET state = 'held'
+    WHERE m.id IN (
+        SELECT f.id FROM front f WHERE f.message_key IN (SELECT message_key FROM parked)
+        LIMIT :limit)
+      AND m.state = 'pending'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM moved) AS changed;
+
+-- name: held_orphan_keys
+-- Keys of the shard's held rows with no parked row left (one deleted or changed by hand), or all
+-- of them once the policy is 'skip': their rows go back (held_orphans_release). Read-only, one
+-- index probe per distinct held key (a loose scan of outbox_message_held_idx).
+WITH RECURSIVE held_keys(message_key) AS (
     (SELECT h.message_key FROM {schema}.outbox_message h
-     WHERE h.shard = :shard AND h.state = 'held' AND EXISTS (SELECT 1 FROM lease)
+     WHERE h.shard = :shard AND h.state = 'held'
      ORDER BY h.shard, h.message_key, h.id LIMIT 1)
     UNION ALL
     SELECT (SELECT h.message_key FROM {schema}.outbox_message h
             WHERE h.shard = :shard AND h.state = 'held' AND h.message_key > k.message_key
             ORDER BY h.shard, h.message_key, h.id LIMIT 1)
     FROM held_keys k WHERE k.message_key IS NOT NULL
-), orphans AS (
-    SELECT h.id FROM held_keys k
-    JOIN {schema}.outbox_message h
-      ON h.shard = :shard AND h.state = 'held' AND h.message_key = k.message_key
-    WHERE k.message_key IS NOT NULL AND k.message_key NOT IN (SELECT message_key FROM parked)
-    LIMIT :limit
-), moved AS (
-    UPDATE {schema}.outbox_message m
-    SET state = CASE WHEN m.state = 'pending' THEN 'held' ELSE 'pending' END
-    FROM (SELECT id FROM to_hold UNION ALL SELECT id FROM orphans) x
-    WHERE m.id = x.id AND m.state IN ('pending', 'held')
-    RETURNING m.state
 )
-SELECT (SELECT count(*) FROM lease) AS held,
-       (SELECT count(*) FROM moved WHERE state = 'held') AS waiting,
-       (SELECT count(*) FROM moved WHERE state = 'pending') AS released;
+SELECT k.message_key FROM held_keys k
+WHERE k.message_key IS NOT NULL AND (:skip_parked_keys OR NOT EXISTS (
+    SELECT 1 FROM {schema}.outbox_message p
+    WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key = k.message_key));
+
+-- name: held_orphans_release
+-- Up to :limit held rows of the shard under :keys (held_orphan_keys) back to pending, with
+-- their ids. Rows of a key that meanwhile has a parked row again stay.
+WITH {_lease_held}, moved AS (
+    UPDATE {schema}.outbox_message m
+    SET state = 'pending'
+    WHERE m.id IN (
+        SELECT h.id FROM {schema}.outbox_message h
+        WHERE h.shard = :shard AND h.state = 'held'
+          AND h.message_key = ANY(CAST(:keys AS text[])) AND EXISTS (SELECT 1 FROM lease)
+        ORDER BY h.shard, h.message_key, h.id
+        LIMIT :limit)
+      AND m.state = 'held'
+      AND (:skip_parked_keys OR NOT EXISTS (
+        SELECT 1 FROM {schema}.outbox_message p
+        WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM moved) AS changed;
 
 -- name: retention_delete
 -- One small batch of published rows older than the window; the holder of the shard repeats it.
