@@ -80,6 +80,12 @@ def quoted(schema: str) -> str:
     return '"' + validate_schema_name(schema) + '"'
 
 
+def parked_lock_name(schema: str = DEFAULT_SCHEMA) -> str:
+    """The advisory lock (relay.sql's ``parked_lock``) that serialises what decides about held
+    rows in ``schema``: a hold pass, ``outbox retry``/``discard``, a parked row's deletion."""
+    return f"outboxkit parked rows {validate_schema_name(schema)}"
+
+
 @cache
 def notify_channel(schema: str = DEFAULT_SCHEMA) -> str:
     """The LISTEN/NOTIFY channel writers notify for ``schema``; the payload is the shard number."""

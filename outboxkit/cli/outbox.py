@@ -16,6 +16,7 @@ import psycopg
 from outboxkit import db
 from outboxkit.cli.options import LIMIT_MAX, database_options, resolve_or_exit
 from outboxkit.inbox.guard import escape
+from outboxkit.schema import parked_lock_name
 
 
 @click.group()
@@ -43,19 +44,23 @@ def _where(
 
 
 def _rows(
-    obj: Where, name: str, params: dict[str, Any], then: str | None = None
+    obj: Where, name: str, params: dict[str, Any], *, releasing: bool = False
 ) -> Sequence[tuple[Any, ...]]:
-    """One statement on a connection of our own (and ``then``, without parameters, in its
-    transaction); a database error is one line, password-free. The settings are read here, not
-    in the group: ``outbox parked --help`` needs none."""
+    """One statement on a connection of our own; a database error is one line, password-free.
+    ``releasing``: a change of parked rows, in a transaction with what it owes held rows
+    (migration 0009): parked_lock first, held_release after. The settings are read here, not in
+    the group: ``outbox parked --help`` needs none."""
     target = resolve_or_exit(obj["config_path"], obj["url"], obj["schema"])
     url = target.require_url()
     query = db.query("relay", name, target.schema)
     try:
         with db.connect(url) as conn, conn.transaction():
+            if releasing:
+                lock = {"name": parked_lock_name(target.schema)}
+                db.rows(conn, db.query("relay", "parked_lock", target.schema), lock)
             found = db.rows(conn, query, params)
-            if then is not None:
-                db.rows(conn, db.query("relay", then, target.schema), {})
+            if releasing:
+                db.rows(conn, db.query("relay", "held_release", target.schema), {})
             return found
     except psycopg.Error as exc:
         raise click.ClickException(str(exc).strip()) from None
@@ -123,8 +128,7 @@ def _done(count_text: str, done: list[int]) -> str:
 def _act(obj: Where, name: str, ids: tuple[int, ...], all_rows: bool) -> list[int]:
     if not ids and not all_rows:
         raise click.UsageError("name row ids, or --all")
-    # Rows held behind the parked ones (migration 0009) go back to pending in the same transaction.
-    rows = _rows(obj, name, {"ids": list(ids), "all": all_rows}, then="held_release")
+    rows = _rows(obj, name, {"ids": list(ids), "all": all_rows}, releasing=True)
     return sorted(int(r[0]) for r in rows)  # the statement returns them in no order
 
 

@@ -162,6 +162,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._abandon(old)
         open_ = len(self._abandoned)
         if open_ > ABANDONED_MAX:
+            self._closed = True  # nothing is left to close: the client above is closing already
             raise OutboxkitError(
                 f"{open_} Kafka consumer clients given up (an offset commit never answered) are"
                 " still open; stopping so that a restart frees them"
@@ -215,7 +216,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         offsets = self._on_revoke(_tps(partitions))
         if offsets:
             try:
-                self.commit(dict(offsets))
+                self._commit(dict(offsets), bounded=False)
             except PublishError as exc:
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
 
@@ -286,18 +287,28 @@ class ConfluentGroupConsumer(GroupConsumer):
         return True
 
     def commit(self, offsets: dict[TP, int]) -> None:
+        self._commit(offsets, bounded=True)
+
+    def _commit(self, offsets: dict[TP, int], *, bounded: bool) -> None:
+        """``bounded``: in a thread of its own, given :attr:`commit_seconds`. Not in a
+        rebalance callback: there a commit from another thread went unanswered (CI, 15 s:
+        the rebalance waits for the callback), while one from the callback's own thread is
+        answered."""
         if not offsets:
             return
         if self._wedged:
             raise PublishError("offset commit failed: the client is being replaced")
         request = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         consumer = self._consumer
+
+        def call() -> list[TopicPartition] | None:
+            return consumer.commit(offsets=request, asynchronous=False)
+
         try:
-            result = call_within(
-                lambda: consumer.commit(offsets=request, asynchronous=False),
-                self.commit_seconds,
-                "outboxkit-offset-commit",
-            )
+            if bounded:
+                result = call_within(call, self.commit_seconds, "outboxkit-offset-commit")
+            else:
+                result = call()
         except KafkaException as exc:
             raise PublishError(f"offset commit failed: {exc.args[0]}") from exc
         except Unanswered as exc:
@@ -326,6 +337,8 @@ class ConfluentGroupConsumer(GroupConsumer):
         return {(p.topic, p.partition): p.offset for p in found if p.offset >= 0}
 
     def close(self) -> None:
+        if self._closed and self._wedged:
+            return  # given up by _replace, closing in its thread
         self._closed = True
         if self._wedged:
             self._abandon(self._consumer)  # its close would wait for the unanswered commit

@@ -26,6 +26,7 @@ from outboxkit import db
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.lease_loss import token_check_failed
 from outboxkit.relay.reader import ShardStore
+from outboxkit.schema import parked_lock_name
 from outboxkit.settings import OnPublish, RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.housekeeping")
@@ -58,6 +59,8 @@ class Housekeeping:
             for state in ("discarded", "parked")
         }
         self._park_stray = db.query("relay", "park_stray", schema)
+        self._parked_lock = db.query("relay", "parked_lock", schema)
+        self._lock_name = parked_lock_name(schema)
         self._clock = clock
         self._due = clock()  # the first sweep runs at the first retention hook of a term
         self.passes = 0  # completed sweeps (tests wait on it)
@@ -165,7 +168,12 @@ class Housekeeping:
             "keep_seconds": keep,
             "limit": self._config.retention_batch,
         }
-        row = await db.one_async(conn, self._queries[state], params)
+        if state == "parked":  # its deletion releases held rows: after parked_lock (relay.sql)
+            async with conn.transaction():
+                await db.execute_async(conn, self._parked_lock, {"name": self._lock_name})
+                row = await db.one_async(conn, self._queries[state], params)
+        else:
+            row = await db.one_async(conn, self._queries[state], params)
         assert row is not None
         if not int(row[0]):
             await token_check_failed(conn, self._schema, term, "housekeeping", now=now)

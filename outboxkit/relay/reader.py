@@ -20,6 +20,7 @@ from outboxkit.db.id_arrays import BigintIds
 from outboxkit.kafka.api import ProduceRequest
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.lease_loss import token_check_failed
+from outboxkit.schema import parked_lock_name
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -200,6 +201,7 @@ class ShardStore:
     ) -> None:
         self._schema = schema
         self._skip_parked_keys = skip_parked_keys
+        self._parked_lock = parked_lock_name(schema)
         self._max_bytes = max_bytes
         # Claimed rows that cannot become a Kafka record (row id -> why): the topic gate parks
         # them with the reason before anything is sent.
@@ -361,10 +363,10 @@ class ShardStore:
     async def _hold(
         self, conn: Conn, term: LeaseTerm, limit: int, now: datetime | None
     ) -> tuple[int, int]:
-        """Rows behind a parked row of their key to 'held', held rows with none left back (see
-        hold_lock, hold_rows and held_orphan_keys in relay.sql for why three statements)."""
+        """Rows behind a parked row of their key to 'held', held rows with none left back
+        (after parked_lock: see it in relay.sql)."""
         skip = {"shard": term.shard, "skip_parked_keys": self._skip_parked_keys}
-        await db.execute_async(conn, self._query("hold_lock"), skip)
+        await db.execute_async(conn, self._query("parked_lock"), {"name": self._parked_lock})
         held = await self._fenced(
             conn, "hold_rows", term, now=now, limit=limit, window=HOLD_WINDOW, **skip
         )

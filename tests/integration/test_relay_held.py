@@ -21,6 +21,7 @@ import pytest
 from outboxkit import db
 from outboxkit.relay.housekeeping import Housekeeping
 from outboxkit.relay.reader import HOLD_WINDOW, ShardStore
+from outboxkit.schema import parked_lock_name
 from outboxkit.settings import load_settings
 from tests.relay_support import SCHEMA, cli_ok, day_lease, insert_rows, payloads, set_shard_count
 from tests.support.waiting import wait_for, wait_for_async
@@ -171,16 +172,14 @@ async def test_only_the_front_of_the_walk_is_read_and_the_rest_follows_pass_by_p
 def test_a_retry_that_waited_for_a_pass_releases_what_the_pass_held(
     outboxkit_db_url: str, keyed: tuple[int, list[int], list[int]]
 ) -> None:
-    """The pass locks the parked row: a retry meanwhile waits for the pass's transaction, and
-    its release, a statement after the retry's own, sees the rows the pass held. (One statement
-    for both would read the held rows as they were before it waited: none, and they would
-    stay held with nothing parked in front of them.)"""
+    """A retry meanwhile waits for the pass's transaction (parked_lock), and its release, a
+    statement after the lock, sees the rows the pass held."""
     parked, behind, _ = keyed
     term = day_lease(outboxkit_db_url, 0, AT)
     skip = {"shard": 0, "skip_parked_keys": False}
     params = {**term.sql_params(AT), **skip, "limit": 100, "window": HOLD_WINDOW}
     with psycopg.connect(outboxkit_db_url) as passing:
-        db.rows(passing, db.query("relay", "hold_lock", SCHEMA), skip)
+        db.rows(passing, db.query("relay", "parked_lock", SCHEMA), {"name": parked_lock_name()})
         db.rows(passing, db.query("relay", "hold_rows", SCHEMA), params)  # not committed yet
         retry = threading.Thread(
             target=cli_ok, args=(outboxkit_db_url, "outbox", "retry", str(parked))
@@ -204,6 +203,7 @@ async def test_a_pass_that_waited_for_a_retry_holds_nothing_it_released(
     parked, behind, others = keyed
     await _pass(outboxkit_db_url, conn)  # behind: held
     with psycopg.connect(outboxkit_db_url) as retrying:
+        db.rows(retrying, db.query("relay", "parked_lock", SCHEMA), {"name": parked_lock_name()})
         db.rows(
             retrying, db.query("relay", "parked_retry", SCHEMA), {"ids": [parked], "all": False}
         )
@@ -228,3 +228,30 @@ def _waiting_for_a_lock(url: str) -> bool:
             " WHERE wait_event_type = 'Lock' AND datname = current_database()"
         ).fetchone()
     return bool(row and row[0])
+
+
+def test_two_operators_at_once_release_the_rows_held_behind_both_parked_rows(
+    outboxkit_db_url: str, keyed: tuple[int, list[int], list[int]]
+) -> None:
+    """Two parked rows of one key, one retried and one discarded at the same moment: the second
+    waits for the first (parked_lock), then sees that no parked row of the key is left. (Each
+    would otherwise still see the other's row parked, and release nothing.)"""
+    parked, behind, _ = keyed
+    second, held = behind[0], behind[1:]
+    _park(outboxkit_db_url, second)
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+        c.execute(f"UPDATE {SCHEMA}.outbox_message SET state = 'held' WHERE id = ANY(%s)", (held,))
+    with psycopg.connect(outboxkit_db_url) as first:
+        db.rows(first, db.query("relay", "parked_lock", SCHEMA), {"name": parked_lock_name()})
+        db.rows(first, db.query("relay", "parked_retry", SCHEMA), {"ids": [parked], "all": False})
+        db.rows(first, db.query("relay", "held_release", SCHEMA), {})
+        other = threading.Thread(
+            target=cli_ok, args=(outboxkit_db_url, "outbox", "discard", str(second))
+        )
+        other.start()
+        wait_for(lambda: _waiting_for_a_lock(outboxkit_db_url), what="the discard waiting")
+        first.commit()
+    other.join(30)
+    states = _states(outboxkit_db_url)
+    ended = [states[i] for i in [parked, second, *held]]
+    assert ended == ["pending", "discarded", "pending", "pending"]

@@ -142,3 +142,27 @@ def test_an_offset_commit_may_take_the_session_timeout_and_a_margin(
         assert consumer.commit_seconds == seconds
     finally:
         consumer.close()
+
+
+def test_past_the_cap_of_given_up_clients_the_consumer_stops_and_closes_nothing_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit with no answer gives its client up at the next poll; past ABANDONED_MAX such
+    clients still closing, that poll ends the consumer, and a close after it leaves the given-up
+    client to its own close (a second close of one librdkafka handle could free it twice)."""
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.errors import OutboxkitError, PublishError
+    from outboxkit.kafka import confluent_consumer
+
+    monkeypatch.setattr(confluent_consumer, "ABANDONED_MAX", 0)
+    consumer = confluent_consumer.ConfluentGroupConsumer(KafkaSettings(bootstrap=UNREACHABLE), "g")
+    consumer.commit_seconds = 0.0  # no coordinator: librdkafka waits for one
+    consumer.subscribe(["t"], lambda tps: None, lambda tps: {})
+    with pytest.raises(PublishError, match="no answer within 0 s"):
+        consumer.commit({("t", 0): 1})
+    closes: list[object] = []
+    monkeypatch.setattr(confluent_consumer, "_close_quietly", closes.append)
+    with pytest.raises(OutboxkitError, match="still open"):
+        consumer.poll(0, 1)
+    consumer.close()
+    assert len(closes) == 1  # by the poll that gave it up; none by close()

@@ -87,7 +87,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "housekeeping_delete_parked": _FENCED | {"keep_seconds", "limit"},
         "park_stray": _FENCED | {"limit"},
         "schedule_rows": _FENCED | {"limit", "ahead_seconds"},
-        "hold_lock": {"shard", "skip_parked_keys"},
+        "parked_lock": {"name"},
         "hold_rows": _FENCED | {"limit", "window", "skip_parked_keys"},
         "held_orphan_keys": {"shard", "skip_parked_keys"},
         "held_orphans_release": _FENCED | {"limit", "keys", "skip_parked_keys"},
@@ -182,12 +182,14 @@ def test_one_schema_per_load() -> None:
         assert '"outboxkit"' not in q.text
     # Every statement that names a table names it in the custom schema (LISTEN names a channel,
     # shards_lock_timeout only sets the lock timeout, pending_walk_only planner settings,
+    # parked_lock takes an advisory lock,
     # notify_shards only notifies, probe asks whether the server answers, default_isolation
     # reads a setting, the migration_timeouts set the migrator's timeouts).
     no_table = {
         "listen",
         "shards_lock_timeout",
         "pending_walk_only",
+        "parked_lock",
         "notify_shards",
         "probe",
         "default_isolation",

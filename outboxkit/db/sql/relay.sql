@@ -263,20 +263,16 @@ SELECT (SELECT count(*) FROM lease) AS held,
        (SELECT count(*) FROM moved WHERE state = 'scheduled') AS waiting,
        (SELECT count(*) FROM moved WHERE state = 'pending') AS due;
 
--- name: hold_lock
--- The first statement of a hold pass (hold_rows): the shard's parked keyed rows, each locked
--- FOR SHARE until the pass's transaction ends. A retry, discard or housekeeping deletion of one
--- (an UPDATE or DELETE of it) that comes later waits for the pass, and its release (a later
--- statement, or the same one for the housekeeping) then sees the rows the pass held; one that
--- came first is waited for here and its row, no longer parked, is not locked, so the next
--- statement, with a snapshot taken after it, sees its rows already released. Nothing but the
--- shard's own holder parks rows of the shard, so no parked row appears between the two.
-SELECT count(*) FROM (
-    SELECT 1 FROM {schema}.outbox_message p
-    WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key IS NOT NULL
-      AND NOT :skip_parked_keys
-    FOR SHARE OF p
-) locked;
+-- name: parked_lock
+-- The first statement of every transaction that decides about held rows (migration 0009): a
+-- hold pass (hold_rows, held_orphan_keys, held_orphans_release), `outbox retry` and `outbox
+-- discard` (with held_release), a deletion of parked rows (housekeeping_delete_parked). Each
+-- waits here for any other to commit, so its later statements (each with a snapshot taken
+-- after this one) see what the other changed: two at once would each still see the other's
+-- parked row, and leave the held rows behind it held while a newer row of their key goes out.
+-- One lock for the schema (:name, outboxkit.schema.parked_lock_name), held for a few
+-- statements; no privilege needed.
+SELECT pg_advisory_xact_lock(hashtext(:name));
 
 -- name: hold_rows
 -- Rows behind a parked row of their key (policy 'wait') wait in 'held' (migration 0009): the
@@ -284,9 +280,8 @@ SELECT count(*) FROM (
 -- parked key made each claim of the shard take about 26 ms instead of 2. Up to :limit such rows
 -- among the first :window pending rows (the front of the claim's walk) go to 'held', keeping their
 -- ids; a retry or discard of the parked row brings them back in its own transaction (held_release,
--- housekeeping_delete_parked). Run after hold_lock, in the same transaction (schedule's, after
--- pending_walk_only), only while nothing is in flight. No locking clause and no recursion here:
--- a row changed meanwhile (released by held_release) is tested again by its state only.
+-- housekeeping_delete_parked). Run after parked_lock, in the same transaction (schedule's, after
+-- pending_walk_only), only while nothing is in flight.
 WITH {_lease_held}, parked AS (
     SELECT p.message_key FROM {schema}.outbox_message p
     WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key IS NOT NULL
