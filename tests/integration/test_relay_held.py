@@ -181,11 +181,7 @@ def test_a_retry_that_waited_for_a_pass_releases_what_the_pass_held(
     with psycopg.connect(outboxkit_db_url) as passing:
         db.rows(passing, db.query("relay", "parked_lock", SCHEMA), {"name": parked_lock_name()})
         db.rows(passing, db.query("relay", "hold_rows", SCHEMA), params)  # not committed yet
-        retry = threading.Thread(
-            target=cli_ok, args=(outboxkit_db_url, "outbox", "retry", str(parked))
-        )
-        retry.start()
-        wait_for(lambda: _waiting_for_a_lock(outboxkit_db_url), what="the retry waiting")
+        retry = _waiting_command(outboxkit_db_url, "retry", parked)
         passing.commit()
     retry.join(30)
     states = _states(outboxkit_db_url)
@@ -221,6 +217,14 @@ async def test_a_pass_that_waited_for_a_retry_holds_nothing_it_released(
     assert await _claimed(store, conn) == sorted([parked, *behind, *others, *newer])
 
 
+def _waiting_command(url: str, action: str, row_id: int) -> threading.Thread:
+    """``outbox <action> <row_id>`` started in a thread, once it waits for a lock."""
+    command = threading.Thread(target=cli_ok, args=(url, "outbox", action, str(row_id)))
+    command.start()
+    wait_for(lambda: _waiting_for_a_lock(url), what=f"outbox {action} waiting")
+    return command
+
+
 def _waiting_for_a_lock(url: str) -> bool:
     with psycopg.connect(url, autocommit=True) as c:
         row = c.execute(
@@ -245,11 +249,7 @@ def test_two_operators_at_once_release_the_rows_held_behind_both_parked_rows(
         db.rows(first, db.query("relay", "parked_lock", SCHEMA), {"name": parked_lock_name()})
         db.rows(first, db.query("relay", "parked_retry", SCHEMA), {"ids": [parked], "all": False})
         db.rows(first, db.query("relay", "held_release", SCHEMA), {})
-        other = threading.Thread(
-            target=cli_ok, args=(outboxkit_db_url, "outbox", "discard", str(second))
-        )
-        other.start()
-        wait_for(lambda: _waiting_for_a_lock(outboxkit_db_url), what="the discard waiting")
+        other = _waiting_command(outboxkit_db_url, "discard", second)
         first.commit()
     other.join(30)
     states = _states(outboxkit_db_url)
