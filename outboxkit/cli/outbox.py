@@ -55,15 +55,26 @@ def _rows(
     query = db.query("relay", name, target.schema)
     try:
         with db.connect(url) as conn, conn.transaction():
-            if releasing:
-                lock = {"name": parked_lock_name(target.schema)}
-                db.rows(conn, db.query("relay", "parked_lock", target.schema), lock)
+            shards = _lock_parked_shards(conn, target.schema, params) if releasing else []
             found = db.rows(conn, query, params)
             if releasing:
-                db.rows(conn, db.query("relay", "held_release", target.schema), {})
+                held = db.query("relay", "held_release", target.schema)
+                db.rows(conn, held, {"shards": shards})
             return found
     except psycopg.Error as exc:
         raise click.ClickException(str(exc).strip()) from None
+
+
+def _lock_parked_shards(conn: Any, schema: str, params: dict[str, Any]) -> list[int]:
+    """parked_lock of each shard whose parked rows the command changes, in ascending order (a
+    hold pass of one of them meanwhile ends first; one starting later waits), each waited for
+    5 s at most; the shards."""
+    db.rows(conn, db.query("relay", "shards_lock_timeout", schema))
+    shards = [int(r[0]) for r in db.rows(conn, db.query("relay", "parked_shards", schema), params)]
+    lock, name = db.query("relay", "parked_lock", schema), parked_lock_name(schema)
+    for shard in shards:
+        db.rows(conn, lock, {"name": name, "shard": shard})
+    return shards
 
 
 @outbox.command()

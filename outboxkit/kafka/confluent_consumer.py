@@ -160,19 +160,15 @@ class ConfluentGroupConsumer(GroupConsumer):
         """Give up a client whose commit went unanswered, and subscribe a new one."""
         old, lost = self._consumer, sorted(self._owned)
         self._abandon(old)
+        self._closed = True  # closing in its thread: nothing may close or use it again
         open_ = len(self._abandoned)
         if open_ > ABANDONED_MAX:
-            self._closed = True  # nothing is left to close: the client above is closing already
             raise OutboxkitError(
                 f"{open_} Kafka consumer clients given up (an offset commit never answered) are"
                 " still open; stopping so that a restart frees them"
             )
-        self._consumer, self._wedged, self._owned, self._assigned_now = (
-            self._create(),
-            False,
-            set(),
-            [],
-        )
+        self._consumer = self._create()  # if it fails, the consumer stays closed
+        self._closed, self._wedged, self._owned, self._assigned_now = False, False, set(), []
         logger.warning(
             "the Kafka consumer was replaced: an offset commit got no answer within %g s (the"
             " broker went away while it was in flight); its partitions are taken as lost (%d"
@@ -215,9 +211,14 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._owned.difference_update(_tps(partitions))
         offsets = self._on_revoke(_tps(partitions))
         if offsets:
+            # Not waited for: a commit from another thread is not answered while a rebalance
+            # callback runs, and one waited for here would hold the consume() for ever if its
+            # broker went away with it in flight. librdkafka finishes the revocation only once
+            # its outstanding commits have ended, so the partition still goes with it.
+            request = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
             try:
-                self._commit(dict(offsets), bounded=False)
-            except PublishError as exc:
+                self._consumer.commit(offsets=request, asynchronous=True)
+            except KafkaException as exc:
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
 
     def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -232,8 +233,6 @@ class ConfluentGroupConsumer(GroupConsumer):
         # consume() waits until it has max_records or the timeout passed: wait for one record
         # only, then take what is already fetched without waiting.
         messages = self._consumer.consume(1, timeout)
-        if self._wedged:  # a commit in a rebalance callback went unanswered: replaced next time
-            return []  # what it fetched comes again to the new client (its partitions are lost)
         if messages and max_records > 1:
             messages += self._consumer.consume(max_records - 1, 0)
         if self._assigned_now:
@@ -287,13 +286,8 @@ class ConfluentGroupConsumer(GroupConsumer):
         return True
 
     def commit(self, offsets: dict[TP, int]) -> None:
-        self._commit(offsets, bounded=True)
-
-    def _commit(self, offsets: dict[TP, int], *, bounded: bool) -> None:
-        """``bounded``: in a thread of its own, given :attr:`commit_seconds`. Not in a
-        rebalance callback: there a commit from another thread went unanswered (CI, 15 s:
-        the rebalance waits for the callback), while one from the callback's own thread is
-        answered."""
+        """In a thread of its own, given :attr:`commit_seconds` (never from a rebalance
+        callback: see :meth:`_revoked`)."""
         if not offsets:
             return
         if self._wedged:
@@ -305,10 +299,7 @@ class ConfluentGroupConsumer(GroupConsumer):
             return consumer.commit(offsets=request, asynchronous=False)
 
         try:
-            if bounded:
-                result = call_within(call, self.commit_seconds, "outboxkit-offset-commit")
-            else:
-                result = call()
+            result = call_within(call, self.commit_seconds, "outboxkit-offset-commit")
         except KafkaException as exc:
             raise PublishError(f"offset commit failed: {exc.args[0]}") from exc
         except Unanswered as exc:
@@ -337,8 +328,8 @@ class ConfluentGroupConsumer(GroupConsumer):
         return {(p.topic, p.partition): p.offset for p in found if p.offset >= 0}
 
     def close(self) -> None:
-        if self._closed and self._wedged:
-            return  # given up by _replace, closing in its thread
+        if self._closed:
+            return  # closed, or closing in a thread of its own: never a second close
         self._closed = True
         if self._wedged:
             self._abandon(self._consumer)  # its close would wait for the unanswered commit

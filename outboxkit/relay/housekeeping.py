@@ -170,7 +170,8 @@ class Housekeeping:
         }
         if state == "parked":  # its deletion releases held rows: after parked_lock (relay.sql)
             async with conn.transaction():
-                await db.execute_async(conn, self._parked_lock, {"name": self._lock_name})
+                lock = {"name": self._lock_name, "shard": term.shard}
+                await db.execute_async(conn, self._parked_lock, lock)
                 row = await db.one_async(conn, self._queries[state], params)
         else:
             row = await db.one_async(conn, self._queries[state], params)

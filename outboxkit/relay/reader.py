@@ -352,21 +352,23 @@ class ShardStore:
         # Index walks only, as for status's count: with statistics that do not know the rows
         # yet, the planner sorted the shard's whole pending walk for the first move, and joined
         # the rows to update by reading the whole table (100,000 rows due: 49 s instead of 1).
+        lock = {"name": self._parked_lock, "shard": term.shard}
         async with conn.transaction():
+            # First, before the lease row's lock (parked_lock in relay.sql says why).
+            row = await db.one_async(conn, self._query("parked_try_lock"), lock)
             await db.execute_async(conn, self._query("pending_walk_only"))
             waiting, due = await self._fenced_counts(
                 conn, "schedule_rows", term, now=now, limit=limit, ahead_seconds=ahead_seconds
             )
-            held, released = await self._hold(conn, term, limit, now)
+            held, released = await self._hold(conn, term, limit, now) if row and row[0] else (0, 0)
         return Moves(waiting, due, held, released)
 
     async def _hold(
         self, conn: Conn, term: LeaseTerm, limit: int, now: datetime | None
     ) -> tuple[int, int]:
         """Rows behind a parked row of their key to 'held', held rows with none left back
-        (after parked_lock: see it in relay.sql)."""
+        (once the shard's parked_lock is taken: see it in relay.sql)."""
         skip = {"shard": term.shard, "skip_parked_keys": self._skip_parked_keys}
-        await db.execute_async(conn, self._query("parked_lock"), {"name": self._parked_lock})
         held = await self._fenced(
             conn, "hold_rows", term, now=now, limit=limit, window=HOLD_WINDOW, **skip
         )

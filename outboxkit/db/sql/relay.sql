@@ -264,15 +264,28 @@ SELECT (SELECT count(*) FROM lease) AS held,
        (SELECT count(*) FROM moved WHERE state = 'pending') AS due;
 
 -- name: parked_lock
--- The first statement of every transaction that decides about held rows (migration 0009): a
--- hold pass (hold_rows, held_orphan_keys, held_orphans_release), `outbox retry` and `outbox
--- discard` (with held_release), a deletion of parked rows (housekeeping_delete_parked). Each
--- waits here for any other to commit, so its later statements (each with a snapshot taken
--- after this one) see what the other changed: two at once would each still see the other's
--- parked row, and leave the held rows behind it held while a newer row of their key goes out.
--- One lock for the schema (:name, outboxkit.schema.parked_lock_name), held for a few
--- statements; no privilege needed.
-SELECT pg_advisory_xact_lock(hashtext(:name));
+-- The first statement of every transaction that decides about a shard's held rows (migration
+-- 0009): a hold pass (parked_try_lock), `outbox retry` and `outbox discard` (with held_release;
+-- one lock for each shard of the rows they change, in ascending order), a deletion of parked
+-- rows by the shard's housekeeping (housekeeping_delete_parked). Each waits here for any other
+-- to commit, so its later statements (each with a snapshot taken after this one) see what the
+-- other changed: two at once would each still see the other's parked row, and leave the held
+-- rows behind it held while a newer row of their key goes out. Taken before any row lock (the
+-- lease row's FOR SHARE comes after), so it never closes a cycle with them. One lock per
+-- (schema, shard): :name is outboxkit.schema.parked_lock_name. No privilege needed.
+SELECT pg_advisory_xact_lock(hashtext(:name), :shard);
+
+-- name: parked_try_lock
+-- parked_lock for a hold pass, not waited for: while an operator's retry or discard holds it,
+-- the pass moves no held rows (the next one does) and the shard's claims go on.
+SELECT pg_try_advisory_xact_lock(hashtext(:name), :shard);
+
+-- name: parked_shards
+-- The shards of the parked rows `outbox retry` or `outbox discard` is about to change, in
+-- ascending order: the order it takes their parked_lock in.
+SELECT DISTINCT shard FROM {schema}.outbox_message
+WHERE state = 'parked' AND (:all OR id = ANY(:ids))
+ORDER BY shard;
 
 -- name: hold_rows
 -- Rows behind a parked row of their key (policy 'wait') wait in 'held' (migration 0009): the
@@ -280,8 +293,9 @@ SELECT pg_advisory_xact_lock(hashtext(:name));
 -- parked key made each claim of the shard take about 26 ms instead of 2. Up to :limit such rows
 -- among the first :window pending rows (the front of the claim's walk) go to 'held', keeping their
 -- ids; a retry or discard of the parked row brings them back in its own transaction (held_release,
--- housekeeping_delete_parked). Run after parked_lock, in the same transaction (schedule's, after
--- pending_walk_only), only while nothing is in flight.
+-- housekeeping_delete_parked). Only once parked_try_lock took the shard's lock, first thing in
+-- the same transaction (schedule's, after pending_walk_only), and only while nothing is in
+-- flight.
 WITH {_lease_held}, parked AS (
     SELECT p.message_key FROM {schema}.outbox_message p
     WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key IS NOT NULL
@@ -485,12 +499,12 @@ RETURNING m.id;
 -- name: held_release
 -- After parked_retry or parked_discard, in their transaction: rows held behind a parked row
 -- (hold_rows) whose key has no parked row left go back to pending, with their ids, so they go
--- before any newer row of their key. A statement of its own: it sees rows a hold pass moved
--- while the first statement waited for that pass's lock on the parked row. Reads every held
--- row (an operator's command, not a relay's loop).
+-- before any newer row of their key. After parked_lock for each of :shards (parked_shards): no
+-- hold pass of those shards runs until this transaction ends. Reads
+-- every held row of those shards (an operator's command, not a relay's loop).
 UPDATE {schema}.outbox_message h
 SET state = 'pending'
-WHERE h.state = 'held' AND NOT EXISTS (
+WHERE h.state = 'held' AND h.shard = ANY(CAST(:shards AS integer[])) AND NOT EXISTS (
     SELECT 1 FROM {schema}.outbox_message p
     WHERE p.shard = h.shard AND p.state = 'parked' AND p.message_key = h.message_key)
 RETURNING h.id;
@@ -603,7 +617,8 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM done) AS chan
 -- name: shards_lock_timeout
 -- `outboxkit relay shards N`, in one short transaction as the schema owner: wait for writers in
 -- flight to finish and hold new ones back (SHARE conflicts with INSERT's ROW EXCLUSIVE), at
--- most a few seconds, so no row is written with the old count after the check below.
+-- most a few seconds, so no row is written with the old count after the check below. Also
+-- `outbox retry` and `outbox discard`: their parked_lock waits as long at most.
 SELECT set_config('lock_timeout', '5s', true);
 
 -- name: shards_lock_table
