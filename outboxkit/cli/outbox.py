@@ -55,11 +55,12 @@ def _rows(
     query = db.query("relay", name, target.schema)
     try:
         with db.connect(url) as conn, conn.transaction():
-            shards = _lock_parked_shards(conn, target.schema, params) if releasing else []
+            if releasing:
+                params = {**params, "shards": _lock_parked_shards(conn, target.schema, params)}
             found = db.rows(conn, query, params)
             if releasing:
                 held = db.query("relay", "held_release", target.schema)
-                db.rows(conn, held, {"shards": shards})
+                db.rows(conn, held, {"shards": params["shards"]})
             return found
     except psycopg.Error as exc:
         raise click.ClickException(str(exc).strip()) from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import operator
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,6 +115,9 @@ class ConfluentGroupConsumer(GroupConsumer):
         # The consumer's own options win over the shared properties; _FORCED over both.
         forced: dict[str, Any] = {"group.id": group_id, **_FORCED}
         self._config = confluent_config(settings, defaults, options=config, **forced)
+        self._config["on_commit"] = self._revocation_committed
+        # When the revocation's commit (not waited for) must have been answered by.
+        self._revocation_deadline: float | None = None
         self._consumer = self._create()
         self._closed = False
         # A commit went unanswered: the client is replaced at the next poll, untouched till then.
@@ -167,7 +171,7 @@ class ConfluentGroupConsumer(GroupConsumer):
                 f"{open_} Kafka consumer clients given up (an offset commit never answered) are"
                 " still open; stopping so that a restart frees them"
             )
-        self._consumer = self._create()  # if it fails, the consumer stays closed
+        self._consumer = self._create()  # if it fails, the consumer stays closed (and wedged)
         self._closed, self._wedged, self._owned, self._assigned_now = False, False, set(), []
         logger.warning(
             "the Kafka consumer was replaced: an offset commit got no answer within %g s (the"
@@ -215,11 +219,23 @@ class ConfluentGroupConsumer(GroupConsumer):
             # callback runs, and one waited for here would hold the consume() for ever if its
             # broker went away with it in flight. librdkafka finishes the revocation only once
             # its outstanding commits have ended, so the partition still goes with it.
+            # Its answer comes to _revocation_committed; none by the deadline gives the client up
+            # (the revocation, waiting for it, would never end).
             request = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
             try:
                 self._consumer.commit(offsets=request, asynchronous=True)
             except KafkaException as exc:
                 logger.warning("offset commit on revoke failed (redelivery is recognised): %s", exc)
+            else:
+                self._revocation_deadline = time.monotonic() + self.commit_seconds
+
+    def _revocation_committed(self, error: Any, partitions: list[TopicPartition]) -> None:
+        """librdkafka's answer to an asynchronous commit (served by consume())."""
+        self._revocation_deadline = None
+        failed = [p for p in partitions or () if p.error is not None]
+        if error is not None or failed:
+            why = error if error is not None else failed[0].error
+            logger.warning("offset commit on revoke failed (redelivery is recognised): %s", why)
 
     def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         if not self._current(consumer):
@@ -228,6 +244,11 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._on_revoke(_tps(partitions))  # not ours any more: nothing can be committed
 
     def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:
+        if self._closed and self._wedged:  # its replacement failed: nothing left to poll
+            raise OutboxkitError("the Kafka consumer was given up and could not be replaced")
+        deadline = self._revocation_deadline
+        if deadline is not None and time.monotonic() > deadline:
+            self._wedged, self._revocation_deadline = True, None  # the revocation never ends
         if self._wedged:
             self._replace()
         # consume() waits until it has max_records or the timeout passed: wait for one record

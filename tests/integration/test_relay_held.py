@@ -203,7 +203,9 @@ async def test_a_pass_during_a_retry_moves_no_held_row_and_the_claims_go_on(
     with psycopg.connect(outboxkit_db_url) as retrying:
         db.rows(retrying, db.query("relay", "parked_lock", SCHEMA), _LOCK)
         db.rows(
-            retrying, db.query("relay", "parked_retry", SCHEMA), {"ids": [parked], "all": False}
+            retrying,
+            db.query("relay", "parked_retry", SCHEMA),
+            {"ids": [parked], "all": False, "shards": [0]},
         )
         db.rows(retrying, db.query("relay", "held_release", SCHEMA), {"shards": [0]})
         assert await asyncio.wait_for(_pass(outboxkit_db_url, conn), 30) == (0, 0)
@@ -246,7 +248,11 @@ def test_two_operators_at_once_release_the_rows_held_behind_both_parked_rows(
         c.execute(f"UPDATE {SCHEMA}.outbox_message SET state = 'held' WHERE id = ANY(%s)", (held,))
     with psycopg.connect(outboxkit_db_url) as first:
         db.rows(first, db.query("relay", "parked_lock", SCHEMA), _LOCK)
-        db.rows(first, db.query("relay", "parked_retry", SCHEMA), {"ids": [parked], "all": False})
+        db.rows(
+            first,
+            db.query("relay", "parked_retry", SCHEMA),
+            {"ids": [parked], "all": False, "shards": [0]},
+        )
         db.rows(first, db.query("relay", "held_release", SCHEMA), {"shards": [0]})
         other = _waiting_command(outboxkit_db_url, "discard", second)
         first.commit()
@@ -254,3 +260,32 @@ def test_two_operators_at_once_release_the_rows_held_behind_both_parked_rows(
     states = _states(outboxkit_db_url)
     ended = [states[i] for i in [parked, second, *held]]
     assert ended == ["pending", "discarded", "pending", "pending"]
+
+
+def test_a_row_parked_in_another_shard_while_a_retry_waits_is_left_for_the_next_one(
+    outboxkit_db_url: str,
+) -> None:
+    """``outbox retry --all`` locks the shards it found parked rows in, and changes rows of
+    those shards only: a row parked meanwhile in another shard, whose lock it does not hold
+    (that shard's pass may be holding rows behind it), stays parked with its held rows."""
+    set_shard_count(outboxkit_db_url, 2)
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+        first = insert_rows(c, "t", payloads("a", 1))[0]
+        later, behind = insert_rows(c, "t", payloads("b", 2))
+        c.execute(f"UPDATE {SCHEMA}.outbox_message SET shard = 0 WHERE id = %s", (first,))
+        c.execute(
+            f"UPDATE {SCHEMA}.outbox_message SET shard = 1 WHERE id = ANY(%s)", ([later, behind],)
+        )
+    _park(outboxkit_db_url, first)
+    with psycopg.connect(outboxkit_db_url) as passing:  # shard 0's lock, taken by a pass
+        db.rows(passing, db.query("relay", "parked_lock", SCHEMA), _LOCK)
+        retry = threading.Thread(target=cli_ok, args=(outboxkit_db_url, "outbox", "retry", "--all"))
+        retry.start()
+        wait_for(lambda: _waiting_for_a_lock(outboxkit_db_url), what="the retry waiting")
+        _park(outboxkit_db_url, later)
+        with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+            c.execute(f"UPDATE {SCHEMA}.outbox_message SET state = 'held' WHERE id = %s", (behind,))
+        passing.commit()
+    retry.join(30)
+    states = _states(outboxkit_db_url)
+    assert [states[i] for i in (first, later, behind)] == ["pending", "parked", "held"]

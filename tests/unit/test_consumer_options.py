@@ -166,3 +166,26 @@ def test_past_the_cap_of_given_up_clients_the_consumer_stops_and_closes_nothing_
         consumer.poll(0, 1)
     consumer.close()
     assert len(closes) == 1  # by the poll that gave it up; none by close()
+
+
+def test_a_revocation_commit_never_answered_gives_the_client_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The revocation's commit is not waited for in the rebalance callback, and librdkafka ends
+    the revocation only once it is answered: with no answer by its deadline, the next poll
+    replaces the client."""
+    pytest.importorskip("confluent_kafka")
+    from outboxkit.kafka import confluent_consumer
+
+    consumer = confluent_consumer.ConfluentGroupConsumer(KafkaSettings(bootstrap=UNREACHABLE), "g")
+    consumer.subscribe(["t"], lambda tps: None, lambda tps: {})
+    old = consumer._consumer
+    consumer._revocation_deadline = 0.0  # sent long ago, never answered
+    closes: list[object] = []
+    monkeypatch.setattr(confluent_consumer, "_close_quietly", closes.append)
+    try:
+        consumer.poll(0, 1)
+        assert closes == [old]  # given up
+        assert consumer._consumer is not old
+    finally:
+        consumer.close()

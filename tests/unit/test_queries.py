@@ -103,9 +103,9 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "status": {"group", "holder", "only", "now"},
         "pending_walk_only": set(),
         "parked_list": {"limit"},
-        "parked_retry": {"all", "ids"},
+        "parked_retry": {"all", "ids", "shards"},
         "held_release": {"shards"},
-        "parked_discard": {"all", "ids"},
+        "parked_discard": {"all", "ids", "shards"},
         "listen": set(),
     },
     "inbox": {

@@ -282,7 +282,9 @@ SELECT pg_try_advisory_xact_lock(hashtext(:name), :shard);
 
 -- name: parked_shards
 -- The shards of the parked rows `outbox retry` or `outbox discard` is about to change, in
--- ascending order: the order it takes their parked_lock in.
+-- ascending order: the order it takes their parked_lock in. Read before the locks: a row parked
+-- in another shard meanwhile is left as it is (parked_retry and parked_discard change rows of
+-- these shards only), for the next command.
 SELECT DISTINCT shard FROM {schema}.outbox_message
 WHERE state = 'parked' AND (:all OR id = ANY(:ids))
 ORDER BY shard;
@@ -494,6 +496,7 @@ SET state = 'pending', parked_reason = NULL, parked_at = NULL, next_attempt_at =
                  ELSE {schema}.outbox_shard(m.message_key, m.event_id, s.shard_count) END
 FROM {schema}.outbox_setting s
 WHERE m.state = 'parked' AND (:all OR m.id = ANY(:ids))
+  AND m.shard = ANY(CAST(:shards AS integer[]))  -- those locked (parked_shards): see parked_lock
 RETURNING m.id;
 
 -- name: held_release
@@ -517,6 +520,7 @@ SET state = 'discarded',
                  ELSE {schema}.outbox_shard(m.message_key, m.event_id, s.shard_count) END
 FROM {schema}.outbox_setting s
 WHERE m.state = 'parked' AND (:all OR m.id = ANY(:ids))
+  AND m.shard = ANY(CAST(:shards AS integer[]))  -- those locked (parked_shards): see parked_lock
 RETURNING m.id;
 
 -- name: park_stray
