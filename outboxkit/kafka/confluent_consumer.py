@@ -246,14 +246,16 @@ class ConfluentGroupConsumer(GroupConsumer):
     def poll(self, timeout: float, max_records: int) -> list[ConsumedRecord]:
         if self._closed and self._wedged:  # its replacement failed: nothing left to poll
             raise OutboxkitError("the Kafka consumer was given up and could not be replaced")
-        deadline = self._revocation_deadline
-        if deadline is not None and time.monotonic() > deadline:
-            self._wedged, self._revocation_deadline = True, None  # the revocation never ends
         if self._wedged:
             self._replace()
         # consume() waits until it has max_records or the timeout passed: wait for one record
         # only, then take what is already fetched without waiting.
         messages = self._consumer.consume(1, timeout)
+        # After consume(), which serves the answer if it came (however long since the last poll).
+        deadline = self._revocation_deadline
+        if deadline is not None and time.monotonic() > deadline:
+            self._wedged, self._revocation_deadline = True, None  # the revocation never ends
+            return []  # what it fetched comes again to the new client (its partitions are lost)
         if messages and max_records > 1:
             messages += self._consumer.consume(max_records - 1, 0)
         if self._assigned_now:

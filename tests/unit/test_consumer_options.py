@@ -184,8 +184,10 @@ def test_a_revocation_commit_never_answered_gives_the_client_up(
     closes: list[object] = []
     monkeypatch.setattr(confluent_consumer, "_close_quietly", closes.append)
     try:
+        assert consumer.poll(0, 1) == []  # no answer served by this poll's consume() either
+        assert closes == []
         consumer.poll(0, 1)
-        assert closes == [old]  # given up
+        assert closes == [old]  # given up by the next poll
         assert consumer._consumer is not old
     finally:
         consumer.close()

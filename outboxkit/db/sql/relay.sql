@@ -295,9 +295,8 @@ ORDER BY shard;
 -- parked key made each claim of the shard take about 26 ms instead of 2. Up to :limit such rows
 -- among the first :window pending rows (the front of the claim's walk) go to 'held', keeping their
 -- ids; a retry or discard of the parked row brings them back in its own transaction (held_release,
--- housekeeping_delete_parked). Only once parked_try_lock took the shard's lock, first thing in
--- the same transaction (schedule's, after pending_walk_only), and only while nothing is in
--- flight.
+-- housekeeping_delete_parked). Only once parked_try_lock took the shard's lock (the first
+-- statement of schedule's transaction); after pending_walk_only; only while nothing is in flight.
 WITH {_lease_held}, parked AS (
     SELECT p.message_key FROM {schema}.outbox_message p
     WHERE p.shard = :shard AND p.state = 'parked' AND p.message_key IS NOT NULL
