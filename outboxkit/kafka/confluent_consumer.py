@@ -26,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from outboxkit.bounded import Unanswered, call_within
+from outboxkit.bounded import BoundedCaller, Unanswered, call_within
 from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.acl import RefusalNotice
 from outboxkit.kafka.api import (
@@ -125,6 +125,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._topics: list[str] = []
         self._owned: set[TP] = set()  # what the callbacks were told is assigned
         self._abandoned: list[threading.Thread] = []  # closes of given-up clients
+        self._committer = BoundedCaller("outboxkit-offset-commit")
         session = int(self._config.get("session.timeout.ms", _SESSION_TIMEOUT_MS))
         #: Seconds an offset commit may take before the client is given up (tests shorten it).
         self.commit_seconds = session / 1000 + COMMIT_MARGIN_SECONDS
@@ -322,7 +323,7 @@ class ConfluentGroupConsumer(GroupConsumer):
             return consumer.commit(offsets=request, asynchronous=False)
 
         try:
-            result = call_within(call, self.commit_seconds, "outboxkit-offset-commit")
+            result = self._committer(call, self.commit_seconds)
         except KafkaException as exc:
             raise PublishError(f"offset commit failed: {exc.args[0]}") from exc
         except Unanswered as exc:
