@@ -466,9 +466,11 @@ ORDER BY h.shard;
 -- name: pending_walk_only
 -- For the rest of this transaction the planner may only walk indexes, in their order: status's
 -- count of a backlog is then the pending index's entries, whatever the statistics say, and
--- schedule_rows reads only the schedule index and the rows it moves.
+-- schedule_rows reads only the schedule index and the rows it moves. JIT off too: a plan that
+-- reads a one-row table (outbox_setting) has a seq scan's disabling cost (10^10) in its
+-- estimate, far past jit_above_cost, and compiling it took about 300 ms for a statement of 1.
 SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
-       set_config('enable_sort', 'off', true);
+       set_config('enable_sort', 'off', true), set_config('jit', 'off', true);
 
 -- name: parked_list
 -- The first :limit parked rows, each with how many are parked in all (one snapshot): the limit
