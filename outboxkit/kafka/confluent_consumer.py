@@ -126,7 +126,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._owned: set[TP] = set()  # what the callbacks were told is assigned
         self._abandoned: list[threading.Thread] = []  # closes of given-up clients
         self._committer = BoundedCaller("outboxkit-offset-commit")
-        session = int(self._config.get("session.timeout.ms", _SESSION_TIMEOUT_MS))
+        session = _number(self._config.get("session.timeout.ms"), _SESSION_TIMEOUT_MS)
         #: Seconds an offset commit may take before the client is given up (tests shorten it).
         self.commit_seconds = session / 1000 + COMMIT_MARGIN_SECONDS
         self._assigned_now: list[TopicPartition] = []
@@ -367,6 +367,14 @@ class ConfluentGroupConsumer(GroupConsumer):
             )
         except (KafkaException, RuntimeError) as exc:
             logger.info("consumer close: %s", exc)
+
+
+def _number(value: Any, default: float) -> float:
+    """A numeric option as librdkafka read it ("1e4" too), else its default."""
+    try:
+        return float(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
 
 
 def _close_quietly(consumer: Consumer) -> None:

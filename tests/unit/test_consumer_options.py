@@ -127,7 +127,8 @@ def test_a_consumer_with_an_unusable_dead_letter_template_is_not_built(
 
 
 @pytest.mark.parametrize(
-    ("config", "seconds"), [({}, 50.0), ({"session.timeout.ms": "6000"}, 11.0)]
+    ("config", "seconds"),
+    [({}, 50.0), ({"session.timeout.ms": "6000"}, 11.0), ({"session.timeout.ms": "1e4"}, 15.0)],
 )
 def test_an_offset_commit_may_take_the_session_timeout_and_a_margin(
     config: dict[str, Any], seconds: float
