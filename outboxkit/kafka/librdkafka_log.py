@@ -26,10 +26,18 @@ from outboxkit.log_limit import (
     suppressed_note,
 )
 
-__all__ = ["WINDOW_SECONDS", "LibrdkafkaLog", "normalised"]
+__all__ = ["MAX_LEVEL", "WINDOW_SECONDS", "LibrdkafkaLog", "normalised"]
 
 _LINE = "%s [%s] %s"
 Line = tuple[Any, ...]  # (facility, client name, text), as confluent-kafka passes them
+
+#: The highest level a librdkafka line is logged at. librdkafka logs every fatal error at its
+#: most severe level, which confluent-kafka passes as CRITICAL: a transactional producer fenced
+#: by a newer one (a relay's normal hand-over to the next holder of its shard) logs two such
+#: lines. A fatal error also reaches outboxkit through the client's API, which decides what it
+#: means (a zombie standing down, a producer replaced, a consumer stopped with an error) and
+#: logs that at its own level; the client's line is kept, as an ERROR.
+MAX_LEVEL = logging.ERROR
 
 
 class LibrdkafkaLog:
@@ -60,6 +68,7 @@ class LibrdkafkaLog:
     def log(self, level: int, msg: str, *args: Any) -> None:
         """confluent-kafka's call for each librdkafka line. It must not raise: an exception here
         would be raised by the client's next ``poll`` instead of its result."""
+        level = min(level, MAX_LEVEL)
         try:
             if not self.logger.isEnabledFor(level):
                 return

@@ -191,6 +191,36 @@ async def test_a_newer_producer_with_the_same_transactional_id_fences_the_old_at
     assert [r.value for r in got] == [b"leader-0"]
 
 
+async def test_a_fenced_producer_logs_nothing_at_critical(
+    kafka: KafkaClients,
+    producers: ProducerFactory,
+    outboxkit_topic: TopicFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A relay's hand-over fences the old holder's producer: an expected event, which must not
+    page whoever alerts on CRITICAL. librdkafka logs its fatal errors at that level; its lines
+    are kept, as errors."""
+    caplog.set_level(logging.DEBUG)
+    topic = outboxkit_topic()
+    txn_id = _txn_id()
+    zombie = producers(txn_id)
+    await zombie.start()
+    await zombie.begin()
+    await zombie.send(_requests(topic, "early", 1))
+    leader = producers(txn_id)
+    await leader.start()
+    with pytest.raises(ProducerFencedError):
+        await zombie.send(_requests(topic, "zombie", 2))
+    with pytest.raises(ProducerFencedError):
+        await zombie.commit()
+    await zombie.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.CRITICAL] == []
+    if kafka.client is KafkaClient.CONFLUENT:
+        fatal = [r for r in caplog.records if r.getMessage().startswith("FATAL [")]
+        assert fatal
+        assert {r.levelno for r in fatal} == {logging.ERROR}
+
+
 async def test_a_fenced_producer_sending_gets_producer_fenced_not_a_record_error(
     producers: ProducerFactory, outboxkit_kafka_bootstrap: str, outboxkit_topic: TopicFactory
 ) -> None:

@@ -197,6 +197,27 @@ def test_debug_lines_pass_unlimited(lines: Lines, clock: Clock) -> None:
     assert len(lines.records) == 50
 
 
+def test_a_fatal_error_is_logged_as_an_error_not_critical(lines: Lines, clock: Clock) -> None:
+    """librdkafka's lines for a transactional producer fenced by a newer one (as logged against
+    the dev stack's broker): confluent-kafka passes them as CRITICAL, and a relay's hand-over
+    to the next holder of its shard would page whoever alerts on that. Also past the limit and
+    in another shape."""
+    log = adapter(clock)
+    fenced = (
+        "[thrd:127.0.0.1:45911/1]: Fatal error: Local: This instance has been fenced by a newer"
+        " instance: ProduceRequest for tx [0] with 1 message(s) failed: Broker: Producer"
+        " attempted an operation with an old epoch"
+    )
+    log.log(logging.CRITICAL, FORMAT, "TXNERR", PRODUCER, "Fatal transaction error: " + fenced)
+    log.log(logging.CRITICAL, FORMAT, "FATAL", PRODUCER, fenced)
+    log.log(logging.CRITICAL, FORMAT, "FATAL", PRODUCER, fenced)  # a repeat: held back
+    clock.now += WINDOW_SECONDS
+    log.log(logging.CRITICAL, FORMAT, "FATAL", PRODUCER, fenced)
+    log.log(logging.CRITICAL, "%s", "not librdkafka's three arguments")
+    # the two lines, the repeat (shown after the window), the line after it, the other shape
+    assert [r.levelno for r in lines.records] == [logging.ERROR] * 5
+
+
 def test_a_call_of_another_shape_passes_through(lines: Lines, clock: Clock) -> None:
     log = adapter(clock)
     for _ in range(3):
