@@ -116,6 +116,14 @@ class PermanentPublishError(PublishError):
     retriable = False
 
 
+class GroupProtocolError(PermanentPublishError, ConfigurationError):
+    """Kafka refused this consumer a place in its group: no partition assignment strategy is
+    offered by every member (``INCONSISTENT_GROUP_PROTOCOL``). Waiting does not fix it while
+    those members stay, so it ends the consumer, naming the strategies to align."""
+
+    retriable = False
+
+
 class SendStoppedError(PublishError):
     """The consumer was stopped while a dead letter or an acknowledgement waited for Kafka:
     the send was given up after ``SEND_GRACE_SECONDS`` (the next ones at once while the stop

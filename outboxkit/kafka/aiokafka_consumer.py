@@ -22,6 +22,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import (
     CorruptRecordException,
     GroupAuthorizationFailedError,
@@ -36,7 +37,12 @@ from aiokafka.errors import (
 from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError
+from outboxkit.errors import (
+    ConfigurationError,
+    GroupProtocolError,
+    PermanentPublishError,
+    PublishError,
+)
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_stop import DEFAULT_REQUEST_TIMEOUT_MS, stop_consumer
@@ -44,6 +50,7 @@ from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
+from outboxkit.kafka.group_protocol import group_protocol_refused
 from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 
@@ -114,6 +121,7 @@ _SETTINGS_REFUSED = (
     UnsupportedSaslMechanismError,
 )
 
+_DEFAULT_ASSIGNORS = (RoundRobinPartitionAssignor,)  # AIOKafkaConsumer's default
 _OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 
 _CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
@@ -187,6 +195,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             except KafkaError as exc:
                 self._consumer, self._listener.closed = None, True
                 await stop_consumer(consumer)
+                if isinstance(exc, InconsistentGroupProtocolError):
+                    raise self._protocol_refused(starting=True) from exc
                 refused = isinstance(exc, _REFUSED)
                 hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
                 text = watch.explained(f"Kafka consumer could not start: {exc}{hint}")
@@ -207,6 +217,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             if not records:
                 await asyncio.sleep(wait)  # e.g. the partition's leader is moving: not a spin
             return records
+        except InconsistentGroupProtocolError as exc:  # a rejoin refused (aiokafka gives up)
+            raise self._protocol_refused() from exc
         except _REFUSED as exc:
             # A missing ACL, granted later without a restart: aiokafka fetches again; raised
             # from here it ended the process with a traceback.
@@ -227,6 +239,12 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             for found in batches.values()
             for m in found
         ]
+
+    def _protocol_refused(self, *, starting: bool = False) -> GroupProtocolError:
+        assignors = self._options.get("partition_assignment_strategy", _DEFAULT_ASSIGNORS)
+        offered = [str(getattr(a, "name", a)) for a in assignors]
+        group = str(self._options["group_id"])
+        return group_protocol_refused("aiokafka", group, offered, starting=starting)
 
     async def _read_leniently(self) -> list[ConsumedRecord]:
         """Fetch every assigned, unpaused partition again from where its handing out stopped,

@@ -43,6 +43,7 @@ from outboxkit.kafka.config import (
 )
 from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import with_credentials_hint
+from outboxkit.kafka.group_protocol import CONFLUENT_DEFAULT_STRATEGY, group_protocol_refused
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
@@ -269,12 +270,19 @@ class ConfluentGroupConsumer(GroupConsumer):
                 records.append(consumed_record(msg))
             elif error.fatal():
                 raise OutboxkitError(f"Kafka consumer failed: {error}")
+            elif error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:  # else retried for ever
+                raise self._protocol_refused()
             elif error.code() in _REFUSED:
                 where = f" on {msg.topic()!r}" if msg.topic() else ""
                 self._notice.refused(f"{error}{where}")
             else:
                 logger.warning("consumer error: %s", with_credentials_hint(str(error)))
         return records
+
+    def _protocol_refused(self) -> OutboxkitError:
+        strategy = self._config.get("partition.assignment.strategy", CONFLUENT_DEFAULT_STRATEGY)
+        offered = [name.strip() for name in str(strategy).split(",") if name.strip()]
+        return group_protocol_refused("confluent-kafka", str(self._config["group.id"]), offered)
 
     def _resume_assigned(self, partitions: list[TopicPartition]) -> None:
         current = {(p.topic, p.partition) for p in self._consumer.assignment()}
