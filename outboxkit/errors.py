@@ -116,12 +116,11 @@ class PermanentPublishError(PublishError):
     retriable = False
 
 
-class GroupProtocolError(PermanentPublishError, ConfigurationError):
+class GroupProtocolError(PublishError):
     """Kafka refused this consumer a place in its group: no partition assignment strategy is
-    offered by every member (``INCONSISTENT_GROUP_PROTOCOL``). Waiting does not fix it while
-    those members stay, so it ends the consumer, naming the strategies to align."""
-
-    retriable = False
+    offered by every member (``INCONSISTENT_GROUP_PROTOCOL``). It heals once those members
+    leave (a member that crashed stays until its session times out), so a start refused so is
+    tried again like one while Kafka is away; the text says what to align."""
 
 
 class SendStoppedError(PublishError):

@@ -39,7 +39,6 @@ from aiokafka.protocol.fetch import FetchRequest
 
 from outboxkit.errors import (
     ConfigurationError,
-    GroupProtocolError,
     PermanentPublishError,
     PublishError,
 )
@@ -50,7 +49,7 @@ from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
-from outboxkit.kafka.group_protocol import group_protocol_refused
+from outboxkit.kafka.group_protocol import ProtocolNotice, group_protocol_refused
 from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 
@@ -116,7 +115,6 @@ _REFUSED = (TopicAuthorizationFailedError, GroupAuthorizationFailedError)
 _SETTINGS_REFUSED = (
     InvalidSessionTimeoutError,
     InvalidGroupIdError,
-    InconsistentGroupProtocolError,
     UnsupportedVersionError,
     UnsupportedSaslMechanismError,
 )
@@ -164,6 +162,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         self.generation = 0  # bumped by every rebalance callback
         self._refused = False  # the last poll was refused for a missing ACL
         self._notice = RefusalNotice(logger)
+        assignors = self._options.get("partition_assignment_strategy", _DEFAULT_ASSIGNORS)
+        self._group, self._offered = group_id, [str(getattr(a, "name", a)) for a in assignors]
+        self._protocol = ProtocolNotice(logger, "aiokafka", group_id, self._offered)
 
     @property
     def offset_reset(self) -> str:
@@ -195,8 +196,10 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             except KafkaError as exc:
                 self._consumer, self._listener.closed = None, True
                 await stop_consumer(consumer)
-                if isinstance(exc, InconsistentGroupProtocolError):
-                    raise self._protocol_refused(starting=True) from exc
+                if isinstance(exc, InconsistentGroupProtocolError):  # tried again, as a start
+                    group, offered = self._group, self._offered
+                    refusal = group_protocol_refused("aiokafka", group, offered, starting=True)
+                    raise refusal from exc
                 refused = isinstance(exc, _REFUSED)
                 hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
                 text = watch.explained(f"Kafka consumer could not start: {exc}{hint}")
@@ -217,8 +220,10 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             if not records:
                 await asyncio.sleep(wait)  # e.g. the partition's leader is moving: not a spin
             return records
-        except InconsistentGroupProtocolError as exc:  # a rejoin refused (aiokafka gives up)
-            raise self._protocol_refused() from exc
+        except InconsistentGroupProtocolError:  # a rejoin refused: aiokafka asks again
+            self._protocol.refused()
+            await asyncio.sleep(wait)  # nothing is assigned meanwhile: not a spin
+            return []
         except _REFUSED as exc:
             # A missing ACL, granted later without a restart: aiokafka fetches again; raised
             # from here it ended the process with a traceback.
@@ -239,12 +244,6 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             for found in batches.values()
             for m in found
         ]
-
-    def _protocol_refused(self, *, starting: bool = False) -> GroupProtocolError:
-        assignors = self._options.get("partition_assignment_strategy", _DEFAULT_ASSIGNORS)
-        offered = [str(getattr(a, "name", a)) for a in assignors]
-        group = str(self._options["group_id"])
-        return group_protocol_refused("aiokafka", group, offered, starting=starting)
 
     async def _read_leniently(self) -> list[ConsumedRecord]:
         """Fetch every assigned, unpaused partition again from where its handing out stopped,

@@ -43,7 +43,7 @@ from outboxkit.kafka.config import (
 )
 from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.errors import with_credentials_hint
-from outboxkit.kafka.group_protocol import CONFLUENT_DEFAULT_STRATEGY, group_protocol_refused
+from outboxkit.kafka.group_protocol import CONFLUENT_DEFAULT_STRATEGY, ProtocolNotice
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
@@ -132,6 +132,9 @@ class ConfluentGroupConsumer(GroupConsumer):
         self.commit_seconds = session / 1000 + COMMIT_MARGIN_SECONDS
         self._assigned_now: list[TopicPartition] = []
         self._notice = RefusalNotice(logger)
+        strategy = self._config.get("partition.assignment.strategy", CONFLUENT_DEFAULT_STRATEGY)
+        offered = [name.strip() for name in str(strategy).split(",") if name.strip()]
+        self._protocol = ProtocolNotice(logger, "confluent-kafka", group_id, offered)
         self._on_assign: Rebalance = lambda tps: None
         self._on_revoke: Revoke = lambda tps: {}
 
@@ -270,19 +273,14 @@ class ConfluentGroupConsumer(GroupConsumer):
                 records.append(consumed_record(msg))
             elif error.fatal():
                 raise OutboxkitError(f"Kafka consumer failed: {error}")
-            elif error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:  # else retried for ever
-                raise self._protocol_refused()
+            elif error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:  # librdkafka asks again
+                self._protocol.refused()
             elif error.code() in _REFUSED:
                 where = f" on {msg.topic()!r}" if msg.topic() else ""
                 self._notice.refused(f"{error}{where}")
             else:
                 logger.warning("consumer error: %s", with_credentials_hint(str(error)))
         return records
-
-    def _protocol_refused(self) -> OutboxkitError:
-        strategy = self._config.get("partition.assignment.strategy", CONFLUENT_DEFAULT_STRATEGY)
-        offered = [name.strip() for name in str(strategy).split(",") if name.strip()]
-        return group_protocol_refused("confluent-kafka", str(self._config["group.id"]), offered)
 
     def _resume_assigned(self, partitions: list[TopicPartition]) -> None:
         current = {(p.topic, p.partition) for p in self._consumer.assignment()}

@@ -33,8 +33,8 @@ Line = tuple[Any, ...]  # (facility, client name, text), as confluent-kafka pass
 
 #: The highest level a librdkafka line is logged at. librdkafka logs every fatal error at its
 #: most severe level, which confluent-kafka passes as CRITICAL: a transactional producer fenced
-#: by a newer one (a relay's normal hand-over to the next holder of its shard) logs two such
-#: lines. A fatal error also reaches outboxkit through the client's API, which decides what it
+#: by a newer one (a relay shard's old holder still running, a zombie past its lease) logs two
+#: such lines. A fatal error also reaches outboxkit through the client's API, which decides what it
 #: means (a zombie standing down, a producer replaced, a consumer stopped with an error) and
 #: logs that at its own level; the client's line is kept, as an ERROR.
 MAX_LEVEL = logging.ERROR

@@ -197,9 +197,9 @@ async def test_a_fenced_producer_logs_nothing_at_critical(
     outboxkit_topic: TopicFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A relay's hand-over fences the old holder's producer: an expected event, which must not
-    page whoever alerts on CRITICAL. librdkafka logs its fatal errors at that level; its lines
-    are kept, as errors."""
+    """A relay shard taken over from a holder still running fences its producer: a case the
+    relay handles (the zombie stands down), which must not page whoever alerts on CRITICAL.
+    librdkafka logs its fatal errors at that level; its lines are kept, as errors."""
     caplog.set_level(logging.DEBUG)
     topic = outboxkit_topic()
     txn_id = _txn_id()

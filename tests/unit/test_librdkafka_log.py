@@ -199,8 +199,8 @@ def test_debug_lines_pass_unlimited(lines: Lines, clock: Clock) -> None:
 
 def test_a_fatal_error_is_logged_as_an_error_not_critical(lines: Lines, clock: Clock) -> None:
     """librdkafka's lines for a transactional producer fenced by a newer one (as logged against
-    the dev stack's broker): confluent-kafka passes them as CRITICAL, and a relay's hand-over
-    to the next holder of its shard would page whoever alerts on that. Also past the limit and
+    the dev stack's broker): confluent-kafka passes them as CRITICAL, and a relay shard taken
+    over from a holder still running would page whoever alerts on that. Also past the limit and
     in another shape."""
     log = adapter(clock)
     fenced = (
