@@ -123,6 +123,9 @@ _DEFAULT_ASSIGNORS = (RoundRobinPartitionAssignor,)  # AIOKafkaConsumer's defaul
 _OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 
 _CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
+#: How long past its ``wait`` a poll waits for aiokafka's ``getmany`` (which ends at that
+#: ``wait`` itself unless a rebalance holds it) before it returns nothing.
+POLL_GRACE_SECONDS = 0.5
 
 
 def _value_refused(when: str, exc: Exception) -> ConfigurationError:
@@ -165,6 +168,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         assignors = self._options.get("partition_assignment_strategy", _DEFAULT_ASSIGNORS)
         self._group, self._offered = group_id, [str(getattr(a, "name", a)) for a in assignors]
         self._protocol = ProtocolNotice(logger, "aiokafka", group_id, self._offered)
+        self._fetching: asyncio.Future[Any] | None = None  # a getmany a poll left running
 
     @property
     def offset_reset(self) -> str:
@@ -208,8 +212,20 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
                 raise error(text, refused=refused) from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
+        """At most ``wait`` (and :data:`POLL_GRACE_SECONDS`): during a rebalance aiokafka's
+        ``getmany`` waits for the new assignment whatever its timeout, which held a stop until
+        the rejoin ended (as long as the group's rebalance timeout). Such a fetch is not
+        cancelled (aiokafka would count it as polling for ever): the next poll takes it over."""
+        fetch = self._fetching
+        if fetch is None:
+            getmany = self._c.getmany(timeout_ms=int(wait * 1000), max_records=max_records)
+            fetch = self._fetching = asyncio.ensure_future(getmany)
+        await asyncio.wait([fetch], timeout=wait + POLL_GRACE_SECONDS)
+        if not fetch.done():
+            return []
+        self._fetching = None
         try:
-            batches = await self._c.getmany(timeout_ms=int(wait * 1000), max_records=max_records)
+            batches = fetch.result()
         except (UnicodeDecodeError, CorruptRecordException) as exc:
             # (aiokafka's pure-Python parser raises it as the cause of a CorruptRecordException)
             cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__
@@ -372,10 +388,11 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         """Stop the client. Its stop goes on should the close be cancelled (aiokafka's ``stop``
         does nothing a second time: cut short, it would leave the connections open)."""
         consumer, self._consumer = self._consumer, None
+        fetch, self._fetching = self._fetching, None
         if self._listener is not None:
             self._listener.closed = True
         if consumer is not None:
-            stopping = asyncio.ensure_future(stop_consumer(consumer))
+            stopping = asyncio.ensure_future(stop_consumer(consumer, fetch))
             stopping.add_done_callback(_stopped)
             await asyncio.shield(stopping)
 

@@ -12,6 +12,9 @@ aiokafka's ``commit()`` waits for a group coordinator for as long as there is no
 outage a commit (the one a close makes too) held the consumer, and a stop, until Kafka came
 back. :func:`commit` gives up once no coordinator has been known for a while, or at the request
 timeout.
+
+A stop during a rejoin waited for the coordinator's answer to the JoinGroup, held for the
+slowest member: the member now leaves the group first (:func:`_stop_leaving`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import logging
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaError
+from aiokafka.protocol.group import LeaveGroupRequest
 
 from outboxkit.errors import PublishError, named
 from outboxkit.futures import retrieved
@@ -34,13 +39,22 @@ DEFAULT_REQUEST_TIMEOUT_MS = 40_000
 #: it may know none before the commit fails.
 COORDINATOR_CHECK_SECONDS = 0.1
 COORDINATOR_GRACE_SECONDS = 2.0
+#: How often a stop looks whether the closing consumer's rejoin waits at the coordinator.
+JOIN_CHECK_SECONDS = 0.1
 
 
-async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
-    """``consumer.stop()``; should it raise a cancellation that is not this task's, the rest
-    of the stop (its fetches, its client) is done here."""
+async def stop_consumer(
+    consumer: AIOKafkaConsumer, polling: asyncio.Future[Any] | None = None
+) -> None:
+    """``consumer.stop()`` (``polling``, a ``getmany`` a poll left running, cancelled first);
+    should it raise a cancellation that is not this task's, the rest of the stop (its fetches,
+    its client) is done here."""
+    if polling is not None:  # what it fetched is not handed out: the next owner fetches it
+        polling.add_done_callback(retrieved)
+        polling.cancel()
+        await asyncio.wait([polling])
     try:
-        await consumer.stop()
+        await _stop_leaving(consumer)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
@@ -55,6 +69,64 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
         client: Any = getattr(consumer, "_client", None)
         if client is not None:
             await client.close()
+
+
+async def _stop_leaving(consumer: AIOKafkaConsumer) -> None:
+    """``consumer.stop()``, which waits for its coordination task to end: during a rejoin
+    that task waits for the answer to its JoinGroup (or SyncGroup), which the coordinator
+    holds until every member rejoined or the group's rebalance timeout (the longest of the
+    members'), say for a member that is frozen. So once the stop has begun (its task will not
+    join again), the member leaves the group over another connection (the coordinator answers
+    one request of a connection at a time): the coordinator answers the held request at once
+    (UNKNOWN_MEMBER_ID), and the stop ends. Leaving, not abandoning the request: the others
+    need not wait out a session timeout for this member. What was settled before the rejoin
+    was committed by the revocation that began it. The stop ends when aiokafka's does: a
+    leave still unanswered then is cancelled."""
+    stopping = asyncio.ensure_future(consumer.stop())
+    leaving: asyncio.Future[None] | None = None
+    try:
+        # Watched until it ends: a revocation still committing as the stop begins is followed
+        # by a JoinGroup all the same.
+        while not stopping.done():
+            if leaving is None and _joining(consumer):
+                leaving = asyncio.ensure_future(_leave(consumer))
+            await asyncio.wait([stopping], timeout=JOIN_CHECK_SECONDS)
+    except BaseException:  # our own cancellation: it cancels the stop, as awaiting it would
+        stopping.cancel()
+        raise
+    finally:
+        if leaving is not None and not leaving.done():
+            leaving.cancel()
+            await asyncio.wait([leaving])
+    await stopping
+
+
+def _joining(consumer: AIOKafkaConsumer) -> bool:
+    """Whether a JoinGroup/SyncGroup of the closing coordinator is in flight, or about to be
+    (its revocation, which commits, is done). Not yet closing, it would join again once
+    answered."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    closing = getattr(coordinator, "_closing", None)
+    return (
+        getattr(coordinator, "_performed_join_prepare", False) is True
+        and bool(getattr(coordinator, "member_id", ""))
+        and getattr(coordinator, "coordinator_id", None) is not None
+        and isinstance(closing, asyncio.Future)
+        and closing.done()
+    )
+
+
+async def _leave(consumer: AIOKafkaConsumer) -> None:
+    """LeaveGroup over the client's other connection to the coordinator. A failure is logged:
+    the stop then waits for the rejoin's answer, as before."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    client: Any = getattr(consumer, "_client", None)
+    logger.info("consumer stop: its rejoin waits at the coordinator; leaving the group")
+    request = LeaveGroupRequest(coordinator.group_id, coordinator.member_id)
+    try:
+        await client.send(coordinator.coordinator_id, request, group=ConnectionGroup.DEFAULT)
+    except KafkaError as exc:
+        logger.info("consumer stop: leaving the group during its rejoin failed: %s", exc)
 
 
 def _coordinator_unknown(consumer: AIOKafkaConsumer) -> bool:

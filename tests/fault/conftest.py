@@ -46,8 +46,10 @@ def spawner(
         driver: str,
         client: str | None,
         without: str | None = None,
+        verbose: int = 0,
     ) -> Worker:
-        """``driver`` picks the handlers (sync or async); ``client`` the --adapter, if any."""
+        """``driver`` picks the handlers (sync or async); ``client`` the --adapter, if any;
+        ``verbose`` adds ``-v`` (INFO) or ``-vv`` (DEBUG: every Kafka request, say)."""
         env = service_env(
             outboxkit_db_url,
             outboxkit_kafka_bootstrap,
@@ -66,6 +68,7 @@ def spawner(
         log = tmp_path / f"worker-{len(workers)}.log"
         command = [
             OUTBOXKIT,
+            *(("-" + "v" * verbose,) if verbose else ()),
             "inbox",
             "run",
             "--registry",
