@@ -49,7 +49,7 @@ from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
-from outboxkit.kafka.group_protocol import ProtocolNotice, group_protocol_refused
+from outboxkit.kafka.group_protocol import ProtocolNotice
 from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 
@@ -166,8 +166,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         self._refused = False  # the last poll was refused for a missing ACL
         self._notice = RefusalNotice(logger)
         assignors = self._options.get("partition_assignment_strategy", _DEFAULT_ASSIGNORS)
-        self._group, self._offered = group_id, [str(getattr(a, "name", a)) for a in assignors]
-        self._protocol = ProtocolNotice(logger, "aiokafka", group_id, self._offered)
+        self._protocol = ProtocolNotice(logger, "aiokafka", group_id, assignors)
         self._fetching: asyncio.Future[Any] | None = None  # a getmany a poll left running
 
     @property
@@ -201,9 +200,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
                 self._consumer, self._listener.closed = None, True
                 await stop_consumer(consumer)
                 if isinstance(exc, InconsistentGroupProtocolError):  # tried again, as a start
-                    group, offered = self._group, self._offered
-                    refusal = group_protocol_refused("aiokafka", group, offered, starting=True)
-                    raise refusal from exc
+                    raise self._protocol.error(starting=True) from exc
                 refused = isinstance(exc, _REFUSED)
                 hint = f" (Kafka refused this consumer: {CONSUMER_ACL_HINT})" if refused else ""
                 text = watch.explained(f"Kafka consumer could not start: {exc}{hint}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from outboxkit.errors import GroupProtocolError
 from outboxkit.kafka.acl import NOTICE_INTERVAL, Clock
@@ -43,30 +44,29 @@ def refusal_text(client: str, group: str, offered: Iterable[str]) -> str:
     )
 
 
-def group_protocol_refused(
-    client: str, group: str, offered: Iterable[str], *, starting: bool = False
-) -> GroupProtocolError:
-    """The typed error of a start refused (``starting``: said as the other failed starts are)
-    or of a rejoin, for callers that raise it."""
-    prefix = "Kafka consumer could not start: " if starting else ""
-    return GroupProtocolError(prefix + refusal_text(client, group, offered))
-
-
 class ProtocolNotice:
     """A member refused its join is polled again and again while librdkafka or aiokafka keeps
-    asking: the refusal is logged once, and again every ``NOTICE_INTERVAL`` while it lasts."""
+    asking: the refusal is logged once, and again every ``NOTICE_INTERVAL`` while it lasts.
+    ``offered``: the member's strategies (names, or aiokafka's assignor classes)."""
 
     def __init__(
         self,
         logger: logging.Logger,
         client: str,
         group: str,
-        offered: Iterable[str],
+        offered: Iterable[Any],
         clock: Clock = time.monotonic,
     ) -> None:
         self._logger, self._clock = logger, clock
-        self._text = refusal_text(client, group, offered)
+        names = [str(getattr(strategy, "name", strategy)) for strategy in offered]
+        self._text = refusal_text(client, group, names)
         self._said: float | None = None
+
+    def error(self, *, starting: bool = False) -> GroupProtocolError:
+        """The typed error, for a refusal that is raised (``starting``: said as the other failed
+        starts are)."""
+        prefix = "Kafka consumer could not start: " if starting else ""
+        return GroupProtocolError(prefix + self._text)
 
     def refused(self) -> None:
         now = self._clock()
@@ -76,9 +76,4 @@ class ProtocolNotice:
         self._logger.warning("%s", self._text)
 
 
-__all__ = [
-    "CONFLUENT_DEFAULT_STRATEGY",
-    "ProtocolNotice",
-    "group_protocol_refused",
-    "refusal_text",
-]
+__all__ = ["CONFLUENT_DEFAULT_STRATEGY", "ProtocolNotice", "refusal_text"]

@@ -13,15 +13,20 @@ import pytest
 
 from outboxkit.errors import PermanentPublishError, PublishError
 from outboxkit.kafka.acl import NOTICE_INTERVAL
-from outboxkit.kafka.group_protocol import ProtocolNotice, group_protocol_refused
+from outboxkit.kafka.group_protocol import ProtocolNotice
 from outboxkit.settings import KafkaSettings
 from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
 
 
+class Named:
+    name = "roundrobin"  # as aiokafka's assignor classes name themselves
+
+
 def test_the_error_says_what_the_member_offers_and_what_to_align() -> None:
-    error = group_protocol_refused("aiokafka", "billing-g", ["roundrobin"], starting=True)
+    notice = ProtocolNotice(logging.getLogger("test.protocol"), "aiokafka", "billing-g", [Named()])
+    error = notice.error(starting=True)
     # It heals once the members sharing nothing have left: the worker starts again.
     assert isinstance(error, PublishError)
     assert not isinstance(error, PermanentPublishError)
