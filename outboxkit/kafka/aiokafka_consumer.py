@@ -44,6 +44,7 @@ from outboxkit.errors import (
 )
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
+from outboxkit.kafka.aiokafka_fetch import HeldFetch
 from outboxkit.kafka.aiokafka_stop import DEFAULT_REQUEST_TIMEOUT_MS, stop_consumer
 from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
@@ -123,9 +124,6 @@ _DEFAULT_ASSIGNORS = (RoundRobinPartitionAssignor,)  # AIOKafkaConsumer's defaul
 _OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
 
 _CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
-#: How long past its ``wait`` a poll waits for aiokafka's ``getmany`` (which ends at that
-#: ``wait`` itself unless a rebalance holds it) before it returns nothing.
-POLL_GRACE_SECONDS = 0.5
 
 
 def _value_refused(when: str, exc: Exception) -> ConfigurationError:
@@ -167,7 +165,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         self._notice = RefusalNotice(logger)
         assignors = self._options.get("partition_assignment_strategy", _DEFAULT_ASSIGNORS)
         self._protocol = ProtocolNotice(logger, "aiokafka", group_id, assignors)
-        self._fetching: asyncio.Future[Any] | None = None  # a getmany a poll left running
+        self._fetch = HeldFetch(lambda: self.generation)  # a getmany a poll may leave running
 
     @property
     def offset_reset(self) -> str:
@@ -182,6 +180,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
     async def subscribe(self, topics: list[str], on_assign: Rebalance, on_revoke: Revoke) -> None:
         """Join the group with a new client (after :meth:`close` too: a new member)."""
         self.handed.clear()
+        if (stale := self._fetch.take()) is not None:  # another client's: not handed out here
+            stale.cancel()
         try:
             consumer = self._consumer = AIOKafkaConsumer(**self._options)
         except (TypeError, ValueError) as exc:  # its message may quote a value
@@ -209,20 +209,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
                 raise error(text, refused=refused) from exc
 
     async def poll(self, wait: float, max_records: int) -> list[ConsumedRecord]:
-        """At most ``wait`` (and :data:`POLL_GRACE_SECONDS`): during a rebalance aiokafka's
-        ``getmany`` waits for the new assignment whatever its timeout, which held a stop until
-        the rejoin ended (as long as the group's rebalance timeout). Such a fetch is not
-        cancelled (aiokafka would count it as polling for ever): the next poll takes it over."""
-        fetch = self._fetching
-        if fetch is None:
-            getmany = self._c.getmany(timeout_ms=int(wait * 1000), max_records=max_records)
-            fetch = self._fetching = asyncio.ensure_future(getmany)
-        await asyncio.wait([fetch], timeout=wait + POLL_GRACE_SECONDS)
-        if not fetch.done():
-            return []
-        self._fetching = None
+        """At most ``wait`` (and a grace): see :mod:`outboxkit.kafka.aiokafka_fetch`."""
         try:
-            batches = fetch.result()
+            batches = await self._fetch.poll(self._c, wait, max_records)
         except (UnicodeDecodeError, CorruptRecordException) as exc:
             # (aiokafka's pure-Python parser raises it as the cause of a CorruptRecordException)
             cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__
@@ -344,13 +333,16 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
         return [TopicPartition(t, p) for t, p in partitions if (t, p) in current]
 
     def pause(self, partitions: list[TP]) -> None:
-        self._c.pause(*self._only_assigned(partitions))
+        found = self._only_assigned(partitions)
+        self._fetch.moved(found, sought=False)
+        self._c.pause(*found)
 
     def resume(self, partitions: list[TP]) -> None:
         self._c.resume(*self._only_assigned(partitions))
 
     def seek(self, partition: TP, offset: int) -> bool:
         for tp in self._only_assigned([partition]):
+            self._fetch.moved([tp], sought=True)
             self._c.seek(tp, offset)
             self.handed[partition] = offset
             return True
@@ -384,8 +376,7 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
     async def close(self) -> None:
         """Stop the client. Its stop goes on should the close be cancelled (aiokafka's ``stop``
         does nothing a second time: cut short, it would leave the connections open)."""
-        consumer, self._consumer = self._consumer, None
-        fetch, self._fetching = self._fetching, None
+        consumer, self._consumer, fetch = self._consumer, None, self._fetch.take()
         if self._listener is not None:
             self._listener.closed = True
         if consumer is not None:

@@ -90,6 +90,7 @@ async def _stop_leaving(consumer: AIOKafkaConsumer) -> None:
         while not stopping.done():
             if leaving is None and _joining(consumer):
                 leaving = asyncio.ensure_future(_leave(consumer))
+                leaving.add_done_callback(retrieved)  # whatever ends it, the stop goes on
             await asyncio.wait([stopping], timeout=JOIN_CHECK_SECONDS)
     except BaseException:  # our own cancellation: it cancels the stop, as awaiting it would
         stopping.cancel()
@@ -108,7 +109,10 @@ def _joining(consumer: AIOKafkaConsumer) -> bool:
     coordinator: Any = getattr(consumer, "_coordinator", None)
     closing = getattr(coordinator, "_closing", None)
     return (
-        getattr(coordinator, "_performed_join_prepare", False) is True
+        # A static member never leaves on a stop (aiokafka's own rule; its LeaveGroup versions
+        # cannot name the instance): its restart takes its place back without a rebalance.
+        getattr(coordinator, "_group_instance_id", None) is None
+        and getattr(coordinator, "_performed_join_prepare", False) is True
         and bool(getattr(coordinator, "member_id", ""))
         and getattr(coordinator, "coordinator_id", None) is not None
         and isinstance(closing, asyncio.Future)
@@ -124,9 +128,14 @@ async def _leave(consumer: AIOKafkaConsumer) -> None:
     logger.info("consumer stop: its rejoin waits at the coordinator; leaving the group")
     request = LeaveGroupRequest(coordinator.group_id, coordinator.member_id)
     try:
-        await client.send(coordinator.coordinator_id, request, group=ConnectionGroup.DEFAULT)
+        answer = await client.send(
+            coordinator.coordinator_id, request, group=ConnectionGroup.DEFAULT
+        )
     except KafkaError as exc:
         logger.info("consumer stop: leaving the group during its rejoin failed: %s", exc)
+        return
+    if (code := getattr(answer, "error_code", 0)) != 0:
+        logger.info("consumer stop: leaving the group during its rejoin refused (error %s)", code)
 
 
 def _coordinator_unknown(consumer: AIOKafkaConsumer) -> bool:

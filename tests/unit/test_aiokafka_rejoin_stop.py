@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 from aiokafka.client import ConnectionGroup
 from aiokafka.protocol.group import LeaveGroupRequest
 
-from outboxkit.kafka import aiokafka_consumer
+from outboxkit.kafka import aiokafka_consumer, aiokafka_fetch, aiokafka_stop
 from outboxkit.kafka.aiokafka_stop import stop_consumer
 from outboxkit.settings import KafkaSettings
 
@@ -56,7 +56,7 @@ def _consumer(fake: Any) -> aiokafka_consumer.AiokafkaGroupConsumer:
 def test_a_poll_a_rebalance_holds_returns_and_the_next_one_takes_its_fetch_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(aiokafka_consumer, "POLL_GRACE_SECONDS", 0.05)
+    monkeypatch.setattr(aiokafka_fetch, "POLL_GRACE_SECONDS", 0.05)
 
     async def scenario() -> None:
         fake = _Rebalancing()
@@ -74,13 +74,13 @@ def test_a_poll_a_rebalance_holds_returns_and_the_next_one_takes_its_fetch_over(
 
 
 def test_a_close_cancels_a_held_fetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aiokafka_consumer, "POLL_GRACE_SECONDS", 0.05)
+    monkeypatch.setattr(aiokafka_fetch, "POLL_GRACE_SECONDS", 0.05)
 
     async def scenario() -> None:
         fake = _Rebalancing()
         consumer = _consumer(fake)
         assert await consumer.poll(0.05, 10) == []
-        held = consumer._fetching
+        held = consumer._fetch._future
         await consumer.close()
         assert held is not None
         assert held.cancelled()
@@ -156,5 +156,22 @@ def test_a_rejoin_that_begins_after_the_stop_is_left_too() -> None:
         consumer._coordinator._performed_join_prepare = True
         await asyncio.wait_for(stopping, 5)
         assert len(consumer._client.sent) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_static_member_never_leaves_on_a_stop() -> None:
+    """aiokafka's own rule (its restart takes its place back without a rebalance): the stop
+    waits for the rejoin's answer, as before."""
+
+    async def scenario() -> None:
+        consumer: Any = _Joining(joining=True)
+        consumer._coordinator._group_instance_id = "static-1"
+        stopping = asyncio.ensure_future(stop_consumer(consumer))
+        await asyncio.sleep(3 * aiokafka_stop.JOIN_CHECK_SECONDS)  # checked meanwhile
+        assert not stopping.done()
+        consumer._coordinator.join.set_result(None)
+        await asyncio.wait_for(stopping, 5)
+        assert consumer._client.sent == []
 
     asyncio.run(scenario())
