@@ -1,12 +1,22 @@
-"""``outboxkit inbox run`` (aiokafka) stopped (SIGTERM) while its group rejoins and the rejoin
-waits for a member that is frozen (SIGSTOP): it ends within seconds, and leaves the group.
+"""``outboxkit inbox run`` stopped (SIGTERM) while its group rejoins and the rejoin waits for a
+member that is frozen (SIGSTOP): it ends within seconds, and leaves the group.
 
 A third member's join starts a rebalance; the frozen member never rejoins, so the coordinator
-holds every other member's JoinGroup until the frozen one's rebalance timeout (its session
-timeout, 45 s here). Before, the stop waited for that answer twice over: aiokafka's ``getmany``
-waits for the new assignment whatever its timeout (the loop never saw the stop), then the
-consumer's ``stop()`` waits for its coordination task, which waits for the JoinGroup answer:
-28 s with a 30 s session, 0.5-1.8 s since.
+holds every other member's JoinGroup until the frozen one's session times out (45 s here).
+
+aiokafka: before, the stop waited for that answer twice over: aiokafka's ``getmany`` waits for
+the new assignment whatever its timeout (the loop never saw the stop), then the consumer's
+``stop()`` waits for its coordination task, which waits for the JoinGroup answer: 28 s with a
+30 s session, 0.5-1.8 s since. Its LeaveGroup goes over another connection, so it has left at
+the exit.
+
+confluent-kafka: librdkafka's close sends its LeaveGroup over the coordinator connection, where
+the broker reads nothing more until it has answered the held JoinGroup; librdkafka gives a
+LeaveGroup 5 s (not configurable), then ends: the stop takes about 5 s and the member is still
+listed at the exit. The broker reads that LeaveGroup all the same (Kafka serves what a closed
+connection sent before it closed) right after the JoinGroup is answered, so the group settles
+without it when the frozen member is evicted, as with aiokafka: the others never wait for the
+stopped member's own session (90 s here), which a member that did not leave would cost them.
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ TopicFactory = Callable[..., str]
 # The frozen member's session (so rebalance) timeout, ms: how long the others' joins wait.
 FROZEN_SESSION_MS = 45_000
 STOPPED_WITHIN = 8.0  # seconds; a stop outside a rebalance takes about one
+# The stopped member's session, ms: had it not left, the others would wait for this too.
+STOPPED_SESSION_MS = 90_000
+# Seconds from the SIGTERM to the group settled with the third member alone: the frozen
+# member's session and a margin (a member that did not leave: that and STOPPED_SESSION_MS).
+SETTLED_WITHIN = FROZEN_SESSION_MS / 1000 + 15
 
 
 def _group(bootstrap: str, group: str) -> tuple[ConsumerGroupState, int] | None:
@@ -42,8 +57,22 @@ def _group(bootstrap: str, group: str) -> tuple[ConsumerGroupState, int] | None:
     return found.state, len(found.members)
 
 
-@pytest.mark.parametrize("adapter", ["aiokafka"])
+# Per adapter: the session option's name, the stopped member's own options (librdkafka logs its
+# requests only when asked), the DEBUG line that says its JoinGroup went out, and the members
+# listed right after the exit (librdkafka's LeaveGroup still waits behind its JoinGroup).
+_CLIENT = {
+    "aiokafka": ("session_timeout_ms", (), b"Sending JoinGroup", 2),
+    "confluent": (
+        "session.timeout.ms",
+        ("--kafka-option", "debug=cgrp,protocol"),
+        b"Sent JoinGroupRequest",
+        3,
+    ),
+}
+
+
 def test_sigterm_while_a_rejoin_waits_for_a_frozen_member(
+    adapter: str,
     spawn: Callable[..., Worker],
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
@@ -53,10 +82,12 @@ def test_sigterm_while_a_rejoin_waits_for_a_frozen_member(
     def stable(members: int) -> bool:
         return _group(outboxkit_kafka_bootstrap, group) == (ConsumerGroupState.STABLE, members)
 
-    # -vv: aiokafka's DEBUG lines say when the JoinGroup goes out.
-    stopped = spawn(topic, group=group, verbose=2)
+    session, debug, join_sent, listed = _CLIENT[adapter]
+    # -vv: the client's DEBUG lines say when the JoinGroup goes out.
+    options = ("--kafka-option", f"{session}={STOPPED_SESSION_MS}", *debug)
+    stopped = spawn(topic, group=group, verbose=2, args=options)
     wait_for(lambda: stable(1), what="the first member")
-    frozen_session = f"session_timeout_ms={FROZEN_SESSION_MS}"
+    frozen_session = f"{session}={FROZEN_SESSION_MS}"
     frozen = spawn(topic, group=group, args=("--kafka-option", frozen_session))
     try:
         wait_for(lambda: stable(2), what="two members")
@@ -64,7 +95,7 @@ def test_sigterm_while_a_rejoin_waits_for_a_frozen_member(
         seen = stopped.log.stat().st_size
         spawn(topic, group=group)  # its join starts the rebalance
         wait_for(
-            lambda: b"Sending JoinGroup" in stopped.log.read_bytes()[seen:],
+            lambda: join_sent in stopped.log.read_bytes()[seen:],
             what="the first member rejoining",
         )
         began = time.monotonic()
@@ -76,8 +107,16 @@ def test_sigterm_while_a_rejoin_waits_for_a_frozen_member(
         assert took < STOPPED_WITHIN, f"{took:.1f} s\n{log}"
         for said in ("Traceback", "never retrieved", "Unclosed", "was destroyed"):
             assert said not in log, log
-        # It left: the rejoin still waits for the frozen member, the third one with it.
+        # The rejoin still waits for the frozen member, the third one with it (and with
+        # confluent-kafka the stopped one, its LeaveGroup not read yet).
         preparing = ConsumerGroupState.PREPARING_REBALANCING
-        assert _group(outboxkit_kafka_bootstrap, group) == (preparing, 2)
+        assert _group(outboxkit_kafka_bootstrap, group) == (preparing, listed), f"{took:.1f} s"
+        # It left: once the frozen member is evicted, the third one is alone, long before the
+        # stopped member's own session would have ended.
+        wait_for(
+            lambda: stable(1),
+            timeout=began + SETTLED_WITHIN - time.monotonic(),
+            what="the group settled without the stopped member",
+        )
     finally:
         frozen.proc.kill()
