@@ -68,11 +68,11 @@ class HeldFetch:
             self._moved.clear()
             future = self._future = asyncio.ensure_future(self._get(consumer, wait, max_records))
         await asyncio.wait([future], timeout=wait + POLL_GRACE_SECONDS)
+        if self._future is not future or future.cancelled():
+            return {}  # a close took it (a new client's fetch may be in flight): none of it
         if not future.done():
             return {}
         self._future = None
-        if future.cancelled():
-            return {}
         batches, generation, stamp = future.result()
         if generation != self._generation():  # rebalanced since: from the committed offsets
             return {}

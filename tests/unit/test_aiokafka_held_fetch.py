@@ -125,3 +125,82 @@ def test_a_fetch_the_close_cancels_under_a_waiting_poll_hands_out_nothing() -> N
         return await waiting
 
     assert asyncio.run(scenario()) == {}
+
+
+def test_a_seek_then_a_pause_after_the_hand_out_keeps_the_seek(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A retry's hold (``settle``: Seek, then Pause): the pause must not seek back over it."""
+
+    async def hold(fetch: HeldFetch, client: _Client, generation: list[int]) -> None:
+        await _handed_out(client)
+        fetch.moved([TP0], sought=True)
+        fetch.moved([TP0], sought=False)
+
+    assert _run(monkeypatch, hold) == ({TP1: [5, 6]}, [])
+
+
+def test_a_seek_before_and_a_pause_after_the_hand_out_is_sought_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def hold(fetch: HeldFetch, client: _Client, generation: list[int]) -> None:
+        fetch.moved([TP0], sought=True)
+        await _handed_out(client)
+        fetch.moved([TP0], sought=False)
+
+    assert _run(monkeypatch, hold) == ({TP1: [5, 6]}, [(TP0, 5)])
+
+
+def test_a_poll_whose_fetch_a_close_took_hands_out_nothing_and_keeps_the_next_fetch() -> None:
+    """A close (then a new client's poll) while a poll waits: that poll hands out nothing of the
+    closed client's, and leaves the new fetch in place."""
+
+    async def scenario() -> tuple[Any, bool]:
+        fetch, old, new = HeldFetch(lambda: 0), _Client(), _Client()
+        waiting = asyncio.ensure_future(fetch.poll(old, 5, 10))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        taken = fetch.take()
+        assert taken is not None
+        old.release.set()  # it ends by itself before the close could cancel it
+        newer = asyncio.ensure_future(fetch.poll(new, 5, 10))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        found = await waiting
+        held = fetch._future is not None
+        new.release.set()
+        await newer
+        return found, held
+
+    assert asyncio.run(scenario()) == ({}, True)
+
+
+class _Seeking:
+    """The aiokafka client under ``AiokafkaGroupConsumer``'s seek and pause."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TP0, TP1}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.calls.append(f"seek {tp.partition} {offset}")
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.calls.append("pause " + " ".join(str(tp.partition) for tp in tps))
+
+
+def test_the_consumers_seek_and_pause_are_counted_as_moves() -> None:
+    from outboxkit.kafka.aiokafka_consumer import AiokafkaGroupConsumer
+    from outboxkit.settings import KafkaSettings
+
+    consumer = AiokafkaGroupConsumer(KafkaSettings(bootstrap="127.0.0.1:1"), "g")
+    consumer._consumer = _Seeking()  # type: ignore[assignment]
+    loop = asyncio.new_event_loop()
+    consumer._fetch._future = loop.create_future()  # a fetch in flight
+    consumer.seek(("t", 0), 3)
+    consumer.pause([("t", 1)])
+    loop.close()
+    moved = consumer._fetch._moved
+    assert set(moved) == {TP0, TP1}
+    assert moved[TP0][1] == moved[TP0][0]  # sought
+    assert moved[TP1][1] == 0  # only paused
