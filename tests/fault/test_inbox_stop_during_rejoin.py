@@ -2,7 +2,7 @@
 member that is frozen (SIGSTOP): it ends within seconds, and leaves the group.
 
 A third member's join starts a rebalance; the frozen member never rejoins, so the coordinator
-holds every other member's JoinGroup until the frozen one's session times out (45 s here).
+holds every other member's JoinGroup until the frozen one's session times out (30 s here).
 
 aiokafka: before, the stop waited for that answer twice over: aiokafka's ``getmany`` waits for
 the new assignment whatever its timeout (the loop never saw the stop), then the consumer's
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.fault
 
 TopicFactory = Callable[..., str]
 # The frozen member's session (so rebalance) timeout, ms: how long the others' joins wait.
-FROZEN_SESSION_MS = 45_000
+FROZEN_SESSION_MS = 30_000
 STOPPED_WITHIN = 8.0  # seconds; a stop outside a rebalance takes about one
 # The stopped member's session, ms: had it not left, the others would wait for this too.
 STOPPED_SESSION_MS = 90_000
