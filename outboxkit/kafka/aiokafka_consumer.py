@@ -37,11 +37,7 @@ from aiokafka.errors import (
 from aiokafka.errors import for_code as error_for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from outboxkit.errors import (
-    ConfigurationError,
-    PermanentPublishError,
-    PublishError,
-)
+from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_fetch import HeldFetch

@@ -68,8 +68,8 @@ class LibrdkafkaLog:
     def log(self, level: int, msg: str, *args: Any) -> None:
         """confluent-kafka's call for each librdkafka line. It must not raise: an exception here
         would be raised by the client's next ``poll`` instead of its result."""
-        level = min(level, MAX_LEVEL)
         try:
+            level = min(level, MAX_LEVEL)
             if not self.logger.isEnabledFor(level):
                 return
             if len(args) != 3:  # not librdkafka's shape
