@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 import uuid
@@ -57,7 +58,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.db import migrator, sqlalchemy_url
 from outboxkit.devstack import DevStack
-from outboxkit.devstack.postgres import database_url_with
+from outboxkit.devstack.postgres import PostgresServer, database_url_with
 from outboxkit.gc_tuning import tune_gc
 from outboxkit.inbox import AsyncInbox, EventRegistry, HandlerContext, Inbox, InboxSettings
 from outboxkit.inbox.aiokafka import AiokafkaInboxConsumer
@@ -448,6 +449,23 @@ def scratch_database(server_url: str) -> Iterator[str]:
         with psycopg.connect(server_url, autocommit=True) as conn:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             conn.execute(drop.format(sql.Identifier(name)))
+
+
+@contextmanager
+def migrated_database() -> Iterator[str]:
+    """A scratch database at the current schema, on ``OUTBOXKIT_DATABASE_URL``'s server or on a
+    durable PostgreSQL started for the run (the relay benchmarks need no Kafka)."""
+    external = os.environ.get("OUTBOXKIT_DATABASE_URL")
+    server = None if external else PostgresServer(durable=True)
+    try:
+        if server is not None:
+            server.start()
+        with scratch_database(external or server.url) as url:  # type: ignore[union-attr]
+            migrator.upgrade(url)
+            yield url
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def run(

@@ -21,12 +21,10 @@ import time
 
 import psycopg
 from click.testing import CliRunner
-from consumer import scratch_database
+from consumer import migrated_database
 from relay_scheduled import _claim_ms, _lease
 
 from outboxkit.cli import main as cli_main
-from outboxkit.db import migrator
-from outboxkit.devstack.postgres import PostgresServer
 from outboxkit.relay.reader import ShardStore
 from outboxkit.relay.scheduling import SCHEDULE_BATCH, Scheduling
 
@@ -93,18 +91,9 @@ async def _measure(url: str, behind: int, parked: int) -> None:
 
 def main() -> None:
     behind = int(os.environ.get("BENCH_BEHIND", "100000"))
-    external = os.environ.get("OUTBOXKIT_DATABASE_URL")
-    server = None if external else PostgresServer(durable=True)
-    try:
-        if server is not None:
-            server.start()
-        with scratch_database(external or server.url) as url:  # type: ignore[union-attr]
-            migrator.upgrade(url)
-            parked = _seed(url, behind)
-            asyncio.run(_measure(url, behind, parked))
-    finally:
-        if server is not None:
-            server.stop()
+    with migrated_database() as url:
+        parked = _seed(url, behind)
+        asyncio.run(_measure(url, behind, parked))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ import time
 from typing import Any
 
 import psycopg
-from consumer import scratch_database
+from consumer import migrated_database
 
-from outboxkit.db import migrator
-from outboxkit.devstack.postgres import PostgresServer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.reader import ShardStore
 from outboxkit.relay.scheduling import SCHEDULE_BATCH, Scheduling
@@ -118,18 +116,9 @@ async def _measure(url: str, scheduled: int, made_due: int) -> None:
 def main() -> None:
     scheduled = int(os.environ.get("BENCH_SCHEDULED", "300000"))
     made_due = int(os.environ.get("BENCH_DUE", "100000"))
-    external = os.environ.get("OUTBOXKIT_DATABASE_URL")
-    server = None if external else PostgresServer(durable=True)
-    try:
-        if server is not None:
-            server.start()
-        with scratch_database(external or server.url) as url:  # type: ignore[union-attr]
-            migrator.upgrade(url)
-            _seed(url, scheduled)
-            asyncio.run(_measure(url, scheduled, made_due))
-    finally:
-        if server is not None:
-            server.stop()
+    with migrated_database() as url:
+        _seed(url, scheduled)
+        asyncio.run(_measure(url, scheduled, made_due))
 
 
 if __name__ == "__main__":
