@@ -28,10 +28,11 @@ from outboxkit.relay.checkpoint_writer import CheckpointWriter, too_large
 from outboxkit.relay.claim_size import ClaimSizer
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.owed_marks import OwedMarks
 from outboxkit.relay.publish_stats import PublishStats
 from outboxkit.relay.reader import OutboxRecord, ShardStore, produce_requests
 from outboxkit.relay.topic_gate import TopicGate
-from outboxkit.settings import OnPublish, ParkedKeyPolicy, RelaySettings
+from outboxkit.settings import Mode, OnPublish, ParkedKeyPolicy, RelaySettings
 
 logger = logging.getLogger("outboxkit.relay.shard_worker")
 
@@ -77,6 +78,7 @@ class BatchPublisher:
         )
         self._limits = self._gate.limits  # sends may be cut (at_least_once: broker_limits)
         self._pending_mark: asyncio.Task[None] | None = None
+        self._owed = OwedMarks(enabled=config.mode is Mode.AT_LEAST_ONCE)
         self._one_claim_transactions = 0  # after a permanent error in several claims (below)
         # The next claim and its records, built ahead (see ``_claim``); used only for that claim.
         self._prepared: tuple[list[OutboxRecord], list[ProduceRequest]] | None = None
@@ -130,9 +132,19 @@ class BatchPublisher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pending
 
+    async def pay_owed_marks(self, term: LeaseTerm, conn: Conn) -> None:
+        """At a term's start, before any claim: mark what earlier terms sent and could not
+        mark (``at_least_once``; see ``owed_marks``). Raises as a mark does."""
+        if len(self._owed):
+            delete = self.config.on_publish is OnPublish.DELETE
+            changed = await self._owed.pay(self._store, conn, term, delete=delete)
+            self.stats.marks += 1
+            self._metrics.published.labels(self._label).inc(changed)
+
     async def _mark(self, term: LeaseTerm, conn: Conn, ids: list[int]) -> None:
         delete = self.config.on_publish is OnPublish.DELETE
         changed = await self._store.mark_published(conn, term, ids, delete=delete)
+        self._owed.paid(ids)
         self.stats.marks += 1  # committed: what tells the worker that its term works
         # Counted as marked, not at the Kafka commit: a batch whose mark failed is marked by a
         # later term's reconciliation, which counts it then (before, it was counted twice).
@@ -279,9 +291,8 @@ class BatchPublisher:
         self.stats.rows += len(carried)
         if self._one_claim_transactions > 0:
             self._one_claim_transactions -= 1
-        ids = [i for i, _ in carried]
         if self._isolate_remaining > 0:
-            self._isolate_remaining -= len(ids)
+            self._isolate_remaining -= len(carried)
         if next_claim is not None:  # the deferred first claim of the next transaction
             clock = time.monotonic()
             following = await next_claim
@@ -289,6 +300,8 @@ class BatchPublisher:
             term.check()
         # The mark runs while the next transaction goes to Kafka; it is awaited before that
         # one's commit. Yield once so its statement is on the wire before the next CPU work.
+        self._owed.owe(carried)  # until its mark commits (at_least_once)
+        ids = [i for i, _ in carried]
         self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
         await asyncio.sleep(0)
         self._metrics.batch_seconds.labels(self._label).observe(time.monotonic() - started)

@@ -234,10 +234,10 @@ class ShardWorker:
         self.active.set()
         self._metrics.lease_active.labels(self._label).set(1)
         self._metrics.lease_token.labels(self._label).set(term.token)
-        logger.log(
-            self._retry_log.term_level, "shard %s active with token %s", self.shard, term.token
-        )
+        level = self._retry_log.term_level
+        logger.log(level, "shard %s active with token %s", self.shard, term.token)
         try:
+            await publisher.pay_owed_marks(term, conn)  # before anything is sent again
             while not self.stop.is_set():
                 term.check()
                 if publisher.stats.marks > marks:  # not a Kafka commit: its mark may fail

@@ -1,0 +1,57 @@
+"""Rows Kafka took whose mark did not commit (at_least_once): marked before anything more goes.
+
+In ``at_least_once`` mode a mark that fails ends the term, and the next term's claim found the
+same rows still ``pending`` and sent them again: once per back-off step for as long as marks
+failed (a role without UPDATE, a ``statement_timeout`` shorter than the mark, a full disk), i.e.
+the same rows again and again while nothing moved on. The rows of a batch whose mark is owed are
+kept here instead, and the next term marks them before it claims: while marks keep failing,
+nothing is sent again; once one works, those rows are published without another send.
+
+They are marked by ``(id, event_id)`` on the shard, as a checkpoint's rows are: after a failover
+that lost the database's last writes an id may be reused by a new row, which a mark by id alone
+would call published unsent. ``exactly_once`` does not need this: a takeover reconciles the
+committed transactions from the checkpoint topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.reader import ShardStore
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+class OwedMarks:
+    """The ``(id, event_id)`` of rows sent whose mark has not committed yet."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._rows: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def owe(self, rows: Iterable[tuple[int, str]]) -> None:
+        """Before the mark runs: a mark cancelled before its first step owes its rows too."""
+        if self.enabled:
+            self._rows.update(rows)
+
+    def paid(self, ids: Iterable[int]) -> None:
+        if self._rows:
+            for row_id in ids:
+                self._rows.pop(row_id, None)
+
+    async def pay(self, store: ShardStore, conn: Conn, term: LeaseTerm, *, delete: bool) -> int:
+        """Mark (or delete) the owed rows still pending, under ``term``; raises as a mark does
+        and then owes them still. Returns the rows changed (0: nothing owed, or all done)."""
+        if not self._rows:
+            return 0
+        rows = list(self._rows.items())
+        changed = await store.reconcile(conn, term, rows, delete=delete)
+        self.paid(row_id for row_id, _ in rows)
+        return changed

@@ -1,0 +1,71 @@
+"""What an at_least_once shard owes: the rows Kafka took whose mark did not commit.
+
+:class:`OwedMarks` alone, with a stand-in for the store's reconcile (the statement itself is
+run on the real database by ``tests/integration/test_relay_marks_refused.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+
+from outboxkit.relay.lease import LeaseTerm
+from outboxkit.relay.owed_marks import OwedMarks
+from outboxkit.relay.reader import ShardStore
+
+pytestmark = pytest.mark.unit
+
+TERM = cast(LeaseTerm, object())
+CONN: Any = object()
+
+
+class _Store:
+    def __init__(self, fails: bool = False) -> None:
+        self.fails = fails
+        self.calls: list[tuple[list[tuple[int, str]], bool]] = []
+
+    async def reconcile(
+        self, conn: Any, term: LeaseTerm, carried: Sequence[tuple[int, str]], *, delete: bool
+    ) -> int:
+        self.calls.append((list(carried), delete))
+        if self.fails:
+            raise RuntimeError("the mark failed again")
+        return len(carried)
+
+
+def _store(store: _Store) -> ShardStore:
+    return cast(ShardStore, store)
+
+
+async def test_rows_are_owed_until_their_mark_commits() -> None:
+    owed = OwedMarks(enabled=True)
+    owed.owe([(1, "a"), (2, "b")])
+    owed.owe([(3, "c")])
+    owed.paid([1, 2])
+    store = _Store()
+    assert await owed.pay(_store(store), CONN, TERM, delete=False) == 1
+    assert store.calls == [([(3, "c")], False)]
+    assert len(owed) == 0
+    assert await owed.pay(_store(store), CONN, TERM, delete=False) == 0  # nothing: no statement
+    assert len(store.calls) == 1
+
+
+async def test_a_payment_that_fails_owes_the_rows_still() -> None:
+    owed = OwedMarks(enabled=True)
+    owed.owe([(7, "g"), (8, "h")])
+    failing = _Store(fails=True)
+    with pytest.raises(RuntimeError):
+        await owed.pay(_store(failing), CONN, TERM, delete=True)
+    assert len(owed) == 2
+    store = _Store()
+    assert await owed.pay(_store(store), CONN, TERM, delete=True) == 2
+    assert store.calls == [([(7, "g"), (8, "h")], True)]  # by (id, event id), in sent order
+
+
+def test_exactly_once_owes_nothing() -> None:
+    """There a takeover reconciles from the checkpoint topic."""
+    owed = OwedMarks(enabled=False)
+    owed.owe([(1, "a")])
+    assert len(owed) == 0
