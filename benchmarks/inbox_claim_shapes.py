@@ -17,6 +17,11 @@ Per batch of 50 new events, on one connection, raw psycopg, no handler work:
 * ``plain`` (not built): ``current`` with the claim a plain ``INSERT`` (no ``ON CONFLICT``: no
   speculative insertion; the upsert would stay for a batch holding a known event);
 * ``one_token`` (not built): ``plain`` with one lease token per batch (one ``nextval``).
+* ``hot`` (not built): ``current`` on a copy of the schema (``outboxkit_hot``) whose purge index
+  is ``(consumer, created_at)`` instead of the partial ``(consumer, finished_at) WHERE state <>
+  'processing'``, and whose table leaves room on each page (``fillfactor``, ``BENCH_FILLFACTOR``
+  default 50: a row's new version goes on its own page only if there is room): the mark then
+  changes no indexed column, so PostgreSQL may make it a HOT update (no new index entries).
 
 ``BENCH_VARIANTS`` (comma-separated) runs a subset.
 
@@ -39,6 +44,7 @@ from consumer import HISTORY_SQL, scratch_database
 from outboxkit.db.migrator import upgrade
 from outboxkit.db.queries import query
 from outboxkit.devstack import DevStack
+from outboxkit.inbox.store import QUIET_AFTER_MARK_SECONDS
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "10"))
 BATCHES = int(os.environ.get("BENCH_BATCHES", "60"))
@@ -48,6 +54,19 @@ SCHEMA = "outboxkit"
 
 CLAIM = query("inbox", "claim_batch", SCHEMA).psycopg_binary
 MARK = query("inbox", "mark_succeeded_batch", SCHEMA).psycopg_binary
+HOT_SCHEMA = "outboxkit_hot"
+FILLFACTOR = int(os.environ.get("BENCH_FILLFACTOR", "50"))
+HOT_CLAIM = query("inbox", "claim_batch", HOT_SCHEMA).psycopg_binary
+HOT_MARK = query("inbox", "mark_succeeded_batch", HOT_SCHEMA).psycopg_binary
+HOT_TABLE = f"""
+DROP INDEX {HOT_SCHEMA}.inbox_message_consumer_finished_idx;
+CREATE INDEX ON {HOT_SCHEMA}.inbox_message (consumer, created_at);
+ALTER TABLE {HOT_SCHEMA}.inbox_message SET (fillfactor = {FILLFACTOR})
+"""
+HOT_UPDATES = f"""
+SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+WHERE schemaname = '{HOT_SCHEMA}' AND relname = 'inbox_message'
+"""
 
 MARKER_TABLE = """
 CREATE TABLE outboxkit.bench_inbox_batch (
@@ -111,18 +130,19 @@ def batch_parameters(consumer: str, first: int) -> dict[str, Any]:
         "owner": "bench",
         "now": None,
         "lease_seconds": 30.0,
+        "idle_ms": int(QUIET_AFTER_MARK_SECONDS * 1000),  # the mark's bound, as the store passes
         "first": first,
         "last": first + BATCH - 1,
     }
 
 
-def _with_claim(claim: bytes) -> Any:
+def _with_claim(claim: bytes, mark: bytes = MARK) -> Any:
     def run(conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
         with conn.transaction():
             claimed = conn.execute(claim, params).fetchall()
         params["tokens"] = [row[1] for row in claimed]
         with conn.transaction():
-            if len(conn.execute(MARK, params).fetchall()) != BATCH:
+            if len(conn.execute(mark, params).fetchall()) != BATCH:
                 raise RuntimeError("mark missed rows")
 
     return run
@@ -161,6 +181,7 @@ ALL_VARIANTS = {
     "optimistic": optimistic,
     "plain": _with_claim(PLAIN_CLAIM),
     "one_token": _with_claim(ONE_TOKEN_CLAIM),
+    "hot": _with_claim(HOT_CLAIM, HOT_MARK),
 }
 CHOSEN = os.environ.get("BENCH_VARIANTS", ",".join(ALL_VARIANTS)).split(",")
 VARIANTS = {name: ALL_VARIANTS[name] for name in CHOSEN}
@@ -170,10 +191,17 @@ def main() -> None:
     # The stack uses the servers OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP name, if any.
     with DevStack(durable=True) as stack, scratch_database(stack.database_url) as url:
         upgrade(url)
+        if "hot" in VARIANTS:
+            upgrade(url, HOT_SCHEMA)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(MARKER_TABLE)
             conn.execute(HISTORY_SQL, {"rows": HISTORY})
             conn.execute("VACUUM ANALYZE outboxkit.inbox_message")
+            if "hot" in VARIANTS:
+                conn.execute(HOT_TABLE)
+                history = HISTORY_SQL.replace("outboxkit.", f"{HOT_SCHEMA}.")
+                conn.execute(history, {"rows": HISTORY})  # type: ignore[arg-type]
+                conn.execute(f"VACUUM ANALYZE {HOT_SCHEMA}.inbox_message")  # type: ignore[arg-type]
             wall: dict[str, list[float]] = {name: [] for name in VARIANTS}
             cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
             offset = 0
@@ -196,6 +224,10 @@ def main() -> None:
                 f"{name:>10}: wall {statistics.median(wall[name]):.1f} us/event "
                 f"(rounds {rounds}), backend CPU {statistics.median(cpu[name]):.1f} us/event"
             )
+        if "hot" in VARIANTS:
+            with psycopg.connect(url) as conn:
+                row = conn.execute(HOT_UPDATES).fetchone()
+            print(f"       hot: {row[1]} of {row[0]} updates of its table were HOT")  # type: ignore[index]
 
 
 if __name__ == "__main__":
