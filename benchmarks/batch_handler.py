@@ -6,15 +6,20 @@ database is created and dropped either way). The consumers are those of
 ``benchmarks/consumer.py`` (batches of 50, offsets every second, one effect row per event):
 
 * ``mw/batch``: the middleware batched, a per-event handler (one ``INSERT`` per event);
-* ``mw/bulk``: the same with a batch handler writing the batch's rows in one ``executemany``.
+* ``mw/bulk``: the same with a batch handler writing the batch's rows in one ``executemany``;
+* ``bare/batch``, ``bare/bulk``: a bare consumer (``benchmarks/consumer.py``) committing each
+  fetched batch's effect rows in one transaction, one ``INSERT`` per event or the batch's rows in
+  one ``executemany``: ``mw/batch : bare/batch`` and ``mw/bulk : bare/bulk`` compare the same
+  writes with and without the middleware (printed round by round when both ran).
 
-``--variants mw/batch`` runs only the first (it also runs on code without batch handlers, to
+``--variants mw/batch`` runs only that one (it also runs on code without batch handlers, to
 compare before and after a change). Variants alternate between rounds; medians are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -82,11 +87,16 @@ def bulk_aiokafka(url: str, bootstrap: str, topic: str, events: int, interval: f
 
 
 VARIANTS: list[tuple[str, str, Runner]] = [
+    ("confluent", "bare/batch", base.bare_confluent_batch),
+    ("confluent", "bare/bulk", functools.partial(base.bare_confluent_batch, bulk=True)),
     ("confluent", "mw/batch", base.middleware_confluent_batch),
     ("confluent", "mw/bulk", bulk_confluent),
+    ("aiokafka", "bare/batch", base.bare_aiokafka_batch),
+    ("aiokafka", "bare/bulk", functools.partial(base.bare_aiokafka_batch, bulk=True)),
     ("aiokafka", "mw/batch", base.middleware_aiokafka_batch),
     ("aiokafka", "mw/bulk", bulk_aiokafka),
 ]
+RATIOS = [("mw/batch", "bare/batch"), ("mw/bulk", "bare/bulk"), ("mw/bulk", "mw/batch")]
 
 
 def run(server_url: str, bootstrap: str, events: int, rounds: int, names: set[str]) -> None:
@@ -102,17 +112,27 @@ def run(server_url: str, bootstrap: str, events: int, rounds: int, names: set[st
             for client, variant, runner in order:
                 rate = runner(sqlalchemy_url(db_url), bootstrap, topic, events, base.INTERVAL)
                 rates.setdefault((client, variant), []).append(rate)
-                print(f"round {round_no}  {client:9} {variant:9} {rate:8.0f} events/s", flush=True)
+                print(f"round {round_no}  {client:9} {variant:10} {rate:8.0f} events/s", flush=True)
     print(f"\n{events} events, one effect row each; median of {rounds} rounds (events/s)")
     for (client, variant), values in rates.items():
-        print(f"{client:10}{variant:10}{statistics.median(values):8.0f}")
+        print(f"{client:10}{variant:11}{statistics.median(values):8.0f}")
+    for a, b in RATIOS:
+        for client in ("confluent", "aiokafka"):
+            if (client, a) in rates and (client, b) in rates:
+                pairs = zip(rates[(client, a)], rates[(client, b)], strict=True)
+                paired = [x / y for x, y in pairs]
+                print(
+                    f"  {client:9} {a} : {b} round by round: "
+                    + ", ".join(f"{r:.2f}" for r in paired)
+                    + f" (median {statistics.median(paired):.2f})"
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variants", default="mw/batch,mw/bulk")
+    parser.add_argument("--variants", default="bare/batch,bare/bulk,mw/batch,mw/bulk")
     args = parser.parse_args()
     names = set(args.variants.split(","))
     url = os.environ.get("OUTBOXKIT_DATABASE_URL")

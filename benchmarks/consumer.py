@@ -134,8 +134,9 @@ class Meter:
 
 
 def bare_confluent_batch(
-    url: str, bootstrap: str, topic: str, events: int, interval: float
+    url: str, bootstrap: str, topic: str, events: int, interval: float, bulk: bool = False
 ) -> float:
+    """``bulk``: the batch's rows in one ``executemany`` (what a batch handler does)."""
     engine = create_engine(url)
     consumer = Consumer(_conf(bootstrap))
     consumer.subscribe([topic])
@@ -146,9 +147,12 @@ def bare_confluent_batch(
             if not msgs:
                 continue
             with engine.begin() as conn:
-                for msg in msgs:
-                    body = json.loads(msg.value())
-                    conn.execute(INSERT, {"event_id": msg.key().decode(), "amount": body["amount"]})
+                rows = [
+                    {"event_id": msg.key().decode(), "amount": json.loads(msg.value())["amount"]}
+                    for msg in msgs
+                ]
+                for chunk in [rows] if bulk else rows:  # a list: one executemany
+                    conn.execute(INSERT, chunk)
             meter.add(len(msgs))
             if meter.done >= events or time.monotonic() - last_commit >= interval:
                 consumer.commit(message=msgs[-1], asynchronous=False)
@@ -263,7 +267,7 @@ async def _bare_aiokafka(
 
 
 async def _bare_aiokafka_batch(
-    url: str, bootstrap: str, topic: str, events: int, interval: float
+    url: str, bootstrap: str, topic: str, events: int, interval: float, bulk: bool = False
 ) -> float:
     engine = create_async_engine(url)
     consumer = _aiokafka_consumer(bootstrap, topic)
@@ -276,11 +280,12 @@ async def _bare_aiokafka_batch(
             if not msgs:
                 continue
             async with engine.begin() as conn:
-                for msg in msgs:
-                    body = json.loads(msg.value)
-                    await conn.execute(
-                        INSERT, {"event_id": msg.key.decode(), "amount": body["amount"]}
-                    )
+                rows = [
+                    {"event_id": msg.key.decode(), "amount": json.loads(msg.value)["amount"]}
+                    for msg in msgs
+                ]
+                for chunk in [rows] if bulk else rows:  # a list: one executemany
+                    await conn.execute(INSERT, chunk)
             meter.add(len(msgs))
             if meter.done >= events or time.monotonic() - last_commit >= interval:
                 await consumer.commit(
@@ -340,9 +345,9 @@ def bare_aiokafka(url: str, bootstrap: str, topic: str, events: int, interval: f
 
 
 def bare_aiokafka_batch(
-    url: str, bootstrap: str, topic: str, events: int, interval: float
+    url: str, bootstrap: str, topic: str, events: int, interval: float, bulk: bool = False
 ) -> float:
-    return asyncio.run(_bare_aiokafka_batch(url, bootstrap, topic, events, interval))
+    return asyncio.run(_bare_aiokafka_batch(url, bootstrap, topic, events, interval, bulk))
 
 
 def middleware_aiokafka(
