@@ -3,8 +3,9 @@
 In ``at_least_once`` mode a mark that fails ends the term, and the next term's claim found the
 same rows still ``pending`` and sent them again: once per back-off step for as long as marks
 failed (a role without UPDATE, a ``statement_timeout`` shorter than the mark, a full disk), i.e.
-the same rows again and again while nothing moved on. The rows of a batch whose mark is owed are
-kept here instead, and the next term marks them before it claims: while marks keep failing,
+the same rows again and again while nothing moved on. The rows whose mark is owed are kept here
+instead (a batch's until its mark commits, and those of the batch that went out while the
+previous mark failed), and the next term marks them before it claims: while marks keep failing,
 nothing is sent again; once one works, those rows are published without another send.
 
 They are marked by ``(id, event_id)`` on the shard, as a checkpoint's rows are: after a failover
@@ -15,13 +16,14 @@ committed transactions from the checkpoint topic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
 import psycopg
 
+from outboxkit.kafka.api import Delivery
 from outboxkit.relay.lease import LeaseTerm
-from outboxkit.relay.reader import ShardStore
+from outboxkit.relay.reader import OutboxRecord, ShardStore
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -45,6 +47,18 @@ class OwedMarks:
         if self._rows:
             for row_id in ids:
                 self._rows.pop(row_id, None)
+
+    async def awaiting(
+        self, mark: Awaitable[None], sent: Sequence[OutboxRecord], deliveries: Sequence[Delivery]
+    ) -> None:
+        """The previous batch's mark, awaited once ``sent`` went out: if it fails and Kafka took
+        every one of them, they are owed too (their own mark would not even start)."""
+        try:
+            await mark
+        except BaseException:
+            if len(deliveries) >= len(sent) and all(d.error is None for d in deliveries):
+                self.owe((record.id, record.event_id) for record in sent)
+            raise
 
     async def pay(self, store: ShardStore, conn: Conn, term: LeaseTerm, *, delete: bool) -> int:
         """Mark (or delete) the owed rows still pending, under ``term``; raises as a mark does

@@ -214,7 +214,7 @@ class BatchPublisher:
             # would leave for one more transaction. Under backlog it overlaps the send.
             deferred = last and producer.transactional and not self._sizer.full
             next_claim = None if deferred else asyncio.create_task(claim_next())
-            stats = self.stats
+            stats, deliveries = self.stats, []
             try:
                 try:
                     # Let the claim reach PostgreSQL before the Python work of building and
@@ -237,8 +237,8 @@ class BatchPublisher:
                     deliveries = await self._limits.send(producer, requests, term.check)
                     stats.send += time.monotonic() - clock
                 finally:
-                    if first and previous_mark is not None:
-                        await previous_mark  # a lease lost while marking surfaces here
+                    if first and previous_mark is not None:  # a lease lost marking surfaces here
+                        await self._owed.awaiting(previous_mark, to_send, deliveries)
                 term.check()
                 failed = [
                     (record, delivery.error)

@@ -11,9 +11,10 @@ from typing import Any, cast
 
 import pytest
 
+from outboxkit.kafka.api import Delivery, RecordError
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.owed_marks import OwedMarks
-from outboxkit.relay.reader import ShardStore
+from outboxkit.relay.reader import OutboxRecord, ShardStore
 
 pytestmark = pytest.mark.unit
 
@@ -68,4 +69,45 @@ def test_exactly_once_owes_nothing() -> None:
     """There a takeover reconciles from the checkpoint topic."""
     owed = OwedMarks(enabled=False)
     owed.owe([(1, "a")])
+    assert len(owed) == 0
+
+
+def _record(row_id: int) -> OutboxRecord:
+    return OutboxRecord(
+        row_id, f"e{row_id}", "k", "t", None, b"", "json", None, None, None, None, None, 0
+    )
+
+
+async def _failed_mark() -> None:
+    raise RuntimeError("the previous batch's mark failed")
+
+
+async def _mark_done() -> None:
+    return None
+
+
+async def test_records_sent_while_the_previous_mark_failed_are_owed_too() -> None:
+    owed = OwedMarks(enabled=True)
+    sent = [_record(4), _record(5)]
+    with pytest.raises(RuntimeError):
+        await owed.awaiting(_failed_mark(), sent, [Delivery(0, 1), Delivery(0, 2)])
+    store = _Store()
+    await owed.pay(_store(store), CONN, TERM, delete=False)
+    assert store.calls == [([(4, "e4"), (5, "e5")], False)]
+
+
+async def test_records_kafka_did_not_all_take_are_not_owed() -> None:
+    """They are sent again (a failed delivery), or were never sent (the send raised)."""
+    owed = OwedMarks(enabled=True)
+    refused = Delivery(error=RecordError("REQUEST_TIMED_OUT", "no answer"))
+    with pytest.raises(RuntimeError):
+        await owed.awaiting(_failed_mark(), [_record(4), _record(5)], [Delivery(0, 1), refused])
+    with pytest.raises(RuntimeError):
+        await owed.awaiting(_failed_mark(), [_record(6)], [])
+    assert len(owed) == 0
+
+
+async def test_a_previous_mark_that_worked_owes_nothing() -> None:
+    owed = OwedMarks(enabled=True)
+    await owed.awaiting(_mark_done(), [_record(4)], [Delivery(0, 1)])
     assert len(owed) == 0
