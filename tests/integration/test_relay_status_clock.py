@@ -73,6 +73,24 @@ async def test_the_oldest_pending_age_is_counted_from_the_given_now(
 
 
 @TIMES
+async def test_a_row_scheduled_for_later_is_as_old_as_it_has_been_due(
+    outboxkit_db_url: str, at: datetime
+) -> None:
+    """A row written at ``at`` for a day later: 0 until it is due (it is back in ``pending``
+    some seconds before, see scheduling), then its age runs from then, not from ``at``."""
+    set_shard_count(outboxkit_db_url, 1)
+    _pending_since(outboxkit_db_url, at)
+    due = at + timedelta(days=1)
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+        c.execute(f"UPDATE {SCHEMA}.outbox_message SET deliver_after = %s", (due,))
+    async with await db.connect_async(outboxkit_db_url) as conn:
+        early = await _read(conn, "status", due - 5 * SECOND)
+        late = await _read(conn, "status", due + timedelta(seconds=AGE))
+    assert (early[5], float(early[6])) == (1, 0.0)
+    assert (late[5], float(late[6])) == (1, AGE)
+
+
+@TIMES
 async def test_the_sampler_passes_its_now_to_the_gauges(
     outboxkit_db_url: str, at: datetime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -434,6 +434,11 @@ SELECT shard, active, parked, counts FROM holders ORDER BY shard;
 -- (NULL in production: the database clock).
 -- walked: counts, and the shard is in :only (a NULL :only: every shard that counts). A relay
 -- process counts a shard that just became its to count alone, without walking the others.
+-- The age runs from when a row became due: its deliver_after when later than its creation, so a
+-- row scheduled days ago does not look days old in the seconds between its return to pending
+-- (scheduling) and its send, and one not due yet counts as 0 (a steady stream of scheduled rows
+-- had kept the age at their scheduling distance, and an age alert firing). A row waiting on
+-- next_attempt_at (a failed send's back-off) keeps its age: it is late.
 -- The backlog and its oldest row come from one walk of the shard's pending rows in the partial
 -- pending index. Run it after pending_walk_only, in the same transaction: with statistics that
 -- still count a drained backlog as pending, the planner otherwise reads the whole table for
@@ -448,14 +453,15 @@ scope AS (
 SELECT h.shard, h.holder, h.token, h.expires_at, h.active,
        CASE WHEN h.walked THEN p.backlog END AS backlog,
        CASE WHEN h.walked
-            THEN extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - p.oldest)
+            THEN greatest(0, extract(epoch FROM
+                                     coalesce(CAST(:now AS timestamptz), now()) - p.oldest))
        END AS oldest_pending_seconds,
        h.parked, h.counts, h.walked
 FROM scope h
 CROSS JOIN LATERAL (
-    SELECT count(*) AS backlog, min(o.created_at) AS oldest
+    SELECT count(*) AS backlog, min(o.due) AS oldest
     FROM (
-        SELECT m.created_at FROM {schema}.outbox_message m
+        SELECT greatest(m.created_at, m.deliver_after) AS due FROM {schema}.outbox_message m
         -- The claim's form (see claim_batch): only the partial pending index gives this order.
         WHERE h.walked AND m.shard BETWEEN h.shard AND h.shard AND m.state = 'pending'
         ORDER BY m.shard, m.id
