@@ -191,6 +191,8 @@ class Moves(NamedTuple):
     due: int  # back from 'scheduled'
     held: int  # to 'held', behind a parked row of their key
     released: int  # back from 'held', no parked row of their key left
+    walking: bool = False  # held keys left to walk (held_keys_walk) before the walk starts again
+    letting_go: bool = False  # so, under policy 'skip': all come back before the next claim
 
 
 class ShardStore:
@@ -203,6 +205,7 @@ class ShardStore:
         self._skip_parked_keys = skip_parked_keys
         self._parked_lock = parked_lock_name(schema)
         self._max_bytes = max_bytes
+        self._held_after: str | None = None  # where the walk of held keys goes on (None: start)
         # Claimed rows that cannot become a Kafka record (row id -> why): the topic gate parks
         # them with the reason before anything is sent.
         self.defects: dict[int, str] = {}
@@ -360,24 +363,28 @@ class ShardStore:
             waiting, due = await self._fenced_counts(
                 conn, "schedule_rows", term, now=now, limit=limit, ahead_seconds=ahead_seconds
             )
-            held, released = await self._hold(conn, term, limit, now) if row and row[0] else (0, 0)
-        return Moves(waiting, due, held, released)
+            hold = row is not None and bool(row[0])
+            held, released = await self._hold(conn, term, limit, now) if hold else (0, 0)
+        walking = hold and self._held_after is not None
+        return Moves(waiting, due, held, released, walking, walking and self._skip_parked_keys)
 
     async def _hold(
         self, conn: Conn, term: LeaseTerm, limit: int, now: datetime | None
     ) -> tuple[int, int]:
-        """Rows behind a parked row of their key to 'held', held rows with none left back
+        """Rows behind a parked row of their key to 'held'; then one step of the walk of held
+        keys (held_keys_walk), whose rows with no parked row left (any, under 'skip') come back
         (once the shard's parked_lock is taken: see it in relay.sql)."""
         skip = {"shard": term.shard, "skip_parked_keys": self._skip_parked_keys}
         held = await self._fenced(
             conn, "hold_rows", term, now=now, limit=limit, window=HOLD_WINDOW, **skip
         )
-        keys = [str(r[0]) for r in await db.rows_async(conn, self._query("held_orphan_keys"), skip)]
-        if not keys:
-            return held, 0
-        released = await self._fenced(
-            conn, "held_orphans_release", term, now=now, limit=limit, keys=keys, **skip
-        )
+        step = {**skip, "after": self._held_after, "limit": limit}
+        walked = await db.rows_async(conn, self._query("held_keys_walk"), step)
+        self._held_after = str(walked[-1][0]) if len(walked) >= limit else None  # or again
+        keys, released = [str(r[0]) for r in walked if r[1]], 0
+        if keys:
+            name = "held_orphans_release"
+            released = await self._fenced(conn, name, term, now=now, keys=keys, **skip)
         return held, released
 
     async def paused(self, conn: Conn, group: str) -> bool:

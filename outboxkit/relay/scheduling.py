@@ -98,9 +98,9 @@ class Scheduling:
             self.moved_held += moves.held
             self.moved_released += moves.released
             behind = max(moves.later, moves.held) >= self._batch
-            if max(moves.due, moves.released) >= self._batch:
+            if max(moves.due, moves.released) >= self._batch or moves.letting_go:
                 continue  # every row due (or let go) comes back before the next claim
-            if not behind or self._clock() >= ends:
-                break
+            if not (behind or moves.walking) or self._clock() >= ends:
+                break  # the walk of held keys goes on in the next pass, not at once
         self.passes += 1
         self._due = self._clock() + (0.0 if behind else self._interval)

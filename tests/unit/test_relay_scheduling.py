@@ -109,6 +109,28 @@ async def test_rows_held_behind_a_parked_key_move_as_rows_scheduled_for_later_do
     assert (store.calls, scheduling.moved_released) == (10, 93)
 
 
+async def test_a_walk_of_held_keys_goes_on_while_the_pass_time_allows_then_next_pass() -> None:
+    """Policy 'wait': the walk that finds keys no parked row holds back any more is bounded by
+    the pass's time and goes on in the next pass, an interval later (not before the next
+    claim: a walk of many keys would else hold the shard's publishing)."""
+    clock = Clock()
+    walking: list[tuple[int, ...]] = [(0, 0, 0, 0, True)] * 100
+    scheduling, store = Scheduling(2.0, clock=clock, batch=10), Store(clock, walking, took=0.1)
+    await _pass(scheduling, store)
+    assert store.calls == math.ceil(PASS_SECONDS / 0.1)
+    calls = store.calls
+    await _pass(scheduling, store)
+    assert store.calls == calls  # the next pass waits its interval
+
+
+async def test_under_the_skip_policy_the_walk_lets_every_held_row_go_in_the_pass() -> None:
+    clock = Clock()
+    going: list[tuple[int, ...]] = [(0, 0, 0, 3, True, True)] * 9 + [(0, 0, 0, 2)]
+    scheduling, store = Scheduling(2.0, clock=clock, batch=10), Store(clock, going, took=0.1)
+    await _pass(scheduling, store)
+    assert (store.calls, scheduling.moved_released) == (10, 29)  # 1 s: past the pass's 0.25 s
+
+
 def test_rows_come_back_ahead_of_their_time_by_more_than_a_pass_may_be_late() -> None:
     """Two intervals, the longest Kafka transaction (its claims run without a pass), and
     slack: a row back after its time would let newer rows of its key that are due go first."""
