@@ -12,7 +12,8 @@ is known fails by itself at that timeout, so a coordinator's move never costs th
 past that the client is given up. It is closed in a thread nobody waits for, its partitions are
 handed back as lost (nothing can be committed for them), and a new client subscribes at the next
 poll. More than :data:`ABANDONED_MAX` given-up clients still open end the consumer with an error
-(a supervisor's restart frees them). A close is given :data:`CLOSE_SECONDS`.
+(a supervisor's restart frees them). A close is given :data:`CLOSE_SECONDS`. A poll a stop cut
+short is followed by a seek back (:mod:`outboxkit.kafka.confluent_positions`).
 """
 
 from __future__ import annotations
@@ -37,11 +38,9 @@ from outboxkit.kafka.api import (
     undecodable_name,
 )
 from outboxkit.kafka.api import TopicPartition as TP
-from outboxkit.kafka.config import (
-    CONSUMER_OPTIONS_HINT,
-    confluent_config,
-)
+from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, confluent_config
 from outboxkit.kafka.confluent_build import create
+from outboxkit.kafka.confluent_positions import FetchPositions, ready
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.kafka.group_protocol import CONFLUENT_DEFAULT_STRATEGY, ProtocolNotice
 from outboxkit.settings import KafkaSettings
@@ -120,6 +119,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         # When the revocation's commit (not waited for) must have been answered by.
         self._revocation_deadline: float | None = None
         self._consumer = self._create()
+        self._positions = FetchPositions()  # the client's: where a cut poll goes back to
         self._closed = False
         # A commit went unanswered: the client is replaced at the next poll, untouched till then.
         self._wedged = False
@@ -156,7 +156,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         keeps refusing a seek: nothing of the old one's state is carried over)."""
         if self._closed:
             self._consumer, self._closed, self._assigned_now = self._create(), False, []
-            self._wedged, self._owned = False, set()
+            self._wedged, self._owned, self._positions = False, set(), FetchPositions()
         self._on_assign, self._on_revoke, self._topics = on_assign, on_revoke, list(topics)
         self._join()
 
@@ -178,6 +178,7 @@ class ConfluentGroupConsumer(GroupConsumer):
             )
         self._consumer = self._create()  # if it fails, the consumer stays closed (and wedged)
         self._closed, self._wedged, self._owned, self._assigned_now = False, False, set(), []
+        self._positions = FetchPositions()
         logger.warning(
             "the Kafka consumer was replaced: an offset commit got no answer within %g s (the"
             " broker went away while it was in flight); its partitions are taken as lost (%d"
@@ -207,6 +208,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         return not self._closed and not self._wedged and consumer is self._consumer
 
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._positions.assigned(_tps(partitions))  # first: a stop later in here keeps it
         if not self._current(consumer):
             return
         self._owned.update(_tps(partitions))
@@ -253,6 +255,8 @@ class ConfluentGroupConsumer(GroupConsumer):
             raise OutboxkitError("the Kafka consumer was given up and could not be replaced")
         if self._wedged:
             self._replace()
+        if not ready(self._consumer, self._positions, self.committed):
+            return []  # the last poll was cut short and seeking back failed: tried again next
         # consume() waits until it has max_records or the timeout passed: wait for one record
         # only, then take what is already fetched without waiting.
         messages = self._consumer.consume(1, timeout)
@@ -263,9 +267,9 @@ class ConfluentGroupConsumer(GroupConsumer):
             return []  # what it fetched comes again to the new client (its partitions are lost)
         if messages and max_records > 1:
             messages += self._consumer.consume(max_records - 1, 0)
-        if self._assigned_now:
-            assigned, self._assigned_now = self._assigned_now, []
-            self._resume_assigned(assigned)
+        if self._assigned_now:  # cleared once resumed: a stop in between resumes them again
+            self._resume_assigned(self._assigned_now)
+            self._assigned_now = []
         records = []
         for msg in messages:
             error = msg.error()
@@ -280,6 +284,7 @@ class ConfluentGroupConsumer(GroupConsumer):
                 self._notice.refused(f"{error}{where}")
             else:
                 logger.warning("consumer error: %s", with_credentials_hint(str(error)))
+        self._positions.ended(records)  # handed over: a stop before this line fetches them again
         return records
 
     def _resume_assigned(self, partitions: list[TopicPartition]) -> None:
@@ -313,6 +318,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         except KafkaException as exc:  # revoked meanwhile, or not fetching yet
             logger.info("seek of %s/%d to %d failed: %s", *partition, offset, exc)
             return False
+        self._positions.sought(partition, offset)
         return True
 
     def commit(self, offsets: dict[TP, int]) -> None:
