@@ -286,6 +286,7 @@ class BatchPublisher:
             if next_claim is not None:
                 await _retrieve(next_claim)
             raise
+        self._owed.owe(carried)  # Kafka has them: owed until their mark commits (at_least_once)
         self.stats.commit += time.monotonic() - clock
         self.stats.transactions += 1
         self.stats.rows += len(carried)
@@ -300,7 +301,6 @@ class BatchPublisher:
             term.check()
         # The mark runs while the next transaction goes to Kafka; it is awaited before that
         # one's commit. Yield once so its statement is on the wire before the next CPU work.
-        self._owed.owe(carried)  # until its mark commits (at_least_once)
         ids = [i for i, _ in carried]
         self._pending_mark = asyncio.create_task(self._mark(term, conn, ids))
         await asyncio.sleep(0)
