@@ -205,7 +205,9 @@ class ShardStore:
         self._skip_parked_keys = skip_parked_keys
         self._parked_lock = parked_lock_name(schema)
         self._max_bytes = max_bytes
-        self._held_after: str | None = None  # where the walk of held keys goes on (None: start)
+        # (token, key): the walk of held keys goes on after key in that term (a new term starts
+        # over: another holder may have held keys behind it); None: from the first.
+        self._held_after: tuple[int, str] | None = None
         # Claimed rows that cannot become a Kafka record (row id -> why): the topic gate parks
         # them with the reason before anything is sent.
         self.defects: dict[int, str] = {}
@@ -378,9 +380,10 @@ class ShardStore:
         held = await self._fenced(
             conn, "hold_rows", term, now=now, limit=limit, window=HOLD_WINDOW, **skip
         )
-        step = {**skip, "after": self._held_after, "limit": limit}
+        token, after = self._held_after or (term.token, None)
+        step = {**skip, "after": after if token == term.token else None, "limit": limit}
         walked = await db.rows_async(conn, self._query("held_keys_walk"), step)
-        self._held_after = str(walked[-1][0]) if len(walked) >= limit else None  # or again
+        self._held_after = (term.token, str(walked[-1][0])) if len(walked) >= limit else None
         keys, released = [str(r[0]) for r in walked if r[1]], 0
         if keys:
             name = "held_orphans_release"

@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
+from outboxkit.errors import LeaseLostError
+from outboxkit.relay.lease_loss import LeaseLoss
 from outboxkit.relay.reader import ShardStore
 from outboxkit.relay.scheduling import PASS_SECONDS, Scheduling
-from tests.relay_support import SCHEMA, day_lease, set_shard_count
+from tests.relay_support import SCHEMA, day_lease, insert_rows, payloads, set_shard_count
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +129,56 @@ class _Ticks:
     def __call__(self) -> float:
         self.now += self.step
         return self.now
+
+
+class _LostAfterOneStep:
+    """A shard store whose term is lost after the first statement pair of a pass (a renewal
+    that failed meanwhile): the pass stops there, in the middle of its walk of held keys."""
+
+    def __init__(self, store: ShardStore) -> None:
+        self.store = store
+
+    async def schedule(self, conn: Any, term: Any, *args: Any, **kwargs: Any) -> Any:
+        moves = await self.store.schedule(conn, term, *args, **kwargs)
+        term.mark_lost("renewal failed (test)", LeaseLoss.TAKEN_OVER)
+        return moves
+
+
+async def test_under_skip_a_new_term_walks_every_held_key_whatever_the_last_term_left(
+    outboxkit_db_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A 'skip' holder loses its lease in the middle of its walk; a holder still under 'wait'
+    (a rolling switch of the policy) holds rows of a key behind that place; back with the
+    lease, the 'skip' holder's first pass lets them go too, before its first claim: newer
+    rows of the key go after them."""
+    set_shard_count(outboxkit_db_url, 1)
+    columns = "event_id, idempotency_key, content_digest, topic, message_key, payload, state"
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+        c.execute(
+            f"INSERT INTO {SCHEMA}.outbox_message ({columns})"
+            " SELECT gen_random_uuid(), 'h' || n, '\\x00', 't', 'key-' || lpad(n::text, 4, '0'),"
+            " '\\x7b7d', 'held' FROM generate_series(0, 2499) n"
+        )
+    skipping = ShardStore(SCHEMA, skip_parked_keys=True)
+    lost = _LostAfterOneStep(skipping)
+    with pytest.raises(LeaseLostError):
+        await Scheduling(1.0).run_if_due(
+            conn, day_lease(outboxkit_db_url, 0, AT), cast(Any, lost), asyncio.Event(), now=AT
+        )
+    assert _states(outboxkit_db_url) == {"pending": 1000, "held": 1500}  # walked to key-0999
+    parked, *behind = insert_rows(outboxkit_db_url, "t", payloads("key-0005a", 3))
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+        c.execute(
+            f"UPDATE {SCHEMA}.outbox_message SET state = 'parked', parked_reason = 'test',"
+            " parked_at = now() WHERE id = %s",
+            (parked,),
+        )
+    waiting = ShardStore(SCHEMA)  # the other holder, still under 'wait'
+    moves = await waiting.schedule(conn, day_lease(outboxkit_db_url, 0, AT), 1000, 5.0, now=AT)
+    assert moves.held == len(behind)
+    newer = insert_rows(outboxkit_db_url, "t", payloads("key-0005a", 1, start=3))
+    term = day_lease(outboxkit_db_url, 0, AT)  # the 'skip' holder's again
+    await Scheduling(1.0).run_if_due(conn, term, skipping, asyncio.Event(), now=AT)
+    assert "held" not in _states(outboxkit_db_url)
+    claimed = [r.id for r in await skipping.claim(conn, 0, 5000, now=AT)]
+    assert [i for i in claimed if i in behind + newer] == behind + newer
