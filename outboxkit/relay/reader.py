@@ -373,9 +373,8 @@ class ShardStore:
     async def _hold(
         self, conn: Conn, term: LeaseTerm, limit: int, now: datetime | None
     ) -> tuple[int, int]:
-        """Rows behind a parked row of their key to 'held'; then one step of the walk of held
-        keys (held_keys_walk), whose rows with no parked row left (any, under 'skip') come back
-        (once the shard's parked_lock is taken: see it in relay.sql)."""
+        """Rows behind a parked row of their key to 'held'; then a step of the walk of held keys
+        (held_keys_walk), whose rows with no parked row left (any under 'skip') come back."""
         skip = {"shard": term.shard, "skip_parked_keys": self._skip_parked_keys}
         held = await self._fenced(
             conn, "hold_rows", term, now=now, limit=limit, window=HOLD_WINDOW, **skip
@@ -383,11 +382,12 @@ class ShardStore:
         token, after = self._held_after or (term.token, None)
         step = {**skip, "after": after if token == term.token else None, "limit": limit}
         walked = await db.rows_async(conn, self._query("held_keys_walk"), step)
-        self._held_after = (term.token, str(walked[-1][0])) if len(walked) >= limit else None
         keys, released = [str(r[0]) for r in walked if r[1]], 0
-        if keys:
-            name = "held_orphans_release"
-            released = await self._fenced(conn, name, term, now=now, keys=keys, **skip)
+        if keys:  # at most 10 rows a key: when more may be left, the same step again next time
+            rows = {"keys": keys, "limit": 10 * limit, **skip}
+            released = await self._fenced(conn, "held_orphans_release", term, now=now, **rows)
+        if released < 10 * limit:
+            self._held_after = (term.token, str(walked[-1][0])) if len(walked) >= limit else None
         return held, released
 
     async def paused(self, conn: Conn, group: str) -> bool:

@@ -182,3 +182,45 @@ async def test_under_skip_a_new_term_walks_every_held_key_whatever_the_last_term
     assert "held" not in _states(outboxkit_db_url)
     claimed = [r.id for r in await skipping.claim(conn, 0, 5000, now=AT)]
     assert [i for i in claimed if i in behind + newer] == behind + newer
+
+
+class _Recorded:
+    """A shard store whose schedule() statement pairs' moves are kept."""
+
+    def __init__(self, store: ShardStore) -> None:
+        self.store, self.moves = store, list[Any]()
+
+    async def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self.moves.append(await self.store.schedule(*args, **kwargs))
+        return self.moves[-1]
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["parked-row-gone", "policy-skip"])
+async def test_one_key_with_many_held_rows_goes_back_in_bounded_statements(
+    outboxkit_db_url: str, conn: psycopg.AsyncConnection[Any], skip: bool
+) -> None:
+    """A key held for hours under load may have millions of rows: one statement for them all
+    holds the lease row for longer than a lease lasts. Each statement lets at most ten rows a
+    key of its step go (here 10 x 20), oldest first, and the pass goes on until all are back,
+    before the next claim."""
+    set_shard_count(outboxkit_db_url, 1)
+    columns = "event_id, idempotency_key, content_digest, topic, message_key, payload, state"
+    with psycopg.connect(outboxkit_db_url, autocommit=True) as c:
+        c.execute(
+            f"INSERT INTO {SCHEMA}.outbox_message ({columns})"
+            " SELECT gen_random_uuid(), 'h' || n, '\\x00', 't', 'hot', '\\x7b7d', 'held'"
+            " FROM generate_series(1, 1000) n"
+        )
+    newer = insert_rows(outboxkit_db_url, "t", payloads("hot", 1))
+    recorded = _Recorded(ShardStore(SCHEMA, skip_parked_keys=skip))
+    scheduling = Scheduling(1.0, batch=20)
+    await scheduling.run_if_due(
+        conn, day_lease(outboxkit_db_url, 0, AT), cast(Any, recorded), asyncio.Event(), now=AT
+    )
+    assert _states(outboxkit_db_url) == {"pending": 1001}
+    released = [m.released for m in recorded.moves]
+    assert sum(released) == 1000, released
+    assert max(released) <= 200, released
+    claimed = [r.id for r in await recorded.store.claim(conn, 0, 5000, now=AT)]
+    assert claimed[-1:] == newer  # the held rows first, in order
+    assert claimed == sorted(claimed)

@@ -92,7 +92,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "parked_shards": {"all", "ids"},
         "hold_rows": _FENCED | {"limit", "window", "skip_parked_keys"},
         "held_keys_walk": {"shard", "after", "limit", "skip_parked_keys"},
-        "held_orphans_release": _FENCED | {"keys", "skip_parked_keys"},
+        "held_orphans_release": _FENCED | {"keys", "limit", "skip_parked_keys"},
         "shards_lock_timeout": set(),
         "shards_lock_table": set(),
         "shards_blockers": set(),

@@ -349,16 +349,25 @@ SELECT k.message_key, :skip_parked_keys OR NOT EXISTS (
 FROM held_keys k WHERE k.message_key IS NOT NULL;
 
 -- name: held_orphans_release
--- Every held row of the shard under :keys (at most :limit keys of held_keys_walk) back to
--- pending, with their ids. Rows of a key that meanwhile has a parked row again stay.
-WITH {_lease_held}, moved AS (
-    UPDATE {schema}.outbox_message m
-    SET state = 'pending'
+-- The held rows of the shard under :keys (a step of held_keys_walk) back to pending, with their
+-- ids, oldest first and at most :limit of them (ten a key of the step): a key may hold millions
+-- (one parked for hours under load), and one statement for them all would hold the lease row
+-- (lease_held) for longer than a lease lasts. The pass repeats the step until fewer come back.
+-- Rows of a key that meanwhile has a parked row again stay.
+WITH {_lease_held}, chosen AS (
+    SELECT m.id FROM {schema}.outbox_message m
     WHERE m.shard = :shard AND m.state = 'held'
       AND m.message_key = ANY(CAST(:keys AS text[])) AND EXISTS (SELECT 1 FROM lease)
       AND (:skip_parked_keys OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox_message p
         WHERE p.shard = m.shard AND p.state = 'parked' AND p.message_key = m.message_key))
+    ORDER BY m.id
+    LIMIT :limit
+), moved AS (
+    UPDATE {schema}.outbox_message m
+    SET state = 'pending'
+    FROM chosen c
+    WHERE m.id = c.id AND m.state = 'held'
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM moved) AS changed;
