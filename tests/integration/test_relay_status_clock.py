@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -88,6 +88,15 @@ async def test_a_row_scheduled_for_later_is_as_old_as_it_has_been_due(
         late = await _read(conn, "status", due + timedelta(seconds=AGE))
     assert (early[5], float(early[6])) == (1, 0.0)
     assert (late[5], float(late[6])) == (1, AGE)
+
+
+async def test_a_shard_with_nothing_pending_has_no_oldest_age(outboxkit_db_url: str) -> None:
+    """No pending row: no age (``relay status`` shows ``-``, its JSON null), not 0 (the clamp
+    at 0 must not turn the minimum of no rows into an age)."""
+    set_shard_count(outboxkit_db_url, 1)
+    async with await db.connect_async(outboxkit_db_url) as conn:
+        row = await _read(conn, "status", datetime.now(UTC))
+    assert (row[5], row[6], row[9]) == (0, None, True)  # walked, nothing pending
 
 
 @TIMES

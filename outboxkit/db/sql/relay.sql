@@ -465,7 +465,8 @@ scope AS (
 )
 SELECT h.shard, h.holder, h.token, h.expires_at, h.active,
        CASE WHEN h.walked THEN p.backlog END AS backlog,
-       CASE WHEN h.walked
+       -- NULL when nothing is pending (greatest ignores a NULL: it would make that 0).
+       CASE WHEN h.walked AND p.oldest IS NOT NULL
             THEN greatest(0, extract(epoch FROM
                                      coalesce(CAST(:now AS timestamptz), now()) - p.oldest))
        END AS oldest_pending_seconds,
