@@ -155,3 +155,43 @@ async def test_refused_marks_back_off_and_the_rows_are_marked_once_granted(
     # the number of failed terms.
     assert _terms(records) >= TERMS
     assert len(received) == ROWS, len(received) - ROWS
+
+
+async def test_a_second_relay_process_does_not_know_what_the_first_owes(
+    relay_role: tuple[str, str],
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a shard owes is its process's: a term ended on a refused mark releases the lease at
+    once, a standby takes the shard during the back-off and sends those rows once more (then owes
+    them too). So each further process sends at most a term's sends again (its claim and the
+    next one), not nothing: the bound the docs give."""
+    url, role = relay_role
+    topic = outboxkit_topic()  # type: ignore[operator]
+    expected = payloads("k", ROWS)
+    insert_rows(outboxkit_db_url, topic, expected)
+    _update(outboxkit_db_url, role, "marks_refused", allowed=False)
+    settings = relay_settings(
+        url,
+        outboxkit_kafka_bootstrap,
+        mode="at_least_once",
+        batch_size=CLAIM,
+        max_batch_size=CLAIM,
+        transaction_max_rows=CLAIM,
+        backoff_initial=0.2,
+        backoff_max=BACKOFF_MAX,
+    )
+    caplog.set_level(logging.DEBUG, logger="outboxkit.relay.connections")
+    async with running_relay(settings, holder="a"), running_relay(settings, holder="b"):
+        await wait_for_async(
+            lambda: _terms(caplog.records) >= TERMS, within=120, what="failed terms"
+        )
+        _update(outboxkit_db_url, role, "marks_refused", allowed=True)
+        await wait_for_async(
+            lambda: row_states(outboxkit_db_url) == {"published": ROWS}, what="all marked"
+        )
+    received = consume(outboxkit_kafka_bootstrap, topic, expect=ROWS)
+    assert {r.value for r in received} == {v for _, v in expected}
+    assert len(received) - ROWS <= 2 * CLAIM, len(received) - ROWS  # one more process
