@@ -52,6 +52,7 @@ class LeaseTerm:
     lost_reason: str | None = None
     lost_cause: LeaseLoss | None = None
     wall: Clock = field(default=time.time, repr=False)
+    previous: int | None = None  # the shard's token before this term's (None: unknown, or none)
     _offset: float = field(default=0.0, init=False, repr=False)  # wall - monotonic at the send
 
     def __post_init__(self) -> None:
@@ -143,6 +144,7 @@ class LeaseStore:
         if row is None:
             return None
         term = LeaseTerm(group, shard, holder, int(row[0]), ttl, 0.0, self._clock, wall=self._wall)
+        term.previous = None if row[1] is None else int(row[1])
         term.extend(sent_at, sent_wall)
         logger.log(
             level,

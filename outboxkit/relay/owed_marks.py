@@ -8,6 +8,12 @@ instead (a batch's until its mark commits, and those of the batch that went out 
 previous mark failed), and the next term marks them before it claims: while marks keep failing,
 nothing is sent again; once one works, those rows are published without another send.
 
+Only while this process's terms follow one another: a term whose lease shows another holder
+since the last term of this process's (:attr:`LeaseTerm.previous`) drops them, as that holder
+claimed them again meanwhile and may have sent some of them again, or only some: marking them
+unsent now could leave an older record of a key last on its partition (the per-key order of
+at_least_once holds for the last copy). They go with the claims, as before.
+
 They are marked by ``(id, event_id)`` on the shard, as a checkpoint's rows are: after a failover
 that lost the database's last writes an id may be reused by a new row, which a mark by id alone
 would call published unsent. ``exactly_once`` does not need this: a takeover reconciles the
@@ -16,6 +22,7 @@ committed transactions from the checkpoint topic.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
@@ -25,6 +32,7 @@ from outboxkit.kafka.api import Delivery
 from outboxkit.relay.lease import LeaseTerm
 from outboxkit.relay.reader import OutboxRecord, ShardStore
 
+logger = logging.getLogger("outboxkit.relay.shard_worker")
 Conn = psycopg.AsyncConnection[Any]
 
 
@@ -34,6 +42,7 @@ class OwedMarks:
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
         self._rows: dict[int, str] = {}
+        self._term: int | None = None  # the token of the last term that may have owed them
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -60,11 +69,23 @@ class OwedMarks:
                 self.owe((record.id, record.event_id) for record in sent)
             raise
 
-    async def pay(self, store: ShardStore, conn: Conn, term: LeaseTerm, *, delete: bool) -> int:
-        """Mark (or delete) the owed rows still pending, under ``term``; raises as a mark does
-        and then owes them still. Returns the rows changed (0: nothing owed, or all done)."""
+    async def pay(
+        self, store: ShardStore, conn: Conn, term: LeaseTerm, *, delete: bool
+    ) -> int | None:
+        """At each term's start: mark (or delete) the owed rows still pending, under ``term``,
+        unless the shard had another holder since; raises as a mark does and then owes them
+        still. Returns the rows changed, or None when no mark ran (none owed, or dropped)."""
+        last, self._term = self._term, term.token
+        if self._rows and term.previous != last:
+            logger.info(
+                "shard %s: another holder had it since this process sent %d row(s) it could not"
+                " mark; they are claimed and sent again",
+                term.shard,
+                len(self._rows),
+            )
+            self._rows.clear()
         if not self._rows:
-            return 0
+            return None
         rows = list(self._rows.items())
         changed = await store.reconcile(conn, term, rows, delete=delete)
         self.paid(row_id for row_id, _ in rows)

@@ -135,9 +135,9 @@ class BatchPublisher:
     async def pay_owed_marks(self, term: LeaseTerm, conn: Conn) -> None:
         """At a term's start, before any claim: mark what earlier terms sent and could not
         mark (``at_least_once``; see ``owed_marks``). Raises as a mark does."""
-        if len(self._owed):
-            delete = self.config.on_publish is OnPublish.DELETE
-            changed = await self._owed.pay(self._store, conn, term, delete=delete)
+        delete = self.config.on_publish is OnPublish.DELETE
+        changed = await self._owed.pay(self._store, conn, term, delete=delete)
+        if changed is not None:  # a mark committed: the term works
             self.stats.marks += 1
             self._metrics.published.labels(self._label).inc(changed)
 

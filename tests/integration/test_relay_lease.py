@@ -93,6 +93,17 @@ async def test_one_holder_tokens_grow_and_only_expiry_or_release_hands_over(
         assert third is not None
         assert third.token > second.token
         assert not await leases.release(b, second)  # an old token touches nothing
+        # Each term knows the token before its own: whether the shard had another holder since
+        # a term of its process's (at_least_once owed marks).
+        assert (first.previous, second.previous, third.previous) == (
+            None,
+            first.token,
+            second.token,
+        )
+        assert await leases.release(a, third)
+        fourth = await leases.acquire(a, "g", 0, "A", 30)
+        assert fourth is not None
+        assert fourth.previous == third.token
 
 
 @asynccontextmanager

@@ -18,8 +18,16 @@ from outboxkit.relay.reader import OutboxRecord, ShardStore
 
 pytestmark = pytest.mark.unit
 
-TERM = cast(LeaseTerm, object())
 CONN: Any = object()
+
+
+def _term(token: int, previous: int | None) -> LeaseTerm:
+    term = LeaseTerm("default", 0, "me", token, 30.0, 0.0)
+    term.previous = previous
+    return term
+
+
+TERM = _term(2, None)  # a first term: nothing owed before it
 
 
 class _Store:
@@ -42,26 +50,28 @@ def _store(store: _Store) -> ShardStore:
 
 async def test_rows_are_owed_until_their_mark_commits() -> None:
     owed = OwedMarks(enabled=True)
+    assert await owed.pay(_store(_Store()), CONN, TERM, delete=False) is None  # the first term
     owed.owe([(1, "a"), (2, "b")])
     owed.owe([(3, "c")])
     owed.paid([1, 2])
     store = _Store()
-    assert await owed.pay(_store(store), CONN, TERM, delete=False) == 1
+    assert await owed.pay(_store(store), CONN, _term(5, 2), delete=False) == 1
     assert store.calls == [([(3, "c")], False)]
     assert len(owed) == 0
-    assert await owed.pay(_store(store), CONN, TERM, delete=False) == 0  # nothing: no statement
+    assert await owed.pay(_store(store), CONN, _term(7, 5), delete=False) is None  # no statement
     assert len(store.calls) == 1
 
 
 async def test_a_payment_that_fails_owes_the_rows_still() -> None:
     owed = OwedMarks(enabled=True)
+    await owed.pay(_store(_Store()), CONN, TERM, delete=True)
     owed.owe([(7, "g"), (8, "h")])
     failing = _Store(fails=True)
     with pytest.raises(RuntimeError):
-        await owed.pay(_store(failing), CONN, TERM, delete=True)
+        await owed.pay(_store(failing), CONN, _term(3, 2), delete=True)
     assert len(owed) == 2
     store = _Store()
-    assert await owed.pay(_store(store), CONN, TERM, delete=True) == 2
+    assert await owed.pay(_store(store), CONN, _term(4, 3), delete=True) == 2
     assert store.calls == [([(7, "g"), (8, "h")], True)]  # by (id, event id), in sent order
 
 
@@ -88,11 +98,12 @@ async def _mark_done() -> None:
 
 async def test_records_sent_while_the_previous_mark_failed_are_owed_too() -> None:
     owed = OwedMarks(enabled=True)
+    await owed.pay(_store(_Store()), CONN, TERM, delete=False)
     sent = [_record(4), _record(5)]
     with pytest.raises(RuntimeError):
         await owed.awaiting(_failed_mark(), sent, [Delivery(0, 1), Delivery(0, 2)])
     store = _Store()
-    await owed.pay(_store(store), CONN, TERM, delete=False)
+    await owed.pay(_store(store), CONN, _term(3, 2), delete=False)
     assert store.calls == [([(4, "e4"), (5, "e5")], False)]
 
 
@@ -110,4 +121,16 @@ async def test_records_kafka_did_not_all_take_are_not_owed() -> None:
 async def test_a_previous_mark_that_worked_owes_nothing() -> None:
     owed = OwedMarks(enabled=True)
     await owed.awaiting(_mark_done(), [_record(4)], [Delivery(0, 1)])
+    assert len(owed) == 0
+
+
+async def test_another_holder_since_drops_what_was_owed() -> None:
+    """It claimed the rows meanwhile and may have sent some again: marking them now could leave
+    an older record of a key last. They go with the claims instead."""
+    owed = OwedMarks(enabled=True)
+    await owed.pay(_store(_Store()), CONN, TERM, delete=False)
+    owed.owe([(1, "a")])
+    store = _Store()
+    assert await owed.pay(_store(store), CONN, _term(9, 4), delete=False) is None  # 4: another's
+    assert store.calls == []
     assert len(owed) == 0

@@ -23,6 +23,14 @@ SELECT 1;
 -- lock_timeout. The WHERE below still decides under the lock, and a takeover draws its token
 -- there too: one drawn before the lock could be smaller than the token of a holder that took
 -- the lease and gave it up while this statement waited.
+-- previous: the token of the term before this one (NULL: the first), as the statement found
+-- the row. A holder that took the lease in between holds it still at the lock (this statement
+-- waits for its acquisition to commit, then finds it held), so the acquisition fails: a term
+-- that got the lease knows whether its shard had another holder since a term of its own
+-- (at_least_once marks owed across terms, owed_marks.py).
+WITH before AS (
+    SELECT token FROM {schema}.relay_lease WHERE relay_group = :group AND shard = :shard
+)
 INSERT INTO {schema}.relay_lease AS l (relay_group, shard, holder, token, expires_at)
 SELECT :group, :shard, :holder, nextval('{schema}.relay_fencing_token_seq'),
        coalesce(CAST(:now AS timestamptz), now()) + :ttl * interval '1 second'
@@ -36,7 +44,7 @@ SET holder = excluded.holder, token = nextval('{schema}.relay_fencing_token_seq'
     acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
 WHERE l.holder IS NULL OR l.holder = excluded.holder
    OR l.expires_at <= coalesce(CAST(:now AS timestamptz), now())
-RETURNING token;
+RETURNING token, (SELECT token FROM before) AS previous;
 
 -- name: lease_renew_many
 -- Every lease one relay process holds, renewed in one statement on one connection (a process
