@@ -30,13 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from outboxkit.bounded import BoundedCaller, Unanswered, call_within
 from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.acl import RefusalNotice
-from outboxkit.kafka.api import (
-    ConsumedRecord,
-    GroupConsumer,
-    Rebalance,
-    Revoke,
-    undecodable_name,
-)
+from outboxkit.kafka.api import ConsumedRecord, GroupConsumer, Rebalance, Revoke, undecodable_name
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, confluent_config
 from outboxkit.kafka.confluent_build import create
@@ -166,8 +160,10 @@ class ConfluentGroupConsumer(GroupConsumer):
         )
 
     def _replace(self) -> None:
-        """Give up a client whose commit went unanswered, and subscribe a new one."""
-        old, lost = self._consumer, sorted(self._owned)
+        """Give up a client whose commit went unanswered (or that keeps refusing the seek back
+        after a cut poll: :data:`~outboxkit.kafka.confluent_positions.REWIND_ATTEMPTS`), and
+        subscribe a new one (it starts from the committed offsets)."""
+        old, lost, refused = self._consumer, sorted(self._owned), self._positions.stuck
         self._abandon(old)
         self._closed = True  # closing in its thread: nothing may close or use it again
         open_ = len(self._abandoned)
@@ -179,11 +175,11 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._consumer = self._create()  # if it fails, the consumer stays closed (and wedged)
         self._closed, self._wedged, self._owned, self._assigned_now = False, False, set(), []
         self._positions = FetchPositions()
+        commit = f"an offset commit got no answer within {self.commit_seconds:g} s (the broker"
         logger.warning(
-            "the Kafka consumer was replaced: an offset commit got no answer within %g s (the"
-            " broker went away while it was in flight); its partitions are taken as lost (%d"
-            " given-up client(s) still closing)",
-            self.commit_seconds,
+            "the Kafka consumer was replaced: %s; its partitions are taken as lost (%d given-up"
+            " client(s) still closing)",
+            "it kept refusing the seek back after a cut poll" if refused else f"{commit} left)",
             open_,
         )
         if lost:
@@ -255,7 +251,8 @@ class ConfluentGroupConsumer(GroupConsumer):
             raise OutboxkitError("the Kafka consumer was given up and could not be replaced")
         if self._wedged:
             self._replace()
-        if not ready(self._consumer, self._positions, self.committed):
+        if not ready(self._consumer, self._positions, self.committed, timeout):
+            self._wedged = self._positions.stuck  # it keeps refusing a seek: replaced next poll
             return []  # the last poll was cut short and seeking back failed: tried again next
         # consume() waits until it has max_records or the timeout passed: wait for one record
         # only, then take what is already fetched without waiting.

@@ -10,11 +10,17 @@ handed over (a seek of the inbox's moves it too), and one that did not end leave
 handed over from since its assignment goes back to its committed offset, which is where it
 started (librdkafka's seek refuses ``OFFSET_STORED``), or with none to where
 ``auto.offset.reset`` starts it (``OFFSET_INVALID``; ``latest`` is the end now, not then).
+
+A seek back that fails makes that poll fetch nothing (after waiting its timeout, not at once);
+a client that refused one in :data:`REWIND_ATTEMPTS` seek-backs in a row is replaced, as
+librdkafka's position must not move on past what it never handed over (the new client starts
+from the committed offsets, which never pass a record that did not run).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
@@ -27,6 +33,8 @@ logger = logging.getLogger("outboxkit.kafka.consumer")
 
 #: Seconds the committed offsets of a cut poll's partitions may take to read.
 COMMITTED_READ_SECONDS = 10.0
+#: Seek-backs in a row a seek was refused in, after which the client is replaced.
+REWIND_ATTEMPTS = 5
 
 Committed = Callable[[list[TP], float], dict[TP, int]]
 
@@ -38,16 +46,22 @@ class FetchPositions:
     (:meth:`begin`): a stop anywhere in between leaves it out, never half in.
     """
 
-    __slots__ = ("_ended", "next")
+    __slots__ = ("_ended", "next", "refused")
 
     def __init__(self) -> None:
         self.next: dict[TP, int] = {}
+        self.refused = 0  # seek-backs in a row a seek was refused in
         # What the last poll handed over, per partition; None while a poll runs, or was cut.
         self._ended: dict[TP, int] | None = {}
 
     @property
     def cut(self) -> bool:
         return self._ended is None
+
+    @property
+    def stuck(self) -> bool:
+        """The client keeps refusing the seek back: replace it."""
+        return self.refused >= REWIND_ATTEMPTS
 
     def begin(self) -> bool:
         """A poll starts; ``False``: the last one was cut (seek back before fetching)."""
@@ -96,10 +110,17 @@ class FetchPositions:
         return found, unknown
 
 
-def ready(consumer: Consumer, positions: FetchPositions, committed: Committed) -> bool:
+def ready(
+    consumer: Consumer, positions: FetchPositions, committed: Committed, wait: float = 0.0
+) -> bool:
     """A poll starts: if the last one was cut short, seek back first; ``False`` if that failed
-    (the poll fetches nothing, and the next one tries again)."""
-    return positions.begin() or rewind(consumer, positions, committed)
+    (the poll fetches nothing, after ``wait`` seconds, its timeout: polled in a loop it must not
+    spin; and the next one tries again)."""
+    if positions.begin() or rewind(consumer, positions, committed):
+        return True
+    if wait > 0:
+        time.sleep(wait)
+    return False
 
 
 def rewind(consumer: Consumer, positions: FetchPositions, committed: Committed) -> bool:
@@ -118,12 +139,20 @@ def rewind(consumer: Consumer, positions: FetchPositions, committed: Committed) 
         try:
             consumer.seek(TopicPartition(topic, partition, offset))
         except KafkaException as exc:  # revoked meanwhile: gone from the assignment next time
+            positions.refused += 1
             logger.warning(
-                "a poll was cut short; seeking %s/%d back failed: %s", topic, partition, exc
+                "a poll was cut short; seeking %s/%d back failed (%d of %d times before the"
+                " client is replaced): %s",
+                topic,
+                partition,
+                positions.refused,
+                REWIND_ATTEMPTS,
+                exc,
             )
             return False
+    positions.refused = 0
     logger.info("a poll was cut short: %d partition(s) sought back", len(targets))
     return True
 
 
-__all__ = ["COMMITTED_READ_SECONDS", "FetchPositions", "ready", "rewind"]
+__all__ = ["COMMITTED_READ_SECONDS", "REWIND_ATTEMPTS", "FetchPositions", "ready", "rewind"]

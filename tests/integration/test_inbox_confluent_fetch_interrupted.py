@@ -11,6 +11,7 @@ partition back to the first record the consumer had not taken.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections import Counter
@@ -19,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 from outboxkit.inbox import HandlerContext, Inbox, InboxSettings, OutcomeKind, RetryPolicy
 from outboxkit.inbox.confluent import ConfluentInboxConsumer
 from outboxkit.kafka import confluent_consumer
+from outboxkit.kafka.confluent_positions import REWIND_ATTEMPTS
 from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
     EFFECT_DDL,
@@ -278,5 +280,51 @@ def test_a_fetch_cut_while_a_partition_is_held_for_a_retry(
     # the records of the held one's first batch ran again in it (a failure reruns a batch)
     assert handle.attempts == {(e, 1) for e in event_ids} | {(held, 2)}
     assert kinds == Counter({OutcomeKind.SUCCEEDED: len(event_ids), OutcomeKind.RETRY: 1})
+    assert _effect_counts(outboxkit_db_url) == Counter(dict.fromkeys(event_ids, 1))
+    assert _committed(outboxkit_kafka_bootstrap, group, topic, 2) == [PER_PARTITION] * 2
+
+
+def test_a_client_that_keeps_refusing_the_seek_back_is_replaced(
+    outboxkit_db_url: str,
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    cuts: list[Cuts],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The seek back after a cut fetch keeps failing for one partition (librdkafka refuses a
+    seek with ``_STATE`` while it is not fetching): the polls after it fetch nothing, but
+    not for ever, nor as fast as they can. After :data:`REWIND_ATTEMPTS` the client is given
+    up; the new one starts from the committed offsets, and every record runs, once."""
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(EFFECT_DDL)
+    topic = outboxkit_topic(partitions=2)
+    event_ids = _produce(outboxkit_kafka_bootstrap, topic, 2)
+    engine, handle = create_engine(sa_url), Handler()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    cut = Cuts(_nth(1))
+    cuts.append(cut)
+    interrupted = confluent_consumer.Consumer  # the fixture's
+
+    class Refusing(interrupted):  # type: ignore[misc, valid-type]
+        def seek(self, partition: TopicPartition) -> None:
+            if partition.partition == 1:
+                raise KafkaException(KafkaError(KafkaError._STATE))
+            super().seek(partition)
+
+    monkeypatch.setattr(confluent_consumer, "Consumer", Refusing)
+    caplog.set_level(logging.WARNING, logger="outboxkit.kafka.consumer")
+    try:
+        with _consumer(engine, outboxkit_kafka_bootstrap, topic, group, handle) as consumer:
+            caught, kinds = _poll_until(consumer, lambda: _succeeded(outboxkit_db_url, event_ids))
+    finally:
+        engine.dispose()
+    assert caught == 1
+    assert _succeeded(outboxkit_db_url, event_ids), f"stuck after the cut fetch: {cut.lost}"
+    refused = [r for r in caplog.records if "back failed" in r.getMessage()]
+    assert len(refused) == REWIND_ATTEMPTS  # each poll's timeout waited, then replaced
+    assert kinds[OutcomeKind.SUCCEEDED] == len(event_ids)  # anything else: a known duplicate
+    assert handle.runs == Counter(dict.fromkeys(event_ids, 1))
     assert _effect_counts(outboxkit_db_url) == Counter(dict.fromkeys(event_ids, 1))
     assert _committed(outboxkit_kafka_bootstrap, group, topic, 2) == [PER_PARTITION] * 2

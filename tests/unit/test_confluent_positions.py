@@ -8,9 +8,10 @@ import pytest
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from outboxkit.errors import PublishError
+from outboxkit.kafka import confluent_positions as positions_module
 from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.kafka.api import TopicPartition as TP
-from outboxkit.kafka.confluent_positions import FetchPositions, ready
+from outboxkit.kafka.confluent_positions import REWIND_ATTEMPTS, FetchPositions, ready
 
 pytestmark = pytest.mark.unit
 
@@ -150,3 +151,29 @@ def test_a_seek_back_that_fails_fetches_nothing_and_is_tried_again(fails: str) -
     client.refuse = None
     assert ready(client, positions, lambda partitions, timeout: {B: 0})  # type: ignore[arg-type]
     assert client.sought == {A: 5, B: 0}
+
+
+def test_a_client_that_keeps_refusing_the_seek_back_is_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each failed seek back waits the poll's timeout (polled in a loop, it must not spin);
+    after REWIND_ATTEMPTS in a row the client is to be replaced (``stuck``), and one that
+    succeeds in between starts the count again."""
+    slept: list[float] = []
+    monkeypatch.setattr(positions_module.time, "sleep", slept.append)
+    positions, client = FetchPositions(), Client([A, B], refuse=A)
+    _polled(positions, (A, 4), (B, 2))
+    _cut(positions)
+    for _ in range(REWIND_ATTEMPTS - 1):
+        assert not ready(client, positions, _no_read, 0.5)  # type: ignore[arg-type]
+        assert not positions.stuck
+    client.refuse = None
+    assert ready(client, positions, _no_read, 0.5)  # type: ignore[arg-type]
+    assert positions.refused == 0
+    positions.ended([])  # that poll ended; the next one is cut again
+    client.refuse = B
+    _cut(positions)
+    for _ in range(REWIND_ATTEMPTS):
+        assert not ready(client, positions, _no_read, 0.5)  # type: ignore[arg-type]
+    assert positions.stuck
+    assert slept == [0.5] * (2 * REWIND_ATTEMPTS - 1)
