@@ -138,7 +138,7 @@ def rewind(consumer: Consumer, positions: FetchPositions, committed: Committed) 
     for (topic, partition), offset in targets.items():
         try:
             consumer.seek(TopicPartition(topic, partition, offset))
-        except KafkaException as exc:  # revoked meanwhile: gone from the assignment next time
+        except KafkaException as exc:  # not fetching it (yet): consume() is not called till it is
             positions.refused += 1
             logger.warning(
                 "a poll was cut short; seeking %s/%d back failed (%d of %d times before the"
