@@ -168,11 +168,11 @@ async def test_the_store_reads_the_wall_clock_before_the_statement_goes_out(
     """A pause while the acquire or renewal is in flight must count against the term."""
     clock, wall = FakeClock(), FakeClock()
 
-    async def paused_during_the_statement(*_: object) -> list[tuple[int]]:
+    async def paused_during_the_statement(*_: object) -> list[tuple[int, None]]:
         wall.now += 30.0  # the VM paused after the database answered, before we read it
-        return [(0,)]
+        return [(0, None)]  # (token, previous) for an acquisition; a renewal reads the first
 
-    async def first(*args: object) -> tuple[int]:
+    async def first(*args: object) -> tuple[int, None]:
         return (await paused_during_the_statement(*args))[0]
 
     store = LeaseStore("outboxkit", clock=clock, wall=wall)
