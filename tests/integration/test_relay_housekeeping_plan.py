@@ -92,7 +92,7 @@ def _sweep(url: str, state: str, shard: int, mode: str) -> tuple[dict[str, Any],
     acquire = query("relay", "lease_acquire", "outboxkit")
     lease = {"group": "default", "shard": shard, "holder": "me", "ttl": 60, "now": None}
     with psycopg.connect(url) as conn:
-        ((token,),) = conn.execute(acquire.psycopg, lease).fetchall()
+        ((token, _previous),) = conn.execute(acquire.psycopg, lease).fetchall()
         cache_mode = {"custom": "force_custom_plan", "generic": "force_generic_plan"}.get(
             mode, "auto"
         )

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from outboxkit.relay.retry_log import SHOWN_IN_FULL
+from outboxkit.settings import Settings
 from tests.relay_support import (
     KAFKA_CLIENTS,
     cli_ok,
@@ -89,6 +90,21 @@ def _update(db_url: str, role: str, way: str, *, allowed: bool) -> None:
         conn.execute(statement)
 
 
+def _settings(url: str, bootstrap: str, client: str | None) -> Settings:
+    """at_least_once, claims and transactions of CLAIM rows, a short back-off."""
+    return relay_settings(
+        url,
+        bootstrap,
+        client=client,
+        mode="at_least_once",
+        batch_size=CLAIM,
+        max_batch_size=CLAIM,
+        transaction_max_rows=CLAIM,
+        backoff_initial=0.2,
+        backoff_max=BACKOFF_MAX,
+    )
+
+
 def _terms(records: list[logging.LogRecord]) -> int:
     """Terms ended (each releases its lease: logged at DEBUG while a streak goes on)."""
     return sum("released lease of shard 0" in r.getMessage() for r in records)
@@ -114,17 +130,7 @@ async def test_refused_marks_back_off_and_the_rows_are_marked_once_granted(
     expected = payloads("k", ROWS)
     insert_rows(outboxkit_db_url, topic, expected)
     _update(outboxkit_db_url, role, way, allowed=False)
-    settings = relay_settings(
-        url,
-        outboxkit_kafka_bootstrap,
-        client=client,
-        mode="at_least_once",
-        batch_size=CLAIM,
-        max_batch_size=CLAIM,
-        transaction_max_rows=CLAIM,
-        backoff_initial=0.2,
-        backoff_max=BACKOFF_MAX,
-    )
+    settings = _settings(url, outboxkit_kafka_bootstrap, client)
     caplog.set_level(logging.INFO, logger="outboxkit")
     caplog.set_level(logging.DEBUG, logger="outboxkit.relay.connections")
     async with running_relay(settings):
@@ -177,16 +183,7 @@ async def test_a_shard_that_had_another_holder_meanwhile_sends_what_it_owed_agai
     expected = payloads("k", ROWS)
     insert_rows(outboxkit_db_url, topic, expected)
     _update(outboxkit_db_url, role, "marks_refused", allowed=False)
-    settings = relay_settings(
-        url,
-        outboxkit_kafka_bootstrap,
-        mode="at_least_once",
-        batch_size=CLAIM,
-        max_batch_size=CLAIM,
-        transaction_max_rows=CLAIM,
-        backoff_initial=0.2,
-        backoff_max=BACKOFF_MAX,
-    )
+    settings = _settings(url, outboxkit_kafka_bootstrap, None)
     caplog.set_level(logging.DEBUG, logger="outboxkit.relay.connections")
     caplog.set_level(logging.INFO, logger="outboxkit.relay.shard_worker")
     async with running_relay(settings, holder="a"), running_relay(settings, holder="b"):
