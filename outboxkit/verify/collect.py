@@ -4,7 +4,8 @@ holds. Everything the checker judges is read here, after every process of the ru
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from outboxkit import db
@@ -102,8 +103,13 @@ def read_database(
     return effects, inbox
 
 
+# Outbox states a row does not leave by itself: a published row is expected at every consumer;
+# a parked one goes to Kafka only after an operator's retry (none in a run), a discarded one never.
+FINAL_STATES = frozenset({"published", "parked", "discarded"})
+
+
 def progress(database_url: str, schema: str, topics: list[str], consumers: list[str]) -> Progress:
-    """Rows still pending, rows published, and events each consumer settled (for draining)."""
+    """The run's outbox rows by state, and events each consumer settled (for draining)."""
     with db.connect(database_url, connect_timeout=5) as conn:
         states: dict[str, int] = dict(
             conn.execute(
@@ -119,19 +125,31 @@ def progress(database_url: str, schema: str, topics: list[str], consumers: list[
                 (consumers,),
             ).fetchall()
         )
-    return Progress(
-        pending=int(states.get("pending", 0)),
-        published=int(states.get("published", 0)),
-        settled={c: int(settled.get(c, 0)) for c in consumers},
-    )
+    return Progress.of(states, settled, consumers)
 
 
+@dataclass(frozen=True)
 class Progress:
-    def __init__(self, pending: int, published: int, settled: dict[str, int]) -> None:
-        self.pending = pending
-        self.published = published
-        self.settled = settled
+    """What the drain waits for. Every state but the final ones waits: 'pending', and the rows
+    the relay moved out of its claims' way ('scheduled' for later, 'held' behind a parked row
+    of their key), which go out once due or once that row is retried, discarded or deleted; so
+    would a state a later migration adds (the drain then waits out its timeout rather than
+    ending before rows went out)."""
+
+    waiting: int  # rows in no final state
+    published: int
+    settled: dict[str, int]  # consumer -> events it settled
+
+    @classmethod
+    def of(
+        cls, states: Mapping[str, int], settled: Mapping[str, int], consumers: Iterable[str]
+    ) -> Progress:
+        return cls(
+            waiting=sum(int(n) for s, n in states.items() if s not in FINAL_STATES),
+            published=int(states.get("published", 0)),
+            settled={c: int(settled.get(c, 0)) for c in consumers},
+        )
 
     @property
     def drained(self) -> bool:
-        return self.pending == 0 and all(n >= self.published for n in self.settled.values())
+        return self.waiting == 0 and all(n >= self.published for n in self.settled.values())

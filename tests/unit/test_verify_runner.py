@@ -1,5 +1,5 @@
 """The pure parts of ``outboxkit verify``'s runner: durations, the seeded fault schedule, the
-history check from a file, and reading the writers' records back."""
+history check from a file, reading the writers' records back, and when the drain is done."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from outboxkit.cli import main
 from outboxkit.cli.verify import parse_duration
 from outboxkit.verify import WriteOp, WriteOutcome
-from outboxkit.verify.collect import read_writes
+from outboxkit.verify.collect import Progress, read_writes
 from outboxkit.verify.nemesis import KILL_POINT, Nemesis
 from outboxkit.verify.procs import Child, Fleet
 from tests.unit.test_verify_checker import clean
@@ -86,3 +86,32 @@ def test_writer_records_are_read_back_with_their_outcomes(tmp_path: Path) -> Non
     path.write_text(f"{line}\n" + '{"writer": "w", "event_id": "half-writ')  # killed mid-line
     ops = read_writes([path, tmp_path / "missing.jsonl"])
     assert [(o.event_id, o.outcome) for o in ops] == [("e1", WriteOutcome.UNKNOWN)]
+
+
+CONSUMERS = ("confluent", "aiokafka")
+
+
+@pytest.mark.parametrize(
+    ("states", "drained"),
+    [
+        ({"published": 5}, True),
+        ({"published": 5, "pending": 1}, False),
+        # moved out of the claims' way, still to be sent
+        ({"published": 5, "held": 1}, False),
+        ({"published": 5, "scheduled": 1}, False),
+        # never sent without an operator: not expected at the consumers
+        ({"published": 5, "parked": 2, "discarded": 1}, True),
+        ({"published": 5, "some_later_state": 1}, False),
+    ],
+)
+def test_the_drain_waits_for_every_row_not_in_a_final_state(
+    states: dict[str, int], drained: bool
+) -> None:
+    now = Progress.of(states, dict.fromkeys(CONSUMERS, 5), CONSUMERS)
+    assert now.drained is drained
+
+
+def test_the_drain_waits_for_every_consumer_to_settle_what_was_published() -> None:
+    states = {"published": 5, "parked": 3}
+    assert not Progress.of(states, {"confluent": 5, "aiokafka": 4}, CONSUMERS).drained
+    assert not Progress.of(states, {"confluent": 5}, CONSUMERS).drained  # one settled nothing
