@@ -11,6 +11,7 @@ from pathlib import Path
 from outboxkit import db
 from outboxkit.errors import OutboxkitError, PublishError
 from outboxkit.kafka.api import ConsumedRecord
+from outboxkit.schema import OutboxState
 from outboxkit.settings import KafkaSettings
 from outboxkit.verify.history import (
     ConsumerEffect,
@@ -105,7 +106,7 @@ def read_database(
 
 # Outbox states a row does not leave by itself: a published row is expected at every consumer;
 # a parked one goes to Kafka only after an operator's retry (none in a run), a discarded one never.
-FINAL_STATES = frozenset({"published", "parked", "discarded"})
+FINAL_STATES = frozenset({OutboxState.PUBLISHED, OutboxState.PARKED, OutboxState.DISCARDED})
 
 
 def progress(database_url: str, schema: str, topics: list[str], consumers: list[str]) -> Progress:
@@ -146,7 +147,7 @@ class Progress:
     ) -> Progress:
         return cls(
             waiting=sum(int(n) for s, n in states.items() if s not in FINAL_STATES),
-            published=int(states.get("published", 0)),
+            published=int(states.get(OutboxState.PUBLISHED, 0)),
             settled={c: int(settled.get(c, 0)) for c in consumers},
         )
 
