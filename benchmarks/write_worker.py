@@ -26,6 +26,7 @@ from outboxkit.outbox import Outbox, OutboxConfig
 
 ACCOUNTS = 10_000
 UPDATE = sa.text("UPDATE account SET balance = balance + 1 WHERE id = :id")
+SELECT_1 = sa.text("SELECT 1")
 PLAIN = sa.text(
     "INSERT INTO outboxkit.outbox_message (event_id, idempotency_key, content_digest, topic,"
     " message_key, payload, content_type, event_type)"
@@ -50,7 +51,9 @@ def transaction(engine: sa.Engine, variant: str) -> Callable[[int], None]:
     def one(account: int) -> None:
         with engine.begin() as conn:
             conn.execute(UPDATE, {"id": account})
-            if variant == "plain":
+            if variant == "select1":  # the floor: a statement that writes nothing
+                conn.execute(SELECT_1).scalar_one()
+            elif variant == "plain":
                 event_id = uuid.uuid4()
                 payload = json.dumps({"account": account, "delta": 1, "note": "balance changed"})
                 conn.execute(

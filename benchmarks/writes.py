@@ -6,6 +6,7 @@ Run: ``python benchmarks/writes.py [--old PATH]`` (starts its own durable Postgr
 writer runs in the same rounds, next to this one, so both see the same machine load.
 
 (a) Transactions/s of an application transaction that updates one business row: alone, with a
+    ``SELECT 1`` (what one more statement and its round trip cost, whatever it does), with a
     hand-written INSERT, and with one outbox row (notify off and on; old and new writer), at 1
     and 8 connections (worker processes, so Python's GIL is not the limit). Every round measures
     every variant back to back, in a rotating order; a variant's cost is the median over rounds
@@ -46,6 +47,7 @@ BASE = ("new", "base")
 # (code, variant): code "new" is this checkout, "old" the one given with --old.
 VARIANTS = [
     BASE,
+    ("new", "select1"),
     ("new", "plain"),
     ("old", "notify_off"),
     ("new", "notify_off"),
@@ -55,6 +57,7 @@ VARIANTS = [
 ]
 LABELS = {
     "base": "business update only",
+    "select1": "+ SELECT 1 (any second statement's floor)",
     "plain": "+ hand-written plain INSERT (reference)",
     "notify_off": "+ outbox row, notify off",
     "notify_on": "+ outbox row, notify on",
