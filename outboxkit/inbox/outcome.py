@@ -20,8 +20,12 @@ class OutcomeKind(enum.Enum):
 
     @property
     def advances_offset(self) -> bool:
-        """Whether the offset may be committed past this message."""
-        return self not in (OutcomeKind.RETRY, OutcomeKind.LEASE_LOST)
+        """Whether the offset may be committed past this message (asked twice an event: by
+        identity, as reading the members through the class costs more than the test)."""
+        return self is not _RETRY and self is not _LEASE_LOST
+
+
+_RETRY, _LEASE_LOST = OutcomeKind.RETRY, OutcomeKind.LEASE_LOST
 
 
 class Recorded(NamedTuple):
