@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
 
-from outboxkit.cli.options import LIMIT_MAX, database_options, finite, resolve_or_exit
-from outboxkit.db import redact
-from outboxkit.db.engines import sync_engine
-from outboxkit.inbox.guard import escape
+from outboxkit.cli.inbox_common import consumer_name as _consumer_name
+from outboxkit.cli.inbox_common import engine_for as _engine
+from outboxkit.cli.inbox_common import json_option as _json
+from outboxkit.cli.inbox_common import jsonable as _jsonable
+from outboxkit.cli.inbox_common import printable as _printable
+from outboxkit.cli.inbox_replay import replay
+from outboxkit.cli.options import LIMIT_MAX, database_options, finite
 from outboxkit.inbox.readback import (
     cancel_event,
     get_event,
@@ -25,41 +23,9 @@ from outboxkit.inbox.readback import (
     stats,
 )
 from outboxkit.inbox.retention import purge_finished
-from outboxkit.schema import InboxState, name_problem
+from outboxkit.schema import InboxState
 from outboxkit.settings import KafkaClient
 from outboxkit.settings.models import CENTURY, MAX_RETENTION_BATCH
-
-_json = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-
-
-@contextmanager
-def _engine(
-    config_path: str | None, database_url: str | None, schema: str | None
-) -> Iterator[tuple[Engine, str]]:
-    """The engine and schema the settings name (options win). A database error ends the command
-    in one line: no traceback, no parameters, no password."""
-    target = resolve_or_exit(config_path, database_url, schema)
-    url = target.require_url()
-    engine = sync_engine(url, connect_args=target.connect_options)
-    try:
-        yield engine, target.schema
-    except DBAPIError as exc:
-        text = redact(f"{type(exc.orig).__name__}: {str(exc.orig).strip()}", url)
-        raise click.ClickException(text) from None
-    finally:
-        engine.dispose()
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    return value
-
-
-def _printable(value: Any) -> str:
-    """Stored text comes from producers: control characters and escape sequences are shown
-    escaped (``\x1b``), never sent to the terminal."""
-    return escape(str(value))
 
 
 def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
@@ -75,15 +41,6 @@ def _emit(rows: list[Any], as_json: bool, columns: list[str]) -> None:
     click.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for d in shown:
         click.echo("  ".join(d[c].ljust(widths[c]) for c in columns))
-
-
-def _consumer_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A name no consumer can have (settings refuse it: :func:`~outboxkit.schema.name_problem`)
-    finds nothing, and ``cancel --before-delivery`` would store a row for it."""
-    problem = None if value is None else name_problem(value)
-    if problem is not None:
-        raise click.BadParameter(f"a consumer name that {problem}: no consumer can have it")
-    return value
 
 
 @click.group()
@@ -371,3 +328,6 @@ def run_command(
         worker.run(settings)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+inbox.add_command(replay)

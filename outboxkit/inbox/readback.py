@@ -1,4 +1,5 @@
-"""Reading outcomes back and cancelling events: the operator's and the application's API.
+"""Reading outcomes back, cancelling events, forgetting dead ones for a replay: the operator's
+and the application's API.
 
 All functions take a SQLAlchemy ``Engine`` and run one short transaction each (statements from
 ``db/sql/inbox.sql``, run through :mod:`outboxkit.db`).
@@ -171,3 +172,22 @@ def cancel_event(
             done = db.execute(conn, queries["cancel_unseen"], key) == 1
         row = db.one(conn, queries["get_state"], key)
     return CancelResult(done, None if row is None else InboxState(row[0]))
+
+
+def event_state(
+    engine: Engine, consumer: str, event_id: EventId, *, schema: str = DEFAULT_SCHEMA
+) -> InboxState | None:
+    """The state of the event's row, ``None`` when there is none (not seen, or purged)."""
+    key = {"consumer": consumer, "event_id": str(event_id)}
+    found = _rows(engine, "get_state", schema, key)
+    return InboxState(found[0][0]) if found else None
+
+
+def forget_dead(
+    engine: Engine, consumer: str, event_id: EventId, *, schema: str = DEFAULT_SCHEMA
+) -> bool:
+    """Delete the event's row if it is ``dead`` (``inbox replay``); whether it was deleted."""
+    key = {"consumer": consumer, "event_id": str(event_id)}
+    query = db.query("inbox", "delete_dead", schema)
+    with engine.begin() as conn:
+        return db.execute(conn, query, key) == 1

@@ -8,6 +8,7 @@ The interfaces are in :mod:`outboxkit.kafka.api`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -17,6 +18,7 @@ from outboxkit.kafka.api import (
     AsyncGroupConsumer,
     AsyncRecordSender,
     CheckpointReader,
+    ConsumedRecord,
     GroupConsumer,
     RecordSender,
     TransactionalProducer,
@@ -120,6 +122,18 @@ class KafkaClients:
             timeout=self.timeout,
         )
         return sender
+
+    def read_topic(
+        self, topic: str, keep: Callable[[ConsumedRecord], bool] | None = None
+    ) -> list[ConsumedRecord]:
+        """One read of every partition of ``topic`` from its start to its end, ``read_committed``,
+        no consumer group (confluent-kafka): the records ``keep`` keeps, in the order fetched.
+        ``PermanentPublishError``: no such topic; ``PublishError``: the end was not reached
+        within the timeout, or the read failed."""
+        _require(KafkaClient.CONFLUENT)
+        module = importlib.import_module("outboxkit.kafka.confluent_readback")
+        records: list[ConsumedRecord] = module.read_topic(self.settings, topic, self.timeout, keep)
+        return records
 
     def group_consumer(self, group_id: str, **options: Any) -> GroupConsumer:
         """Sync consumer-group member (confluent-kafka)."""

@@ -9,7 +9,9 @@ caller does not use (an embedded consumer gets its engine from the application) 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -23,8 +25,11 @@ class KafkaOnlySettings(SourcedSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
 
-def load_kafka_settings(path: str | Path | None = None) -> KafkaSettings:
+def load_kafka_settings(
+    path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
+) -> KafkaSettings:
     """The ``[kafka]`` section as :func:`~outboxkit.settings.load_settings` builds it: the TOML
     file (``path`` or ``OUTBOXKIT_CONFIG``), ``OUTBOXKIT_KAFKA_*`` variables, then secret files
-    in ``OUTBOXKIT_SECRETS_DIR``. Raises :class:`~outboxkit.errors.ConfigurationError`."""
-    return _load(KafkaOnlySettings, path, None).kafka
+    in ``OUTBOXKIT_SECRETS_DIR``, then ``overrides`` (``{"kafka": {...}}``, ``None`` values
+    ignored). Raises :class:`~outboxkit.errors.ConfigurationError`."""
+    return _load(KafkaOnlySettings, path, overrides).kafka

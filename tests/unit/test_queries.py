@@ -141,6 +141,7 @@ PARAMETERS: dict[str, dict[str, set[str]]] = {
         "delete_finished_batch": {"consumer", "window_seconds", "batch_size", "now"},
         "delete_rejections_batch": {"consumer", "window_seconds", "batch_size", "now"},
         "purge_consumers": {"window_seconds", "now"},
+        "delete_dead": _INBOX_KEY,
     },
     "demo": {"progress": {"topic", "consumer", "group"}},
     "session": {

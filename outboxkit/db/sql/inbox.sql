@@ -329,3 +329,9 @@ WHERE (
     SELECT min(r.created_at) FROM {schema}.inbox_rejection AS r WHERE r.consumer = c.consumer
 ) < {_purge_cutoff}
 ORDER BY 1;
+
+-- name: delete_dead
+-- `inbox replay`: forget a dead event so its re-published record is handled again. Only a row
+-- still dead goes: one that changed meanwhile (replayed and running, say) stays.
+DELETE FROM {schema}.inbox_message
+WHERE consumer = :consumer AND event_id = :event_id AND state = 'dead';
