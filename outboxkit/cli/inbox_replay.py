@@ -110,10 +110,11 @@ def replay(
     topic it came from (dlq-source), waiting for the broker; no row (purged, or deleted by a
     replay that stopped), it is published; cancelled, succeeded, processing or rejected, it is
     skipped. Exit 1 when a publish failed: run it again (no row then means publish)."""
-    kafka = _kafka(config_path, bootstrap, kafka_items)
     wanted = frozenset(event_ids) or None
-    clients = KafkaClients(kafka, timeout=timeout)
     with engine_for(config_path, database_url, schema) as (engine, schema_name):
+        clients = KafkaClients(_kafka(config_path, bootstrap, kafka_items), timeout=timeout)
+        with engine.connect():  # meet the database (wrong URL, server away) before the read
+            pass
         try:
             records = clients.read_topic(
                 topic, keep=lambda r: read_dead_letter(r, consumer, wanted) is not None

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 
 from outboxkit import db
 from outboxkit.cli import inbox as inbox_cli
-from outboxkit.cli import main
+from outboxkit.cli import inbox_common, main
 from outboxkit.db import migrator
 
 pytestmark = pytest.mark.unit
@@ -106,7 +106,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
         return read
 
-    monkeypatch.setattr(inbox_cli, "sync_engine", sync_engine)
+    monkeypatch.setattr(inbox_common, "sync_engine", sync_engine)
     monkeypatch.setattr(inbox_cli, "list_events", reader([]))
     monkeypatch.setattr(inbox_cli, "stats", reader([]))
     monkeypatch.setattr(
