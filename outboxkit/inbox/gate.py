@@ -10,6 +10,12 @@ offset alone would hold the partition for good; the gone record's event ends ``d
 reason, and is acknowledged so (:func:`end_gone`); a record held for its acknowledgement (whose
 publish failed) has that published then instead. A client that keeps refusing the seek back
 is replaced (:meth:`PartitionGate.seek_failed`). Pure logic: the clock is passed in.
+
+The log a hold refers to may be gone as a whole (its topic deleted and created again, or an
+unclean truncation): its end is then at or before the held offset (:mod:`.resume` asks), the
+client starts again below the held offset after the seek back, or the record at the held offset
+is another one (its :func:`record_mark` differs). The held record is gone then too, and the new
+log is read from its start: none of it was processed, and the hold's offset means nothing there.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ import logging
 from collections import deque
 from collections.abc import Set
 from dataclasses import dataclass, replace
+from hashlib import blake2b
 
 from outboxkit.db import Result
 from outboxkit.inbox.acks import GoneBudget, HeldAck, acknowledgement, publish_gone
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.outcome import OutcomeKind
 from outboxkit.inbox.steps import Plan
-from outboxkit.inbox.store import InboxStatements
+from outboxkit.inbox.store import LOG_REPLACED, InboxStatements
 from outboxkit.kafka.api import ConsumedRecord
 
 TopicPartitionKey = tuple[str, int]
@@ -35,6 +42,26 @@ logger = logging.getLogger("outboxkit.inbox.consumer")
 SEEK_RETRY_SECONDS = 1.0
 #: Failed seeks back to one held record in a row after which the consumer rejoins its group.
 SEEK_ATTEMPTS = 5
+
+
+def record_mark(
+    timestamp_ms: int | None,
+    key: bytes | None,
+    value: bytes | None,
+    headers: tuple[tuple[str, bytes | None], ...],
+) -> bytes:
+    """What tells the held record from another one at its offset in a new log: a digest of
+    all it carries (the same record always gives the same mark; a copy made in the same
+    millisecond with the same content is the same event, and may run as the held one)."""
+    digest = blake2b(digest_size=16)
+    stamp = timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else -1
+    for part in (str(stamp).encode(), key, value):
+        digest.update(b"-" if part is None else b"+%d:" % len(part) + part)
+    for name, raw in headers:
+        encoded = name.encode("utf-8", "surrogateescape")
+        digest.update(b"h%d:" % len(encoded) + encoded)
+        digest.update(b"-" if raw is None else b"+%d:" % len(raw) + raw)
+    return digest.digest()
 
 
 def without(records: deque[ConsumedRecord], gone: Set[TopicPartitionKey]) -> deque[ConsumedRecord]:
@@ -52,6 +79,9 @@ class Hold:
     resumed: bool = False
     refused: int = 0  # failed seeks back to ``offset`` in a row
     ack: HeldAck | None = None  # held for its acknowledgement (``event_id`` is ``None``)
+    mark: bytes | None = None  # the held record's :func:`record_mark`
+    sought: bool = False  # this client sought back to ``offset`` and resumed the partition
+    rewind: bool = False  # the log was replaced: resume at its start, then the hold ends
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,7 @@ class Gone:
     offset: int
     event_id: str
     ack: HeldAck | None = None  # its event finished: only this acknowledgement is left to do
+    replaced: bool = False  # the whole log went (a topic recreated), not only this record
 
 
 class PartitionGate:
@@ -76,14 +107,15 @@ class PartitionGate:
         due: float,
         event_id: str | None = None,
         ack: HeldAck | None = None,
+        mark: bytes | None = None,
     ) -> None:
-        self._holds[tp] = Hold(offset, due, event_id, ack=ack)
+        self._holds[tp] = Hold(offset, due, event_id, ack=ack, mark=mark)
 
     def defer(self, tp: TopicPartitionKey, due: float) -> None:
         """Resume the held partition no sooner than ``due``: a retry behind its held record
         keeps its back-off (its record comes again after the held one)."""
         hold = self._holds.get(tp)
-        if hold is not None and not hold.resumed and hold.due < due:
+        if hold is not None and not hold.resumed and not hold.rewind and hold.due < due:
             hold.due = due
 
     def due(self, now: float) -> list[tuple[TopicPartitionKey, int]]:
@@ -95,14 +127,39 @@ class PartitionGate:
                 ready.append((tp, hold.offset))
         return ready
 
-    def accept(self, tp: TopicPartitionKey, offset: int) -> bool:
+    def accept(self, tp: TopicPartitionKey, offset: int, mark: bytes | None = None) -> bool:
         """Whether a fetched message may be processed now. The caller drops what it fetched of
         a partition before resuming it, so after the resume only what the seek delivers is
-        judged: a later offset there means the failed one is gone, not that it was skipped."""
+        judged: a later offset there means the failed one is gone, not that it was skipped; an
+        earlier one (after this client's own seek), or another record at the held offset
+        (``mark``), that the whole log was replaced."""
         hold = self._holds.get(tp)
         if hold is None:
             return True
-        if not hold.resumed or offset < hold.offset:
+        if not hold.resumed or hold.rewind:
+            return False
+        if offset < hold.offset:
+            if not hold.sought:
+                return False
+            logger.warning(
+                "%s/%d: held record at offset %d is gone: the partition starts again at %d (%s)",
+                *tp,
+                hold.offset,
+                offset,
+                LOG_REPLACED,
+            )
+            self._end(tp, hold, replaced=True)
+            return True
+        if offset == hold.offset and None not in (mark, hold.mark) and mark != hold.mark:
+            logger.warning(
+                "%s/%d: the record at held offset %d is another one (%s); reading the"
+                " partition again from its start",
+                *tp,
+                hold.offset,
+                LOG_REPLACED,
+            )
+            self._end(tp, hold, replaced=True)
+            self._holds[tp] = replace(hold, due=float("-inf"), resumed=False, rewind=True)
             return False
         if offset > hold.offset:
             logger.warning(
@@ -111,12 +168,47 @@ class PartitionGate:
                 hold.offset,
                 offset,
             )
-            if hold.event_id is not None:
-                self._gone.append(Gone(tp, hold.offset, hold.event_id))
-            elif hold.ack is not None:
-                self._gone.append(Gone(tp, hold.offset, hold.ack.event_id, hold.ack))
-        del self._holds[tp]
+            self._end(tp, hold)
+        else:
+            del self._holds[tp]
         return True
+
+    def _end(self, tp: TopicPartitionKey, hold: Hold, replaced: bool = False) -> None:
+        """The held record is gone: its row (or acknowledgement) is ended later."""
+        if hold.rewind:
+            pass  # reported when the rewind was decided
+        elif hold.event_id is not None:
+            self._gone.append(Gone(tp, hold.offset, hold.event_id, replaced=replaced))
+        elif hold.ack is not None:
+            self._gone.append(Gone(tp, hold.offset, hold.ack.event_id, hold.ack, replaced))
+        self._holds.pop(tp, None)
+
+    def get(self, tp: TopicPartitionKey) -> Hold | None:
+        return self._holds.get(tp)
+
+    def sought(self, tp: TopicPartitionKey) -> None:
+        """This client sought back to the held offset and resumes the partition from there."""
+        hold = self._holds.get(tp)
+        if hold is not None:
+            hold.sought = True
+
+    def restart(self, tp: TopicPartitionKey, start: int, end: int | None) -> None:
+        """The partition is read again from its log's ``start``: the hold ends (its record gone
+        with the log, reported unless a rewind already did; ``end``: the log's, if known)."""
+        hold = self._holds.get(tp)
+        if hold is None:
+            return
+        if not hold.rewind:
+            logger.warning(
+                "%s/%d: held record at offset %d is gone: the partition's log ends at %s (%s);"
+                " resuming at its start, %d",
+                *tp,
+                hold.offset,
+                "?" if end is None else str(end),
+                LOG_REPLACED,
+                start,
+            )
+        self._end(tp, hold, replaced=True)
 
     def take_gone_acks(self) -> list[Gone]:
         """Of the records found gone, those held only for their acknowledgement: published at
@@ -163,7 +255,12 @@ class PartitionGate:
         offsets): a hold whose back-off elapsed counts as resumed there (its record comes next,
         or, gone, the first one after it); the others keep their due time."""
         return {
-            tp: replace(h, resumed=h.resumed or h.refused > 0 or h.due <= now, refused=0)
+            tp: replace(
+                h,
+                resumed=(h.resumed or h.refused > 0 or h.due <= now) and not h.rewind,
+                refused=0,
+                sought=False,
+            )
             for tp, h in self._holds.items()
             if tp in tps
         }
@@ -202,7 +299,7 @@ def end_gone(
                 consumer = statements.consumer
                 yield from publish_gone(acks_topic, consumer, g.event_id, record, where, budget)
             continue
-        step = statements.abandon_gone(g.event_id, *g.partition, g.offset)
+        step = statements.abandon_gone(g.event_id, *g.partition, g.offset, g.replaced)
         try:
             ended: Result = yield step
         except Exception as exc:

@@ -26,12 +26,13 @@ from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import dead_letter_record
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
-from outboxkit.inbox.gate import PartitionGate, end_gone, without
+from outboxkit.inbox.gate import PartitionGate, end_gone, record_mark, without
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.loop_options import ERROR_RETRY_SECONDS, LoopOptions
 from outboxkit.inbox.offsets import PendingOffsets
 from outboxkit.inbox.outcome import Outcome, OutcomeKind
 from outboxkit.inbox.rejoin import Rejoin
+from outboxkit.inbox.resume import resume_due
 from outboxkit.inbox.retention import Purger
 from outboxkit.inbox.settle import commit, settle, settled_quietly
 from outboxkit.inbox.steps import (
@@ -40,8 +41,6 @@ from outboxkit.inbox.steps import (
     Plan,
     Poll,
     Publish,
-    Resume,
-    Seek,
     Subscribe,
 )
 from outboxkit.inbox.topic_check import check_topics
@@ -220,7 +219,7 @@ class ConsumerLoop:
                 self.buffer.extend(fetched)
             record = self.buffer.popleft()
             tp = (record.topic, record.partition)
-            if tp in self.assigned and self.gate.accept(tp, record.offset):
+            if tp in self.assigned and self.gate.accept(tp, record.offset, _mark(self, record)):
                 taken.append(record)
                 self.unsettled[_where(record)] = record
         return taken
@@ -234,14 +233,8 @@ class ConsumerLoop:
         if self.acks is not None:
             yield from self._gone_acks()
         yield from end_gone(self.gate.take_gone(), self.core.statements, self.options.acks_topic)
-        now, rejoin = self.clock(), False
-        for tp, offset in self.gate.due(now):
-            if tp in self.assigned:  # what is buffered predates the seek, which delivers it again
-                self.buffer = without(self.buffer, {tp})
-                if (yield Seek(tp, offset)):
-                    yield Resume([tp])
-                else:  # resumed, it would go on past the held record, which would be skipped
-                    rejoin = self.gate.seek_failed(tp, now) or rejoin
+        now = self.clock()
+        rejoin = yield from resume_due(self, now)
         if rejoin and not (yield from self.rejoin.run(self, now)):
             return False
         if self.pending is not None:
@@ -263,7 +256,7 @@ class ConsumerLoop:
             return None
         record = self.buffer.popleft()
         tp = (record.topic, record.partition)
-        accepted = tp in self.assigned and self.gate.accept(tp, record.offset)
+        accepted = tp in self.assigned and self.gate.accept(tp, record.offset, _mark(self, record))
         if accepted:
             self.unsettled = {_where(record): record}
         if self.acks is not None:
@@ -376,3 +369,11 @@ class ConsumerLoop:
 
 def _where(record: ConsumedRecord) -> tuple[str, int, int]:
     return (record.topic, record.partition, record.offset)
+
+
+def _mark(loop: ConsumerLoop, record: ConsumedRecord) -> bytes | None:
+    """The record's mark, only where the gate compares it (the held offset of its partition)."""
+    hold = loop.gate.get((record.topic, record.partition))
+    if hold is None or hold.offset != record.offset:
+        return None
+    return record_mark(record.timestamp_ms, record.key, record.value, record.headers)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from outboxkit.errors import PublishError
 from outboxkit.inbox.envelope import Envelope
+from outboxkit.inbox.gate import record_mark
 from outboxkit.inbox.outcome import Outcome
 from outboxkit.inbox.steps import Commit, Pause, Plan, Seek
 from outboxkit.kafka.api import TopicPartition
@@ -84,7 +85,8 @@ def settle(
     yield Seek(tp, env.offset)
     yield Pause([tp])
     loop.drop([tp])
-    loop.gate.hold(tp, env.offset, loop.clock() + retry_in, event_id, ack)
+    mark = record_mark(env.timestamp_ms, env.key, env.value, env.raw_headers)
+    loop.gate.hold(tp, env.offset, loop.clock() + retry_in, event_id, ack, mark)
 
 
 def commit(offsets: Mapping[TopicPartition, int]) -> Plan[None]:

@@ -188,6 +188,15 @@ class Committed(Step):
 
 
 @dataclass(frozen=True, slots=True)
+class LogBounds(Step):
+    """The partition's log start and end offsets, read from the broker -> ``(start, end)``;
+    ``PublishError`` if not read within ``timeout`` seconds."""
+
+    partition: TopicPartition
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
 class Pause(Step):
     """Stop fetching these partitions (those not assigned any more are ignored)."""
 

@@ -49,6 +49,10 @@ class Claim:
         )
 
 
+#: Why the log a held record was in is not there any more (the record gone with it).
+LOG_REPLACED = "its topic deleted and created again, or the log truncated"
+
+
 class InboxStatements:
     """Every statement one consumer runs on its inbox rows.
 
@@ -199,12 +203,15 @@ class InboxStatements:
         """``dead`` whatever the token: a delivery given up after repeated unexpected errors."""
         return self._sql("abandon", event_id, error=bounded(error))
 
-    def abandon_gone(self, event_id: str, topic: str, partition: int, offset: int) -> Sql:
+    def abandon_gone(
+        self, event_id: str, topic: str, partition: int, offset: int, replaced: bool = False
+    ) -> Sql:
         """``dead``: the record held for this event's retry left the log (only while the row
-        still names that record)."""
+        still names that record); ``replaced``: the whole log did (a topic recreated)."""
+        why = LOG_REPLACED if replaced else "retention, compaction or delete_records"
         error = (
-            f"its record ({topic}/{partition} at offset {offset}) left the log (retention,"
-            " compaction or delete_records) while held for a retry"
+            f"its record ({topic}/{partition} at offset {offset}) left the log ({why})"
+            " while held for a retry"
         )
         return self._sql(
             "abandon_gone",

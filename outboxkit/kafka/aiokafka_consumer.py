@@ -41,6 +41,7 @@ from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishE
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_fetch import HeldFetch
+from outboxkit.kafka.aiokafka_log_bounds import log_bounds
 from outboxkit.kafka.aiokafka_stop import DEFAULT_REQUEST_TIMEOUT_MS, stop_consumer
 from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
@@ -368,6 +369,9 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
             if offset is not None:
                 found[(tp.topic, tp.partition)] = int(offset)
         return found
+
+    async def log_bounds(self, partition: TP, wait: float) -> tuple[int, int]:
+        return await log_bounds(self._c, partition, wait)
 
     async def close(self) -> None:
         """Stop the client. Its stop goes on should the close be cancelled (aiokafka's ``stop``

@@ -298,18 +298,16 @@ class AsyncRecordSender(ABC):
 
 
 Rebalance = Callable[[list[TopicPartition]], None]
-# A revocation returns the offsets settled for those partitions but not committed yet: the
-# consumer commits them before it gives the partitions up.
+# A revocation returns the offsets settled but not committed yet, committed before they go.
 Revoke = Callable[[list[TopicPartition]], Mapping[TopicPartition, int]]
 
 
 class Positions(ABC):
-    """What both group consumers do at once, without waiting on the broker.
-
-    ``pause``, ``resume`` and ``seek`` ignore partitions not assigned (any more): their next
-    owner starts from the committed offset. ``seek`` says whether the partition's fetch
-    position is now ``offset``: a caller that resumes a partition held at a record must not
-    resume it from where it was fetching before (past that record).
+    """What both group consumers do at once, without waiting on the broker. ``pause``,
+    ``resume`` and ``seek`` ignore partitions not assigned (any more): their next owner starts
+    from the committed offset. ``seek`` says whether the partition's fetch position is now
+    ``offset``: a caller that resumes a partition held at a record must not resume it from
+    where it was fetching before (past that record).
     """
 
     @abstractmethod
@@ -363,6 +361,10 @@ class GroupConsumer(Positions):
         within ``timeout`` seconds."""
 
     @abstractmethod
+    def log_bounds(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+        """Log start and end, asked of the broker (``PublishError`` after ``timeout``)."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -390,6 +392,9 @@ class AsyncGroupConsumer(Positions):
         self, partitions: list[TopicPartition], wait: float
     ) -> dict[TopicPartition, int]:
         """As :meth:`GroupConsumer.committed` (within ``wait`` seconds)."""
+
+    @abstractmethod
+    async def log_bounds(self, partition: TopicPartition, wait: float) -> tuple[int, int]: ...
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -34,6 +34,7 @@ from outboxkit.kafka.api import ConsumedRecord, GroupConsumer, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, confluent_config
 from outboxkit.kafka.confluent_build import create
+from outboxkit.kafka.confluent_log_bounds import log_bounds
 from outboxkit.kafka.confluent_positions import FetchPositions, ready
 from outboxkit.kafka.errors import with_credentials_hint
 from outboxkit.kafka.group_protocol import CONFLUENT_DEFAULT_STRATEGY, ProtocolNotice
@@ -359,6 +360,9 @@ class ConfluentGroupConsumer(GroupConsumer):
         if failed:
             raise PublishError(f"reading the committed offsets failed: {failed[0].error}")
         return {(p.topic, p.partition): p.offset for p in found if p.offset >= 0}
+
+    def log_bounds(self, partition: TP, timeout: float) -> tuple[int, int]:
+        return log_bounds(self._consumer, partition, timeout)
 
     def close(self) -> None:
         if self._closed:
