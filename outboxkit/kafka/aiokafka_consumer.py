@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import (
     CorruptRecordException,
@@ -34,21 +33,19 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
     UnsupportedVersionError,
 )
-from aiokafka.errors import for_code as error_for_code
-from aiokafka.protocol.fetch import FetchRequest
 
 from outboxkit.errors import ConfigurationError, PermanentPublishError, PublishError
 from outboxkit.kafka.acl import CONSUMER_ACL_HINT, RefusalNotice, RefusedFetchFilter
 from outboxkit.kafka.aiokafka_certificate import CertificateWatch
 from outboxkit.kafka.aiokafka_fetch import HeldFetch
 from outboxkit.kafka.aiokafka_log_bounds import log_bounds
+from outboxkit.kafka.aiokafka_rawfetch import fetch_raw
 from outboxkit.kafka.aiokafka_stop import DEFAULT_REQUEST_TIMEOUT_MS, stop_consumer
 from outboxkit.kafka.aiokafka_stop import commit as commit_offsets
 from outboxkit.kafka.api import AsyncGroupConsumer, ConsumedRecord, Rebalance, Revoke
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import CONSUMER_OPTIONS_HINT, aiokafka_options
 from outboxkit.kafka.group_protocol import ProtocolNotice
-from outboxkit.kafka.record_batch import committed_records, consumed, read_batches
 from outboxkit.settings import KafkaSettings
 
 logger = logging.getLogger("outboxkit.kafka.consumer")
@@ -118,9 +115,6 @@ _SETTINGS_REFUSED = (
 )
 
 _DEFAULT_ASSIGNORS = (RoundRobinPartitionAssignor,)  # AIOKafkaConsumer's default
-_OFFSET_OUT_OF_RANGE = 1  # the Kafka protocol's error code
-
-_CODECS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
 
 
 def _value_refused(when: str, exc: Exception) -> ConfigurationError:
@@ -130,13 +124,6 @@ def _value_refused(when: str, exc: Exception) -> ConfigurationError:
         f"the Kafka consumer (aiokafka) cannot be {when}: an option's value is not accepted"
         f" ({type(exc).__name__}; values not shown; {CONSUMER_OPTIONS_HINT})"
     )
-
-
-def _decompress(codec: int, data: bytes) -> bytes:
-    decode = _CODECS.get(codec)
-    if decode is None:
-        raise KafkaError(f"unknown compression codec {codec}")
-    return bytes(decode(data))
 
 
 class AiokafkaGroupConsumer(AsyncGroupConsumer):
@@ -293,34 +280,8 @@ class AiokafkaGroupConsumer(AsyncGroupConsumer):
     async def _fetch_raw(
         self, tp: TopicPartition, offset: int
     ) -> tuple[list[ConsumedRecord], int | None]:
-        """The committed records of one fetch from ``offset`` on, and the offset after them
-        (``None``: ``offset`` is out of the log's range)."""
-        client = self._c._client  # the consumer's own connections (and credentials)
-        node = client.cluster.leader_for_partition(tp)
-        if node is None or node < 0:
-            return [], offset
         max_bytes = int(self._options.get("max_partition_fetch_bytes", 1024 * 1024))
-        topics = [(tp.topic, [(tp.partition, offset, max_bytes)])]
-        try:
-            response = await client.send(node, FetchRequest(0, 1, max_bytes, 1, topics))
-        except KafkaError as exc:
-            logger.warning("fetching %s/%d again failed: %s", tp.topic, tp.partition, exc)
-            return [], offset
-        for _, partitions in response.topics:
-            for _, error_code, _, *data in partitions:
-                if error_code == _OFFSET_OUT_OF_RANGE:
-                    return [], None
-                if error_code != 0:
-                    error = error_for_code(error_code).__name__
-                    logger.warning("fetching %s/%d again: %s", tp.topic, tp.partition, error)
-                    return [], offset
-                # aborted transactions: the third field from v11 on, the last but one before
-                aborted = (data[2] if response.API_VERSION >= 11 else data[-2]) or []
-                batches = list(read_batches(bytes(data[-1] or b""), _decompress))
-                found = committed_records(batches, [(a[0], a[1]) for a in aborted], offset)
-                end = batches[-1].next_offset if batches else offset
-                return [consumed(tp.topic, tp.partition, r) for r in found], max(end, offset)
-        return [], offset
+        return await fetch_raw(self._c, max_bytes, tp, offset)
 
     def assignment(self) -> set[TP]:
         return set(_tps(self._c.assignment())) if self._consumer is not None else set()
