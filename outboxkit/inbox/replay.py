@@ -1,26 +1,32 @@
 """Re-driving dead events from a dead-letter topic (``outboxkit inbox replay``): the decisions.
 
-Which dead letters count (one consumer's, one per event id, readable headers), what each row
-state means for its event, and the order of the two changes a replay makes: the ``dead`` row
-is deleted first, the record published second. Published first, the record could reach the
-consumer while the row still says ``dead``: skipped as a duplicate, for good. A crash between
-the two leaves no row and the dead letter where it was, and no row means "publish": the next
-run finishes the replay.
+Which dead letters count (one consumer's, one per event id, readable headers), which topics a
+replay may publish to, what each row state means for its event, and the order of the two
+changes a replay makes: the ``dead`` row is deleted first, the record published second.
+Published first, the record could reach the consumer while the row still says ``dead``: skipped
+as a duplicate, for good. A crash between the two leaves no row and the dead letter where it
+was, and no row means "publish": the next run finishes the replay.
 
-Nothing here reads Kafka or the database: the command hands in the records it read and the
-functions that look a row up, delete it and publish.
+The topic a record goes to is named by its ``dlq-source`` header, which anyone who can write to
+the dead-letter topic can set: it is published only to a topic the operator allowed
+(:func:`targets`). Dead letters are decided as they are read (:class:`Replay`), remembering only
+the event ids already seen, up to a bound. Nothing here reads Kafka or the database: the command
+hands in each record and the functions that look a row up, delete it and publish.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Callable, Collection, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from outboxkit.errors import PublishError
 from outboxkit.events import MAX_TOPIC_LENGTH
 from outboxkit.inbox.deadletter import (
+    DEFAULT_DEAD_LETTER_TOPIC,
     HEADER_DLQ_CONSUMER,
     HEADER_DLQ_EVENT_ID,
     HEADER_DLQ_SOURCE,
@@ -64,6 +70,7 @@ def decide(state: InboxState | None) -> Step:
 
 
 REPLAYED = "replayed"
+NOT_ALLOWED = "skipped-topic-not-allowed"
 WOULD_REPLAY = "would-replay"
 FAILED = "failed"
 UNUSABLE = "skipped-unusable"
@@ -167,47 +174,6 @@ def read_dead_letter(
     return DeadLetter(event_id, where, topic, record.key, record.value, kept)
 
 
-@dataclass
-class Selection:
-    """The consumer's dead letters on the topic: one per event id, in the order first read."""
-
-    letters: list[DeadLetter] = field(default_factory=list)
-    unusable: list[Unusable] = field(default_factory=list)
-    repeats: int = 0  # further dead letters of an event already selected
-    others: int = 0  # records of other consumers (or events not asked for)
-
-
-def select(
-    records: Iterable[ConsumedRecord], consumer: str, event_ids: Collection[str] | None = None
-) -> Selection:
-    """Each event once: its first usable dead letter. An unusable one of an event that has a
-    usable one is a repeat; an event with none is reported once."""
-    chosen: dict[str, DeadLetter] = {}
-    unusable: dict[str, Unusable] = {}
-    nameless: list[Unusable] = []
-    out = Selection()
-    for record in records:
-        found = read_dead_letter(record, consumer, event_ids)
-        if found is None:
-            out.others += 1
-        elif isinstance(found, DeadLetter):
-            if found.event_id in chosen:
-                out.repeats += 1
-            else:
-                chosen[found.event_id] = found
-                if unusable.pop(found.event_id, None) is not None:
-                    out.repeats += 1
-        elif found.event_id is None:
-            nameless.append(found)
-        elif found.event_id in chosen or found.event_id in unusable:
-            out.repeats += 1
-        else:
-            unusable[found.event_id] = found
-    out.letters = list(chosen.values())
-    out.unusable = nameless + list(unusable.values())
-    return out
-
-
 def replay_one(
     letter: DeadLetter,
     *,
@@ -220,8 +186,8 @@ def replay_one(
 
     A ``dead`` row is deleted only while still ``dead`` (``forget``); one that changed
     meanwhile is looked up again and decided anew. The record is published only after that,
-    ``publish`` returning once the broker acknowledged it (a :class:`PublishError`: ``failed``;
-    the row, if it was deleted, stays deleted, and the next run publishes)."""
+    ``publish`` returning once the broker acknowledged it (a :class:`PublishError`: ``failed``,
+    saying so: the row, if it was deleted, stays deleted, and the next run publishes)."""
     event_id = letter.event_id
     state = state_of(event_id)
     for _ in range(2):
@@ -237,7 +203,9 @@ def replay_one(
         try:
             publish(letter)
         except PublishError as exc:
-            return Outcome(event_id, letter.where, FAILED, bounded(str(exc)))
+            gone = "its dead row is deleted" if step is Step.FORGET_THEN_PUBLISH else "no row"
+            why = f"{exc}; {gone}: run the replay again to publish it (no row: it publishes)"
+            return Outcome(event_id, letter.where, FAILED, bounded(why))
         return Outcome(event_id, letter.where, REPLAYED, f"to {letter.source_topic}")
     return Outcome(event_id, letter.where, CHANGING, "its row changed while replaying")
 
@@ -246,15 +214,155 @@ def unusable_outcome(found: Unusable) -> Outcome:
     return Outcome(found.event_id, found.where, UNUSABLE, found.reason)
 
 
+# --- where a replay may publish --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The topics a replay publishes to; ``refusal`` says why another is not one, and what
+    to do."""
+
+    allowed: frozenset[str]
+    refusal: str
+
+    def problem(self, topic: str) -> str | None:
+        return None if topic in self.allowed else self.refusal
+
+
+def source_of(dead_letter_topic: str, template: str = DEFAULT_DEAD_LETTER_TOPIC) -> str | None:
+    """The topic whose dead letters go to ``dead_letter_topic`` under ``template`` (the
+    consumers' default ``{topic}.dlq``): ``payments`` for ``payments.dlq``; ``None`` when the
+    name does not fit the template."""
+    prefix, _, suffix = template.partition("{topic}")
+    if not (dead_letter_topic.startswith(prefix) and dead_letter_topic.endswith(suffix)):
+        return None
+    topic = dead_letter_topic[len(prefix) : len(dead_letter_topic) - len(suffix)]
+    return topic if source_topic(f"{topic}/0/0") == topic else None
+
+
+def targets(dead_letter_topic: str, to_topics: Collection[str]) -> Targets:
+    """``to_topics`` (``--to-topic``) when given; else the topic ``dead_letter_topic`` is the
+    dead-letter topic of under the default template; else none at all."""
+    if to_topics:
+        return Targets(frozenset(to_topics), "dlq-source names a topic not given as --to-topic")
+    source = source_of(dead_letter_topic)
+    if source is None:
+        why = (
+            f"the dead-letter topic's name does not end in"
+            f" {DEFAULT_DEAD_LETTER_TOPIC.partition('{topic}')[2]!r}, so no source topic follows"
+            " from it: pass --to-topic with each topic its records may go to"
+        )
+        return Targets(frozenset(), why)
+    why = f"dlq-source names a topic other than {source!r} (pass --to-topic to allow others)"
+    return Targets(frozenset({source}), why)
+
+
+# --- a run: each dead letter decided as it is read ------------------------------------------
+
+
+class Seen:
+    """Event ids met in this run, as 16-byte digests, at most ``limit`` of them (bounded
+    memory whatever the ids' length). Past the bound an id is not remembered: a further dead
+    letter of it is decided by its row alone (see :class:`Replay`)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._ids: dict[bytes, bool] = {}  # digest -> whether a usable dead letter was acted on
+        self.full = 0  # dead letters whose event id was not remembered for want of room
+
+    @staticmethod
+    def _key(event_id: str) -> bytes:
+        return hashlib.blake2b(event_id.encode(), digest_size=16).digest()
+
+    def get(self, event_id: str) -> bool | None:
+        return self._ids.get(self._key(event_id))
+
+    def put(self, event_id: str, usable: bool) -> None:
+        key = self._key(event_id)
+        if key in self._ids or len(self._ids) < self.limit:
+            self._ids[key] = usable
+        else:
+            self.full += 1
+
+
+@dataclass
+class Replay:
+    """One run over the dead-letter topic: :meth:`handle` each record as it is read.
+
+    Each event is acted on once, at its first usable dead letter naming an allowed topic; its
+    further dead letters are repeats. An unusable one, or one naming a topic not allowed, is
+    reported once per event (each nameless one on its own), and a good one read after it still
+    replays the event (a forged dead letter cannot block the real one). Past ``Seen``'s bound,
+    a further dead letter of an event not remembered is decided again by its row: a replayed
+    event not yet handled (no row) is published again, which the consumer skips as a
+    duplicate."""
+
+    consumer: str
+    event_ids: Collection[str] | None
+    allowed: Targets
+    state_of: Callable[[str], InboxState | None]
+    forget: Callable[[str], bool]
+    publish: Callable[[DeadLetter], None]
+    dry_run: bool = False
+    limit: int = 100_000
+    counts: Counter[str] = field(default_factory=Counter)
+    repeats: int = 0
+    others: int = 0
+
+    def __post_init__(self) -> None:
+        self.seen = Seen(self.limit)
+
+    def handle(self, record: ConsumedRecord) -> Outcome | None:
+        """What became of ``record``'s event; ``None`` when the record is not acted on
+        (another consumer's, another event's, a repeat)."""
+        found = read_dead_letter(record, self.consumer, self.event_ids)
+        if found is None:
+            self.others += 1
+            return None
+        known = None if found.event_id is None else self.seen.get(found.event_id)
+        problem = None if isinstance(found, Unusable) else self.allowed.problem(found.source_topic)
+        if known or (known is False and (isinstance(found, Unusable) or problem is not None)):
+            self.repeats += 1
+            return None
+        if isinstance(found, Unusable):
+            if found.event_id is not None:
+                self.seen.put(found.event_id, False)
+            return self._count(unusable_outcome(found))
+        if problem is not None:  # a dead letter naming an allowed topic may still follow
+            self.seen.put(found.event_id, False)
+            detail = f"{problem} (dlq-source topic {found.source_topic!r})"
+            return self._count(Outcome(found.event_id, found.where, NOT_ALLOWED, detail))
+        self.seen.put(found.event_id, True)
+        outcome = replay_one(
+            found,
+            state_of=self.state_of,
+            forget=self.forget,
+            publish=self.publish,
+            dry_run=self.dry_run,
+        )
+        return self._count(outcome)
+
+    def _count(self, outcome: Outcome) -> Outcome:
+        self.counts[outcome.action] += 1
+        return outcome
+
+    @property
+    def failed(self) -> int:
+        return self.counts[FAILED]
+
+
 __all__ = [
     "DeadLetter",
     "Outcome",
-    "Selection",
+    "Replay",
+    "Seen",
     "Step",
+    "Targets",
     "Unusable",
     "decide",
     "read_dead_letter",
     "replay_one",
-    "select",
+    "source_of",
     "source_topic",
+    "targets",
 ]

@@ -8,7 +8,6 @@ The interfaces are in :mod:`outboxkit.kafka.api`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -18,11 +17,11 @@ from outboxkit.kafka.api import (
     AsyncGroupConsumer,
     AsyncRecordSender,
     CheckpointReader,
-    ConsumedRecord,
     GroupConsumer,
     RecordSender,
     TransactionalProducer,
 )
+from outboxkit.kafka.readback import TopicReadback
 from outboxkit.settings import KafkaClient, KafkaSettings
 
 _LIBRARY = {KafkaClient.CONFLUENT: "confluent_kafka", KafkaClient.AIOKAFKA: "aiokafka"}
@@ -123,17 +122,11 @@ class KafkaClients:
         )
         return sender
 
-    def read_topic(
-        self, topic: str, keep: Callable[[ConsumedRecord], bool] | None = None
-    ) -> list[ConsumedRecord]:
-        """One read of every partition of ``topic`` from its start to its end, ``read_committed``,
-        no consumer group (confluent-kafka): the records ``keep`` keeps, in the order fetched.
-        ``PermanentPublishError``: no such topic; ``PublishError``: the end was not reached
-        within the timeout, or the read failed."""
-        _require(KafkaClient.CONFLUENT)
-        module = importlib.import_module("outboxkit.kafka.confluent_readback")
-        records: list[ConsumedRecord] = module.read_topic(self.settings, topic, self.timeout, keep)
-        return records
+    def topic_readback(self) -> TopicReadback:
+        """A topic read to its end record by record, and records sent, on this thread, with
+        the configured client (``inbox replay``): :mod:`outboxkit.kafka.readback`."""
+        readback: TopicReadback = self._make("readback", "TopicReadback", timeout=self.timeout)
+        return readback
 
     def group_consumer(self, group_id: str, **options: Any) -> GroupConsumer:
         """Sync consumer-group member (confluent-kafka)."""

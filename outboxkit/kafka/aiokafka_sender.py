@@ -75,6 +75,10 @@ class AiokafkaRecordSender(AsyncRecordSender):
             self._producer = producer
         return self._producer
 
+    async def start(self) -> None:
+        """Start the producer now (as the first record would)."""
+        await self._get()
+
     async def send(
         self, topic: str, key: bytes | None, value: bytes | None, headers: Headers
     ) -> None:

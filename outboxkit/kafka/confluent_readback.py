@@ -1,6 +1,6 @@
 """Reading whole topics back, to their end, as a ``read_committed`` consumer sees them: the
 verify tool's view of what the relay published, and ``inbox replay``'s read of a dead-letter
-topic.
+topic (record by record, and its publishes: :class:`ConfluentTopicReadback`).
 
 No consumer group: the partitions are assigned from offset 0 and read until each reports its
 end. librdkafka still wants a ``group.id`` and looks up its coordinator, which a principal with
@@ -12,17 +12,19 @@ configuration librdkafka refuses is a :class:`ConfigurationError` naming the pro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from outboxkit.errors import PermanentPublishError, PublishError
-from outboxkit.kafka.api import ConsumedRecord
+from outboxkit.kafka.api import ConsumedRecord, Headers
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.config import confluent_config
 from outboxkit.kafka.confluent_build import create
 from outboxkit.kafka.confluent_consumer import consumed_record
+from outboxkit.kafka.confluent_sender import ConfluentRecordSender
+from outboxkit.kafka.readback import TopicReadback
 from outboxkit.settings import KafkaSettings
 
 _ABSENT = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
@@ -51,46 +53,52 @@ def read_to_end(
     fails for good."""
     consumer = _reader(settings)
     try:
-        return _read(consumer, partitions, timeout, None)
+        return list(_stream(consumer, partitions, timeout, idle=False))
     finally:
         consumer.close()
 
 
-def read_topic(
-    settings: KafkaSettings,
-    topic: str,
-    timeout: float,
-    keep: Callable[[ConsumedRecord], bool] | None = None,
-) -> list[ConsumedRecord]:
-    """Every committed record of every partition of ``topic`` that ``keep`` keeps (all without
-    one), in the order fetched; a :class:`PermanentPublishError` when the topic does not exist,
-    a :class:`PublishError` as :func:`read_to_end`."""
-    consumer = _reader(settings)
-    try:
+class ConfluentTopicReadback(TopicReadback):
+    """:class:`~outboxkit.kafka.readback.TopicReadback` on confluent-kafka: its end is where
+    each partition reports end-of-partition."""
+
+    def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._settings = settings
+        self._timeout = timeout
+        self._sender = ConfluentRecordSender(settings, timeout=timeout)
+
+    def records(self, topic: str) -> Generator[ConsumedRecord]:
+        consumer = _reader(self._settings)
         try:
-            metadata = consumer.list_topics(topic, timeout=timeout)
-        except KafkaException as exc:
-            raise PublishError(f"metadata of {topic!r} not readable: {exc}") from None
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
-            absent = found is None or found.error.code() in _ABSENT
-            if absent:
-                raise PermanentPublishError(f"topic {topic!r} does not exist")
-            raise PublishError(f"metadata of {topic!r} not readable: {found.error}")
-        partitions = [(topic, p) for p in sorted(found.partitions)]
-        return _read(consumer, partitions, timeout, keep)
-    finally:
-        consumer.close()
+            try:
+                metadata = consumer.list_topics(topic, timeout=self._timeout)
+            except KafkaException as exc:
+                raise PublishError(f"metadata of {topic!r} not readable: {exc}") from None
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None:
+                if found is None or found.error.code() in _ABSENT:
+                    raise PermanentPublishError(f"topic {topic!r} does not exist")
+                raise PublishError(f"metadata of {topic!r} not readable: {found.error}")
+            partitions = [(topic, p) for p in sorted(found.partitions)]
+            yield from _stream(consumer, partitions, self._timeout, idle=True)
+        finally:
+            consumer.close()
+
+    def start_sender(self) -> None:
+        self._sender.start()
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        self._sender.send(topic, key, value, headers)
+
+    def close(self) -> None:
+        self._sender.close()
 
 
-def _read(
-    consumer: Consumer,
-    partitions: list[TP],
-    timeout: float,
-    keep: Callable[[ConsumedRecord], bool] | None,
-) -> list[ConsumedRecord]:
-    """Assigned from offset 0, each partition read until it reports its end."""
-    records: list[ConsumedRecord] = []
+def _stream(
+    consumer: Consumer, partitions: list[TP], timeout: float, *, idle: bool
+) -> Iterator[ConsumedRecord]:
+    """Assigned from offset 0, each partition read until it reports its end. ``idle``: the
+    timeout is for each wait (restarted after each record handed out), else for the whole."""
     consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
     pending = set(partitions)
     deadline = time.monotonic() + timeout
@@ -109,7 +117,6 @@ def _read(
             elif not error.retriable():
                 raise PublishError(f"reading the topics back failed: {error}")
             continue
-        record = consumed_record(msg)
-        if keep is None or keep(record):
-            records.append(record)
-    return records
+        yield consumed_record(msg)
+        if idle:
+            deadline = time.monotonic() + timeout

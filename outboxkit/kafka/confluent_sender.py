@@ -66,6 +66,10 @@ class ConfluentRecordSender(RecordSender):
             )
         return self._producer
 
+    def start(self) -> None:
+        """Build the producer now (a configuration librdkafka refuses fails here)."""
+        self._get()
+
     def send(
         self,
         topic: str,

@@ -1,5 +1,6 @@
 """``outboxkit inbox replay`` against real PostgreSQL and Kafka: dead events re-driven from the
-dead-letter topic, by a consumer (sync + confluent-kafka) that ran them dead before."""
+dead-letter topic, by a consumer (sync + confluent-kafka) that ran them dead before. The command
+runs with each Kafka client (``--kafka-client``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine
 
 from outboxkit.cli import main
+from outboxkit.devstack.aio import run_coroutine
 from outboxkit.inbox import InboxSettings, RetryPolicy
 from outboxkit.inbox.readback import cancel_event
+from outboxkit.kafka import KafkaClients
+from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import (
     EFFECT_DDL,
     REGISTRY,
@@ -29,6 +33,7 @@ from tests.integration.inbox_support import (
     produce_batch,
     produce_event,
 )
+from tests.relay_support import KAFKA_CLIENTS
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_for
 
@@ -75,9 +80,30 @@ def consumer(
         harness.stop()  # again: nothing
 
 
-def _replay(url: str, bootstrap: str, dlq: str, *args: str) -> tuple[int, str]:
+@pytest.fixture(params=KAFKA_CLIENTS)
+def client(request: pytest.FixtureRequest) -> str:
+    """The Kafka client the command reads and publishes with."""
+    return str(request.param)
+
+
+def _dlq_of(bootstrap: str, topic: str, partitions: int = 1) -> str:
+    """``{topic}.dlq``, created: the name the consumers' default template gives."""
+    name = f"{topic}.dlq"
+
+    async def make() -> None:
+        admin = KafkaClients(KafkaSettings.plaintext(bootstrap), timeout=60.0).admin()
+        try:
+            await admin.create_topic(name, partitions, {}, replication_factor=1)
+        finally:
+            await admin.close()
+
+    run_coroutine(make())
+    return name
+
+
+def _replay(client: str, url: str, bootstrap: str, dlq: str, *args: str) -> tuple[int, str]:
     argv = ["inbox", "replay", "--consumer", "billing", "--dead-letter-topic", dlq]
-    argv += ["--bootstrap", bootstrap, *args]
+    argv += ["--bootstrap", bootstrap, "--kafka-client", client, *args]
     result = CliRunner().invoke(main, argv, env={"OUTBOXKIT_DATABASE_URL": url})
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result.exit_code, result.output
@@ -103,12 +129,14 @@ def _dead_letter(
 
 
 def test_a_dead_event_replayed_runs_once_and_a_second_replay_skips_it(
+    client: str,
     consumer: Callable[..., Harness],
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
-    topic, dlq = outboxkit_topic(), outboxkit_topic(prefix="dlq", partitions=2)
+    topic = outboxkit_topic()
+    dlq = _dlq_of(outboxkit_kafka_bootstrap, topic, partitions=2)  # its source: topic
     doomed = str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, doomed, "o-doomed", 7, key=b"order-7")
     behaviour = Behaviour(fail_attempts=10**6)
@@ -118,7 +146,7 @@ def test_a_dead_event_replayed_runs_once_and_a_second_replay_skips_it(
     assert effects(outboxkit_db_url, doomed) == []
 
     behaviour.fail_attempts = 0  # the handler is fixed
-    code, out = _replay(outboxkit_db_url, outboxkit_kafka_bootstrap, dlq)
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq)
     assert code == 0, out
     assert f"{doomed}  replayed  (dead letter {dlq}/" in out
     assert f"to {topic}" in out
@@ -131,10 +159,14 @@ def test_a_dead_event_replayed_runs_once_and_a_second_replay_skips_it(
     assert replayed.headers() == original.headers()
     assert not any(name.startswith("dlq-") for name, _ in replayed.headers())
 
-    code, out = _replay(outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--json")
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--json")
     assert code == 0, out
     assert _events(out) == {doomed: "skipped-succeeded"}
-    assert json.loads(out)["summary"] == {"skipped-succeeded": 1, "repeated_dead_letters": 0}
+    assert json.loads(out)["summary"] == {
+        "skipped-succeeded": 1,
+        "repeated_dead_letters": 0,
+        "not_remembered": 0,
+    }
     harness.stop()
     assert len(read_topic(outboxkit_kafka_bootstrap, topic, expect=2)) == 2  # nothing new
     assert effects(outboxkit_db_url, doomed) == [(doomed, "o-doomed", 7)]
@@ -142,6 +174,7 @@ def test_a_dead_event_replayed_runs_once_and_a_second_replay_skips_it(
 
 
 def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
+    client: str,
     consumer: Callable[..., Harness],
     outboxkit_db_url: str,
     sa_url: str,
@@ -172,7 +205,10 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
         [_dead_letter(str(uuid.uuid4()), f"{topic}/0/5", consumer="shipping")],
     )
 
-    code, out = _replay(outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--dry-run", "--json")
+    to = ("--to-topic", topic)  # the dead-letter topic's name says nothing of it
+    code, out = _replay(
+        client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *to, "--dry-run", "--json"
+    )
     assert code == 0, out
     assert _events(out) == {
         first: "would-replay",
@@ -185,7 +221,7 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
     assert len(read_topic(outboxkit_kafka_bootstrap, topic, expect=2)) == 2  # nothing published
 
     code, out = _replay(
-        outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--event-id", first, "--json"
+        client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *to, "--event-id", first, "--json"
     )
     assert code == 0, out
     assert _events(out) == {first: "replayed"}
@@ -206,6 +242,7 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
 
 
 def test_dead_letters_with_broken_headers_are_skipped_and_the_others_replay(
+    client: str,
     outboxkit_db_url: str,
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
@@ -235,21 +272,23 @@ def test_dead_letters_with_broken_headers_are_skipped_and_the_others_replay(
     # the good one: no inbox row (purged, say), so it is published
     produce(outboxkit_kafka_bootstrap, dlq, [_dead_letter(good, f"{topic}/0/2")])
 
-    code, out = _replay(outboxkit_db_url, outboxkit_kafka_bootstrap, dlq)
+    code, out = _replay(
+        client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--to-topic", topic
+    )
     assert code == 0, out
-    lines = out.splitlines()
-    assert f"{bad_source}  skipped-unusable  (dead letter {dlq}/0/0):" in lines[3]
-    assert lines[3].endswith("dlq-source header is not topic/partition/offset")
-    assert lines[0] == f"-  skipped-unusable  (dead letter {dlq}/0/1): no dlq-consumer header"
-    assert lines[1] == (
+    lines = out.splitlines()  # in the order read
+    assert f"{bad_source}  skipped-unusable  (dead letter {dlq}/0/0):" in lines[0]
+    assert lines[0].endswith("dlq-source header is not topic/partition/offset")
+    assert lines[1] == f"-  skipped-unusable  (dead letter {dlq}/0/1): no dlq-consumer header"
+    assert lines[2] == (
         f"-  skipped-unusable  (dead letter {dlq}/0/2): dlq-event-id header not valid UTF-8"
     )
-    assert lines[2] == (
+    assert (
+        lines[3] == f"{no_source}  skipped-unusable  (dead letter {dlq}/0/3): no dlq-source header"
+    )
+    assert lines[4] == (
         f"-  skipped-unusable  (dead letter {dlq}/0/4):"
         " headers unreadable (a header name is not UTF-8)"
-    )
-    assert (
-        lines[4] == f"{no_source}  skipped-unusable  (dead letter {dlq}/0/3): no dlq-source header"
     )
     assert lines[5] == f"{good}  replayed  (dead letter {dlq}/0/5): to {topic}"
     assert "6 dead events" in lines[6]
@@ -262,9 +301,77 @@ def test_dead_letters_with_broken_headers_are_skipped_and_the_others_replay(
 
 
 def test_a_missing_dead_letter_topic_is_one_line(
-    outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
+    client: str, outboxkit_db_url: str, outboxkit_kafka_bootstrap: str
 ) -> None:
     missing = f"no-such-{uuid.uuid4().hex[:8]}"
-    code, out = _replay(outboxkit_db_url, outboxkit_kafka_bootstrap, missing)
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, missing, "--dry-run")
     assert code == 1
     assert out.strip() == f"Error: reading '{missing}': topic '{missing}' does not exist"
+
+
+def test_a_dead_letter_naming_a_topic_not_allowed_is_never_published(
+    client: str,
+    outboxkit_db_url: str,
+    sa_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """Whoever writes to the dead-letter topic names the target in dlq-source: without
+    --to-topic only T is published to for T.dlq, and a dead row is not even deleted."""
+    topic, other = outboxkit_topic(), outboxkit_topic(prefix="other")
+    dlq = _dlq_of(outboxkit_kafka_bootstrap, topic)
+    forged, good = str(uuid.uuid4()), str(uuid.uuid4())
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_message (consumer, event_id, state, attempts, finished_at)"
+            " VALUES ('billing', %s, 'dead', 2, now())",
+            (forged,),
+        )
+    produce(
+        outboxkit_kafka_bootstrap,
+        dlq,
+        [_dead_letter(forged, f"{other}/0/0"), _dead_letter(good, f"{topic}/0/1")],
+    )
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--json")
+    assert code == 0, out
+    assert _events(out) == {forged: "skipped-topic-not-allowed", good: "replayed"}
+    assert _state(outboxkit_db_url, forged) == "dead"  # untouched
+    assert read_topic(outboxkit_kafka_bootstrap, other, expect=0) == []
+    (record,) = read_topic(outboxkit_kafka_bootstrap, topic, expect=1)
+    assert dict(record.headers())["event-id"] == good.encode()
+
+
+def test_a_publish_that_fails_after_the_delete_says_so_and_a_second_run_publishes(
+    client: str,
+    outboxkit_db_url: str,
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+) -> None:
+    """The row is gone once the publish fails: the output says to run again, exit 1, and the
+    next run (no row) publishes."""
+    dlq = outboxkit_topic(prefix="dlq")
+    target = f"later-{uuid.uuid4().hex[:8]}"  # allowed, but not created yet
+    doomed = str(uuid.uuid4())
+    with psycopg.connect(outboxkit_db_url) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit.inbox_message (consumer, event_id, state, attempts, finished_at)"
+            " VALUES ('billing', %s, 'dead', 2, now())",
+            (doomed,),
+        )
+    produce(outboxkit_kafka_bootstrap, dlq, [_dead_letter(doomed, f"{target}/0/0")])
+    args = ("--to-topic", target, "--timeout", "5")
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *args)
+    assert code == 1, out
+    line = out.splitlines()[0]
+    assert line.startswith(f"{doomed}  failed  (dead letter {dlq}/0/0): ")
+    assert "its dead row is deleted: run the replay again to publish it" in line
+    assert _state(outboxkit_db_url, doomed) is None
+
+    created = outboxkit_topic(prefix="later")  # a name of the factory's: allow that one
+    produce(outboxkit_kafka_bootstrap, dlq, [_dead_letter(doomed, f"{created}/0/0")])
+    args = ("--to-topic", created, "--timeout", "5")
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *args)
+    assert code == 0, out
+    assert f"{doomed}  skipped-topic-not-allowed" in out  # the first dead letter's target
+    assert f"{doomed}  replayed" in out  # the second's
+    assert len(read_topic(outboxkit_kafka_bootstrap, created, expect=1)) == 1

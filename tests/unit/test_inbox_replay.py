@@ -3,23 +3,30 @@ order of the delete and the publish. No Kafka, no database: records and effects 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from outboxkit.errors import PublishError
 from outboxkit.inbox.replay import (
     CHANGING,
     FAILED,
+    NOT_ALLOWED,
     REPLAYED,
     UNUSABLE,
     WOULD_REPLAY,
     DeadLetter,
+    Outcome,
+    Replay,
+    Seen,
     Step,
     Unusable,
     decide,
     read_dead_letter,
     replay_one,
-    select,
+    source_of,
     source_topic,
+    targets,
     unusable_outcome,
 )
 from outboxkit.kafka.api import ConsumedRecord
@@ -168,30 +175,60 @@ def test_source_topic(text: str, topic: str | None) -> None:
     assert source_topic(text) == topic
 
 
-# --- selection ------------------------------------------------------------------------------
+# --- a run, record by record ---------------------------------------------------------------
 
 
-def test_each_event_is_selected_once_in_order_first_read() -> None:
+def run_over(
+    records: list[ConsumedRecord],
+    *,
+    to_topics: tuple[str, ...] = (),
+    dlq: str = "payments.dlq",
+    limit: int = 100,
+    state: InboxState | None = InboxState.DEAD,
+) -> tuple[Replay, list[Outcome], list[str]]:
+    """A run over ``records`` whose rows are all in ``state``; what it published, in order."""
+    published: list[str] = []
+
+    def publish(letter: DeadLetter) -> None:
+        published.append(f"{letter.event_id}->{letter.source_topic}")
+
+    run = Replay(
+        "billing",
+        None,
+        targets(dlq, to_topics),
+        state_of=lambda e: state,
+        forget=lambda e: True,
+        publish=publish,
+        limit=limit,
+    )
+    outcomes = [o for o in map(run.handle, records) if o is not None]
+    return run, outcomes, published
+
+
+def test_each_event_is_acted_on_once_in_order_read() -> None:
     records = [
         dead_letter("e2", offset=0),
         dead_letter("e1", offset=1),
         dead_letter("e2", offset=2),
         dead_letter("e3", consumer="shipping", offset=3),
     ]
-    chosen = select(records, "billing")
-    assert [(d.event_id, d.where) for d in chosen.letters] == [
-        ("e2", "payments.dlq/0/0"),
-        ("e1", "payments.dlq/0/1"),
+    run, outcomes, published = run_over(records)
+    assert [(o.event_id, o.where, o.action) for o in outcomes] == [
+        ("e2", "payments.dlq/0/0", REPLAYED),
+        ("e1", "payments.dlq/0/1", REPLAYED),
     ]
-    assert (chosen.repeats, chosen.others, chosen.unusable) == (1, 1, [])
+    assert published == ["e2->payments", "e1->payments"]
+    assert (run.repeats, run.others, dict(run.counts)) == (1, 1, {REPLAYED: 2})
 
 
-def test_a_usable_dead_letter_of_an_event_wins_over_an_unusable_one() -> None:
+def test_a_usable_dead_letter_read_after_an_unusable_one_still_replays() -> None:
     records = [dead_letter("e1", source="bad", offset=0), dead_letter("e1", offset=1)]
-    chosen = select(records, "billing")
-    assert [d.where for d in chosen.letters] == ["payments.dlq/0/1"]
-    assert chosen.unusable == []
-    assert chosen.repeats == 1
+    _, outcomes, published = run_over(records)
+    assert [(o.where, o.action) for o in outcomes] == [
+        ("payments.dlq/0/0", UNUSABLE),
+        ("payments.dlq/0/1", REPLAYED),
+    ]
+    assert published == ["e1->payments"]
 
 
 def test_unusable_dead_letters_reported_once_per_event_and_each_nameless_one() -> None:
@@ -202,14 +239,148 @@ def test_unusable_dead_letters_reported_once_per_event_and_each_nameless_one() -
         dead_letter(consumer=None, offset=3),
         dead_letter("e2", offset=4),
     ]
-    chosen = select(records, "billing")
-    assert [d.event_id for d in chosen.letters] == ["e2"]
-    assert [(u.event_id, u.where) for u in chosen.unusable] == [
-        (None, "payments.dlq/0/2"),
-        (None, "payments.dlq/0/3"),
-        ("e1", "payments.dlq/0/0"),
+    run, outcomes, _ = run_over(records)
+    assert [(o.event_id, o.where, o.action) for o in outcomes] == [
+        ("e1", "payments.dlq/0/0", UNUSABLE),
+        (None, "payments.dlq/0/2", UNUSABLE),
+        (None, "payments.dlq/0/3", UNUSABLE),
+        ("e2", "payments.dlq/0/4", REPLAYED),
     ]
-    assert chosen.repeats == 1
+    assert run.repeats == 1
+
+
+# --- where a replay may publish -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dlq", "source"),
+    [
+        ("payments.dlq", "payments"),
+        ("a.b.dlq", "a.b"),
+        ("payments", None),
+        (".dlq", None),
+        ("payments.dlq.x", None),
+        ("payments-dlq", None),
+    ],
+)
+def test_the_source_topic_follows_from_the_default_template(dlq: str, source: str | None) -> None:
+    assert source_of(dlq) == source
+
+
+def test_a_record_naming_another_topic_is_never_published() -> None:
+    """Whoever can write to the dead-letter topic names the target: only the allowed go."""
+    records = [
+        dead_letter("e1", source="payments/0/1", offset=0),
+        dead_letter("e2", source="admin-commands/0/1", offset=1),
+    ]
+    _, outcomes, published = run_over(records)
+    assert published == ["e1->payments"]
+    assert outcomes[1].action == NOT_ALLOWED
+    assert outcomes[1].detail == (
+        "dlq-source names a topic other than 'payments' (pass --to-topic to allow others)"
+        " (dlq-source topic 'admin-commands')"
+    )
+
+
+def test_to_topic_allows_exactly_the_topics_given() -> None:
+    records = [
+        dead_letter("e1", source="payments/0/1", offset=0),
+        dead_letter("e2", source="refunds/0/1", offset=1),
+    ]
+    _, outcomes, published = run_over(records, to_topics=("refunds",))
+    assert published == ["e2->refunds"]
+    assert [o.action for o in outcomes] == [NOT_ALLOWED, REPLAYED]
+
+
+def test_without_the_suffix_or_to_topic_nothing_is_published_and_the_operator_is_told() -> None:
+    _, outcomes, published = run_over([dead_letter()], dlq="billing-dead")
+    assert published == []
+    (outcome,) = outcomes
+    assert outcome.action == NOT_ALLOWED
+    assert outcome.detail is not None
+    assert "pass --to-topic" in outcome.detail
+    assert "'.dlq'" in outcome.detail
+
+
+def test_a_forged_dead_letter_naming_another_topic_does_not_block_the_real_one() -> None:
+    records = [
+        dead_letter("e1", source="elsewhere/0/1", offset=0),
+        dead_letter("e1", source="elsewhere/0/2", offset=1),
+        dead_letter("e1", source="payments/0/1", offset=2),
+    ]
+    run, outcomes, published = run_over(records)
+    assert [o.action for o in outcomes] == [NOT_ALLOWED, REPLAYED]
+    assert published == ["e1->payments"]
+    assert run.repeats == 1
+
+
+def test_a_dead_row_is_not_deleted_for_a_topic_not_allowed() -> None:
+    effects = Effects(InboxState.DEAD)
+    run = Replay(
+        "billing",
+        None,
+        targets("payments.dlq", ()),
+        state_of=effects.state_of,
+        forget=effects.forget,
+        publish=effects.publish,
+    )
+    outcome = run.handle(dead_letter(source="other/0/0"))
+    assert outcome is not None
+    assert outcome.action == NOT_ALLOWED
+    assert effects.log == []  # not even looked up
+
+
+# --- memory: bounded by a setting, not by the topic -----------------------------------------
+
+
+def test_seen_keeps_at_most_its_limit_of_fixed_size_digests() -> None:
+    seen = Seen(2)
+    for event_id in ("a" * 1000, "b", "c", "d"):
+        seen.put(event_id, True)
+    assert (seen.get("a" * 1000), seen.get("b"), seen.get("c")) == (True, True, None)
+    assert seen.full == 2
+    seen.put("b", False)  # a remembered one can still change
+    assert seen.get("b") is False
+
+
+def test_past_the_bound_a_further_dead_letter_is_decided_by_its_row() -> None:
+    """A replayed event not yet handled has no row: published again, which the consumer skips
+    as a duplicate; nothing more is held."""
+    records = [
+        dead_letter("e1", offset=0),
+        dead_letter("e2", offset=1),
+        dead_letter("e2", offset=2),
+    ]
+    run, _, published = run_over(records, limit=1, state=None)
+    assert published == ["e1->payments", "e2->payments", "e2->payments"]
+    assert run.seen.full == 2
+
+
+def test_records_are_acted_on_as_they_are_read_not_gathered_first() -> None:
+    """A stream of any length: each record is decided (and published) before the next is
+    read, and the records are not kept."""
+    published: list[str] = []
+    seen_when_read: list[int] = []
+
+    def stream() -> Iterator[ConsumedRecord]:
+        for n in range(1000):
+            seen_when_read.append(len(published))
+            yield dead_letter(f"e{n}", offset=n)
+
+    run = Replay(
+        "billing",
+        None,
+        targets("payments.dlq", ()),
+        state_of=lambda e: None,
+        forget=lambda e: True,
+        publish=lambda letter: published.append(letter.event_id),
+        limit=10,
+    )
+    for record in stream():
+        run.handle(record)
+    assert seen_when_read == list(range(1000))
+    assert len(published) == 1000
+    assert run.seen.full == 990
 
 
 # --- replaying one --------------------------------------------------------------------------
@@ -316,5 +487,8 @@ def test_a_failed_publish_is_reported_and_the_row_stays_deleted() -> None:
     assert action == FAILED
     assert detail is not None
     assert "NOT_ENOUGH_REPLICAS" in detail
+    assert detail.endswith(
+        "its dead row is deleted: run the replay again to publish it (no row: it publishes)"
+    )
     assert effects.state is None  # the next run finds no row: it publishes
     assert Effects(effects.state).replay() == (REPLAYED, "to payments")
