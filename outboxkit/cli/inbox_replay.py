@@ -149,8 +149,9 @@ def _sender(kafka: TopicReadback) -> None:
     "to_topics",
     multiple=True,
     callback=_topics,
-    help="A topic records may be published to (repeatable). Default: T for T.dlq; a record"
-    " whose dlq-source names any other topic is skipped-topic-not-allowed.",
+    help="A topic records may be published to (repeatable). Default: only S when the"
+    " dead-letter topic is S.dlq, else none. A record whose dlq-source names any other topic"
+    " is skipped-topic-not-allowed.",
 )
 @click.option("--event-id", "event_ids", multiple=True, help="Only this event (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show what would be replayed; change nothing.")
@@ -193,9 +194,10 @@ def replay(
     dlq-* header) published to the topic it came from (dlq-source), waiting for the broker; no
     row (purged, or deleted by a replay that stopped), it is published; cancelled, succeeded,
     processing or rejected, it is skipped. Only the topics allowed are published to: the
-    --to-topic ones, else T for a dead-letter topic T.dlq; a dead letter naming another is
-    skipped-topic-not-allowed. Exit 1 when a publish failed (the event's row is gone: run it
-    again, no row then means publish) or the read stopped early; 0 otherwise."""
+    --to-topic ones, else S for a dead-letter topic named S.dlq; a dead letter naming another
+    is skipped-topic-not-allowed (its row untouched). Exit 1 when a publish failed (the
+    event's row is gone: run it again, no row then means publish) or the read stopped early;
+    0 otherwise."""
     wanted = frozenset(event_ids) or None
     allowed = targets(topic, to_topics)
     with engine_for(config_path, database_url, schema) as (engine, schema_name):

@@ -106,9 +106,10 @@ async def _batches(
                 consumer.assign(tps)
                 await consumer.seek_to_beginning(*tps)
                 ends = {tp: int(end) for tp, end in (await consumer.end_offsets(tps)).items()}
+                starts = {tp: int(await consumer.position(tp)) for tp in tps}
         except TimeoutError:
             raise PublishError(f"topic {topic!r}: no answer within {seconds:g} s") from None
-        reader = _Reader(consumer, ends, seconds)
+        reader = _Reader(consumer, starts, ends, seconds)
         while reader.pending:
             batch = await reader.next_batch()
             if batch:
@@ -120,12 +121,19 @@ async def _batches(
 
 
 class _Reader:
-    """Where each partition's read is; a partition at its end is paused and done."""
+    """Where each partition's read is; a partition at its end is paused and done. ``handed``:
+    the offset after the last record handed out, per partition (a failed ``getmany`` may have
+    moved a position past records it never returned, so a lenient read starts there)."""
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], timeout: float
+        self,
+        consumer: AIOKafkaConsumer,
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+        timeout: float,
     ) -> None:
         self._c = consumer
+        self._handed = dict(starts)
         self._ends = ends
         self._timeout = timeout
         self.pending = set(ends)
@@ -157,6 +165,9 @@ class _Reader:
                     for m in got
                     if m.offset < self._ends[tp]
                 ]
+                for tp, got in found.items():
+                    if got:
+                        self._handed[tp] = got[-1].offset + 1
             except (UnicodeDecodeError, CorruptRecordException) as exc:
                 cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__
                 if not isinstance(cause, UnicodeDecodeError):
@@ -176,14 +187,17 @@ class _Reader:
                 self._c.pause(tp)
 
     async def _leniently(self) -> list[ConsumedRecord]:
-        """The pending partitions fetched and parsed here, each from its position on."""
+        """The pending partitions fetched and parsed here, each from where its handing out
+        stopped (every one sought back there first)."""
+        for tp in self.pending:
+            self._c.seek(tp, self._handed[tp])
         records: list[ConsumedRecord] = []
         for tp in sorted(self.pending):
-            start = int(await self._c.position(tp))
-            found, after = await fetch_raw(self._c, _MAX_FETCH_BYTES, tp, start)
+            found, after = await fetch_raw(self._c, _MAX_FETCH_BYTES, tp, self._handed[tp])
             records += [r for r in found if r.offset < self._ends[tp]]
             if after is not None:
                 self._c.seek(tp, after)
+                self._handed[tp] = after
         return records
 
 
