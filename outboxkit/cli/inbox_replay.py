@@ -156,6 +156,13 @@ def _sender(kafka: TopicReadback) -> None:
 @click.option("--event-id", "event_ids", multiple=True, help="Only this event (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show what would be replayed; change nothing.")
 @click.option(
+    "--publish-missing",
+    is_flag=True,
+    help="Also publish events that have no inbox row: one whose replay stopped between deleting"
+    " its row and publishing (the failed line says so). Without it they are skipped-no-row: no"
+    " row also means a row purged after its event ran, which would run twice.",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=1, max=3600),
     default=60.0,
@@ -183,6 +190,7 @@ def replay(
     to_topics: tuple[str, ...],
     event_ids: tuple[str, ...],
     dry_run: bool,
+    publish_missing: bool,
     timeout: float,
     remember: int,
 ) -> None:
@@ -192,12 +200,12 @@ def replay(
     each dead letter of the consumer (header dlq-consumer) as it is read, by the event's inbox
     row: dead, the row is deleted and then the original record (its key, value and headers, no
     dlq-* header) published to the topic it came from (dlq-source), waiting for the broker; no
-    row (purged, or deleted by a replay that stopped), it is published; cancelled, succeeded,
-    processing or rejected, it is skipped. Only the topics allowed are published to: the
-    --to-topic ones, else S for a dead-letter topic named S.dlq; a dead letter naming another
-    is skipped-topic-not-allowed (its row untouched). Exit 1 when a publish failed (the
-    event's row is gone: run it again, no row then means publish) or the read stopped early;
-    0 otherwise."""
+    row (deleted by a replay that stopped, or purged), it is published only with
+    --publish-missing; cancelled, succeeded, processing or rejected, it is skipped. Only the
+    topics allowed are published to: the --to-topic ones, else S for a dead-letter topic named
+    S.dlq; a dead letter naming another is skipped-topic-not-allowed (its row untouched).
+    Exit 1 when a publish failed (the event's row is gone: run again with --publish-missing
+    --event-id E) or the read stopped early; 0 otherwise."""
     wanted = frozenset(event_ids) or None
     allowed = targets(topic, to_topics)
     with engine_for(config_path, database_url, schema) as (engine, schema_name):
@@ -222,7 +230,17 @@ def replay(
                 except Exception as exc:  # the row may be gone: said as a failed publish
                     raise PublishError(f"publish to {letter.source_topic!r}: {named(exc)}") from exc
 
-            run = Replay(consumer, wanted, allowed, state_of, forget, publish, dry_run, remember)
+            run = Replay(
+                consumer,
+                wanted,
+                allowed,
+                state_of,
+                forget,
+                publish,
+                dry_run,
+                remember,
+                publish_missing,
+            )
             _run(kafka, run, topic, as_json, dry_run)
     if run.failed:
         raise click.exceptions.Exit(1)

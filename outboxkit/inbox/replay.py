@@ -5,7 +5,9 @@ replay may publish to, what each row state means for its event, and the order of
 changes a replay makes: the ``dead`` row is deleted first, the record published second.
 Published first, the record could reach the consumer while the row still says ``dead``: skipped
 as a duplicate, for good. A crash between the two leaves no row and the dead letter where it
-was, and no row means "publish": the next run finishes the replay.
+was, and no row: the next run finishes the replay when told to publish events without a row
+(``--publish-missing``). Not by default, because no row also means a row purged after its
+event ran: a replay that published it again would apply the event twice.
 
 The topic a record goes to is named by its ``dlq-source`` header, which anyone who can write to
 the dead-letter topic can set: it is published only to a topic the operator allowed
@@ -44,12 +46,15 @@ _NUMBER = re.compile(r"[0-9]{1,19}")
 class Step(StrEnum):
     """What a row state means for a dead letter's event."""
 
-    PUBLISH = "publish"  # no row: purged, or deleted by a replay that stopped before publishing
+    PUBLISH = "publish"  # no row, and told to publish such events (--publish-missing)
     FORGET_THEN_PUBLISH = "forget-then-publish"  # dead: delete the row, then publish
     SKIP_CANCELLED = "skipped-cancelled"  # an operator's cancel stands
     SKIP_SUCCEEDED = "skipped-succeeded"  # replayed already (or handled after all)
     SKIP_PROCESSING = "skipped-processing"  # running now
     SKIP_REJECTED = "skipped-rejected"  # refused for good (another content under this id)
+    # No row: deleted by a replay that stopped before publishing, or purged (after the event
+    # ran, perhaps: published again, it would run twice). Published only when told to.
+    SKIP_NO_ROW = "skipped-no-row"
 
 
 _SKIPS = {
@@ -60,10 +65,11 @@ _SKIPS = {
 }
 
 
-def decide(state: InboxState | None) -> Step:
-    """The step for an event whose row is in ``state`` (``None``: no row)."""
+def decide(state: InboxState | None, *, publish_missing: bool = False) -> Step:
+    """The step for an event whose row is in ``state`` (``None``: no row, published only with
+    ``publish_missing``)."""
     if state is None:
-        return Step.PUBLISH
+        return Step.PUBLISH if publish_missing else Step.SKIP_NO_ROW
     if state is InboxState.DEAD:
         return Step.FORGET_THEN_PUBLISH
     return _SKIPS[state]
@@ -181,17 +187,19 @@ def replay_one(
     forget: Callable[[str], bool],
     publish: Callable[[DeadLetter], None],
     dry_run: bool = False,
+    publish_missing: bool = False,
 ) -> Outcome:
     """Replay one event: look its row up, act on its state (:func:`decide`).
 
     A ``dead`` row is deleted only while still ``dead`` (``forget``); one that changed
     meanwhile is looked up again and decided anew. The record is published only after that,
     ``publish`` returning once the broker acknowledged it (a :class:`PublishError`: ``failed``,
-    saying so: the row, if it was deleted, stays deleted, and the next run publishes)."""
+    saying so: the row, if it was deleted, stays deleted, and a run with ``publish_missing``
+    publishes it)."""
     event_id = letter.event_id
     state = state_of(event_id)
     for _ in range(2):
-        step = decide(state)
+        step = decide(state, publish_missing=publish_missing)
         if step not in (Step.PUBLISH, Step.FORGET_THEN_PUBLISH):
             return Outcome(event_id, letter.where, step.value)
         if dry_run:
@@ -204,7 +212,10 @@ def replay_one(
             publish(letter)
         except PublishError as exc:
             gone = "its dead row is deleted" if step is Step.FORGET_THEN_PUBLISH else "no row"
-            why = f"{exc}; {gone}: run the replay again to publish it (no row: it publishes)"
+            why = (
+                f"{exc}; {gone}: run the replay again with --publish-missing --event-id"
+                f" {event_id} to publish it"
+            )
             return Outcome(event_id, letter.where, FAILED, bounded(why))
         return Outcome(event_id, letter.where, REPLAYED, f"to {letter.source_topic}")
     return Outcome(event_id, letter.where, CHANGING, "its row changed while replaying")
@@ -294,8 +305,8 @@ class Replay:
     reported once per event (each nameless one on its own), and a good one read after it still
     replays the event (a forged dead letter cannot block the real one). Past ``Seen``'s bound,
     a further dead letter of an event not remembered is decided again by its row: a replayed
-    event not yet handled (no row) is published again, which the consumer skips as a
-    duplicate."""
+    event not yet handled (no row) is skipped, or with ``publish_missing`` published again,
+    which the consumer skips as a duplicate."""
 
     consumer: str
     event_ids: Collection[str] | None
@@ -305,6 +316,7 @@ class Replay:
     publish: Callable[[DeadLetter], None]
     dry_run: bool = False
     limit: int = 100_000
+    publish_missing: bool = False
     counts: Counter[str] = field(default_factory=Counter)
     repeats: int = 0
     others: int = 0
@@ -339,6 +351,7 @@ class Replay:
             forget=self.forget,
             publish=self.publish,
             dry_run=self.dry_run,
+            publish_missing=self.publish_missing,
         )
         return self._count(outcome)
 

@@ -269,12 +269,11 @@ def test_dead_letters_with_broken_headers_are_skipped_and_the_others_replay(
         dlq,
         [(name_broken[0], name_broken[1], [*name_broken[2], (b"\xffname", SECRET)])],
     )
-    # the good one: no inbox row (purged, say), so it is published
+    # the good one: no inbox row (purged, say), so it is published when told
     produce(outboxkit_kafka_bootstrap, dlq, [_dead_letter(good, f"{topic}/0/2")])
 
-    code, out = _replay(
-        client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--to-topic", topic
-    )
+    args = ("--to-topic", topic, "--publish-missing")
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *args)
     assert code == 0, out
     lines = out.splitlines()  # in the order read
     assert f"{bad_source}  skipped-unusable  (dead letter {dlq}/0/0):" in lines[0]
@@ -332,7 +331,9 @@ def test_a_dead_letter_naming_a_topic_not_allowed_is_never_published(
         dlq,
         [_dead_letter(forged, f"{other}/0/0"), _dead_letter(good, f"{topic}/0/1")],
     )
-    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--json")
+    code, out = _replay(
+        client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, "--json", "--publish-missing"
+    )
     assert code == 0, out
     assert _events(out) == {forged: "skipped-topic-not-allowed", good: "replayed"}
     assert _state(outboxkit_db_url, forged) == "dead"  # untouched
@@ -347,8 +348,8 @@ def test_a_publish_that_fails_after_the_delete_says_so_and_a_second_run_publishe
     outboxkit_kafka_bootstrap: str,
     outboxkit_topic: TopicFactory,
 ) -> None:
-    """The row is gone once the publish fails: the output says to run again, exit 1, and the
-    next run (no row) publishes."""
+    """The row is gone once the publish fails: the output says to run again, exit 1; the next
+    run skips the event (no row) unless told to publish such events, then publishes it."""
     dlq = outboxkit_topic(prefix="dlq")
     target = f"later-{uuid.uuid4().hex[:8]}"  # allowed, but not created yet
     doomed = str(uuid.uuid4())
@@ -364,12 +365,19 @@ def test_a_publish_that_fails_after_the_delete_says_so_and_a_second_run_publishe
     assert code == 1, out
     line = out.splitlines()[0]
     assert line.startswith(f"{doomed}  failed  (dead letter {dlq}/0/0): ")
-    assert "its dead row is deleted: run the replay again to publish it" in line
+    assert (
+        "its dead row is deleted: run the replay again with --publish-missing --event-id"
+        f" {doomed} to publish it"
+    ) in line
     assert _state(outboxkit_db_url, doomed) is None
 
     created = outboxkit_topic(prefix="later")  # a name of the factory's: allow that one
     produce(outboxkit_kafka_bootstrap, dlq, [_dead_letter(doomed, f"{created}/0/0")])
     args = ("--to-topic", created, "--timeout", "5")
+    code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *args)
+    assert code == 0, out
+    assert f"{doomed}  skipped-no-row" in out  # maybe purged after it ran: not by default
+    args = (*args, "--publish-missing", "--event-id", doomed)
     code, out = _replay(client, outboxkit_db_url, outboxkit_kafka_bootstrap, dlq, *args)
     assert code == 0, out
     assert f"{doomed}  skipped-topic-not-allowed" in out  # the first dead letter's target

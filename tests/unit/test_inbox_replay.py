@@ -70,7 +70,7 @@ def dead_letter(
 @pytest.mark.parametrize(
     ("state", "step"),
     [
-        (None, Step.PUBLISH),
+        (None, Step.SKIP_NO_ROW),
         (InboxState.DEAD, Step.FORGET_THEN_PUBLISH),
         (InboxState.CANCELLED, Step.SKIP_CANCELLED),
         (InboxState.SUCCEEDED, Step.SKIP_SUCCEEDED),
@@ -82,8 +82,16 @@ def test_each_row_state_has_its_step(state: InboxState | None, step: Step) -> No
     assert decide(state) is step
 
 
+def test_no_row_is_published_only_when_told() -> None:
+    """No row is a replay that stopped after its delete, or a row purged after its event ran:
+    published again, that one would run twice."""
+    assert decide(None, publish_missing=True) is Step.PUBLISH
+    assert {decide(s, publish_missing=True) for s in InboxState} == {decide(s) for s in InboxState}
+
+
 def test_every_state_is_decided() -> None:
-    assert {decide(s) for s in InboxState} | {decide(None)} == set(Step)
+    every = {decide(s) for s in InboxState} | {decide(None, publish_missing=b) for b in (0, 1)}
+    assert every == set(Step)
 
 
 # --- reading a dead letter ------------------------------------------------------------------
@@ -185,6 +193,7 @@ def run_over(
     dlq: str = "payments.dlq",
     limit: int = 100,
     state: InboxState | None = InboxState.DEAD,
+    publish_missing: bool = False,
 ) -> tuple[Replay, list[Outcome], list[str]]:
     """A run over ``records`` whose rows are all in ``state``; what it published, in order."""
     published: list[str] = []
@@ -200,6 +209,7 @@ def run_over(
         forget=lambda e: True,
         publish=publish,
         limit=limit,
+        publish_missing=publish_missing,
     )
     outcomes = [o for o in map(run.handle, records) if o is not None]
     return run, outcomes, published
@@ -344,16 +354,19 @@ def test_seen_keeps_at_most_its_limit_of_fixed_size_digests() -> None:
 
 
 def test_past_the_bound_a_further_dead_letter_is_decided_by_its_row() -> None:
-    """A replayed event not yet handled has no row: published again, which the consumer skips
-    as a duplicate; nothing more is held."""
+    """A replayed event not yet handled has no row: skipped, or with --publish-missing
+    published again, which the consumer skips as a duplicate; nothing more is held."""
     records = [
         dead_letter("e1", offset=0),
         dead_letter("e2", offset=1),
         dead_letter("e2", offset=2),
     ]
-    run, _, published = run_over(records, limit=1, state=None)
+    run, _, published = run_over(records, limit=1, state=None, publish_missing=True)
     assert published == ["e1->payments", "e2->payments", "e2->payments"]
     assert run.seen.full == 2
+    run, outcomes, published = run_over(records, limit=1, state=None)
+    assert published == []
+    assert [o.action for o in outcomes] == ["skipped-no-row"] * 3
 
 
 def test_records_are_acted_on_as_they_are_read_not_gathered_first() -> None:
@@ -371,7 +384,7 @@ def test_records_are_acted_on_as_they_are_read_not_gathered_first() -> None:
         "billing",
         None,
         targets("payments.dlq", ()),
-        state_of=lambda e: None,
+        state_of=lambda e: InboxState.DEAD,
         forget=lambda e: True,
         publish=lambda letter: published.append(letter.event_id),
         limit=10,
@@ -412,7 +425,9 @@ class Effects:
         if self.fail_publish:
             raise PublishError("publish to 'payments' failed: NOT_ENOUGH_REPLICAS: try later")
 
-    def replay(self, *, dry_run: bool = False) -> tuple[str, str | None]:
+    def replay(
+        self, *, dry_run: bool = False, publish_missing: bool = False
+    ) -> tuple[str, str | None]:
         letter = read_dead_letter(dead_letter(), "billing")
         assert isinstance(letter, DeadLetter)
         out = replay_one(
@@ -421,6 +436,7 @@ class Effects:
             forget=self.forget,
             publish=self.publish,
             dry_run=dry_run,
+            publish_missing=publish_missing,
         )
         return out.action, out.detail
 
@@ -431,9 +447,12 @@ def test_a_dead_event_is_deleted_first_then_published() -> None:
     assert effects.log == ["look e1", "delete e1", "publish e1 to payments"]
 
 
-def test_an_event_without_a_row_is_published_only() -> None:
+def test_an_event_without_a_row_is_published_only_when_told() -> None:
     effects = Effects(None)
-    assert effects.replay() == (REPLAYED, "to payments")
+    assert effects.replay() == ("skipped-no-row", None)
+    assert effects.log == ["look e1"]
+    effects.log = []
+    assert effects.replay(publish_missing=True) == (REPLAYED, "to payments")
     assert effects.log == ["look e1", "publish e1 to payments"]
 
 
@@ -450,7 +469,7 @@ def test_other_states_change_nothing(state: InboxState) -> None:
 @pytest.mark.parametrize("state", [InboxState.DEAD, None])
 def test_a_dry_run_only_looks(state: InboxState | None) -> None:
     effects = Effects(state)
-    action, detail = effects.replay(dry_run=True)
+    action, detail = effects.replay(dry_run=True, publish_missing=True)
     assert action == WOULD_REPLAY
     assert detail == ("dead row" if state else "no row")
     assert effects.log == ["look e1"]
@@ -466,7 +485,10 @@ def test_a_row_that_changed_before_the_delete_is_decided_again() -> None:
         return False
 
     gone.forget = deleted_by_another  # type: ignore[method-assign]
-    assert gone.replay() == (REPLAYED, "to payments")
+    assert gone.replay() == ("skipped-no-row", None)  # the other replay publishes it
+    assert gone.log == ["look e1", "delete e1", "look e1"]
+    gone.state, gone.log = InboxState.DEAD, []
+    assert gone.replay(publish_missing=True) == (REPLAYED, "to payments")
     assert gone.log == ["look e1", "delete e1", "look e1", "publish e1 to payments"]
 
     running = Effects(InboxState.DEAD, later=InboxState.PROCESSING)
@@ -488,7 +510,9 @@ def test_a_failed_publish_is_reported_and_the_row_stays_deleted() -> None:
     assert detail is not None
     assert "NOT_ENOUGH_REPLICAS" in detail
     assert detail.endswith(
-        "its dead row is deleted: run the replay again to publish it (no row: it publishes)"
+        "its dead row is deleted: run the replay again with --publish-missing --event-id e1"
+        " to publish it"
     )
-    assert effects.state is None  # the next run finds no row: it publishes
-    assert Effects(effects.state).replay() == (REPLAYED, "to payments")
+    assert effects.state is None  # the next run finds no row: published when told
+    assert Effects(effects.state).replay() == ("skipped-no-row", None)
+    assert Effects(effects.state).replay(publish_missing=True) == (REPLAYED, "to payments")
