@@ -12,10 +12,12 @@ publish failed) has that published then instead. A client that keeps refusing th
 is replaced (:meth:`PartitionGate.seek_failed`). Pure logic: the clock is passed in.
 
 The log a hold refers to may be gone as a whole (its topic deleted and created again, or an
-unclean truncation): its end is then at or before the held offset (:mod:`.resume` asks), the
-client starts again below the held offset after the seek back, or the record at the held offset
-is another one (its :func:`record_mark` differs). The held record is gone then too, and the new
-log is read from its start: none of it was processed, and the hold's offset means nothing there.
+unclean truncation): its end is then at or before the held offset (:mod:`.resume` asks), or the
+record at the held offset is another one (its :func:`record_mark` differs). The held record is
+gone then too, and the new log is read from its start: none of it was processed, and the hold's
+offset means nothing there. A partition that goes on below the held offset after the seek back
+is no proof (a client resets its position on a live log too): the seek back is made again, with
+the bounds read first.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Hold:
     mark: bytes | None = None  # the held record's :func:`record_mark`
     sought: bool = False  # this client sought back to ``offset`` and resumed the partition
     rewind: bool = False  # the log was replaced: resume at its start, then the hold ends
+    rechecks: int = 0  # seeks back made again: the partition went on below ``offset``
 
 
 @dataclass(frozen=True)
@@ -130,26 +133,18 @@ class PartitionGate:
     def accept(self, tp: TopicPartitionKey, offset: int, mark: bytes | None = None) -> bool:
         """Whether a fetched message may be processed now. The caller drops what it fetched of
         a partition before resuming it, so after the resume only what the seek delivers is
-        judged: a later offset there means the failed one is gone, not that it was skipped; an
-        earlier one (after this client's own seek), or another record at the held offset
-        (``mark``), that the whole log was replaced."""
+        judged: a later offset there means the failed one is gone, not that it was skipped;
+        another record at the held offset (``mark``), that the whole log was replaced; an
+        earlier one after this client's own seek, that the seek back is made again."""
         hold = self._holds.get(tp)
         if hold is None:
             return True
         if not hold.resumed or hold.rewind:
             return False
         if offset < hold.offset:
-            if not hold.sought:
-                return False
-            logger.warning(
-                "%s/%d: held record at offset %d is gone: the partition starts again at %d (%s)",
-                *tp,
-                hold.offset,
-                offset,
-                LOG_REPLACED,
-            )
-            self._end(tp, hold, replaced=True)
-            return True
+            if hold.sought:
+                self._recheck(tp, hold, offset)
+            return False
         if offset == hold.offset and None not in (mark, hold.mark) and mark != hold.mark:
             logger.warning(
                 "%s/%d: the record at held offset %d is another one (%s); reading the"
@@ -172,6 +167,24 @@ class PartitionGate:
         else:
             del self._holds[tp]
         return True
+
+    def _recheck(self, tp: TopicPartitionKey, hold: Hold, offset: int) -> None:
+        """After this client's seek back the partition went on below the held offset: its
+        position was reset. A replaced log does that, but so can a live one (an offset out of
+        range for a moment, a follower behind): not proof enough to end the held record's row.
+        The seek back is made again at once, the log's bounds read first (they, or the record
+        at the held offset, tell a replaced log); what comes meanwhile is dropped."""
+        log = logger.warning if hold.rechecks == 0 else logger.debug
+        log(
+            "%s/%d: after the seek back to held offset %d the partition went on at %d; seeking"
+            " back again",
+            *tp,
+            hold.offset,
+            offset,
+        )
+        self._holds[tp] = replace(
+            hold, due=float("-inf"), resumed=False, sought=False, rechecks=hold.rechecks + 1
+        )
 
     def _end(self, tp: TopicPartitionKey, hold: Hold, replaced: bool = False) -> None:
         """The held record is gone: its row (or acknowledgement) is ended later."""

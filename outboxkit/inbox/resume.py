@@ -6,8 +6,9 @@ round trip each). An end at or below the held offset means the held record's log
 whole: high watermarks never go back (Kafka keeps the offsets it lists monotonic across leader
 changes, KIP-207) but for a topic deleted and created again under the same name, or an unclean
 truncation. The new log is then read from its start, none of it having run here, and the held
-record ends as gone (:mod:`.gate`). Bounds that cannot be read leave the seek back as before:
-the gate still finds a replaced log by what the seek delivers.
+record ends as gone (:mod:`.gate`). Bounds that cannot be read (or read as no log's: negative,
+or a start past the end) leave the seek back as before: the gate still finds a replaced log that
+grew past the held offset by the record the seek delivers there.
 """
 
 from __future__ import annotations
@@ -56,13 +57,16 @@ def resume_due(loop: ConsumerLoop, now: float) -> Plan[bool]:
 
 def _bounds(tp: tuple[str, int]) -> Plan[tuple[int, int] | None]:
     """``(start, end)``, or ``None`` if not read (an executor without the step answers
-    something else: taken as not read too)."""
+    something else, or a client a value that no log has: taken as not read too, as an end
+    taken for one at or below the held offset would end a live record's row)."""
     try:
         bounds: object = yield LogBounds(tp, BOUNDS_READ_SECONDS)
     except PublishError as exc:
         logger.info("%s/%d: %s; seeking back to the held record all the same", *tp, exc)
         return None
     match bounds:
-        case (int() as start, int() as end):
+        case (int() as start, int() as end) if 0 <= start <= end:
             return start, end
+        case (int(), int()):  # a logical offset (-1, -1001...) or a start past the end
+            logger.info("%s/%d: the log's bounds read as %r; taken as not read", *tp, bounds)
     return None

@@ -199,8 +199,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._abandoned = [t for t in self._abandoned if t.is_alive()] + [closing]
 
     # A closed, given-up or replaced client's callbacks (its close revokes) are not the inbox's
-    # any more: it may be replacing the client, and has already taken over what they would hand
-    # back.
+    # any more: it may be replacing the client, and took over what they would hand back.
     def _current(self, consumer: Any) -> bool:
         return not self._closed and not self._wedged and consumer is self._consumer
 
@@ -351,9 +350,8 @@ class ConfluentGroupConsumer(GroupConsumer):
             return {}
         if self._wedged:
             raise PublishError("reading the committed offsets failed: the client is being replaced")
-        request = [TopicPartition(t, p) for t, p in partitions]
         try:
-            found = self._consumer.committed(request, timeout=timeout)
+            found = self._consumer.committed([TopicPartition(*tp) for tp in partitions], timeout)
         except (KafkaException, RuntimeError) as exc:  # RuntimeError: the client is closed
             raise PublishError(f"reading the committed offsets failed: {exc.args[0]}") from exc
         failed = [p for p in found if p.error is not None]
@@ -362,6 +360,8 @@ class ConfluentGroupConsumer(GroupConsumer):
         return {(p.topic, p.partition): p.offset for p in found if p.offset >= 0}
 
     def log_bounds(self, partition: TP, timeout: float) -> tuple[int, int]:
+        if self._wedged:  # asked, a client being given up may wait out the whole timeout
+            raise PublishError("reading the log's bounds failed: the client is being replaced")
         return log_bounds(self._consumer, partition, timeout)
 
     def close(self) -> None:

@@ -101,6 +101,12 @@ def test_an_unanswered_commit_replaces_the_client_which_takes_the_partition_agai
         # Given up untouched: no commit is sent on it, it has no assignment.
         with pytest.raises(PublishError, match="being replaced"):
             member.consumer.commit({tp: 1})
+        # Not asked either: the inbox reads a held partition's bounds before each seek back,
+        # and the frozen broker made that wait out its whole timeout.
+        began = time.monotonic()
+        with pytest.raises(PublishError, match="being replaced"):
+            member.consumer.log_bounds(tp, 5.0)
+        assert time.monotonic() - began < 1.0
         assert member.consumer.assignment() == set()
         assert member.revoked == []
         member.consumer.poll(0, 10)  # replaces it
