@@ -116,8 +116,7 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._consumer = self._create()
         self._positions = FetchPositions()  # the client's: where a cut poll goes back to
         self._closed = False
-        # A commit went unanswered: the client is replaced at the next poll, untouched till then.
-        self._wedged = False
+        self._wedged = False  # a request went unanswered: replaced next poll, untouched till then
         self._topics: list[str] = []
         self._owned: set[TP] = set()  # what the callbacks were told is assigned
         self._abandoned: list[threading.Thread] = []  # closes of given-up clients
@@ -218,12 +217,10 @@ class ConfluentGroupConsumer(GroupConsumer):
         self._owned.difference_update(_tps(partitions))
         offsets = self._on_revoke(_tps(partitions))
         if offsets:
-            # Not waited for: a commit from another thread is not answered while a rebalance
-            # callback runs, and one waited for here would hold the consume() for ever if its
-            # broker went away with it in flight. librdkafka finishes the revocation only once
-            # its outstanding commits have ended, so the partition still goes with it.
-            # Its answer comes to _revocation_committed; none by the deadline gives the client up
-            # (the revocation, waiting for it, would never end).
+            # Not waited for: one from another thread is not answered while a rebalance callback
+            # runs, and one waited for here would hold consume() for ever if its broker went
+            # away with it in flight (librdkafka ends the revocation once its commits ended).
+            # Its answer comes to _revocation_committed; none by the deadline: client given up.
             request = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
             try:
                 self._consumer.commit(offsets=request, asynchronous=True)
@@ -360,9 +357,12 @@ class ConfluentGroupConsumer(GroupConsumer):
         return {(p.topic, p.partition): p.offset for p in found if p.offset >= 0}
 
     def log_bounds(self, partition: TP, timeout: float) -> tuple[int, int]:
-        if self._wedged:  # asked, a client being given up may wait out the whole timeout
-            raise PublishError("reading the log's bounds failed: the client is being replaced")
-        return log_bounds(self._consumer, partition, timeout)
+        if not self._wedged:  # a client being given up is not asked: it may never answer
+            try:
+                return log_bounds(self._consumer, partition, timeout)
+            except Unanswered:  # held by an unanswered request: given up, as after a commit
+                self._wedged = True
+        raise PublishError("reading the log's bounds failed: the client is being replaced")
 
     def close(self) -> None:
         if self._closed:

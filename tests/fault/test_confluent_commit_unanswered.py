@@ -11,17 +11,21 @@ partition again once the broker is back; a close after an unanswered commit retu
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from outboxkit.devstack import DevStack
 from outboxkit.errors import PublishError
 from outboxkit.kafka.api import ConsumedRecord
 from outboxkit.kafka.api import TopicPartition as TP
 from outboxkit.kafka.confluent_consumer import ConfluentGroupConsumer
+from outboxkit.kafka.confluent_log_bounds import MARGIN_SECONDS
 from outboxkit.settings import KafkaSettings
 from tests.integration.inbox_support import produce
 from tests.support.waiting import wait_for
@@ -102,7 +106,7 @@ def test_an_unanswered_commit_replaces_the_client_which_takes_the_partition_agai
         with pytest.raises(PublishError, match="being replaced"):
             member.consumer.commit({tp: 1})
         # Not asked either: the inbox reads a held partition's bounds before each seek back,
-        # and the frozen broker made that wait out its whole timeout.
+        # and librdkafka ignored the read's timeout here (held for over 300 s).
         began = time.monotonic()
         with pytest.raises(PublishError, match="being replaced"):
             member.consumer.log_bounds(tp, 5.0)
@@ -137,3 +141,58 @@ def test_a_close_after_an_unanswered_commit_returns_at_once(
     began = time.monotonic()
     member.consumer.close()
     assert time.monotonic() - began < 1.0
+
+
+def test_the_log_bounds_of_a_frozen_broker_are_not_waited_for_past_their_timeout(
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    frozen_kafka: Callable[[], None],
+) -> None:
+    """The inbox reads a held partition's bounds before each seek back: a broker that stopped
+    answering (no commit in flight) must cost that read its timeout, not hold the loop."""
+    topic = outboxkit_topic()
+    produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"v", [])])
+    member = _Member(outboxkit_kafka_bootstrap, topic)
+    try:
+        member.poll_until(lambda: len(member.records) == 1, "the record")
+        frozen_kafka()
+        began = time.monotonic()
+        with pytest.raises(PublishError):
+            member.consumer.log_bounds((topic, 0), 2.0)
+        assert time.monotonic() - began < 4.0
+    finally:
+        member.consumer.close()
+
+
+def test_log_bounds_held_by_an_unanswered_commit_give_the_client_up(
+    outboxkit_kafka_bootstrap: str,
+    outboxkit_topic: TopicFactory,
+    frozen_kafka: Callable[[], None],
+) -> None:
+    """A synchronous commit waiting on a broker that stopped answering held
+    ``get_watermark_offsets`` past its timeout for minutes (>300 s here, where the inbox's
+    commit had already given the client up: the guard above). Were it asked in that window,
+    the read is bounded all the same, and the client given up as after an unanswered commit.
+    (An asynchronous commit in flight, a revocation's, did not hold it: its timeout held.)"""
+    topic = outboxkit_topic()
+    tp = (topic, 0)
+    produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"v", [])])
+    member = _Member(outboxkit_kafka_bootstrap, topic)
+    try:
+        member.poll_until(lambda: len(member.records) == 1, "the record")
+        frozen_kafka()
+        inner = member.consumer._consumer
+        offsets = [TopicPartition(topic, 0, 1)]
+
+        def commit() -> None:
+            with contextlib.suppress(Exception):
+                inner.commit(offsets=offsets, asynchronous=False)
+
+        threading.Thread(target=commit, daemon=True).start()  # as the inbox's committer
+        began = time.monotonic()
+        with pytest.raises(PublishError, match="being replaced"):
+            member.consumer.log_bounds(tp, 2.0)
+        assert time.monotonic() - began < 2.0 + MARGIN_SECONDS + 1.0
+        assert member.consumer.assignment() == set()  # given up: replaced at the next poll
+    finally:
+        member.consumer.close()
