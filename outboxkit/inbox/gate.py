@@ -130,12 +130,19 @@ class PartitionGate:
                 ready.append((tp, hold.offset))
         return ready
 
-    def accept(self, tp: TopicPartitionKey, offset: int, mark: bytes | None = None) -> bool:
+    def accept(
+        self,
+        tp: TopicPartitionKey,
+        offset: int,
+        mark: bytes | None = None,
+        record: ConsumedRecord | None = None,
+    ) -> bool:
         """Whether a fetched message may be processed now. The caller drops what it fetched of
         a partition before resuming it, so after the resume only what the seek delivers is
         judged: a later offset there means the failed one is gone, not that it was skipped;
-        another record at the held offset (``mark``), that the whole log was replaced; an
-        earlier one after this client's own seek, that the seek back is made again."""
+        another record at the held offset (``mark``, else that of ``record``, the message,
+        digested only there), that the whole log was replaced; an earlier one after this
+        client's own seek, that the seek back is made again."""
         hold = self._holds.get(tp)
         if hold is None:
             return True
@@ -145,6 +152,8 @@ class PartitionGate:
             if hold.sought:
                 self._recheck(tp, hold, offset)
             return False
+        if mark is None and record is not None and offset == hold.offset:
+            mark = record_mark(record.timestamp_ms, record.key, record.value, record.headers)
         if offset == hold.offset and None not in (mark, hold.mark) and mark != hold.mark:
             logger.warning(
                 "%s/%d: the record at held offset %d is another one (%s); reading the"

@@ -26,7 +26,7 @@ from outboxkit.inbox.batch import deliver_batch
 from outboxkit.inbox.deadletter import dead_letter_record
 from outboxkit.inbox.delivery import InboxCore
 from outboxkit.inbox.envelope import Envelope
-from outboxkit.inbox.gate import PartitionGate, end_gone, record_mark, without
+from outboxkit.inbox.gate import PartitionGate, end_gone, without
 from outboxkit.inbox.guard import error_text
 from outboxkit.inbox.loop_options import ERROR_RETRY_SECONDS, LoopOptions
 from outboxkit.inbox.offsets import PendingOffsets
@@ -219,7 +219,7 @@ class ConsumerLoop:
                 self.buffer.extend(fetched)
             record = self.buffer.popleft()
             tp = (record.topic, record.partition)
-            if tp in self.assigned and self.gate.accept(tp, record.offset, _mark(self, record)):
+            if tp in self.assigned and self.gate.accept(tp, record.offset, record=record):
                 taken.append(record)
                 self.unsettled[_where(record)] = record
         return taken
@@ -256,7 +256,7 @@ class ConsumerLoop:
             return None
         record = self.buffer.popleft()
         tp = (record.topic, record.partition)
-        accepted = tp in self.assigned and self.gate.accept(tp, record.offset, _mark(self, record))
+        accepted = tp in self.assigned and self.gate.accept(tp, record.offset, record=record)
         if accepted:
             self.unsettled = {_where(record): record}
         if self.acks is not None:
@@ -369,11 +369,3 @@ class ConsumerLoop:
 
 def _where(record: ConsumedRecord) -> tuple[str, int, int]:
     return (record.topic, record.partition, record.offset)
-
-
-def _mark(loop: ConsumerLoop, record: ConsumedRecord) -> bytes | None:
-    """The record's mark, only where the gate compares it (the held offset of its partition)."""
-    hold = loop.gate.get((record.topic, record.partition))
-    if hold is None or hold.offset != record.offset:
-        return None
-    return record_mark(record.timestamp_ms, record.key, record.value, record.headers)
