@@ -71,7 +71,7 @@ def test_a_topic_recreated_while_a_record_is_held_loses_nothing(
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o-{i}", 1)
     produce_event(outboxkit_kafka_bootstrap, topic, held, "o-held", 1)
     behaviour = Behaviour(fail_attempts=1000, fail_only=held)
-    policy = RetryPolicy(initial_delay=20, max_delay=20)
+    policy = RetryPolicy(initial_delay=12, max_delay=12)  # the recreation takes 1-3 s here
     harness = start([topic], behaviour, policy=policy)
     wait_for(
         lambda: any(o.kind is OutcomeKind.RETRY for o in list(harness.outcomes)),
