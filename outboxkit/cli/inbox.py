@@ -14,7 +14,7 @@ from outboxkit.cli.inbox_common import json_option as _json
 from outboxkit.cli.inbox_common import jsonable as _jsonable
 from outboxkit.cli.inbox_common import printable as _printable
 from outboxkit.cli.inbox_replay import replay
-from outboxkit.cli.options import LIMIT_MAX, database_options, finite
+from outboxkit.cli.options import LIMIT_MAX, database_options, finite, key_value_items
 from outboxkit.inbox.readback import (
     cancel_event,
     get_event,
@@ -218,18 +218,8 @@ def _number(name: str, value: str) -> str | int:
 
 
 def _options(items: tuple[str, ...]) -> dict[str, str | int]:
-    """``--kafka-option key=value`` items; an error names the item, never its text (a value
-    may be a secret, and an item without ``=`` may be nothing but one)."""
-    config: dict[str, str | int] = {}
-    for number, item in enumerate(items, start=1):
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise click.BadParameter(
-                f"item {number} of {len(items)} is not key=value (its text is not shown)",
-                param_hint="'--kafka-option'",
-            )
-        config[name] = _number(name, value)
-    return config
+    """``--kafka-option key=value`` items, numbers as numbers."""
+    return {name: _number(name, value) for name, value in key_value_items(items, "--kafka-option")}
 
 
 @inbox.command(name="run")

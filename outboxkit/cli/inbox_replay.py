@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from outboxkit.cli.inbox_common import consumer_name, engine_for, json_option, printable
-from outboxkit.cli.options import database_options
+from outboxkit.cli.options import database_options, key_value_items
 from outboxkit.errors import ConfigurationError, PublishError, named
 from outboxkit.inbox.readback import event_state, forget_dead
 from outboxkit.inbox.replay import DeadLetter, Outcome, Replay, source_topic, targets
@@ -26,21 +26,6 @@ from outboxkit.kafka import KafkaClients
 from outboxkit.kafka.readback import TopicReadback
 from outboxkit.schema import InboxState
 from outboxkit.settings import KafkaClient, KafkaSettings, load_kafka_settings
-
-
-def _kafka_properties(items: tuple[str, ...]) -> dict[str, str]:
-    """``--kafka-option key=value`` items (librdkafka properties); an error names the item,
-    never its text (a value may be a secret)."""
-    properties: dict[str, str] = {}
-    for number, item in enumerate(items, start=1):
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise click.BadParameter(
-                f"item {number} of {len(items)} is not key=value (its text is not shown)",
-                param_hint="'--kafka-option'",
-            )
-        properties[name] = value
-    return properties
 
 
 def _kafka(
@@ -53,7 +38,7 @@ def _kafka(
         settings = load_kafka_settings(config_path, overrides={"kafka": given})
         if items:
             kept = {k: v.get_secret_value() for k, v in settings.properties.items()}
-            given["properties"] = {**kept, **_kafka_properties(items)}
+            given["properties"] = {**kept, **dict(key_value_items(items, "--kafka-option"))}
             settings = load_kafka_settings(config_path, overrides={"kafka": given})
     except ConfigurationError as exc:  # names the settings, never echoes their values
         raise click.ClickException(str(exc)) from None

@@ -53,6 +53,21 @@ schema_option = click.option(
 )
 
 
+def key_value_items(items: tuple[str, ...], option: str) -> list[tuple[str, str]]:
+    """``key=value`` items of a repeatable option; an error names the item by its number, never
+    its text (a value may be a secret, and an item without ``=`` may be nothing but one)."""
+    pairs = []
+    for number, item in enumerate(items, start=1):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(
+                f"item {number} of {len(items)} is not key=value (its text is not shown)",
+                param_hint=f"'{option}'",
+            )
+        pairs.append((name, value))
+    return pairs
+
+
 def database_url_option(
     help_text: str = "libpq URL of the database (default: the settings' URL:"
     " $OUTBOXKIT_DATABASE_URL, its file in $OUTBOXKIT_SECRETS_DIR, [database] url).",
