@@ -19,21 +19,14 @@ from aiokafka.errors import KafkaError
 from outboxkit.errors import PublishError, named
 from outboxkit.kafka.aiokafka_admin import _UNAUTHORISED
 from outboxkit.kafka.api import CheckpointReader
-from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.config import aiokafka_reader_options
 from outboxkit.kafka.errors import not_read_to_end
 from outboxkit.settings import KafkaSettings
 
 
 class AiokafkaCheckpointReader(CheckpointReader):
     def __init__(self, settings: KafkaSettings, *, timeout: float = 30.0) -> None:
-        self._options = aiokafka_options(
-            settings,
-            group_id=None,
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            request_timeout_ms=int(timeout * 1000),
-        )
+        self._options = aiokafka_reader_options(settings, timeout)
         self._timeout = timeout
 
     async def last_values(

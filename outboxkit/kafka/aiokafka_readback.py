@@ -21,7 +21,7 @@ from outboxkit.errors import PermanentPublishError, PublishError, named
 from outboxkit.kafka.aiokafka_rawfetch import fetch_raw
 from outboxkit.kafka.aiokafka_sender import AiokafkaRecordSender
 from outboxkit.kafka.api import ConsumedRecord, Headers
-from outboxkit.kafka.config import aiokafka_options
+from outboxkit.kafka.config import aiokafka_options, aiokafka_reader_options
 from outboxkit.kafka.errors import not_read_to_end
 from outboxkit.kafka.readback import TopicReadback
 from outboxkit.settings import KafkaSettings
@@ -88,14 +88,7 @@ async def _batches(
     settings: KafkaSettings, topic: str, seconds: float
 ) -> AsyncGenerator[list[ConsumedRecord]]:
     """The topic's committed records, a batch at a time, each partition up to its end."""
-    options = aiokafka_options(
-        settings,
-        group_id=None,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        request_timeout_ms=int(seconds * 1000),
-    )
+    options = aiokafka_reader_options(settings, seconds)
     consumer = AIOKafkaConsumer(**options)
     try:
         try:

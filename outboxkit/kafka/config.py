@@ -377,3 +377,15 @@ def aiokafka_options(
     kwargs.update(options or {})
     kwargs.update(overrides)
     return kwargs
+
+
+def aiokafka_reader_options(settings: KafkaSettings, seconds: float) -> dict[str, Any]:
+    """A group-less ``read_committed`` reader from the log's start (read-backs, checkpoints)."""
+    return aiokafka_options(
+        settings,
+        group_id=None,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        request_timeout_ms=int(seconds * 1000),
+    )
