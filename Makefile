@@ -2,9 +2,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.outboxkit-installed
-# Four workers, each with its own PostgreSQL and Kafka: the suite mostly waits on services
-# (on 2 cores, measured 2026-12-06: 737 s against 875 s with three, and 1131 s with two).
-PYTEST_WORKERS ?= -n 4 --dist loadfile
+# Five workers, each with its own PostgreSQL and Kafka: the suite mostly waits on services.
+# On 2 cores, clean clones of one commit, 2026-12-07: 899 s with five against 1043 s with four;
+# six took 862 s but kept the CPU 96 % busy (median) and its tests ran 9 % longer each, so
+# timing-sensitive ones would have less margin (earlier, 2026-12-06: 737 s with four, 875 s
+# with three, 1131 s with two, on a smaller suite).
+PYTEST_WORKERS ?= -n 5 --dist loadfile
 
 .PHONY: demo test lint typecheck check bench bench-debezium clean system-deps
 
