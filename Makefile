@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.outboxkit-installed
 # Five workers, each with its own PostgreSQL and Kafka: the suite mostly waits on services.
-# On 2 cores, clean clones of one commit, 2026-12-07: 899 s with five against 1043 s with four;
+# On 2 cores, clean clones of the same code, 2026-12-07: 899 s with five against 1043 s with four;
 # six took 862 s but kept the CPU 96 % busy (median) and its tests ran 9 % longer each, so
 # timing-sensitive ones would have less margin (earlier, 2026-12-06: 737 s with four, 875 s
 # with three, 1131 s with two, on a smaller suite).
