@@ -22,7 +22,7 @@ import pytest
 
 from outboxkit.devstack import DevStack
 from tests.fault.inbox_workers import Worker
-from tests.integration.inbox_support import effects, inbox_row, produce_event
+from tests.integration.inbox_support import effects, inbox_state, produce_event
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fault
@@ -32,11 +32,6 @@ TopicFactory = Callable[..., str]
 # (confluent-kafka) up to 5 s for the lease thread, which may be opening a connection.
 STOPPED_WITHIN = 20.0
 CONSUMER = "billing"  # the name tests/fault/conftest.py's workers run under
-
-
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, CONSUMER, event_id)
-    return None if row is None else str(row["state"])
 
 
 def test_sigterm_while_postgres_does_not_answer_ends_the_consumer(
@@ -77,7 +72,10 @@ def test_sigterm_while_postgres_does_not_answer_ends_the_consumer(
     assert "Traceback" not in log, log
     assert "still waiting for PostgreSQL" in log, log
     # The transaction was rolled back; the next start delivers the event again and applies it.
-    assert _state(outboxkit_db_url, event) == "processing"
+    assert inbox_state(outboxkit_db_url, event, CONSUMER) == "processing"
     again = spawn(topic, **options)
-    wait_for(lambda: _state(outboxkit_db_url, event) == "succeeded", what="the event applied")
+    wait_for(
+        lambda: inbox_state(outboxkit_db_url, event, CONSUMER) == "succeeded",
+        what="the event applied",
+    )
     assert len(effects(outboxkit_db_url, event)) == 1, again.output()

@@ -189,6 +189,12 @@ def inbox_row(db_url: str, consumer: str, event_id: str) -> dict[str, Any] | Non
         return cur.fetchone()
 
 
+def inbox_state(db_url: str, event_id: str, consumer: str = "billing") -> str | None:
+    """The event's inbox row state, or ``None`` when it has no row."""
+    row = inbox_row(db_url, consumer, event_id)
+    return None if row is None else str(row["state"])
+
+
 def effects(db_url: str, event_id: str | None = None) -> list[tuple[Any, ...]]:
     if event_id is None:
         return fetch(db_url, "SELECT event_id, order_id, amount FROM public.effect ORDER BY id")

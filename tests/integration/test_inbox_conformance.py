@@ -28,6 +28,7 @@ from tests.integration.inbox_support import (
     fetch,
     headers_for,
     inbox_row,
+    inbox_state,
     payload,
     poll_members,
     produce,
@@ -91,11 +92,6 @@ def start(
         harness.stop()
 
 
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
-
-
 def test_each_event_applied_once_and_succeeded(
     start: Start,
     outboxkit_db_url: str,
@@ -108,7 +104,7 @@ def test_each_event_applied_once_and_succeeded(
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o{n}", 10 * n)
     harness = start([topic])
     for event_id in ids:
-        wait_for(lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded", what=event_id)
+        wait_for(lambda e=event_id: inbox_state(outboxkit_db_url, e) == "succeeded", what=event_id)
     assert [e[0] for e in effects(outboxkit_db_url)] == ids
     row = inbox_row(outboxkit_db_url, "billing", ids[0])
     assert row is not None
@@ -197,7 +193,7 @@ def test_garbage_and_unknown_types_rejected_consumer_keeps_going(
         ],
     )
     start([topic])
-    wait_for(lambda: _state(outboxkit_db_url, good) == "succeeded", what="good event")
+    wait_for(lambda: inbox_state(outboxkit_db_url, good) == "succeeded", what="good event")
     assert effects(outboxkit_db_url) == [(good, "o-good", 7)]
     for event_id, reason in ((bad_json, "not a valid"), (unknown, "unknown event type")):
         row = inbox_row(outboxkit_db_url, "billing", event_id)
@@ -229,7 +225,7 @@ def test_always_failing_handler_goes_dead_with_one_dead_letter(
         policy=RetryPolicy(max_attempts=3, initial_delay=0.1),
         dead_letter=dlq,
     )
-    wait_for(lambda: _state(outboxkit_db_url, doomed) == "dead", what="dead")
+    wait_for(lambda: inbox_state(outboxkit_db_url, doomed) == "dead", what="dead")
     row = inbox_row(outboxkit_db_url, "billing", doomed)
     assert row is not None
     assert row["attempts"] == 3
@@ -263,7 +259,7 @@ def test_transient_failure_retried_in_partition_order(
     produce_event(outboxkit_kafka_bootstrap, topic, first, "o1", 1)
     produce_event(outboxkit_kafka_bootstrap, topic, second, "o2", 2)
     start([topic], Behaviour(fail_attempts=2), policy=RetryPolicy(initial_delay=0.1))
-    wait_for(lambda: _state(outboxkit_db_url, second) == "succeeded", what="second event")
+    wait_for(lambda: inbox_state(outboxkit_db_url, second) == "succeeded", what="second event")
     # The first event succeeded on its third run, before the second event: order kept.
     assert [e[0] for e in effects(outboxkit_db_url)] == [first, second]
     row = inbox_row(outboxkit_db_url, "billing", first)
@@ -300,9 +296,9 @@ def test_cancel_during_processing_sticks_and_rolls_back(
     # The offset moved on: a later event is processed, and the cancelled one never reruns.
     behaviour.wait_until_lost = False
     produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 2)
-    wait_for(lambda: _state(outboxkit_db_url, after) == "succeeded", what="later event")
+    wait_for(lambda: inbox_state(outboxkit_db_url, after) == "succeeded", what="later event")
     assert [c for c in behaviour.calls if c[0] == slow] == [(slow, 1)]
-    assert _state(outboxkit_db_url, slow) == "cancelled"
+    assert inbox_state(outboxkit_db_url, slow) == "cancelled"
 
 
 def test_outcomes_are_acknowledged_on_the_acks_topic(
@@ -320,7 +316,7 @@ def test_outcomes_are_acknowledged_on_the_acks_topic(
     produce_event(outboxkit_kafka_bootstrap, topic, good, "o1", 5)
     produce(outboxkit_kafka_bootstrap, topic, [(b"k", b"{broken", headers_for(bad))])
     start([topic], acks_topic=acks)
-    wait_for(lambda: _state(outboxkit_db_url, bad) == "rejected", what="rejected")
+    wait_for(lambda: inbox_state(outboxkit_db_url, bad) == "rejected", what="rejected")
     records = read_topic(outboxkit_kafka_bootstrap, acks, expect=3)
     bodies = [json.loads(r.value()) for r in records]
     assert [(b["event_id"], b["state"], b["consumer"]) for b in bodies] == [
@@ -345,7 +341,7 @@ def test_interval_offset_commits_are_flushed_on_close(
     for event_id in first:
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
     harness = start([topic], offset_commit_interval=600.0, group_id=group)
-    wait_for(lambda: _state(outboxkit_db_url, first[-1]) == "succeeded", what="first batch")
+    wait_for(lambda: inbox_state(outboxkit_db_url, first[-1]) == "succeeded", what="first batch")
     harness.stop()  # nothing was due yet: close commits the settled offsets
     later = str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, later, "o", 2)
@@ -393,7 +389,7 @@ def test_a_partition_held_for_retry_moves_again_after_a_member_joins_and_leaves(
     ids = [*first.values(), *later.values()]
     for event_id in ids:
         wait_for(
-            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            lambda e=event_id: inbox_state(outboxkit_db_url, e) == "succeeded",
             timeout=120,
             what=event_id,
         )
@@ -444,8 +440,8 @@ def test_a_failing_handler_in_a_batch_rolls_back_alone_then_goes_dead(
         # fetching well after the other (0.5 s seen), so a 300 ms wait split them.
         consumer_options={"batch_max_records": 5, "batch_max_ms": 2000.0},
     )
-    wait_for(lambda: _state(outboxkit_db_url, b0) == "succeeded", what="b0 after doomed")
-    assert _state(outboxkit_db_url, doomed) == "dead"
+    wait_for(lambda: inbox_state(outboxkit_db_url, b0) == "succeeded", what="b0 after doomed")
+    assert inbox_state(outboxkit_db_url, doomed) == "dead"
     # One transaction for the first batch: its marks share the transaction's now().
     assert _finished_at(outboxkit_db_url, a0) == _finished_at(outboxkit_db_url, a1)
     assert _finished_at(outboxkit_db_url, a1) == _finished_at(outboxkit_db_url, b1)
@@ -484,7 +480,7 @@ def test_a_handler_rolling_back_its_session_in_a_batch_loses_no_earlier_effect(
     behaviour = Behaviour(rollback_in={undoing})
     harness = start([topic], behaviour, consumer_options={"batch_max_ms": 300.0})
     wait_for(
-        lambda: all(_state(outboxkit_db_url, e) == "succeeded" for e in (a, undoing, b)),
+        lambda: all(inbox_state(outboxkit_db_url, e) == "succeeded" for e in (a, undoing, b)),
         what="all three succeeded",
     )
     labels = {"consumer": "billing", "reason": "one_by_one"}
@@ -520,8 +516,8 @@ def test_a_handler_swallowing_a_database_error_in_a_batch_fails_alone(
         dead_letter=outboxkit_topic(prefix="dlq"),
         consumer_options={"batch_max_ms": 300.0},
     )
-    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the swallower")
-    assert _state(outboxkit_db_url, a) == "succeeded"
+    wait_for(lambda: inbox_state(outboxkit_db_url, b) == "succeeded", what="b after the swallower")
+    assert inbox_state(outboxkit_db_url, a) == "succeeded"
     row = inbox_row(outboxkit_db_url, "billing", swallower)
     assert row is not None
     assert (row["state"], row["attempts"]) == ("dead", 2)
@@ -553,8 +549,8 @@ def test_a_handler_ending_the_batchs_transaction_with_sql_fails_alone(
         dead_letter=outboxkit_topic(prefix="dlq"),
         consumer_options={"batch_max_ms": 300.0},
     )
-    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the ender")
-    assert _state(outboxkit_db_url, a) == "succeeded"
+    wait_for(lambda: inbox_state(outboxkit_db_url, b) == "succeeded", what="b after the ender")
+    assert inbox_state(outboxkit_db_url, a) == "succeeded"
     row = inbox_row(outboxkit_db_url, "billing", ender)
     assert row is not None
     assert (row["state"], row["attempts"]) == ("dead", 2)
@@ -598,8 +594,11 @@ def test_an_orm_flush_failing_in_a_batch_is_its_handlers_alone(
         dead_letter=outboxkit_topic(prefix="dlq"),
         consumer_options={"batch_max_ms": 300.0},
     )
-    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the clash")
-    assert (_state(outboxkit_db_url, a), _state(outboxkit_db_url, clash)) == ("succeeded", "dead")
+    wait_for(lambda: inbox_state(outboxkit_db_url, b) == "succeeded", what="b after the clash")
+    assert (inbox_state(outboxkit_db_url, a), inbox_state(outboxkit_db_url, clash)) == (
+        "succeeded",
+        "dead",
+    )
     keys = fetch(outboxkit_db_url, "SELECT key FROM public.orm_key WHERE key IN (%s, %s)", (a, b))
     assert sorted(k[0] for k in keys) == sorted([a, b])
     assert [c for c in behaviour.calls if c[0] == b] == [(b, 1)]
@@ -620,7 +619,7 @@ def test_cancel_of_one_event_of_a_batch(
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, "o", 1)
     behaviour = Behaviour(wait_until_lost=True, wait_only=slow)
     harness = start([topic], behaviour, lease_seconds=0.6, consumer_options={"batch_max_ms": 300.0})
-    wait_for(lambda: _state(outboxkit_db_url, slow) == "processing", what="slow claimed")
+    wait_for(lambda: inbox_state(outboxkit_db_url, slow) == "processing", what="slow claimed")
     # One batch: the three were claimed by one statement, and a's success waits for the batch's
     # commit (one event at a time, a would have succeeded before slow was claimed).
     claimed = fetch(
@@ -630,14 +629,14 @@ def test_cancel_of_one_event_of_a_batch(
         (a, slow, b),
     )
     assert claimed == [(3, 1)], claimed
-    assert _state(outboxkit_db_url, a) == "processing"
+    assert inbox_state(outboxkit_db_url, a) == "processing"
     engine = create_engine(sa_url)
     try:
         assert cancel_event(engine, "billing", slow, reason="stop it").cancelled
     finally:
         engine.dispose()
-    wait_for(lambda: _state(outboxkit_db_url, b) == "succeeded", what="b after the cancel")
-    assert _state(outboxkit_db_url, a) == "succeeded"
+    wait_for(lambda: inbox_state(outboxkit_db_url, b) == "succeeded", what="b after the cancel")
+    assert inbox_state(outboxkit_db_url, a) == "succeeded"
     row = inbox_row(outboxkit_db_url, "billing", slow)
     assert row is not None
     assert (row["state"], row["last_error"], row["lease_lost_count"]) == ("cancelled", "stop it", 1)

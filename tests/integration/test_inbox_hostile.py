@@ -30,6 +30,7 @@ from tests.integration.inbox_support import (
     fetch,
     headers_for,
     inbox_row,
+    inbox_state,
     payload,
     produce,
     produce_batch,
@@ -46,11 +47,6 @@ Start = Callable[..., Any]
 SECRET = "ssn-078-05-1120"
 BOUND = 120.0  # seconds within which every record must have ended
 WARM_UP = 40  # records before a hostile one, enough for CPython to specialise the code
-
-
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
 
 
 def _rejections(db_url: str, topic: str) -> dict[int, tuple[Any, ...]]:
@@ -96,9 +92,11 @@ def test_every_hostile_record_ends_readable_and_later_records_run(
     ]
     produce(outboxkit_kafka_bootstrap, topic, [(k, v, h) for _, k, v, h in hostile])
     harness = start([topic], Behaviour(), dead_letter=dlq)
-    wait_for(lambda: _state(outboxkit_db_url, valid) == "succeeded", timeout=BOUND, what="valid")
-    assert _state(outboxkit_db_url, first) == "succeeded"
-    assert _state(outboxkit_db_url, big) == "succeeded"
+    wait_for(
+        lambda: inbox_state(outboxkit_db_url, valid) == "succeeded", timeout=BOUND, what="valid"
+    )
+    assert inbox_state(outboxkit_db_url, first) == "succeeded"
+    assert inbox_state(outboxkit_db_url, big) == "succeeded"
     rejected = _rejections(outboxkit_db_url, topic)
     # Header problems: recorded before any SQL touched an inbox row, under a safe id.
     for offset in (0, 1, 2):
@@ -171,7 +169,7 @@ def test_a_header_name_that_is_not_utf8_is_rejected_and_nothing_else_is_lost(
     valid = (*warm, before, after, later, other1, other2)
 
     def settled() -> bool:  # or the consumer died
-        done = all(_state(outboxkit_db_url, e) == "succeeded" for e in valid)
+        done = all(inbox_state(outboxkit_db_url, e) == "succeeded" for e in valid)
         return harness.error is not None or done
 
     wait_for(settled, timeout=BOUND, what="the valid records")
@@ -265,7 +263,9 @@ def test_a_dead_letter_that_cannot_be_published_ends_dead_with_the_reason(
         # A missing topic fails only when the producer gives up waiting for it.
         sender_timeout=5.0 if problem == "missing" else None,
     )
-    wait_for(lambda: _state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later")
+    wait_for(
+        lambda: inbox_state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later"
+    )
     row = inbox_row(outboxkit_db_url, "billing", doomed)
     assert row is not None
     assert row["state"] == "dead"
@@ -307,7 +307,7 @@ def test_error_text_carries_no_parameter_values(
         acks_topic=acks,
     )
     for event_id in statements:
-        wait_for(lambda e=event_id: _state(outboxkit_db_url, e) == "dead", what=event_id)
+        wait_for(lambda e=event_id: inbox_state(outboxkit_db_url, e) == "dead", what=event_id)
         error = str((inbox_row(outboxkit_db_url, "billing", event_id) or {})["last_error"])
         assert SECRET not in error
         assert "SQLSTATE" in error
@@ -349,7 +349,9 @@ def test_an_event_id_from_that_fails_on_a_record_rejects_it_and_later_records_ru
         ],
     )
     start([topic], Behaviour(), event_id_from=_order_id)
-    wait_for(lambda: _state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later")
+    wait_for(
+        lambda: inbox_state(outboxkit_db_url, later) == "succeeded", timeout=BOUND, what="later"
+    )
     rejected = _rejections(outboxkit_db_url, topic)
     assert "event_id_from raised JSONDecodeError" in rejected[0][1]
     assert "event_id_from raised KeyError: 'order_id'" in rejected[1][1]
@@ -386,12 +388,12 @@ def test_a_held_record_deleted_from_the_log_does_not_stall_its_partition(
             assert done.result(timeout=30).low_watermark == 1
         produce_event(outboxkit_kafka_bootstrap, topic, later, "o-later", 2)
         wait_for(
-            lambda: _state(outboxkit_db_url, later) == "succeeded",
+            lambda: inbox_state(outboxkit_db_url, later) == "succeeded",
             timeout=30,
             what="the record after the deleted one",
         )
         wait_for(
-            lambda: _state(outboxkit_db_url, held) == "dead",
+            lambda: inbox_state(outboxkit_db_url, held) == "dead",
             timeout=30,
             what="the gone record's event ended",
         )

@@ -17,7 +17,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from outboxkit.inbox import OutcomeKind, RetryPolicy
-from tests.integration.inbox_support import Behaviour, effects, inbox_row, produce_event
+from tests.integration.inbox_support import (
+    Behaviour,
+    effects,
+    inbox_row,
+    inbox_state,
+    produce_event,
+)
 from tests.integration.test_inbox_conformance import adapter, start  # noqa: F401
 from tests.support.waiting import wait_for
 
@@ -26,11 +32,6 @@ pytestmark = pytest.mark.integration
 TopicFactory = Callable[..., str]
 Start = Callable[..., Any]
 BEFORE = 3  # records settled before the held one, whose offset is therefore 3
-
-
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
 
 
 def recreate(bootstrap: str, topic: str, partitions: int = 1) -> None:
@@ -78,7 +79,7 @@ def test_a_topic_recreated_while_a_record_is_held_loses_nothing(
         timeout=60,
         what="the held event's first failure",
     )
-    assert all(_state(outboxkit_db_url, e) == "succeeded" for e in first)
+    assert all(inbox_state(outboxkit_db_url, e) == "succeeded" for e in first)
     began = time.monotonic()
     recreate(outboxkit_kafka_bootstrap, topic)
     later = [str(uuid.uuid4()) for _ in range(after)]
@@ -86,20 +87,20 @@ def test_a_topic_recreated_while_a_record_is_held_loses_nothing(
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"n-{i}", 2)
     try:
         wait_for(
-            lambda: all(_state(outboxkit_db_url, e) == "succeeded" for e in later),
+            lambda: all(inbox_state(outboxkit_db_url, e) == "succeeded" for e in later),
             timeout=90,
             what="every record of the new topic processed",
         )
         wait_for(
-            lambda: _state(outboxkit_db_url, held) == "dead",
+            lambda: inbox_state(outboxkit_db_url, held) == "dead",
             timeout=60,
             what="the held event's row ended",
         )
     finally:
-        states = {e[:8]: _state(outboxkit_db_url, e) for e in later}
+        states = {e[:8]: inbox_state(outboxkit_db_url, e) for e in later}
         print(
             f"after {time.monotonic() - began:.1f} s: new records {states},"
-            f" held {_state(outboxkit_db_url, held)}, calls {len(behaviour.calls)}"
+            f" held {inbox_state(outboxkit_db_url, held)}, calls {len(behaviour.calls)}"
         )
     done = sorted(e[0] for e in effects(outboxkit_db_url))
     assert done == sorted(first + later)  # each once; the held event's failed runs rolled back

@@ -31,10 +31,11 @@ from tests.integration.inbox_support import (
     Harness,
     effects,
     inbox_row,
+    inbox_state,
     produce_event,
 )
 from tests.integration.test_inbox_conformance import adapter  # noqa: F401
-from tests.integration.test_inbox_seek_recovery import RefusedSeeks, _state
+from tests.integration.test_inbox_seek_recovery import RefusedSeeks
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -149,7 +150,7 @@ def test_a_hold_another_member_settled_during_the_rejoin_is_dropped(
     b = members(Harness, topic, Behaviour(), group_id=a.group_id)
     for event_id in [held, *behind]:  # B starts at the held offset A committed
         wait_for(
-            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            lambda e=event_id: inbox_state(outboxkit_db_url, e) == "succeeded",
             timeout=BOUND,
             what=f"{event_id} succeeded on member B",
         )
@@ -159,7 +160,9 @@ def test_a_hold_another_member_settled_during_the_rejoin_is_dropped(
     wait_for(a.joined.is_set, timeout=BOUND, what="member A's new client joining")
     after = str(uuid.uuid4())
     produce_event(outboxkit_kafka_bootstrap, topic, after, "o-after", 4)
-    wait_for(lambda: _state(outboxkit_db_url, after) == "succeeded", timeout=BOUND, what="after")
+    wait_for(
+        lambda: inbox_state(outboxkit_db_url, after) == "succeeded", timeout=BOUND, what="after"
+    )
     a.wait_outcomes(after)
     assert [e[0] for e in effects(outboxkit_db_url)] == [before, held, *behind, after]
     ran_on_a = [(o.event_id, o.kind) for o in list(a.outcomes)]

@@ -27,7 +27,7 @@ from tests.integration.inbox_support import (
     Harness,
     effects,
     headers_for,
-    inbox_row,
+    inbox_state,
     payload,
     produce,
     produce_batch,
@@ -41,11 +41,6 @@ pytestmark = pytest.mark.integration
 
 TopicFactory = Callable[..., str]
 SECRET = b"hunter2-in-a-header"
-
-
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
 
 
 @pytest.fixture
@@ -141,7 +136,7 @@ def test_a_dead_event_replayed_runs_once_and_a_second_replay_skips_it(
     produce_event(outboxkit_kafka_bootstrap, topic, doomed, "o-doomed", 7, key=b"order-7")
     behaviour = Behaviour(fail_attempts=10**6)
     harness = consumer(topic, dlq, behaviour)
-    wait_for(lambda: _state(outboxkit_db_url, doomed) == "dead", what="dead")
+    wait_for(lambda: inbox_state(outboxkit_db_url, doomed) == "dead", what="dead")
     harness.wait_outcomes(doomed)
     assert effects(outboxkit_db_url, doomed) == []
 
@@ -150,7 +145,7 @@ def test_a_dead_event_replayed_runs_once_and_a_second_replay_skips_it(
     assert code == 0, out
     assert f"{doomed}  replayed  (dead letter {dlq}/" in out
     assert f"to {topic}" in out
-    wait_for(lambda: _state(outboxkit_db_url, doomed) == "succeeded", what="succeeded")
+    wait_for(lambda: inbox_state(outboxkit_db_url, doomed) == "succeeded", what="succeeded")
     assert effects(outboxkit_db_url, doomed) == [(doomed, "o-doomed", 7)]
 
     # The record replayed is the original: its key, value and headers, no dlq-* header.
@@ -187,7 +182,7 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
     produce_event(outboxkit_kafka_bootstrap, topic, second, "o-2", 2)
     harness = consumer(topic, dlq, Behaviour(fail_attempts=10**6))
     for event_id in (first, second):
-        wait_for(lambda e=event_id: _state(outboxkit_db_url, e) == "dead", what="dead")
+        wait_for(lambda e=event_id: inbox_state(outboxkit_db_url, e) == "dead", what="dead")
     harness.wait_outcomes(first, second)
     harness.stop()
     # A cancel that crossed a dead letter: the row says cancelled, the dead letter is there.
@@ -217,7 +212,10 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
     }
     summary = json.loads(out)["summary"]
     assert summary["repeated_dead_letters"] == 1
-    assert (_state(outboxkit_db_url, first), _state(outboxkit_db_url, second)) == ("dead", "dead")
+    assert (inbox_state(outboxkit_db_url, first), inbox_state(outboxkit_db_url, second)) == (
+        "dead",
+        "dead",
+    )
     assert len(read_topic(outboxkit_kafka_bootstrap, topic, expect=2)) == 2  # nothing published
 
     code, out = _replay(
@@ -225,9 +223,9 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
     )
     assert code == 0, out
     assert _events(out) == {first: "replayed"}
-    assert _state(outboxkit_db_url, first) is None  # deleted; no consumer runs to take it
-    assert _state(outboxkit_db_url, second) == "dead"
-    assert _state(outboxkit_db_url, cancelled) == "cancelled"
+    assert inbox_state(outboxkit_db_url, first) is None  # deleted; no consumer runs to take it
+    assert inbox_state(outboxkit_db_url, second) == "dead"
+    assert inbox_state(outboxkit_db_url, cancelled) == "cancelled"
     records = read_topic(outboxkit_kafka_bootstrap, topic, expect=3)
     ids = [dict(r.headers())["event-id"].decode() for r in records]
     assert ids == [first, second, first]
@@ -235,10 +233,10 @@ def test_cancelled_skipped_dry_run_changes_nothing_event_id_filters(
     # The replayed record is picked up by the consumer, back with a fixed handler (its group
     # committed the offsets past the two original records).
     fixed = consumer(topic, dlq, Behaviour(), group_id=harness.group_id)
-    wait_for(lambda: _state(outboxkit_db_url, first) == "succeeded", what="succeeded")
+    wait_for(lambda: inbox_state(outboxkit_db_url, first) == "succeeded", what="succeeded")
     fixed.wait_outcomes(first)
     assert effects(outboxkit_db_url, first) == [(first, "o-1", 1)]
-    assert _state(outboxkit_db_url, second) == "dead"
+    assert inbox_state(outboxkit_db_url, second) == "dead"
 
 
 def test_dead_letters_with_broken_headers_are_skipped_and_the_others_replay(
@@ -336,7 +334,7 @@ def test_a_dead_letter_naming_a_topic_not_allowed_is_never_published(
     )
     assert code == 0, out
     assert _events(out) == {forged: "skipped-topic-not-allowed", good: "replayed"}
-    assert _state(outboxkit_db_url, forged) == "dead"  # untouched
+    assert inbox_state(outboxkit_db_url, forged) == "dead"  # untouched
     assert read_topic(outboxkit_kafka_bootstrap, other, expect=0) == []
     (record,) = read_topic(outboxkit_kafka_bootstrap, topic, expect=1)
     assert dict(record.headers())["event-id"] == good.encode()
@@ -369,7 +367,7 @@ def test_a_publish_that_fails_after_the_delete_says_so_and_a_second_run_publishe
         "its dead row is deleted: run the replay again with --publish-missing --event-id"
         f" {doomed} to publish it"
     ) in line
-    assert _state(outboxkit_db_url, doomed) is None
+    assert inbox_state(outboxkit_db_url, doomed) is None
 
     created = outboxkit_topic(prefix="later")  # a name of the factory's: allow that one
     produce(outboxkit_kafka_bootstrap, dlq, [_dead_letter(doomed, f"{created}/0/0")])

@@ -29,6 +29,7 @@ from tests.integration.inbox_support import (
     effects,
     fetch,
     inbox_row,
+    inbox_state,
     produce_event,
 )
 from tests.integration.test_inbox_conformance import adapter  # noqa: F401
@@ -99,11 +100,6 @@ def refusing(
         harness.stop()
 
 
-def _state(db_url: str, event_id: str) -> str | None:
-    row = inbox_row(db_url, "billing", event_id)
-    return None if row is None else str(row["state"])
-
-
 def test_a_held_record_whose_seek_back_is_always_refused_runs_again_on_a_new_client(
     refusing: Callable[..., RefusedSeeks],
     outboxkit_db_url: str,
@@ -120,7 +116,7 @@ def test_a_held_record_whose_seek_back_is_always_refused_runs_again_on_a_new_cli
     harness = refusing(topic, Behaviour(fail_attempts=1, fail_only=held))
     for event_id in ids:  # the old consumer kept the partition paused: this timed out
         wait_for(
-            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            lambda e=event_id: inbox_state(outboxkit_db_url, e) == "succeeded",
             timeout=BOUND,
             what=f"{event_id} succeeded",
         )
@@ -169,7 +165,7 @@ def test_a_held_first_record_is_not_skipped_by_the_rejoin_with_auto_offset_reset
 
     def consuming() -> bool:
         """Whether the member fetches (a probe on partition 1 ran; produced until one does)."""
-        if any(_state(outboxkit_db_url, p) == "succeeded" for p in probes):
+        if any(inbox_state(outboxkit_db_url, p) == "succeeded" for p in probes):
             return True
         probes.append(str(uuid.uuid4()))
         produce_event(outboxkit_kafka_bootstrap, topic, probes[-1], "p", 0, partition=1)
@@ -180,7 +176,7 @@ def test_a_held_first_record_is_not_skipped_by_the_rejoin_with_auto_offset_reset
         produce_event(outboxkit_kafka_bootstrap, topic, event_id, f"o{n}", n)
     for event_id in [held, *behind]:  # the old rejoin skipped them: this timed out
         wait_for(
-            lambda e=event_id: _state(outboxkit_db_url, e) == "succeeded",
+            lambda e=event_id: inbox_state(outboxkit_db_url, e) == "succeeded",
             timeout=BOUND,
             what=f"{event_id} succeeded",
         )
@@ -215,10 +211,12 @@ def test_a_held_record_that_left_the_log_before_the_rejoin_ends_dead(
         assert done.result(timeout=30).low_watermark == 1
     produce_event(outboxkit_kafka_bootstrap, topic, later, "o-later", 2)
     wait_for(
-        lambda: _state(outboxkit_db_url, later) == "succeeded",
+        lambda: inbox_state(outboxkit_db_url, later) == "succeeded",
         timeout=BOUND,
         what="the record after the deleted one",
     )
-    wait_for(lambda: _state(outboxkit_db_url, held) == "dead", timeout=BOUND, what="held ended")
+    wait_for(
+        lambda: inbox_state(outboxkit_db_url, held) == "dead", timeout=BOUND, what="held ended"
+    )
     assert len(harness.refused) >= gate_module.SEEK_ATTEMPTS  # it was the rejoin's new client
     assert [e[0] for e in effects(outboxkit_db_url)] == [later]
