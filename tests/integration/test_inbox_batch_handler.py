@@ -24,9 +24,10 @@ from tests.integration.inbox_support import (
     PaymentRequested,
     effects,
     inbox_row,
+    inbox_state,
     produce_event,
 )
-from tests.integration.test_inbox_conformance import _state, adapter, start
+from tests.integration.test_inbox_conformance import adapter, start
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -160,7 +161,7 @@ def test_a_poison_event_in_a_bulk_call_goes_dead_alone(
     policy = RetryPolicy(max_attempts=2, initial_delay=0.1)
     harness = _start(start, adapter, topic, bulk, dead_letter=dlq, policy=policy)
     wait_for(lambda: b0 in {o.event_id for o in harness.outcomes}, what="b0 after poison")
-    assert _state(outboxkit_db_url, poison) == "dead"
+    assert inbox_state(outboxkit_db_url, poison) == "dead"
     assert sorted(e[0] for e in effects(outboxkit_db_url)) == sorted([a0, b0, a1])
     calls = bulk.ids()
     assert [c for c in calls if poison in c and len(c) == 1] == [[poison], [poison]]
@@ -199,7 +200,7 @@ def test_cancel_of_one_event_of_a_bulk_call(
     finally:
         engine.dispose()
     wait_for(lambda: b in {o.event_id for o in harness.outcomes}, what="b after the cancel")
-    assert _state(outboxkit_db_url, a) == "succeeded"
+    assert inbox_state(outboxkit_db_url, a) == "succeeded"
     row = inbox_row(outboxkit_db_url, "billing", slow)
     assert row is not None
     assert (row["state"], row["last_error"]) == ("cancelled", "stop it")
